@@ -1,0 +1,158 @@
+//! Build script of `ascend-sys`.
+//!
+//! Default builds need neither CANN nor libclang: the bindings in `src/bindings/` are committed.
+//! With the `bindgen` feature the bindings are generated from `wrapper.h` into `OUT_DIR` and used
+//! instead; against the real CANN headers when `ASCEND_TOOLKIT_HOME` or `ASCEND_HOME_PATH` holds
+//! them, else against `wrapper.h`'s own declarations. `scripts/generate-bindings.sh` sets
+//! `ASCEND_SYS_WRITE_BINDINGS` to copy the result back into `src/bindings/`.
+
+use std::env;
+use std::path::PathBuf;
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=wrapper.h");
+    // Exported to dependents' build scripts as DEP_ASCEND_SYS_CANN_INCLUDE (the mock CANN includes wrapper.h).
+    println!("cargo:include={}", manifest_dir.display());
+    println!("cargo::rustc-check-cfg=cfg(ascend_sys_generated)");
+
+    #[cfg(feature = "bindgen")]
+    generate::run(&manifest_dir);
+}
+
+#[cfg(feature = "bindgen")]
+mod generate {
+    use std::env;
+    use std::fs;
+    use std::path::{Path, PathBuf};
+
+    /// The functions each library exports (API.md section 5.1), bound as one loader struct each.
+    const LIBRARIES: &[(&str, &str, &[&str])] = &[
+        (
+            "ascendcl.rs",
+            "AscendCl",
+            &[
+                "aclInit",
+                "aclFinalize",
+                "aclGetRecentErrMsg",
+                "aclrtSetDevice",
+                "aclrtResetDevice",
+                "aclrtGetDevice",
+                "aclrtGetDeviceCount",
+                "aclrtSynchronizeDevice",
+                "aclrtCreateStream",
+                "aclrtDestroyStream",
+                "aclrtSynchronizeStream",
+                "aclrtMalloc",
+                "aclrtFree",
+                "aclrtMemcpy",
+                "aclrtMemcpyAsync",
+                "aclrtMemset",
+                "aclrtCreateEvent",
+                "aclrtDestroyEvent",
+                "aclrtRecordEvent",
+                "aclrtSynchronizeEvent",
+                "aclrtStreamWaitEvent",
+            ],
+        ),
+        (
+            "nnopbase.rs",
+            "NnOpBase",
+            &[
+                "aclCreateTensor",
+                "aclDestroyTensor",
+                "aclSetAclOpExecutorRepeatable",
+                "aclDestroyAclOpExecutor",
+                "aclnnInit",
+            ],
+        ),
+        (
+            "opapi.rs",
+            "OpApi",
+            &["aclnnBatchNormReduceBackwardGetWorkspaceSize", "aclnnBatchNormReduceBackward"],
+        ),
+    ];
+
+    const TYPES: &[&str] = &[
+        "aclError",
+        "aclFloat16",
+        "aclrtStream",
+        "aclrtEvent",
+        "aclrtContext",
+        "aclOpExecutor",
+        "aclTensor",
+        "aclnnStatus",
+        "aclDataType",
+        "aclFormat",
+        "aclrtMemcpyKind",
+        "aclrtMemMallocPolicy",
+    ];
+
+    fn toolkit_include() -> Option<PathBuf> {
+        for var in ["ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"] {
+            println!("cargo:rerun-if-env-changed={var}");
+            if let Some(root) = env::var_os(var) {
+                let inc = Path::new(&root).join("include");
+                if inc.join("acl/acl.h").is_file()
+                    && inc.join("aclnnop/aclnn_batch_norm_backward_reduce.h").is_file()
+                {
+                    return Some(inc);
+                }
+            }
+        }
+        None
+    }
+
+    fn builder(manifest_dir: &Path, include: &Option<PathBuf>) -> bindgen::Builder {
+        let mut b = bindgen::Builder::default()
+            .header(manifest_dir.join("wrapper.h").to_string_lossy())
+            .clang_args(["-x", "c++", "-std=c++14"])
+            .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
+            .prepend_enum_name(false)
+            .derive_default(false)
+            .layout_tests(true)
+            .generate_comments(false)
+            .merge_extern_blocks(true);
+        if let Some(inc) = include {
+            b = b
+                .clang_arg(format!("-I{}", inc.display()))
+                .clang_arg(format!("-I{}", inc.join("aclnn").display()))
+                .clang_arg("-DASCEND_SYS_USE_CANN_HEADERS");
+        }
+        b
+    }
+
+    pub fn run(manifest_dir: &Path) {
+        println!("cargo:rerun-if-env-changed=ASCEND_SYS_WRITE_BINDINGS");
+        println!("cargo:rustc-cfg=ascend_sys_generated");
+        let include = toolkit_include();
+        let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("bindings");
+        fs::create_dir_all(&out_dir).expect("create OUT_DIR/bindings");
+
+        let mut types = builder(manifest_dir, &include);
+        for t in TYPES {
+            types = types.allowlist_type(t);
+        }
+        let mut outputs = vec![("types.rs", types.generate().expect("bindgen: types"))];
+
+        for (file, name, functions) in LIBRARIES {
+            let mut b = builder(manifest_dir, &include)
+                .allowlist_recursively(false)
+                .dynamic_library_name(*name)
+                .dynamic_link_require_all(true);
+            for f in *functions {
+                b = b.allowlist_function(f);
+            }
+            outputs.push((file, b.generate().unwrap_or_else(|e| panic!("bindgen: {name}: {e}"))));
+        }
+
+        let copy_to = env::var_os("ASCEND_SYS_WRITE_BINDINGS").map(PathBuf::from);
+        for (file, bindings) in outputs {
+            bindings.write_to_file(out_dir.join(file)).expect("write bindings");
+            if let Some(dir) = &copy_to {
+                bindings.write_to_file(dir.join(file)).expect("write bindings to ASCEND_SYS_WRITE_BINDINGS");
+            }
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Run-time loading of the three CANN libraries.
+//!
+//! The libraries are looked for under these roots, in order, each as `ROOT/lib64/NAME` (and, for
+//! an explicit directory only, also `DIR/NAME`):
+//!
+//! 1. the directory passed to [`load_from`];
+//! 2. `$ASCEND_TOOLKIT_HOME`;
+//! 3. `$ASCEND_HOME_PATH`;
+//! 4. `/usr/local/Ascend/ascend-toolkit/latest`;
+//! 5. `/usr/local/Ascend/cann`;
+//! 6. the system search path (`dlopen` by bare name: `LD_LIBRARY_PATH`, `ld.so.cache`, ...).
+//!
+//! The first root holding `libascendcl.so` supplies all three libraries (they are never mixed
+//! across installs). The op library is `libopapi.so` (CANN 8.x) or else `libopapi_nn.so`
+//! (CANN 8.5+ split packages). Libraries are loaded once per process and never unloaded, since
+//! CANN keeps process-wide state (threads, device contexts) that must not outlive its code.
+
+use std::collections::HashMap;
+use std::env;
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use crate::bindings::{AscendCl, NnOpBase, OpApi};
+
+/// File name of the ACL runtime library.
+pub const ASCENDCL: &str = "libascendcl.so";
+/// File name of the aclnn base library (tensors, executors).
+pub const NNOPBASE: &str = "libnnopbase.so";
+/// File names of the op library, in the order tried.
+pub const OPAPI: [&str; 2] = ["libopapi.so", "libopapi_nn.so"];
+
+/// Install roots searched after an explicit directory, in order (after the two variables).
+pub const DEFAULT_ROOTS: [&str; 2] = ["/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"];
+
+/// The three loaded CANN libraries.
+pub struct Cann {
+    /// `libascendcl.so`: runtime (init, devices, streams, memory, events).
+    pub acl: AscendCl,
+    /// `libnnopbase.so`: aclnn tensors and executors.
+    pub nnopbase: NnOpBase,
+    /// `libopapi.so` or `libopapi_nn.so`: `aclnnBatchNormReduceBackward*`.
+    pub opapi: OpApi,
+    /// Where each library was loaded from (a path, or a bare name resolved by the system).
+    pub paths: [PathBuf; 3],
+}
+
+impl fmt::Debug for Cann {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cann").field("paths", &self.paths).finish_non_exhaustive()
+    }
+}
+
+/// Why the CANN libraries could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// The library that failed (e.g. `libascendcl.so`, or `libopapi.so|libopapi_nn.so`).
+    pub library: String,
+    /// The missing symbol, when the library loaded but lacks one the bindings require.
+    pub symbol: Option<String>,
+    /// Every path (or bare name) tried, each with why it failed.
+    pub tried: Vec<(String, String)>,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.symbol {
+            Some(sym) => write!(f, "{} lacks the symbol `{sym}`", self.library)?,
+            None => write!(f, "could not load {}", self.library)?,
+        }
+        if self.tried.is_empty() {
+            return Ok(());
+        }
+        write!(f, "; tried:")?;
+        for (path, why) in &self.tried {
+            write!(f, " {path} ({why});")?;
+        }
+        write!(
+            f,
+            " set ASCEND_TOOLKIT_HOME to a CANN install (source its set_env.sh) or pass a directory explicitly"
+        )
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Loads CANN from the default search order (see the module docs), once per process.
+///
+/// Loading runs no CANN call (no `aclInit`); it only maps the libraries and resolves symbols.
+pub fn load() -> Result<&'static Cann, LoadError> {
+    static DEFAULT: OnceLock<Result<&'static Cann, LoadError>> = OnceLock::new();
+    DEFAULT.get_or_init(|| search(&roots(None))).clone()
+}
+
+/// Loads CANN from `dir` first (a toolkit root holding `lib64/`, or the library directory
+/// itself), then the default search order. Cached per directory for the life of the process.
+pub fn load_from(dir: &Path) -> Result<&'static Cann, LoadError> {
+    static BY_DIR: OnceLock<Mutex<HashMap<PathBuf, Result<&'static Cann, LoadError>>>> = OnceLock::new();
+    let map = BY_DIR.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    map.entry(dir.to_path_buf()).or_insert_with(|| search(&roots(Some(dir)))).clone()
+}
+
+/// Whether the CANN libraries load from the default search order. Runs no CANN call.
+pub fn is_available() -> bool {
+    load().is_ok()
+}
+
+/// The library directories to try, in order; `None` stands for the system search path.
+fn roots(explicit: Option<&Path>) -> Vec<Option<PathBuf>> {
+    let mut dirs = Vec::new();
+    if let Some(dir) = explicit {
+        dirs.push(Some(dir.join("lib64")));
+        dirs.push(Some(dir.to_path_buf()));
+    }
+    for var in ["ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"] {
+        if let Some(root) = env::var_os(var).filter(|v| !v.is_empty()) {
+            dirs.push(Some(PathBuf::from(root).join("lib64")));
+        }
+    }
+    for root in DEFAULT_ROOTS {
+        dirs.push(Some(Path::new(root).join("lib64")));
+    }
+    dirs.push(None);
+    dirs
+}
+
+fn candidate(dir: &Option<PathBuf>, name: &str) -> PathBuf {
+    match dir {
+        Some(d) => d.join(name),
+        None => PathBuf::from(name),
+    }
+}
+
+/// Opens one library file. A directory candidate that does not exist is reported as such
+/// without calling `dlopen`.
+fn open(dir: &Option<PathBuf>, name: &str) -> Result<libloading::Library, String> {
+    let path = candidate(dir, name);
+    if dir.is_some() && !path.is_file() {
+        return Err("not found".into());
+    }
+    let os: OsString = path.into_os_string();
+    // SAFETY: loading a shared library runs its initialisers. The CANN libraries (and the mock)
+    // have initialisers that only set up their own state; nothing here relies on Rust invariants.
+    unsafe { libloading::Library::new(os) }.map_err(|e| e.to_string())
+}
+
+fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
+    let mut tried = Vec::new();
+    for dir in dirs {
+        let acl_path = candidate(dir, ASCENDCL);
+        let acl_lib = match open(dir, ASCENDCL) {
+            Ok(lib) => lib,
+            Err(why) => {
+                tried.push((acl_path.display().to_string(), why));
+                continue;
+            }
+        };
+        // This root has the runtime: the other two libraries must come from the same root.
+        let nn_path = candidate(dir, NNOPBASE);
+        let nn_lib = open(dir, NNOPBASE).map_err(|why| LoadError {
+            library: NNOPBASE.into(),
+            symbol: None,
+            tried: vec![(nn_path.display().to_string(), why)],
+        })?;
+        let mut op_tried = Vec::new();
+        let mut op = None;
+        for name in OPAPI {
+            match open(dir, name) {
+                Ok(lib) => {
+                    op = Some((candidate(dir, name), lib));
+                    break;
+                }
+                Err(why) => op_tried.push((candidate(dir, name).display().to_string(), why)),
+            }
+        }
+        let (op_path, op_lib) =
+            op.ok_or_else(|| LoadError { library: OPAPI.join("|"), symbol: None, tried: op_tried })?;
+
+        // SAFETY: each struct's symbols are resolved with the signatures bindgen derived from
+        // wrapper.h, whose declarations are checked against CANN's public headers (API.md).
+        let acl = unsafe { AscendCl::from_library(acl_lib) }.map_err(|e| missing(&acl_path, e))?;
+        // SAFETY: as above.
+        let nnopbase = unsafe { NnOpBase::from_library(nn_lib) }.map_err(|e| missing(&nn_path, e))?;
+        // SAFETY: as above.
+        let opapi = unsafe { OpApi::from_library(op_lib) }.map_err(|e| missing(&op_path, e))?;
+        return Ok(Box::leak(Box::new(Cann { acl, nnopbase, opapi, paths: [acl_path, nn_path, op_path] })));
+    }
+    Err(LoadError { library: ASCENDCL.into(), symbol: None, tried })
+}
+
+/// A library that loaded but lacks a symbol: `dlerror` reads "PATH: undefined symbol: NAME".
+fn missing(path: &Path, err: libloading::Error) -> LoadError {
+    let text = err.to_string();
+    let symbol = text.rsplit("undefined symbol: ").next().filter(|_| text.contains("undefined symbol: "));
+    LoadError {
+        library: path.display().to_string(),
+        symbol: Some(symbol.map(|s| s.trim().to_string()).unwrap_or(text.clone())),
+        tried: vec![(path.display().to_string(), text)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn search_order_starts_with_explicit_dir_and_ends_with_system_path() {
+        let dirs = roots(Some(Path::new("/x")));
+        assert_eq!(dirs[0], Some(PathBuf::from("/x/lib64")));
+        assert_eq!(dirs[1], Some(PathBuf::from("/x")));
+        assert_eq!(dirs.last(), Some(&None));
+        let n = dirs.len();
+        assert_eq!(dirs[n - 3], Some(PathBuf::from("/usr/local/Ascend/ascend-toolkit/latest/lib64")));
+        assert_eq!(dirs[n - 2], Some(PathBuf::from("/usr/local/Ascend/cann/lib64")));
+    }
+
+    #[test]
+    fn display_names_library_and_paths() {
+        let e = LoadError {
+            library: ASCENDCL.into(),
+            symbol: None,
+            tried: vec![("/a/lib64/libascendcl.so".into(), "not found".into())],
+        };
+        let s = e.to_string();
+        assert!(s.contains("libascendcl.so") && s.contains("/a/lib64/libascendcl.so (not found)"), "{s}");
+    }
+}

@@ -1,0 +1,181 @@
+/*
+ * The C declarations `ascend-sys` binds.
+ *
+ * With ASCEND_SYS_USE_CANN_HEADERS defined (the bindgen generator defines it when
+ * $ASCEND_TOOLKIT_HOME or $ASCEND_HOME_PATH holds the CANN headers), this file includes
+ * the toolkit's own headers. Otherwise it declares the same items itself, written from
+ * the public facts in shared/cann/API.md, identical in ABI:
+ *   - enums are plain C enums (int-sized), with CANN's values;
+ *   - handles are opaque structs / void pointers;
+ *   - aclError is int, aclnnStatus is int32_t, bool is the 1-byte C/C++ bool.
+ *
+ * This file is valid C (the mock CANN in ../mock includes it) and C++ (bindgen reads it as
+ * C++, as the real aclnn headers require).
+ */
+#ifndef ASCEND_SYS_WRAPPER_H
+#define ASCEND_SYS_WRAPPER_H
+
+#if defined(ASCEND_SYS_USE_CANN_HEADERS)
+
+#include "acl/acl.h"
+#include "aclnn/acl_meta.h"
+#include "aclnn/aclnn_base.h"
+#include "aclnnop/aclnn_batch_norm_backward_reduce.h"
+
+#else /* the crate's own declarations */
+
+#include <stddef.h>
+#include <stdint.h>
+#ifndef __cplusplus
+#include <stdbool.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- acl_base.h / acl_base_rt.h: scalar types and handles ---------------------------- */
+typedef int aclError;
+typedef uint16_t aclFloat16;
+typedef void *aclrtStream;
+typedef void *aclrtEvent;
+typedef void *aclrtContext;
+
+/* ---- aclnn/acl_meta.h: opaque aclnn objects and status --------------------------------- */
+typedef struct aclOpExecutor aclOpExecutor;
+typedef struct aclTensor aclTensor;
+typedef int32_t aclnnStatus;
+
+/* ---- enums (values: API.md section 2.2, 2.3, 3) ------------------------------------------ */
+typedef enum {
+    ACL_DT_UNDEFINED = -1,
+    ACL_FLOAT = 0,
+    ACL_FLOAT16 = 1,
+    ACL_INT8 = 2,
+    ACL_INT32 = 3,
+    ACL_UINT8 = 4,
+    ACL_INT16 = 6,
+    ACL_UINT16 = 7,
+    ACL_UINT32 = 8,
+    ACL_INT64 = 9,
+    ACL_UINT64 = 10,
+    ACL_DOUBLE = 11,
+    ACL_BOOL = 12,
+    ACL_STRING = 13,
+    ACL_COMPLEX64 = 16,
+    ACL_COMPLEX128 = 17,
+    ACL_BF16 = 27,
+    ACL_INT4 = 29,
+    ACL_UINT1 = 30,
+    ACL_COMPLEX32 = 33,
+    ACL_HIFLOAT8 = 34,
+    ACL_FLOAT8_E5M2 = 35,
+    ACL_FLOAT8_E4M3FN = 36,
+    ACL_FLOAT8_E8M0 = 37,
+    ACL_FLOAT6_E3M2 = 38,
+    ACL_FLOAT6_E2M3 = 39,
+    ACL_FLOAT4_E2M1 = 40,
+    ACL_FLOAT4_E1M2 = 41
+} aclDataType;
+
+typedef enum {
+    ACL_FORMAT_UNDEFINED = -1,
+    ACL_FORMAT_NCHW = 0,
+    ACL_FORMAT_NHWC = 1,
+    ACL_FORMAT_ND = 2,
+    ACL_FORMAT_NC1HWC0 = 3,
+    ACL_FORMAT_FRACTAL_Z = 4,
+    ACL_FORMAT_NC1HWC0_C04 = 12,
+    ACL_FORMAT_HWCN = 16,
+    ACL_FORMAT_NDHWC = 27,
+    ACL_FORMAT_FRACTAL_NZ = 29,
+    ACL_FORMAT_NCDHW = 30,
+    ACL_FORMAT_NDC1HWC0 = 32,
+    ACL_FRACTAL_Z_3D = 33,
+    ACL_FORMAT_NC = 35,
+    ACL_FORMAT_NCL = 47,
+    ACL_FORMAT_FRACTAL_NZ_C0_16 = 50,
+    ACL_FORMAT_FRACTAL_NZ_C0_32 = 51,
+    ACL_FORMAT_FRACTAL_NZ_C0_2 = 52,
+    ACL_FORMAT_FRACTAL_NZ_C0_4 = 53,
+    ACL_FORMAT_FRACTAL_NZ_C0_8 = 54
+} aclFormat;
+
+typedef enum {
+    ACL_MEMCPY_HOST_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEFAULT,
+    ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE,
+    ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_INTER_DEVICE_TO_DEVICE
+} aclrtMemcpyKind;
+
+typedef enum {
+    ACL_MEM_MALLOC_HUGE_FIRST,
+    ACL_MEM_MALLOC_HUGE_ONLY,
+    ACL_MEM_MALLOC_NORMAL_ONLY,
+    ACL_MEM_MALLOC_HUGE_FIRST_P2P,
+    ACL_MEM_MALLOC_HUGE_ONLY_P2P,
+    ACL_MEM_MALLOC_NORMAL_ONLY_P2P,
+    ACL_MEM_MALLOC_HUGE1G_ONLY,
+    ACL_MEM_MALLOC_HUGE1G_ONLY_P2P,
+    ACL_MEM_TYPE_LOW_BAND_WIDTH = 0x0100,
+    ACL_MEM_TYPE_HIGH_BAND_WIDTH = 0x1000,
+    ACL_MEM_ACCESS_USER_SPACE_READONLY = 0x100000
+} aclrtMemMallocPolicy;
+
+/* ---- libascendcl.so: ACL runtime (acl.h, acl_rt.h) ---------------------------------------- */
+aclError aclInit(const char *configPath);
+aclError aclFinalize(void);
+const char *aclGetRecentErrMsg(void);
+
+aclError aclrtSetDevice(int32_t deviceId);
+aclError aclrtResetDevice(int32_t deviceId);
+aclError aclrtGetDevice(int32_t *deviceId);
+aclError aclrtGetDeviceCount(uint32_t *count);
+aclError aclrtSynchronizeDevice(void);
+
+aclError aclrtCreateStream(aclrtStream *stream);
+aclError aclrtDestroyStream(aclrtStream stream);
+aclError aclrtSynchronizeStream(aclrtStream stream);
+
+aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
+aclError aclrtFree(void *devPtr);
+aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind);
+aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
+                          aclrtStream stream);
+aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count);
+
+aclError aclrtCreateEvent(aclrtEvent *event);
+aclError aclrtDestroyEvent(aclrtEvent event);
+aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
+aclError aclrtSynchronizeEvent(aclrtEvent event);
+aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);
+
+/* ---- libnnopbase.so: aclnn tensors and executors (aclnn/acl_meta.h, aclnn_base.h) -------- */
+aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,
+                           const int64_t *stride, int64_t offset, aclFormat format, const int64_t *storageDims,
+                           uint64_t storageDimsNum, void *tensorData);
+aclnnStatus aclDestroyTensor(const aclTensor *tensor);
+aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor);
+aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor);
+aclnnStatus aclnnInit(const char *configPath);
+
+/* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_backward_reduce.h --------------- */
+aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(
+    const aclTensor *gradOut, const aclTensor *input, const aclTensor *mean, const aclTensor *invstd,
+    const aclTensor *weight, const bool inputG, const bool weightG, const bool biasG, aclTensor *sumDy,
+    aclTensor *sumDyXmu, aclTensor *gradWeight, aclTensor *gradBias, uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+aclnnStatus aclnnBatchNormReduceBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                         const aclrtStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ASCEND_SYS_USE_CANN_HEADERS */
+
+#endif /* ASCEND_SYS_WRAPPER_H */
