@@ -57,10 +57,22 @@ pub trait Element: Copy + Default + Send + Sync + PartialEq + fmt::Debug + 'stat
     fn from_f32(v: f32) -> Self;
     /// Narrows from f64 with one rounding to nearest even.
     fn from_f64(v: f64) -> Self;
+    /// Wraps a slice of this type.
+    #[doc(hidden)]
+    fn slice_ref(s: &[Self]) -> SliceRef<'_>;
+    /// Wraps a mutable slice of this type.
+    #[doc(hidden)]
+    fn slice_mut(s: &mut [Self]) -> SliceMut<'_>;
 }
 
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
+    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
+        SliceRef::F32(s)
+    }
+    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
+        SliceMut::F32(s)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -77,6 +89,12 @@ impl Element for f32 {
 
 impl Element for f16 {
     const DTYPE: DType = DType::F16;
+    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
+        SliceRef::F16(s)
+    }
+    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
+        SliceMut::F16(s)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -93,6 +111,12 @@ impl Element for f16 {
 
 impl Element for bf16 {
     const DTYPE: DType = DType::BF16;
+    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
+        SliceRef::BF16(s)
+    }
+    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
+        SliceMut::BF16(s)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
@@ -104,5 +128,93 @@ impl Element for bf16 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         bf16::from_f64(v)
+    }
+}
+
+/// A borrowed host slice of one of the three element types.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum SliceRef<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+/// A mutably borrowed host slice of one of the three element types.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum SliceMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [f16]),
+    BF16(&'a mut [bf16]),
+}
+
+impl SliceRef<'_> {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            SliceRef::F32(_) => DType::F32,
+            SliceRef::F16(_) => DType::F16,
+            SliceRef::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            SliceRef::F32(s) => s.len(),
+            SliceRef::F16(s) => s.len(),
+            SliceRef::BF16(s) => s.len(),
+        }
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` widened to f32. `i` must be in bounds.
+    #[inline]
+    pub(crate) fn get_f32(&self, i: usize) -> f32 {
+        match self {
+            SliceRef::F32(s) => s[i],
+            SliceRef::F16(s) => s[i].to_f32(),
+            SliceRef::BF16(s) => s[i].to_f32(),
+        }
+    }
+}
+
+impl SliceMut<'_> {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            SliceMut::F32(_) => DType::F32,
+            SliceMut::F16(_) => DType::F16,
+            SliceMut::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            SliceMut::F32(s) => s.len(),
+            SliceMut::F16(s) => s.len(),
+            SliceMut::BF16(s) => s.len(),
+        }
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stores `v` at `i`, rounding once to the element type. `i` must be in bounds.
+    #[inline]
+    pub(crate) fn set_f64(&mut self, i: usize, v: f64) {
+        match self {
+            SliceMut::F32(s) => s[i] = v as f32,
+            SliceMut::F16(s) => s[i] = f16::from_f64(v),
+            SliceMut::BF16(s) => s[i] = bf16::from_f64(v),
+        }
     }
 }

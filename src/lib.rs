@@ -1,7 +1,46 @@
-//! Safe Rust bindings over Huawei Ascend CANN's aclnn `BatchNormReduceBackward`.
-#![allow(dead_code)]
+//! Safe Rust bindings over Huawei Ascend CANN's aclnn operator API, starting with
+//! `aclnnBatchNormReduceBackward` (the BatchNorm backward reductions behind SyncBatchNorm).
+//!
+//! One API, two backends: **Ascend** (CANN loaded at run time through [`ascend_sys`]) and
+//! **CPU** (pure Rust, used wherever there is no Ascend hardware).
+//!
+//! ```
+//! use ascend::{Context, Tensor, ops::{batch_norm_reduce_backward, OutputMask}};
+//!
+//! # fn main() -> ascend::Result<()> {
+//! let ctx = Context::cpu(); // or Context::auto()? for Ascend device 0 when present
+//! let stream = ctx.new_stream()?;
+//! let dy = Tensor::from_slice(&stream, &[1f32, 1., 1., 2., 2., 2., 3., 3.], &[4, 2])?;
+//! let x = Tensor::from_slice(&stream, &[0f32, 1., 2., 3., 4., 5., 6., 7.], &[4, 2])?;
+//! let ones = Tensor::from_slice(&stream, &[1f32, 1.], &[2])?;
+//! let out = batch_norm_reduce_backward(&stream, &dy, &x, &ones, &ones, None, OutputMask::ALL)?;
+//! assert_eq!(out.sum_dy.unwrap().to_vec::<f32>(&stream)?, [7.0, 8.0]);
+//! assert_eq!(out.sum_dy_xmu.unwrap().to_vec::<f32>(&stream)?, [21.0, 30.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! Layers (cudarc's split): [`ascend_sys`] (raw FFI and loader) → `acl` (one checked wrapper per
+//! C call) → the safe types here ([`Context`], [`Stream`], [`Tensor`], [`ops`]) → the [`cpu`]
+//! backend beside them. With the `mock` feature, [`mock`] runs the Ascend path on a fake CANN.
 
+mod acl;
+mod context;
 pub mod cpu;
+mod device;
 pub mod dtype;
+mod error;
+#[cfg(feature = "mock")]
+pub mod mock;
+mod layout;
+pub mod ops;
+mod stream;
+mod tensor;
 
+pub use context::{Backend, Context, BACKEND_ENV};
 pub use dtype::{bf16, f16, DType, Element};
+pub use error::{Error, Result, STATUS_INVALID, STATUS_NULLPTR};
+pub use stream::Stream;
+pub use tensor::Tensor;
+
+/// The raw FFI crate, re-exported.
+pub use ascend_sys as sys;

@@ -1,3 +1,238 @@
-//! The CPU backend.
+//! The CPU backend: the operator over host memory, in pure Rust.
+//!
+//! [`batch_norm_reduce_backward`] here is the zero-copy entry: it reads caller-owned slices
+//! through [`View`]s (shape, strides and offset in elements) and writes into [`ViewMut`]s, so a
+//! CPU user never copies gigabytes just to call the op. It validates exactly as the
+//! [`ops`](crate::ops) entry points do (same errors, same status codes).
+//!
+//! Sums are two-pass (`Σ dy·(x − mean)`, never `Σ dy·x − mean·Σ dy`), accumulated in f32 lanes
+//! over bounded blocks combined in f64, on all cores for large inputs; results are bit-identical
+//! whatever the thread count or the mask.
+
+use std::borrow::Cow;
 
 pub(crate) mod kernel;
+
+use crate::dtype::{DType, Element, SliceMut, SliceRef};
+use crate::error::Result;
+use crate::layout;
+use crate::ops::validate::{self, Meta, Plan};
+use crate::ops::OutputMask;
+use crate::tensor::HostData;
+
+/// A read-only strided view of host elements (f32, f16 or bf16).
+#[derive(Clone, Debug)]
+pub struct View<'a> {
+    data: SliceRef<'a>,
+    shape: &'a [usize],
+    strides: Cow<'a, [usize]>,
+    offset: usize,
+}
+
+impl<'a> View<'a> {
+    /// A row-major contiguous view of `data` with `shape`.
+    pub fn new<T: Element>(data: &'a [T], shape: &'a [usize]) -> Self {
+        View { data: T::slice_ref(data), shape, strides: Cow::Owned(layout::contiguous_strides(shape)), offset: 0 }
+    }
+
+    /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
+    /// Bounds are checked when the view is used.
+    pub fn strided<T: Element>(data: &'a [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        View { data: T::slice_ref(data), shape, strides: Cow::Borrowed(strides), offset }
+    }
+
+    pub(crate) fn from_host(h: &'a HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        let data = match h {
+            HostData::F32(v) => SliceRef::F32(v),
+            HostData::F16(v) => SliceRef::F16(v),
+            HostData::BF16(v) => SliceRef::BF16(v),
+        };
+        View { data, shape, strides: Cow::Borrowed(strides), offset }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The view's shape.
+    pub fn shape(&self) -> &[usize] {
+        self.shape
+    }
+
+    /// The view's strides, in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    pub(crate) fn meta(&self) -> Meta<'_> {
+        Meta {
+            dtype: self.dtype(),
+            shape: self.shape,
+            strides: &self.strides,
+            offset: self.offset,
+            storage_len: self.data.len(),
+        }
+    }
+
+    /// Calls `f` with every element (widened to f32) in row-major order. The view must have been
+    /// bounds-checked.
+    pub(crate) fn for_each_f32(&self, mut f: impl FnMut(f32)) {
+        layout::for_each_index(self.shape, &self.strides, self.offset, |i| f(self.data.get_f32(i)));
+    }
+
+    /// The view's elements in row-major order as f32, for per-channel vectors.
+    fn to_f32_vec(&self) -> Vec<f32> {
+        let mut v = Vec::with_capacity(self.shape.iter().product());
+        self.for_each_f32(|x| v.push(x));
+        v
+    }
+
+    fn kernel_view<T: Element>(&self, data: &'a [T]) -> kernel::StridedView<'_, T> {
+        kernel::StridedView { data, shape: self.shape, strides: &self.strides, offset: self.offset }
+    }
+}
+
+/// A mutable strided view of host elements (f32, f16 or bf16), for outputs.
+#[derive(Debug)]
+pub struct ViewMut<'a> {
+    data: SliceMut<'a>,
+    shape: &'a [usize],
+    strides: Cow<'a, [usize]>,
+    offset: usize,
+}
+
+impl<'a> ViewMut<'a> {
+    /// A row-major contiguous view of `data` with `shape`.
+    pub fn new<T: Element>(data: &'a mut [T], shape: &'a [usize]) -> Self {
+        ViewMut { data: T::slice_mut(data), shape, strides: Cow::Owned(layout::contiguous_strides(shape)), offset: 0 }
+    }
+
+    /// A strided view: element `(i0, ...)` is `data[offset + Σ i_k·strides[k]]`.
+    pub fn strided<T: Element>(data: &'a mut [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        ViewMut { data: T::slice_mut(data), shape, strides: Cow::Borrowed(strides), offset }
+    }
+
+    pub(crate) fn from_host(h: &'a mut HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        let data = match h {
+            HostData::F32(v) => SliceMut::F32(v),
+            HostData::F16(v) => SliceMut::F16(v),
+            HostData::BF16(v) => SliceMut::BF16(v),
+        };
+        ViewMut { data, shape, strides: Cow::Borrowed(strides), offset }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub(crate) fn meta(&self) -> Meta<'_> {
+        Meta {
+            dtype: self.dtype(),
+            shape: self.shape,
+            strides: &self.strides,
+            offset: self.offset,
+            storage_len: self.data.len(),
+        }
+    }
+
+    /// Writes `values[c]` (rounded once) to element `c` of this validated rank-1 view.
+    fn write(&mut self, values: impl Iterator<Item = f64>) {
+        let stride = self.strides[0];
+        for (c, v) in values.enumerate() {
+            self.data.set_f64(self.offset + c * stride, v);
+        }
+    }
+}
+
+/// Output views for [`batch_norm_reduce_backward`]; those the mask turns on are required.
+#[derive(Debug, Default)]
+pub struct Outputs<'a> {
+    /// Receives Σ dy (`inputG`).
+    pub sum_dy: Option<ViewMut<'a>>,
+    /// Receives Σ dy·(x − mean) (`inputG`).
+    pub sum_dy_xmu: Option<ViewMut<'a>>,
+    /// Receives sumDyXmu·invstd (`weightG`).
+    pub grad_weight: Option<ViewMut<'a>>,
+    /// Receives Σ dy (`biasG`).
+    pub grad_bias: Option<ViewMut<'a>>,
+}
+
+/// The operator over caller-owned host memory, without copying it (see the [module](self)
+/// docs). Validates like [`ops::batch_norm_reduce_backward_into`](crate::ops::batch_norm_reduce_backward_into)
+/// and writes nothing when it rejects the call.
+pub fn batch_norm_reduce_backward(
+    grad_out: View<'_>,
+    input: View<'_>,
+    mean: View<'_>,
+    invstd: View<'_>,
+    weight: Option<View<'_>>,
+    mask: OutputMask,
+    out: Outputs<'_>,
+) -> Result<()> {
+    let w = weight.as_ref().map(View::meta);
+    let plan = validate::inputs(&grad_out.meta(), &input.meta(), &mean.meta(), &invstd.meta(), w.as_ref())?;
+    let on = validate::enabled(mask);
+    let outs = [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias];
+    let outs: [Option<ViewMut<'_>>; 4] = {
+        let mut it = outs.into_iter().zip(on).map(|(o, enabled)| o.filter(|_| enabled));
+        std::array::from_fn(|_| it.next().flatten())
+    };
+    {
+        let metas: [Option<Meta<'_>>; 4] = std::array::from_fn(|i| outs[i].as_ref().map(ViewMut::meta));
+        validate::outputs(&plan, mask, std::array::from_fn(|i| metas[i].as_ref()))?;
+    }
+    run(&plan, mask, grad_out, input, mean, invstd, outs);
+    Ok(())
+}
+
+/// Runs the validated operator: the sums, then each enabled output rounded once from f64.
+pub(crate) fn run(
+    plan: &Plan,
+    mask: OutputMask,
+    grad_out: View<'_>,
+    input: View<'_>,
+    mean: View<'_>,
+    invstd: View<'_>,
+    mut outs: [Option<ViewMut<'_>>; 4],
+) {
+    let c = plan.channels;
+    let with_xmu = mask.input_g || mask.weight_g;
+    if !(with_xmu || mask.bias_g) {
+        return;
+    }
+    let sums = if plan.empty {
+        kernel::ChannelSums { sum_dy: vec![0.0; c], sum_dy_xmu: with_xmu.then(|| vec![0.0; c]) }
+    } else {
+        let mean = mean.to_f32_vec();
+        match (grad_out.data, input.data) {
+            (SliceRef::F32(dy), SliceRef::F32(x)) => {
+                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
+            }
+            (SliceRef::F16(dy), SliceRef::F16(x)) => {
+                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
+            }
+            (SliceRef::BF16(dy), SliceRef::BF16(x)) => {
+                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
+            }
+            // Validation guarantees gradOut and input share a dtype.
+            _ => return,
+        }
+    };
+    let xmu = sums.sum_dy_xmu.as_deref().unwrap_or(&[]);
+    let [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = &mut outs;
+    if let Some(o) = sum_dy {
+        o.write(sums.sum_dy.iter().copied());
+    }
+    if let Some(o) = sum_dy_xmu {
+        o.write(xmu.iter().copied());
+    }
+    if let Some(o) = grad_weight {
+        let invstd = invstd.to_f32_vec();
+        o.write(xmu.iter().zip(&invstd).map(|(&s, &i)| s * f64::from(i)));
+    }
+    if let Some(o) = grad_bias {
+        o.write(sums.sum_dy.iter().copied());
+    }
+}

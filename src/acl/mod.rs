@@ -1,0 +1,270 @@
+//! The result layer: one thin wrapper per CANN call, its status checked and turned into
+//! [`Result`], with the text of `aclGetRecentErrMsg` on failure.
+//!
+//! Functions taking raw pointers or handles are `unsafe`: the caller (the safe layer in
+//! [`crate::device`]) guarantees the handles are live and the memory ranges valid.
+
+use std::ffi::{c_void, CStr};
+use std::ptr;
+
+use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann};
+
+use crate::error::{Error, Result};
+
+/// The text of `aclGetRecentErrMsg`, if CANN has one for this thread.
+pub(crate) fn recent_error(cann: &Cann) -> Option<String> {
+    // SAFETY: aclGetRecentErrMsg takes no arguments and returns null or a NUL-terminated string
+    // owned by CANN (thread-local), valid until the next CANN call on this thread; it is copied
+    // out at once.
+    unsafe {
+        let p = cann.acl.aclGetRecentErrMsg();
+        if p.is_null() {
+            None
+        } else {
+            let s = CStr::from_ptr(p).to_string_lossy().trim().to_string();
+            (!s.is_empty()).then_some(s)
+        }
+    }
+}
+
+/// Turns a status into a `Result`, fetching CANN's message on failure.
+pub(crate) fn check(cann: &Cann, call: &'static str, status: i32) -> Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(Error::Cann { call, status, message: recent_error(cann) })
+    }
+}
+
+/// `aclInit(nullptr)`. A process where someone else already initialised ACL (100002) counts as
+/// success.
+pub(crate) fn init(cann: &Cann) -> Result<()> {
+    // SAFETY: aclInit accepts a null config path.
+    let status = unsafe { cann.acl.aclInit(ptr::null()) };
+    if status == ascend_sys::status::ACL_ERROR_REPEAT_INITIALIZE {
+        return Ok(());
+    }
+    check(cann, "aclInit", status)
+}
+
+/// `aclrtGetDeviceCount`.
+pub(crate) fn device_count(cann: &Cann) -> Result<u32> {
+    let mut count = 0u32;
+    // SAFETY: `count` is a valid out-pointer.
+    check(cann, "aclrtGetDeviceCount", unsafe { cann.acl.aclrtGetDeviceCount(&mut count) })?;
+    Ok(count)
+}
+
+/// `aclrtSetDevice`: binds the device (its default context) to the calling thread.
+pub(crate) fn set_device(cann: &Cann, device: i32) -> Result<()> {
+    // SAFETY: plain value argument.
+    check(cann, "aclrtSetDevice", unsafe { cann.acl.aclrtSetDevice(device) })
+}
+
+/// `aclrtCreateStream`.
+pub(crate) fn create_stream(cann: &Cann) -> Result<aclrtStream> {
+    let mut stream: aclrtStream = ptr::null_mut();
+    // SAFETY: `stream` is a valid out-pointer.
+    check(cann, "aclrtCreateStream", unsafe { cann.acl.aclrtCreateStream(&mut stream) })?;
+    if stream.is_null() {
+        return Err(Error::NullHandle { call: "aclrtCreateStream", message: recent_error(cann) });
+    }
+    Ok(stream)
+}
+
+/// `aclrtSynchronizeStream`.
+///
+/// # Safety
+/// `stream` is a live stream of the device bound to this thread.
+pub(crate) unsafe fn synchronize_stream(cann: &Cann, stream: aclrtStream) -> Result<()> {
+    check(cann, "aclrtSynchronizeStream", cann.acl.aclrtSynchronizeStream(stream))
+}
+
+/// `aclrtDestroyStream`.
+///
+/// # Safety
+/// `stream` is a live stream, not used afterwards.
+pub(crate) unsafe fn destroy_stream(cann: &Cann, stream: aclrtStream) -> Result<()> {
+    check(cann, "aclrtDestroyStream", cann.acl.aclrtDestroyStream(stream))
+}
+
+/// `aclrtMalloc(.., ACL_MEM_MALLOC_HUGE_FIRST)`; `bytes` must be non-zero.
+pub(crate) fn malloc(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
+    let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; the policy is a valid enum value.
+    let status = unsafe { cann.acl.aclrtMalloc(&mut p, bytes, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST) };
+    check(cann, "aclrtMalloc", status)?;
+    if p.is_null() {
+        return Err(Error::NullHandle { call: "aclrtMalloc", message: recent_error(cann) });
+    }
+    Ok(p)
+}
+
+/// `aclrtFree`.
+///
+/// # Safety
+/// `p` came from [`malloc`] and no enqueued work still uses it.
+pub(crate) unsafe fn free(cann: &Cann, p: *mut c_void) -> Result<()> {
+    check(cann, "aclrtFree", cann.acl.aclrtFree(p))
+}
+
+/// Synchronous `aclrtMemcpy` host → device.
+///
+/// # Safety
+/// `dst..dst+src.len()` lies in one live device allocation that no pending work uses.
+pub(crate) unsafe fn copy_to_device(cann: &Cann, dst: *mut c_void, src: &[u8]) -> Result<()> {
+    let status = cann.acl.aclrtMemcpy(
+        dst,
+        src.len(),
+        src.as_ptr().cast(),
+        src.len(),
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
+    );
+    check(cann, "aclrtMemcpy", status)
+}
+
+/// Synchronous `aclrtMemcpy` device → host.
+///
+/// # Safety
+/// `src..src+dst.len()` lies in one live device allocation whose writers have completed.
+pub(crate) unsafe fn copy_to_host(cann: &Cann, dst: &mut [u8], src: *const c_void) -> Result<()> {
+    let status = cann.acl.aclrtMemcpy(
+        dst.as_mut_ptr().cast(),
+        dst.len(),
+        src,
+        dst.len(),
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+    );
+    check(cann, "aclrtMemcpy", status)
+}
+
+/// Synchronous `aclrtMemset` of `count` bytes to `value`.
+///
+/// # Safety
+/// `p..p+count` lies in one live device allocation that no pending work uses.
+pub(crate) unsafe fn memset(cann: &Cann, p: *mut c_void, value: u8, count: usize) -> Result<()> {
+    check(cann, "aclrtMemset", cann.acl.aclrtMemset(p, count, i32::from(value), count))
+}
+
+/// `aclCreateTensor` with a 1-D storage of `storage_len` elements (as op-plugin does).
+///
+/// # Safety
+/// `data` is null (only when `storage_len` is 0) or a live device allocation of at least
+/// `storage_len` elements of `dtype`, and the view lies inside it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn create_tensor(
+    cann: &Cann,
+    shape: &[i64],
+    strides: &[i64],
+    offset: i64,
+    dtype: aclDataType,
+    format: aclFormat,
+    storage_len: i64,
+    data: *mut c_void,
+) -> Result<*mut aclTensor> {
+    let storage = [storage_len];
+    let t = cann.nnopbase.aclCreateTensor(
+        shape.as_ptr(),
+        shape.len() as u64,
+        dtype,
+        strides.as_ptr(),
+        offset,
+        format,
+        storage.as_ptr(),
+        1,
+        data,
+    );
+    if t.is_null() {
+        return Err(Error::NullHandle { call: "aclCreateTensor", message: recent_error(cann) });
+    }
+    Ok(t)
+}
+
+/// `aclDestroyTensor`.
+///
+/// # Safety
+/// `t` is a live tensor descriptor, not used afterwards.
+pub(crate) unsafe fn destroy_tensor(cann: &Cann, t: *mut aclTensor) -> Result<()> {
+    check(cann, "aclDestroyTensor", cann.nnopbase.aclDestroyTensor(t))
+}
+
+/// Destroys an executor that phase 2 never consumed: `aclSetAclOpExecutorRepeatable` hands its
+/// ownership to the caller (documented), then `aclDestroyAclOpExecutor` frees it.
+///
+/// # Safety
+/// `e` is a live executor from phase 1 that was never launched, not used afterwards.
+pub(crate) unsafe fn destroy_unlaunched_executor(cann: &Cann, e: *mut aclOpExecutor) -> Result<()> {
+    check(cann, "aclSetAclOpExecutorRepeatable", cann.nnopbase.aclSetAclOpExecutorRepeatable(e))?;
+    check(cann, "aclDestroyAclOpExecutor", cann.nnopbase.aclDestroyAclOpExecutor(e))
+}
+
+/// The tensors of one `aclnnBatchNormReduceBackward` call (null = absent).
+pub(crate) struct OpTensors {
+    pub grad_out: *const aclTensor,
+    pub input: *const aclTensor,
+    pub mean: *const aclTensor,
+    pub invstd: *const aclTensor,
+    pub weight: *const aclTensor,
+    pub sum_dy: *mut aclTensor,
+    pub sum_dy_xmu: *mut aclTensor,
+    pub grad_weight: *mut aclTensor,
+    pub grad_bias: *mut aclTensor,
+}
+
+/// Phase 1: `aclnnBatchNormReduceBackwardGetWorkspaceSize` → (workspace bytes, executor).
+///
+/// # Safety
+/// Every non-null tensor is a live descriptor.
+pub(crate) unsafe fn batch_norm_reduce_backward_prepare(
+    cann: &Cann,
+    t: &OpTensors,
+    mask: (bool, bool, bool),
+) -> Result<(u64, *mut aclOpExecutor)> {
+    let mut size = 0u64;
+    let mut executor: *mut aclOpExecutor = ptr::null_mut();
+    let status = cann.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+        t.grad_out,
+        t.input,
+        t.mean,
+        t.invstd,
+        t.weight,
+        mask.0,
+        mask.1,
+        mask.2,
+        t.sum_dy,
+        t.sum_dy_xmu,
+        t.grad_weight,
+        t.grad_bias,
+        &mut size,
+        &mut executor,
+    );
+    check(cann, "aclnnBatchNormReduceBackwardGetWorkspaceSize", status)?;
+    if executor.is_null() {
+        return Err(Error::NullHandle {
+            call: "aclnnBatchNormReduceBackwardGetWorkspaceSize",
+            message: recent_error(cann),
+        });
+    }
+    Ok((size, executor))
+}
+
+/// Phase 2: `aclnnBatchNormReduceBackward`, which consumes the executor (even on failure, CANN
+/// owns it from here on).
+///
+/// # Safety
+/// `executor` came from phase 1 and was never launched; `workspace` is null with `size` 0 or a
+/// live allocation of at least `size` bytes; every buffer the executor references stays
+/// allocated until the stream has completed the work.
+pub(crate) unsafe fn batch_norm_reduce_backward_launch(
+    cann: &Cann,
+    workspace: *mut c_void,
+    size: u64,
+    executor: *mut aclOpExecutor,
+    stream: aclrtStream,
+) -> Result<()> {
+    check(
+        cann,
+        "aclnnBatchNormReduceBackward",
+        cann.opapi.aclnnBatchNormReduceBackward(workspace, size, executor, stream),
+    )
+}

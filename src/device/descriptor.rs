@@ -1,0 +1,84 @@
+//! `aclTensor`: the host-side descriptor of a strided device view.
+
+use std::marker::PhantomData;
+
+use ascend_sys::{aclDataType, aclFormat, aclTensor};
+
+use super::{report_drop_error, Device, DeviceBuffer};
+use crate::acl;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The CANN data type of a [`DType`].
+pub(crate) fn acl_dtype(dtype: DType) -> aclDataType {
+    match dtype {
+        DType::F32 => aclDataType::ACL_FLOAT,
+        DType::F16 => aclDataType::ACL_FLOAT16,
+        DType::BF16 => aclDataType::ACL_BF16,
+    }
+}
+
+/// An `aclTensor` describing a view into a [`DeviceBuffer`] it borrows; destroyed on drop.
+///
+/// The descriptor is host metadata only: destroying it after phase 2 has been launched, before
+/// the stream has run the work, is what op-plugin does and is safe.
+pub(crate) struct AclTensor<'a> {
+    device: &'a Device,
+    raw: *mut aclTensor,
+    _buffer: PhantomData<&'a DeviceBuffer>,
+}
+
+fn to_i64(v: usize, what: &'static str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::invalid(what, format!("{v} does not fit in int64")))
+}
+
+impl<'a> AclTensor<'a> {
+    /// Describes the view (shape, strides, offset in elements) of `buffer`, whose storage holds
+    /// `storage_len` elements of `dtype`. The view has been checked to lie inside the storage.
+    pub(crate) fn new(
+        buffer: &'a DeviceBuffer,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        storage_len: usize,
+    ) -> Result<Self> {
+        let device: &'a Device = buffer.device();
+        debug_assert!(storage_len * dtype.size_in_bytes() <= buffer.bytes());
+        let dims = shape.iter().map(|&d| to_i64(d, "shape")).collect::<Result<Vec<_>>>()?;
+        let strides = strides.iter().map(|&s| to_i64(s, "strides")).collect::<Result<Vec<_>>>()?;
+        device.bind()?;
+        // SAFETY: the buffer is a live allocation of at least `storage_len` elements (or null with
+        // storage_len 0), the view lies inside it (checked by the caller), and the descriptor
+        // borrows the buffer for 'a so the memory outlives it.
+        let raw = unsafe {
+            acl::create_tensor(
+                device.cann,
+                &dims,
+                &strides,
+                to_i64(offset, "offset")?,
+                acl_dtype(dtype),
+                aclFormat::ACL_FORMAT_ND,
+                to_i64(storage_len, "storage")?,
+                buffer.ptr(),
+            )?
+        };
+        Ok(AclTensor { device, raw, _buffer: PhantomData })
+    }
+
+    pub(crate) fn raw(&self) -> *mut aclTensor {
+        self.raw
+    }
+}
+
+impl Drop for AclTensor<'_> {
+    fn drop(&mut self) {
+        let result = self.device.bind().and_then(|()| {
+            // SAFETY: `raw` is a live descriptor, never used after this.
+            unsafe { acl::destroy_tensor(self.device.cann, self.raw) }
+        });
+        if let Err(e) = result {
+            report_drop_error("aclDestroyTensor", &e);
+        }
+    }
+}

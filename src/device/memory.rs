@@ -1,0 +1,137 @@
+//! Device memory.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use super::{report_drop_error, Device, StreamInner};
+use crate::acl;
+use crate::error::Result;
+
+/// One `aclrtMalloc` allocation, freed on drop. The owner guarantees no pending work uses it by
+/// then (see [`DeviceBuffer`] for memory shared with streams).
+pub(crate) struct DeviceAlloc {
+    device: Arc<Device>,
+    ptr: *mut c_void,
+    bytes: usize,
+}
+
+// SAFETY: the pointer is a device address, meaningful from any thread that binds the device
+// (which every use does first); the allocation is owned uniquely by this value.
+unsafe impl Send for DeviceAlloc {}
+// SAFETY: `&DeviceAlloc` only exposes the address and size.
+unsafe impl Sync for DeviceAlloc {}
+
+impl DeviceAlloc {
+    /// Allocates `bytes` (0 allocates nothing and yields a null pointer).
+    pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
+        if bytes == 0 {
+            return Ok(DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes });
+        }
+        device.bind()?;
+        let ptr = acl::malloc(device.cann, bytes)?;
+        Ok(DeviceAlloc { device, ptr, bytes })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut c_void {
+        self.ptr
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub(crate) fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        let result = self.device.bind().and_then(|()| {
+            // SAFETY: `ptr` came from aclrtMalloc and the owner guarantees no pending work uses it.
+            unsafe { acl::free(self.device.cann, self.ptr) }
+        });
+        if let Err(e) = result {
+            report_drop_error("aclrtFree", &e);
+        }
+    }
+}
+
+/// Device memory shared with streams: every stream that enqueued work on it is recorded, and
+/// dropping the buffer synchronises those streams before freeing it.
+pub(crate) struct DeviceBuffer {
+    /// `None` only inside `drop`.
+    alloc: Option<DeviceAlloc>,
+    users: Mutex<Vec<Arc<StreamInner>>>,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
+        Ok(DeviceBuffer { alloc: Some(DeviceAlloc::new(device, bytes)?), users: Mutex::new(Vec::new()) })
+    }
+
+    fn alloc(&self) -> &DeviceAlloc {
+        self.alloc.as_ref().expect("DeviceBuffer::alloc is Some until drop")
+    }
+
+    pub(crate) fn ptr(&self) -> *mut c_void {
+        self.alloc().ptr()
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.alloc().bytes()
+    }
+
+    pub(crate) fn device(&self) -> &Arc<Device> {
+        self.alloc().device()
+    }
+
+    /// Records that `stream` is about to enqueue work on this buffer.
+    pub(crate) fn record_use(&self, stream: &Arc<StreamInner>) {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if !users.iter().any(|s| Arc::ptr_eq(s, stream)) {
+            users.push(stream.clone());
+        }
+    }
+
+    /// Waits for all work enqueued on this buffer, so the host may read or overwrite it.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let users = std::mem::take(&mut *self.users.lock().unwrap_or_else(|p| p.into_inner()));
+        for (i, s) in users.iter().enumerate() {
+            if let Err(e) = s.synchronize() {
+                // Keep the unsynchronised ones so drop still waits for them.
+                self.users.lock().unwrap_or_else(|p| p.into_inner()).extend(users[i..].iter().cloned());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let mut drained = true;
+        for s in self.users.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            if let Err(e) = s.synchronize() {
+                report_drop_error("aclrtSynchronizeStream (before aclrtFree)", &e);
+                drained = false;
+            }
+        }
+        if drained {
+            drop(self.alloc.take()); // aclrtFree, now that no stream uses it
+        } else {
+            // Work may still be using the memory: leaking it is the only sound choice.
+            eprintln!("ascend: leaking {} bytes of device memory whose stream could not be synchronised", self.bytes());
+            std::mem::forget(self.alloc.take());
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer").field("device", &self.device().id).field("bytes", &self.bytes()).finish()
+    }
+}

@@ -1,0 +1,70 @@
+//! Process-wide runtime initialisation and per-thread device binding.
+
+use std::cell::Cell;
+use std::sync::{Arc, Mutex};
+
+use ascend_sys::Cann;
+
+use crate::acl;
+use crate::error::{Error, Result};
+
+/// A device of a loaded CANN toolkit.
+pub(crate) struct Device {
+    pub(crate) cann: &'static Cann,
+    pub(crate) id: i32,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("id", &self.id).field("libraries", &self.cann.paths).finish()
+    }
+}
+
+thread_local! {
+    /// The (toolkit, device) this thread last bound with `aclrtSetDevice`.
+    static BOUND: Cell<(usize, i32)> = const { Cell::new((0, -1)) };
+}
+
+/// Toolkits on which `aclInit` has succeeded in this process.
+static INITIALISED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn key(cann: &'static Cann) -> usize {
+    cann as *const Cann as usize
+}
+
+impl Device {
+    /// Initialises the runtime (once per process and toolkit), checks that `id` exists and binds
+    /// it on the calling thread.
+    pub(crate) fn open(cann: &'static Cann, id: i32) -> Result<Arc<Device>> {
+        {
+            let mut done = INITIALISED.lock().unwrap_or_else(|p| p.into_inner());
+            if !done.contains(&key(cann)) {
+                acl::init(cann)?;
+                done.push(key(cann));
+            }
+        }
+        let count = acl::device_count(cann)?;
+        if id < 0 || id as u32 >= count {
+            return Err(Error::NoDevice { device: id, count });
+        }
+        let device = Arc::new(Device { cann, id });
+        device.bind()?;
+        Ok(device)
+    }
+
+    /// Binds this device on the calling thread (`aclrtSetDevice`), unless it already is.
+    pub(crate) fn bind(&self) -> Result<()> {
+        let me = (key(self.cann), self.id);
+        if BOUND.with(|b| b.get()) == me {
+            return Ok(());
+        }
+        acl::set_device(self.cann, self.id)?;
+        BOUND.with(|b| b.set(me));
+        Ok(())
+    }
+
+    /// Whether `other` is the same device of the same toolkit.
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        key(self.cann) == key(other.cann) && self.id == other.id
+    }
+}

@@ -1,0 +1,101 @@
+//! `aclrtStream` with its reusable operator workspace.
+
+use std::sync::{Arc, Mutex};
+
+use ascend_sys::aclrtStream;
+
+use super::{report_drop_error, Device, DeviceAlloc};
+use crate::acl;
+use crate::error::Result;
+
+/// A live `aclrtStream`. Dropping it synchronises the stream, frees the workspace and destroys
+/// the stream; a buffer that enqueued work on it holds an `Arc` to it, so it outlives that work.
+pub(crate) struct StreamInner {
+    pub(crate) device: Arc<Device>,
+    raw: aclrtStream,
+    /// The workspace reused by operator launches on this stream (grown, never shrunk).
+    workspace: Mutex<Option<DeviceAlloc>>,
+}
+
+// SAFETY: an aclrtStream is a handle into the device's default context, which CANN shares by all
+// threads of the process that bound the device; every use binds the device on the calling thread
+// first. The workspace is behind a Mutex.
+unsafe impl Send for StreamInner {}
+// SAFETY: as above; `&StreamInner` only enqueues, synchronises or locks the workspace mutex.
+unsafe impl Sync for StreamInner {}
+
+impl std::fmt::Debug for StreamInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("device", &self.device.id).field("raw", &self.raw).finish()
+    }
+}
+
+impl StreamInner {
+    /// `aclrtCreateStream` on `device`.
+    pub(crate) fn new(device: Arc<Device>) -> Result<Arc<Self>> {
+        device.bind()?;
+        let raw = acl::create_stream(device.cann)?;
+        Ok(Arc::new(StreamInner { device, raw, workspace: Mutex::new(None) }))
+    }
+
+    /// The raw handle, valid while `self` lives.
+    pub(crate) fn raw(&self) -> aclrtStream {
+        self.raw
+    }
+
+    /// Blocks until all work enqueued on this stream has completed.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: `raw` is live while `self` is, and the device is bound on this thread.
+        unsafe { acl::synchronize_stream(self.device.cann, self.raw) }
+    }
+
+    /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
+    /// one. Launches on this stream are ordered, so reuse is safe; an outgrown workspace is freed
+    /// only after the stream has synchronised.
+    pub(crate) fn with_workspace<R>(
+        &self,
+        bytes: u64,
+        f: impl FnOnce(*mut std::ffi::c_void) -> Result<R>,
+    ) -> Result<R> {
+        if bytes == 0 {
+            return f(std::ptr::null_mut());
+        }
+        let bytes_usize = usize::try_from(bytes).map_err(|_| {
+            crate::Error::Config(format!("workspace of {bytes} bytes does not fit this machine's address space"))
+        })?;
+        let mut ws = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
+        if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {
+            if let Some(old) = ws.take() {
+                // Work already enqueued may still use the old workspace.
+                self.synchronize()?;
+                drop(old);
+            }
+            *ws = Some(DeviceAlloc::new(self.device.clone(), bytes_usize)?);
+        }
+        let ptr = ws.as_ref().map_or(std::ptr::null_mut(), |a| a.ptr());
+        f(ptr)
+    }
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        let workspace = self.workspace.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        match self.synchronize() {
+            // The workspace is idle now that the stream has drained.
+            Ok(()) => drop(workspace),
+            Err(e) => {
+                report_drop_error("aclrtSynchronizeStream", &e);
+                // Work may still be using the workspace: leak it rather than free it.
+                std::mem::forget(workspace);
+            }
+        }
+        let result = self.device.bind().and_then(|()| {
+            // SAFETY: `raw` is live and never used after this.
+            unsafe { acl::destroy_stream(self.device.cann, self.raw) }
+        });
+        if let Err(e) = result {
+            report_drop_error("aclrtDestroyStream", &e);
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! [`Error`] and [`Result`]: every failure of the crate, with CANN's status code where it has one.
+
+use ascend_sys::status;
+
+/// The status CANN returns for a null required argument (`ACLNN_ERR_PARAM_NULLPTR`).
+pub const STATUS_NULLPTR: i32 = status::ACLNN_ERR_PARAM_NULLPTR;
+/// The status CANN returns for an invalid argument (`ACLNN_ERR_PARAM_INVALID`).
+pub const STATUS_INVALID: i32 = status::ACLNN_ERR_PARAM_INVALID;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong. Match on the variant, or use [`Error::status`] for CANN's code.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was rejected before any work was enqueued; nothing was written.
+    /// `status` is the aclnn code CANN uses for the case: 161001 (a required argument is
+    /// missing) or 161002 (an argument is invalid).
+    #[error("invalid argument `{argument}`: {message} (aclnn status {status} {})", status_name(*status))]
+    InvalidArgument {
+        /// The parameter, named as in the aclnn API (`gradOut`, `input`, `mean`, `sumDy`, ...).
+        argument: &'static str,
+        /// What was expected and what was given.
+        message: String,
+        /// 161001 or 161002.
+        status: i32,
+    },
+    /// A CANN call returned a non-zero status.
+    #[error("{call} failed with status {status} ({}){}", status_name(*status), recent(.message))]
+    Cann {
+        /// The C function that failed.
+        call: &'static str,
+        /// The status it returned.
+        status: i32,
+        /// The text of `aclGetRecentErrMsg`, when CANN gave one.
+        message: Option<String>,
+    },
+    /// A CANN call that returns a pointer returned null.
+    #[error("{call} returned null{}", recent(.message))]
+    NullHandle {
+        /// The C function that failed.
+        call: &'static str,
+        /// The text of `aclGetRecentErrMsg`, when CANN gave one.
+        message: Option<String>,
+    },
+    /// The CANN libraries could not be loaded.
+    #[error("CANN is not available: {0}")]
+    Load(#[from] ascend_sys::LoadError),
+    /// CANN loaded but the requested device does not exist.
+    #[error("Ascend device {device} not found: {count} device(s) present")]
+    NoDevice {
+        /// The device asked for.
+        device: i32,
+        /// How many devices CANN reports.
+        count: u32,
+    },
+    /// Configuration was invalid (e.g. an unknown `ASCEND_BACKEND` value).
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+fn status_name(status: i32) -> &'static str {
+    status::name(status).unwrap_or("unknown status")
+}
+
+fn recent(message: &Option<String>) -> String {
+    match message {
+        Some(m) if !m.is_empty() => format!(": {m}"),
+        _ => String::new(),
+    }
+}
+
+impl Error {
+    /// The CANN status code: 161001/161002 for argument errors (on both backends), the
+    /// returned code for a failed CANN call, `None` otherwise.
+    pub fn status(&self) -> Option<i32> {
+        match self {
+            Error::InvalidArgument { status, .. } | Error::Cann { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The name of [`status`](Self::status), e.g. `ACLNN_ERR_PARAM_INVALID`.
+    pub fn status_name(&self) -> Option<&'static str> {
+        self.status().and_then(status::name)
+    }
+
+    pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> Self {
+        Error::InvalidArgument { argument, message: message.into(), status: STATUS_INVALID }
+    }
+
+    pub(crate) fn null(argument: &'static str, message: impl Into<String>) -> Self {
+        Error::InvalidArgument { argument, message: message.into(), status: STATUS_NULLPTR }
+    }
+}

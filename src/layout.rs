@@ -1,0 +1,134 @@
+//! Shapes and strides: row-major strides, element counts, and the bounds check that keeps every
+//! strided view inside its storage.
+
+/// Row-major (C-order) strides, in elements, of a contiguous tensor of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1usize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(d.max(1));
+    }
+    strides
+}
+
+/// The number of elements of `shape`, or `None` on overflow.
+pub(crate) fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Whether a view of `shape` with `strides` is row-major contiguous (size-1 dims may have any
+/// stride).
+pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    let mut expected = 1usize;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(d);
+    }
+    true
+}
+
+/// Checks that every element of the view lies inside a storage of `storage_len` elements, and
+/// returns the view's element count. Errors say why, for the caller to wrap.
+pub(crate) fn check_view(
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+    storage_len: usize,
+) -> Result<usize, String> {
+    if shape.len() != strides.len() {
+        return Err(format!("shape has {} dims but strides has {}", shape.len(), strides.len()));
+    }
+    let n = numel(shape).ok_or_else(|| format!("shape {shape:?} overflows usize"))?;
+    if n == 0 {
+        if offset > storage_len {
+            return Err(format!("offset {offset} is past the storage of {storage_len} elements"));
+        }
+        return Ok(0);
+    }
+    let mut last = offset;
+    for (&d, &s) in shape.iter().zip(strides) {
+        last = (d - 1)
+            .checked_mul(s)
+            .and_then(|x| last.checked_add(x))
+            .ok_or_else(|| format!("shape {shape:?} with strides {strides:?} overflows usize"))?;
+    }
+    if last >= storage_len {
+        return Err(format!(
+            "view (shape {shape:?}, strides {strides:?}, offset {offset}) reaches element {last}, \
+             but the storage holds {storage_len}"
+        ));
+    }
+    Ok(n)
+}
+
+/// Calls `f` with the storage index of every element of the view, in row-major order.
+pub(crate) fn for_each_index(shape: &[usize], strides: &[usize], offset: usize, mut f: impl FnMut(usize)) {
+    if shape.contains(&0) {
+        return;
+    }
+    if shape.is_empty() {
+        f(offset);
+        return;
+    }
+    let rank = shape.len();
+    let mut idx = vec![0usize; rank];
+    let mut pos = offset;
+    let inner = rank - 1;
+    loop {
+        let s = strides[inner];
+        for i in 0..shape[inner] {
+            f(pos + i * s);
+        }
+        // advance the outer dims (odometer)
+        let mut k = inner;
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            pos += strides[k];
+            if idx[k] < shape[k] {
+                break;
+            }
+            pos -= strides[k] * shape[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strides_and_contiguity() {
+        assert_eq!(contiguous_strides(&[4, 2, 3]), vec![6, 3, 1]);
+        assert!(is_contiguous(&[4, 2, 3], &[6, 3, 1]));
+        assert!(!is_contiguous(&[4, 2, 3], &[1, 4, 8]));
+        assert!(is_contiguous(&[1, 2], &[99, 1]));
+    }
+
+    #[test]
+    fn view_bounds() {
+        assert_eq!(check_view(&[4, 2], &[2, 1], 0, 8), Ok(8));
+        assert!(check_view(&[4, 2], &[2, 1], 1, 8).is_err());
+        assert!(check_view(&[2], &[usize::MAX], 0, 8).is_err());
+        assert_eq!(check_view(&[0, 2], &[2, 1], 0, 0), Ok(0));
+        assert!(check_view(&[2], &[1, 1], 0, 8).is_err());
+    }
+
+    #[test]
+    fn iteration_order() {
+        let mut seen = vec![];
+        // transpose of a 2x3 row-major storage
+        for_each_index(&[3, 2], &[1, 3], 0, |i| seen.push(i));
+        assert_eq!(seen, vec![0, 3, 1, 4, 2, 5]);
+        let mut seen = vec![];
+        for_each_index(&[2, 2, 2], &[4, 2, 1], 1, |i| seen.push(i));
+        assert_eq!(seen, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+}

@@ -1,0 +1,34 @@
+//! Operators. One so far: [`batch_norm_reduce_backward`] (`aclnnBatchNormReduceBackward`), the
+//! per-channel reductions of BatchNorm's backward pass and the building block of SyncBatchNorm.
+//!
+//! Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+//! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
+//! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
+
+mod batch_norm_reduce_backward;
+pub(crate) mod validate;
+
+pub use batch_norm_reduce_backward::{
+    batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward,
+    PreparedReduceBackward, ReduceBackward, ReduceBackwardOut, Workspace,
+};
+pub use validate::{MAX_RANK, MIN_RANK};
+
+/// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,
+/// `bias_g` → gradBias (aclnn's `inputG`, `weightG`, `biasG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct OutputMask {
+    /// Compute sumDy and sumDyXmu.
+    pub input_g: bool,
+    /// Compute gradWeight.
+    pub weight_g: bool,
+    /// Compute gradBias.
+    pub bias_g: bool,
+}
+
+impl OutputMask {
+    /// All four outputs.
+    pub const ALL: OutputMask = OutputMask { input_g: true, weight_g: true, bias_g: true };
+    /// No output (the call still validates its arguments).
+    pub const NONE: OutputMask = OutputMask { input_g: false, weight_g: false, bias_g: false };
+}

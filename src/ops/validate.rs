@@ -1,0 +1,111 @@
+//! Argument validation shared by both backends, done before any work: everything CANN checks
+//! (with CANN's codes, in CANN's order: missing arguments first), plus what CANN does not check
+//! but would misread (mean/invstd/weight length, gradOut shape, views inside their storage).
+
+use super::OutputMask;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout;
+
+/// The smallest rank of gradOut and input.
+pub const MIN_RANK: usize = 2;
+/// The largest rank of gradOut and input.
+pub const MAX_RANK: usize = 8;
+
+/// The layout of one argument.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Meta<'a> {
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    pub strides: &'a [usize],
+    pub offset: usize,
+    pub storage_len: usize,
+}
+
+/// What validation established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Channels (input dim 1).
+    pub channels: usize,
+    /// Whether gradOut/input have no elements (outputs are then zeros).
+    pub empty: bool,
+}
+
+/// The aclnn names of the outputs, in order: sumDy, sumDyXmu, gradWeight, gradBias.
+pub(crate) const OUTPUT_NAMES: [&str; 4] = ["sumDy", "sumDyXmu", "gradWeight", "gradBias"];
+
+/// Which outputs the mask turns on, in [`OUTPUT_NAMES`] order.
+pub(crate) fn enabled(mask: OutputMask) -> [bool; 4] {
+    [mask.input_g, mask.input_g, mask.weight_g, mask.bias_g]
+}
+
+fn in_storage(name: &'static str, m: &Meta<'_>) -> Result<usize> {
+    layout::check_view(m.shape, m.strides, m.offset, m.storage_len).map_err(|e| Error::invalid(name, e))
+}
+
+fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<()> {
+    if m.shape != [c] {
+        return Err(Error::invalid(name, format!("expected shape [{c}] (one value per channel), got {:?}", m.shape)));
+    }
+    in_storage(name, m).map(|_| ())
+}
+
+/// Validates the inputs.
+pub(crate) fn inputs(
+    grad_out: &Meta<'_>,
+    input: &Meta<'_>,
+    mean: &Meta<'_>,
+    invstd: &Meta<'_>,
+    weight: Option<&Meta<'_>>,
+) -> Result<Plan> {
+    for (name, m) in [("gradOut", grad_out), ("input", input)] {
+        let r = m.shape.len();
+        if !(MIN_RANK..=MAX_RANK).contains(&r) {
+            return Err(Error::invalid(name, format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape)));
+        }
+    }
+    if grad_out.dtype != input.dtype {
+        return Err(Error::invalid(
+            "gradOut",
+            format!("dtype must equal input's ({}), got {}", input.dtype, grad_out.dtype),
+        ));
+    }
+    let c = input.shape[1];
+    if c == 0 {
+        return Err(Error::invalid("input", format!("channel dim 1 must be non-zero, got shape {:?}", input.shape)));
+    }
+    if grad_out.shape != input.shape {
+        return Err(Error::invalid(
+            "gradOut",
+            format!("shape must equal input's {:?}, got {:?}", input.shape, grad_out.shape),
+        ));
+    }
+    per_channel("mean", mean, c)?;
+    per_channel("invstd", invstd, c)?;
+    if let Some(w) = weight {
+        per_channel("weight", w, c)?;
+    }
+    in_storage("gradOut", grad_out)?;
+    let n = in_storage("input", input)?;
+    Ok(Plan { channels: c, empty: n == 0 })
+}
+
+/// Validates the outputs the mask turns on (the others are ignored, as CANN ignores them).
+/// Missing ones are reported first, with 161001.
+pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4]) -> Result<()> {
+    let on = enabled(mask);
+    for i in 0..4 {
+        if on[i] && outs[i].is_none() {
+            return Err(Error::null(OUTPUT_NAMES[i], format!("required by the mask {mask:?}, but not given")));
+        }
+    }
+    for i in 0..4 {
+        if let (true, Some(m)) = (on[i], outs[i]) {
+            per_channel(OUTPUT_NAMES[i], m, plan.channels)?;
+            if plan.channels > 1 && m.strides[0] == 0 {
+                return Err(Error::invalid(OUTPUT_NAMES[i], "stride 0 would write every channel to one element"));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! [`Stream`]: an ordered queue of work on a [`Context`].
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::context::{Backend, Context, ContextKind};
+use crate::device::{Device, StreamInner};
+use crate::error::{Error, Result};
+
+/// An ordered queue of work. On Ascend it owns an `aclrtStream` (destroyed once the last
+/// tensor that used it is gone) and the operator workspace reused by launches on it; on the CPU
+/// work runs when it is submitted.
+///
+/// `Send` but not `Sync`: one thread at a time enqueues on a stream; give each thread its own.
+#[derive(Debug)]
+pub struct Stream {
+    ctx: Context,
+    pub(crate) inner: Option<Arc<StreamInner>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Stream {
+    pub(crate) fn new(ctx: Context, inner: Option<Arc<StreamInner>>) -> Self {
+        Stream { ctx, inner, _not_sync: PhantomData }
+    }
+
+    /// The context this stream belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The backend of this stream's context.
+    pub fn backend(&self) -> Backend {
+        self.ctx.backend()
+    }
+
+    /// Blocks until all work enqueued on this stream has completed (`aclrtSynchronizeStream`;
+    /// a no-op on the CPU).
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner {
+            Some(s) => s.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// The Ascend stream and device, or an error naming `argument` for a CPU stream.
+    pub(crate) fn ascend(&self) -> Option<(&Arc<StreamInner>, &Arc<Device>)> {
+        match (&self.inner, &self.ctx.kind) {
+            (Some(s), ContextKind::Ascend(d)) => Some((s, d)),
+            _ => None,
+        }
+    }
+
+    /// The raw `aclrtStream` handle, for calling other aclnn operators on the same stream. It is
+    /// valid while this `Stream` (or a tensor that used it) lives; `None` on the CPU backend.
+    pub fn as_raw(&self) -> Option<ascend_sys::aclrtStream> {
+        self.inner.as_ref().map(|s| s.raw())
+    }
+
+    pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {
+        Error::invalid(
+            argument,
+            format!("{what}, but the stream is on {}", describe(&self.ctx)),
+        )
+    }
+}
+
+pub(crate) fn describe(ctx: &Context) -> String {
+    match &ctx.kind {
+        ContextKind::Cpu => "the CPU backend".into(),
+        ContextKind::Ascend(d) => format!("Ascend device {}", d.id),
+    }
+}

@@ -1,0 +1,313 @@
+//! [`Tensor`]: a strided view over host memory (CPU backend) or device memory (Ascend).
+
+use std::sync::Arc;
+
+use crate::context::ContextKind;
+use crate::cpu::{View, ViewMut};
+use crate::device::{Device, DeviceBuffer};
+use crate::dtype::{bf16, f16, DType, Element};
+use crate::error::{Error, Result};
+use crate::layout;
+use crate::stream::{describe, Stream};
+
+/// Typed host storage.
+#[derive(Clone, Debug)]
+pub(crate) enum HostData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl HostData {
+    fn from_slice<T: Element>(data: &[T]) -> Self {
+        // Exactly one arm matches T::DTYPE; the conversion is then the identity.
+        match T::DTYPE {
+            DType::F32 => HostData::F32(data.iter().map(|v| v.to_f32()).collect()),
+            DType::F16 => HostData::F16(data.iter().map(|v| f16::from_f32(v.to_f32())).collect()),
+            DType::BF16 => HostData::BF16(data.iter().map(|v| bf16::from_f32(v.to_f32())).collect()),
+        }
+    }
+
+    fn zeros(dtype: DType, n: usize) -> Self {
+        match dtype {
+            DType::F32 => HostData::F32(vec![0.0; n]),
+            DType::F16 => HostData::F16(vec![f16::ZERO; n]),
+            DType::BF16 => HostData::BF16(vec![bf16::ZERO; n]),
+        }
+    }
+
+    /// The raw little-endian bytes, for copying to the device.
+    fn bytes(&self) -> &[u8] {
+        match self {
+            HostData::F32(v) => as_bytes(v),
+            HostData::F16(v) => as_bytes(v),
+            HostData::BF16(v) => as_bytes(v),
+        }
+    }
+}
+
+fn as_bytes<T: Element>(v: &[T]) -> &[u8] {
+    // SAFETY: f32, f16 and bf16 are plain-old-data without padding; the byte slice covers exactly
+    // the same memory and borrows it for the same lifetime.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+#[derive(Debug)]
+pub(crate) enum Storage {
+    Host(HostData),
+    Device(DeviceStorage),
+}
+
+pub(crate) struct DeviceStorage {
+    pub(crate) buffer: DeviceBuffer,
+}
+
+impl std::fmt::Debug for DeviceStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceStorage")
+            .field("device", &self.buffer.device().id)
+            .field("bytes", &self.buffer.bytes())
+            .finish()
+    }
+}
+
+/// A strided view of `f32`, [`f16`] or [`bf16`] elements over storage it owns: host memory on
+/// the CPU backend, device memory (`aclrtMalloc`) on Ascend. Shapes, strides and offsets count
+/// elements. `Send + Sync`.
+///
+/// Device memory is freed only after every stream that enqueued work on it has finished, so a
+/// tensor may be dropped right after a launch.
+#[derive(Debug)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+    storage_len: usize,
+    pub(crate) storage: Storage,
+}
+
+impl Tensor {
+    /// A contiguous (row-major) tensor of `shape` holding a copy of `data`
+    /// (`aclrtMalloc` + `aclrtMemcpy` on Ascend).
+    pub fn from_slice<T: Element>(stream: &Stream, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        let n = layout::numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize")))?;
+        if n != data.len() {
+            return Err(Error::invalid(
+                "data",
+                format!("shape {shape:?} has {n} elements but the slice has {}", data.len()),
+            ));
+        }
+        Self::from_slice_strided(stream, data, shape, &layout::contiguous_strides(shape), 0)
+    }
+
+    /// A strided view (`shape`, `strides`, `offset`, in elements) over a copy of `storage`.
+    /// Every element of the view must lie inside `storage`.
+    pub fn from_slice_strided<T: Element>(
+        stream: &Stream,
+        storage: &[T],
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Tensor> {
+        layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
+        let host = HostData::from_slice(storage);
+        let storage = Self::place(stream, host)?;
+        Ok(Tensor {
+            dtype: T::DTYPE,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            storage_len: storage_len_of(&storage, T::DTYPE),
+            storage,
+        })
+    }
+
+    /// A contiguous tensor of zeros (`aclrtMalloc` + `aclrtMemset` on Ascend).
+    pub fn zeros(stream: &Stream, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Self::alloc(stream, dtype, shape, true)
+    }
+
+    /// A contiguous tensor; on Ascend its contents are undefined unless `zeroed`.
+    pub(crate) fn alloc(stream: &Stream, dtype: DType, shape: &[usize], zeroed: bool) -> Result<Tensor> {
+        let n = layout::numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize")))?;
+        let storage = match stream.ascend() {
+            None => Storage::Host(HostData::zeros(dtype, n)),
+            Some((_, device)) => {
+                let bytes = n
+                    .checked_mul(dtype.size_in_bytes())
+                    .ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize bytes")))?;
+                let buffer = DeviceBuffer::new(device.clone(), bytes)?;
+                if zeroed && bytes > 0 {
+                    device.bind()?;
+                    // SAFETY: a fresh allocation of `bytes` that no work uses yet.
+                    unsafe { crate::acl::memset(device.cann, buffer.ptr(), 0, bytes)? };
+                }
+                Storage::Device(DeviceStorage { buffer })
+            }
+        };
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            strides: layout::contiguous_strides(shape),
+            offset: 0,
+            storage_len: n,
+            storage,
+        })
+    }
+
+    fn place(stream: &Stream, host: HostData) -> Result<Storage> {
+        match stream.ascend() {
+            None => Ok(Storage::Host(host)),
+            Some((_, device)) => {
+                let bytes = host.bytes();
+                let buffer = DeviceBuffer::new(device.clone(), bytes.len())?;
+                if !bytes.is_empty() {
+                    device.bind()?;
+                    // SAFETY: a fresh allocation of exactly `bytes.len()` that no work uses yet.
+                    unsafe { crate::acl::copy_to_device(device.cann, buffer.ptr(), bytes)? };
+                }
+                Ok(Storage::Device(DeviceStorage { buffer }))
+            }
+        }
+    }
+
+    /// The view's shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The view's strides, in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The view's offset into its storage, in elements.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The number of elements in the view.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The number of elements of the storage the view lies in.
+    pub fn storage_len(&self) -> usize {
+        self.storage_len
+    }
+
+    /// Whether the view is row-major contiguous.
+    pub fn is_contiguous(&self) -> bool {
+        layout::is_contiguous(&self.shape, &self.strides)
+    }
+
+    /// Whether the tensor lives in device memory (Ascend backend).
+    pub fn is_device(&self) -> bool {
+        matches!(self.storage, Storage::Device(_))
+    }
+
+    /// The view's elements in row-major order, converted to `T` (rounding to nearest when `T`
+    /// is narrower than the tensor's dtype). On Ascend this waits for every stream that enqueued
+    /// work on the tensor, then copies it to the host (`aclrtSynchronizeStream`, `aclrtMemcpy`).
+    pub fn to_vec<T: Element>(&self, stream: &Stream) -> Result<Vec<T>> {
+        self.check_stream(stream, "tensor")?;
+        match &self.storage {
+            Storage::Host(h) => Ok(gather(&self.host_view(h))),
+            Storage::Device(d) => {
+                stream.synchronize()?;
+                d.buffer.synchronize()?;
+                let mut host = HostData::zeros(self.dtype, self.storage_len);
+                let device = d.buffer.device();
+                if self.storage_len > 0 {
+                    device.bind()?;
+                    let bytes = host_bytes_mut(&mut host);
+                    // SAFETY: the buffer holds `storage_len` elements of `dtype` (= bytes.len()) and
+                    // every stream that used it has just been synchronised.
+                    unsafe { crate::acl::copy_to_host(device.cann, bytes, d.buffer.ptr())? };
+                }
+                Ok(gather(&self.host_view(&host)))
+            }
+        }
+    }
+
+    /// A zero-copy view of host storage with this tensor's layout.
+    pub(crate) fn host_view<'a>(&'a self, h: &'a HostData) -> View<'a> {
+        View::from_host(h, &self.shape, &self.strides, self.offset)
+    }
+
+    /// The host view of a CPU tensor, or `None` for a device tensor.
+    pub(crate) fn as_host_view(&self) -> Option<View<'_>> {
+        match &self.storage {
+            Storage::Host(h) => Some(self.host_view(h)),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// The mutable host view of a CPU tensor, or `None` for a device tensor.
+    pub(crate) fn as_host_view_mut(&mut self) -> Option<ViewMut<'_>> {
+        match &mut self.storage {
+            Storage::Host(h) => Some(ViewMut::from_host(h, &self.shape, &self.strides, self.offset)),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// The device buffer and its device, or `None` for a host tensor.
+    pub(crate) fn device_buffer(&self) -> Option<(&DeviceBuffer, &Arc<Device>)> {
+        match &self.storage {
+            Storage::Device(d) => Some((&d.buffer, d.buffer.device())),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// Checks that this tensor lives where `stream` runs work.
+    pub(crate) fn check_stream(&self, stream: &Stream, argument: &'static str) -> Result<()> {
+        match (&self.storage, &stream.context().kind) {
+            (Storage::Host(_), ContextKind::Cpu) => Ok(()),
+            (Storage::Device(d), ContextKind::Ascend(dev)) if d.buffer.device().same(dev) => Ok(()),
+            (Storage::Host(_), _) => Err(stream.mismatch(argument, "the tensor is in host memory (CPU backend)")),
+            (Storage::Device(d), _) => Err(Error::invalid(
+                argument,
+                format!(
+                    "the tensor is on Ascend device {}, but the stream is on {}",
+                    d.buffer.device().id,
+                    describe(stream.context())
+                ),
+            )),
+        }
+    }
+}
+
+fn storage_len_of(storage: &Storage, dtype: DType) -> usize {
+    match storage {
+        Storage::Host(HostData::F32(v)) => v.len(),
+        Storage::Host(HostData::F16(v)) => v.len(),
+        Storage::Host(HostData::BF16(v)) => v.len(),
+        Storage::Device(d) => d.buffer.bytes() / dtype.size_in_bytes(),
+    }
+}
+
+fn host_bytes_mut(h: &mut HostData) -> &mut [u8] {
+    fn cast<T: Element>(v: &mut [T]) -> &mut [u8] {
+        // SAFETY: f32/f16/bf16 are plain-old-data: every byte pattern is a valid value, there is no
+        // padding, and the byte slice covers exactly the same memory for the same lifetime.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    }
+    match h {
+        HostData::F32(v) => cast(v),
+        HostData::F16(v) => cast(v),
+        HostData::BF16(v) => cast(v),
+    }
+}
+
+/// The elements of a host view in row-major order, converted to `T`.
+fn gather<T: Element>(v: &View<'_>) -> Vec<T> {
+    let mut out = Vec::with_capacity(layout::numel(v.shape()).unwrap_or(0));
+    v.for_each_f32(|x| out.push(T::from_f32(x)));
+    out
+}
