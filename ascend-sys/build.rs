@@ -67,11 +67,7 @@ mod generate {
                 "aclnnInit",
             ],
         ),
-        (
-            "opapi.rs",
-            "OpApi",
-            &["aclnnBatchNormReduceBackwardGetWorkspaceSize", "aclnnBatchNormReduceBackward"],
-        ),
+        ("opapi.rs", "OpApi", &["aclnnBatchNormReduceBackwardGetWorkspaceSize", "aclnnBatchNormReduceBackward"]),
     ];
 
     const TYPES: &[&str] = &[
@@ -94,9 +90,7 @@ mod generate {
             println!("cargo:rerun-if-env-changed={var}");
             if let Some(root) = env::var_os(var) {
                 let inc = Path::new(&root).join("include");
-                if inc.join("acl/acl.h").is_file()
-                    && inc.join("aclnnop/aclnn_batch_norm_backward_reduce.h").is_file()
-                {
+                if inc.join("acl/acl.h").is_file() && inc.join("aclnnop/aclnn_batch_norm_backward_reduce.h").is_file() {
                     return Some(inc);
                 }
             }

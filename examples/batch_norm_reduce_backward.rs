@@ -21,15 +21,7 @@ fn main() -> ascend::Result<()> {
     let invstd = Tensor::from_slice(&stream, &[1f32, 1.], &[2])?;
     let weight = Tensor::from_slice(&stream, &[1f32, 1.], &[2])?;
 
-    let out = batch_norm_reduce_backward(
-        &stream,
-        &grad_out,
-        &input,
-        &mean,
-        &invstd,
-        Some(&weight),
-        OutputMask::ALL,
-    )?;
+    let out = batch_norm_reduce_backward(&stream, &grad_out, &input, &mean, &invstd, Some(&weight), OutputMask::ALL)?;
 
     for (name, t) in [
         ("sumDy", &out.sum_dy),
@@ -37,11 +29,7 @@ fn main() -> ascend::Result<()> {
         ("gradWeight", &out.grad_weight),
         ("gradBias", &out.grad_bias),
     ] {
-        let values = t
-            .as_ref()
-            .map(|t| t.to_vec::<f32>(&stream))
-            .transpose()?
-            .unwrap_or_default();
+        let values = t.as_ref().map(|t| t.to_vec::<f32>(&stream)).transpose()?.unwrap_or_default();
         let values: Vec<String> = values.iter().map(f32::to_string).collect();
         println!("{name}=[{}]", values.join(", "));
     }

@@ -59,9 +59,7 @@ impl Context {
         match std::env::var(BACKEND_ENV) {
             Ok(v) if v.eq_ignore_ascii_case("cpu") => Ok(Context::cpu()),
             Ok(v) if v.eq_ignore_ascii_case("ascend") => Context::ascend(0),
-            Ok(v) if !v.is_empty() => {
-                Err(Error::Config(format!("{BACKEND_ENV} must be `cpu` or `ascend`, got `{v}`")))
-            }
+            Ok(v) if !v.is_empty() => Err(Error::Config(format!("{BACKEND_ENV} must be `cpu` or `ascend`, got `{v}`"))),
             _ => Ok(Context::ascend(0).unwrap_or_else(|_| Context::cpu())),
         }
     }

@@ -59,10 +59,7 @@ impl Stream {
     }
 
     pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {
-        Error::invalid(
-            argument,
-            format!("{what}, but the stream is on {}", describe(&self.ctx)),
-        )
+        Error::invalid(argument, format!("{what}, but the stream is on {}", describe(&self.ctx)))
     }
 }
 

@@ -76,10 +76,7 @@ impl fmt::Display for LoadError {
         for (path, why) in &self.tried {
             write!(f, " {path} ({why});")?;
         }
-        write!(
-            f,
-            " set ASCEND_TOOLKIT_HOME to a CANN install (source its set_env.sh) or pass a directory explicitly"
-        )
+        write!(f, " set ASCEND_TOOLKIT_HOME to a CANN install (source its set_env.sh) or pass a directory explicitly")
     }
 }
 

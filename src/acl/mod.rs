@@ -7,7 +7,9 @@
 use std::ffi::{c_void, CStr};
 use std::ptr;
 
-use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann};
+use ascend_sys::{
+    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann,
+};
 
 use crate::error::{Error, Result};
 

@@ -338,10 +338,13 @@ impl<'a> AscendPrepared<'a> {
 
     fn launch(mut self, stream: &Stream, workspace: Option<&Workspace>) -> Result<()> {
         let Some((inner, device)) = stream.ascend() else {
-            return Err(stream.mismatch("stream", format!("the call was prepared on Ascend device {}", self.device.id).as_str()));
+            return Err(stream
+                .mismatch("stream", format!("the call was prepared on Ascend device {}", self.device.id).as_str()));
         };
         if !device.same(self.device) {
-            return Err(stream.mismatch("stream", format!("the tensors are on Ascend device {}", self.device.id).as_str()));
+            return Err(
+                stream.mismatch("stream", format!("the tensors are on Ascend device {}", self.device.id).as_str())
+            );
         }
         let size = self.workspace_size;
         if let Some(ws) = workspace {
@@ -397,8 +400,11 @@ fn zero_device_view(t: &Tensor) -> Result<()> {
     let es = t.dtype().size_in_bytes();
     let base = buffer.ptr().cast::<u8>();
     let (n, stride) = (t.shape()[0], t.strides()[0]);
-    let runs: Vec<(usize, usize)> =
-        if stride == 1 || n <= 1 { vec![(t.offset(), n)] } else { (0..n).map(|i| (t.offset() + i * stride, 1)).collect() };
+    let runs: Vec<(usize, usize)> = if stride == 1 || n <= 1 {
+        vec![(t.offset(), n)]
+    } else {
+        (0..n).map(|i| (t.offset() + i * stride, 1)).collect()
+    };
     for (start, len) in runs {
         if len == 0 {
             continue;

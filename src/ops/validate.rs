@@ -61,7 +61,10 @@ pub(crate) fn inputs(
     for (name, m) in [("gradOut", grad_out), ("input", input)] {
         let r = m.shape.len();
         if !(MIN_RANK..=MAX_RANK).contains(&r) {
-            return Err(Error::invalid(name, format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape)));
+            return Err(Error::invalid(
+                name,
+                format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape),
+            ));
         }
     }
     if grad_out.dtype != input.dtype {

@@ -44,8 +44,7 @@ pub struct AscendCl {
     pub aclrtDestroyEvent: unsafe extern "C" fn(event: aclrtEvent) -> aclError,
     pub aclrtRecordEvent: unsafe extern "C" fn(event: aclrtEvent, stream: aclrtStream) -> aclError,
     pub aclrtSynchronizeEvent: unsafe extern "C" fn(event: aclrtEvent) -> aclError,
-    pub aclrtStreamWaitEvent:
-        unsafe extern "C" fn(stream: aclrtStream, event: aclrtEvent) -> aclError,
+    pub aclrtStreamWaitEvent: unsafe extern "C" fn(stream: aclrtStream, event: aclrtEvent) -> aclError,
 }
 impl AscendCl {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>

@@ -14,8 +14,7 @@ pub struct NnOpBase {
         tensorData: *mut ::std::os::raw::c_void,
     ) -> *mut aclTensor,
     pub aclDestroyTensor: unsafe extern "C" fn(tensor: *const aclTensor) -> aclnnStatus,
-    pub aclSetAclOpExecutorRepeatable:
-        unsafe extern "C" fn(executor: *mut aclOpExecutor) -> aclnnStatus,
+    pub aclSetAclOpExecutorRepeatable: unsafe extern "C" fn(executor: *mut aclOpExecutor) -> aclnnStatus,
     pub aclDestroyAclOpExecutor: unsafe extern "C" fn(executor: *mut aclOpExecutor) -> aclnnStatus,
     pub aclnnInit: unsafe extern "C" fn(configPath: *const ::std::os::raw::c_char) -> aclnnStatus,
 }
@@ -34,12 +33,8 @@ impl NnOpBase {
         let __library = library.into();
         let aclCreateTensor = __library.get(b"aclCreateTensor\0").map(|sym| *sym)?;
         let aclDestroyTensor = __library.get(b"aclDestroyTensor\0").map(|sym| *sym)?;
-        let aclSetAclOpExecutorRepeatable = __library
-            .get(b"aclSetAclOpExecutorRepeatable\0")
-            .map(|sym| *sym)?;
-        let aclDestroyAclOpExecutor = __library
-            .get(b"aclDestroyAclOpExecutor\0")
-            .map(|sym| *sym)?;
+        let aclSetAclOpExecutorRepeatable = __library.get(b"aclSetAclOpExecutorRepeatable\0").map(|sym| *sym)?;
+        let aclDestroyAclOpExecutor = __library.get(b"aclDestroyAclOpExecutor\0").map(|sym| *sym)?;
         let aclnnInit = __library.get(b"aclnnInit\0").map(|sym| *sym)?;
         Ok(NnOpBase {
             __library,
@@ -77,10 +72,7 @@ impl NnOpBase {
     pub unsafe fn aclDestroyTensor(&self, tensor: *const aclTensor) -> aclnnStatus {
         (self.aclDestroyTensor)(tensor)
     }
-    pub unsafe fn aclSetAclOpExecutorRepeatable(
-        &self,
-        executor: *mut aclOpExecutor,
-    ) -> aclnnStatus {
+    pub unsafe fn aclSetAclOpExecutorRepeatable(&self, executor: *mut aclOpExecutor) -> aclnnStatus {
         (self.aclSetAclOpExecutorRepeatable)(executor)
     }
     pub unsafe fn aclDestroyAclOpExecutor(&self, executor: *mut aclOpExecutor) -> aclnnStatus {

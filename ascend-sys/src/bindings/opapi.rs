@@ -38,17 +38,10 @@ impl OpApi {
         L: Into<::libloading::Library>,
     {
         let __library = library.into();
-        let aclnnBatchNormReduceBackwardGetWorkspaceSize = __library
-            .get(b"aclnnBatchNormReduceBackwardGetWorkspaceSize\0")
-            .map(|sym| *sym)?;
-        let aclnnBatchNormReduceBackward = __library
-            .get(b"aclnnBatchNormReduceBackward\0")
-            .map(|sym| *sym)?;
-        Ok(OpApi {
-            __library,
-            aclnnBatchNormReduceBackwardGetWorkspaceSize,
-            aclnnBatchNormReduceBackward,
-        })
+        let aclnnBatchNormReduceBackwardGetWorkspaceSize =
+            __library.get(b"aclnnBatchNormReduceBackwardGetWorkspaceSize\0").map(|sym| *sym)?;
+        let aclnnBatchNormReduceBackward = __library.get(b"aclnnBatchNormReduceBackward\0").map(|sym| *sym)?;
+        Ok(OpApi { __library, aclnnBatchNormReduceBackwardGetWorkspaceSize, aclnnBatchNormReduceBackward })
     }
     pub unsafe fn aclnnBatchNormReduceBackwardGetWorkspaceSize(
         &self,

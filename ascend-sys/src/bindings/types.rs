@@ -98,8 +98,7 @@ impl aclrtMemMallocPolicy {
     pub const ACL_MEM_MALLOC_HUGE1G_ONLY_P2P: aclrtMemMallocPolicy = aclrtMemMallocPolicy(7);
     pub const ACL_MEM_TYPE_LOW_BAND_WIDTH: aclrtMemMallocPolicy = aclrtMemMallocPolicy(256);
     pub const ACL_MEM_TYPE_HIGH_BAND_WIDTH: aclrtMemMallocPolicy = aclrtMemMallocPolicy(4096);
-    pub const ACL_MEM_ACCESS_USER_SPACE_READONLY: aclrtMemMallocPolicy =
-        aclrtMemMallocPolicy(1048576);
+    pub const ACL_MEM_ACCESS_USER_SPACE_READONLY: aclrtMemMallocPolicy = aclrtMemMallocPolicy(1048576);
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
