@@ -1,0 +1,152 @@
+//! The committed bindings against the facts in shared/cann/API.md: every enum value, and the
+//! sizes of the scalar and handle types the safe layer relies on.
+
+use std::mem::size_of;
+
+use ascend_sys::*;
+
+#[test]
+fn data_type_values_match_api_md() {
+    let expected = [
+        (aclDataType::ACL_DT_UNDEFINED, -1),
+        (aclDataType::ACL_FLOAT, 0),
+        (aclDataType::ACL_FLOAT16, 1),
+        (aclDataType::ACL_INT8, 2),
+        (aclDataType::ACL_INT32, 3),
+        (aclDataType::ACL_UINT8, 4),
+        (aclDataType::ACL_INT16, 6),
+        (aclDataType::ACL_UINT16, 7),
+        (aclDataType::ACL_UINT32, 8),
+        (aclDataType::ACL_INT64, 9),
+        (aclDataType::ACL_UINT64, 10),
+        (aclDataType::ACL_DOUBLE, 11),
+        (aclDataType::ACL_BOOL, 12),
+        (aclDataType::ACL_STRING, 13),
+        (aclDataType::ACL_COMPLEX64, 16),
+        (aclDataType::ACL_COMPLEX128, 17),
+        (aclDataType::ACL_BF16, 27),
+        (aclDataType::ACL_INT4, 29),
+        (aclDataType::ACL_UINT1, 30),
+        (aclDataType::ACL_COMPLEX32, 33),
+        (aclDataType::ACL_HIFLOAT8, 34),
+        (aclDataType::ACL_FLOAT8_E5M2, 35),
+        (aclDataType::ACL_FLOAT8_E4M3FN, 36),
+        (aclDataType::ACL_FLOAT8_E8M0, 37),
+        (aclDataType::ACL_FLOAT6_E3M2, 38),
+        (aclDataType::ACL_FLOAT6_E2M3, 39),
+        (aclDataType::ACL_FLOAT4_E2M1, 40),
+        (aclDataType::ACL_FLOAT4_E1M2, 41),
+    ];
+    for (v, n) in expected {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+}
+
+#[test]
+fn format_values_match_api_md() {
+    let expected = [
+        (aclFormat::ACL_FORMAT_UNDEFINED, -1),
+        (aclFormat::ACL_FORMAT_NCHW, 0),
+        (aclFormat::ACL_FORMAT_NHWC, 1),
+        (aclFormat::ACL_FORMAT_ND, 2),
+        (aclFormat::ACL_FORMAT_NC1HWC0, 3),
+        (aclFormat::ACL_FORMAT_FRACTAL_Z, 4),
+        (aclFormat::ACL_FORMAT_NC1HWC0_C04, 12),
+        (aclFormat::ACL_FORMAT_HWCN, 16),
+        (aclFormat::ACL_FORMAT_NDHWC, 27),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ, 29),
+        (aclFormat::ACL_FORMAT_NCDHW, 30),
+        (aclFormat::ACL_FORMAT_NDC1HWC0, 32),
+        (aclFormat::ACL_FRACTAL_Z_3D, 33),
+        (aclFormat::ACL_FORMAT_NC, 35),
+        (aclFormat::ACL_FORMAT_NCL, 47),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_16, 50),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_32, 51),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_2, 52),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_4, 53),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_8, 54),
+    ];
+    for (v, n) in expected {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+}
+
+#[test]
+fn memcpy_kind_and_malloc_policy_values_match_api_md() {
+    let kinds = [
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_DEFAULT,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
+    ];
+    for (i, k) in kinds.iter().enumerate() {
+        assert_eq!(k.0 as usize, i, "{k:?}");
+    }
+    let policies = [
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST, 0),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY, 1),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY, 2),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST_P2P, 3),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY_P2P, 4),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY_P2P, 5),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY, 6),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY_P2P, 7),
+        (aclrtMemMallocPolicy::ACL_MEM_TYPE_LOW_BAND_WIDTH, 0x100),
+        (aclrtMemMallocPolicy::ACL_MEM_TYPE_HIGH_BAND_WIDTH, 0x1000),
+        (aclrtMemMallocPolicy::ACL_MEM_ACCESS_USER_SPACE_READONLY, 0x100000),
+    ];
+    for (p, n) in policies {
+        assert_eq!(p.0 as u64, n, "{p:?}");
+    }
+}
+
+#[test]
+fn scalar_and_handle_sizes() {
+    // Enums are int-sized (4 bytes); aclError is int; aclnnStatus is int32_t; handles are pointers.
+    assert_eq!(size_of::<aclDataType>(), 4);
+    assert_eq!(size_of::<aclFormat>(), 4);
+    assert_eq!(size_of::<aclrtMemcpyKind>(), 4);
+    assert_eq!(size_of::<aclrtMemMallocPolicy>(), 4);
+    assert_eq!(size_of::<aclError>(), 4);
+    assert_eq!(size_of::<aclnnStatus>(), 4);
+    assert_eq!(size_of::<aclFloat16>(), 2);
+    assert_eq!(size_of::<aclrtStream>(), size_of::<*mut ()>());
+    assert_eq!(size_of::<aclrtEvent>(), size_of::<*mut ()>());
+    assert_eq!(size_of::<aclrtContext>(), size_of::<*mut ()>());
+    // bool is the 1-byte C++ bool that GetWorkspaceSize takes for inputG/weightG/biasG.
+    assert_eq!(size_of::<bool>(), 1);
+    // Opaque structs are only ever behind pointers.
+    assert_eq!(size_of::<aclTensor>(), 0);
+    assert_eq!(size_of::<aclOpExecutor>(), 0);
+}
+
+#[test]
+fn status_codes_match_api_md() {
+    use ascend_sys::status::*;
+    assert_eq!(ACLNN_ERR_PARAM_NULLPTR, 161001);
+    assert_eq!(ACLNN_ERR_PARAM_INVALID, 161002);
+    assert_eq!(ACLNN_ERR_RUNTIME_ERROR, 361001);
+    assert_eq!(ACLNN_ERR_INNER_NULLPTR, 561103);
+    assert_eq!(ACL_ERROR_REPEAT_INITIALIZE, 100002);
+    assert_eq!(ACL_ERROR_RT_CONTEXT_NULL, 107002);
+    assert_eq!(ACL_ERROR_RT_MEMORY_ALLOCATION, 207001);
+    assert_eq!(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, 507046);
+}
+
+#[test]
+fn missing_toolkit_is_a_typed_error_not_a_panic() {
+    let dir = std::env::temp_dir().join(format!("ascend-sys-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // With no CANN on this machine the whole search fails; with one, the explicit dir is skipped.
+    match ascend_sys::load_from(&dir) {
+        Err(e) => {
+            assert!(e.tried.iter().any(|(p, _)| p.starts_with(dir.to_str().unwrap())), "{e}");
+            assert!(e.to_string().contains("libascendcl.so"), "{e}");
+        }
+        Ok(cann) => assert!(!cann.paths[0].starts_with(&dir)),
+    }
+}
