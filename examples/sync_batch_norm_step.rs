@@ -57,8 +57,8 @@ fn main() -> ascend::Result<()> {
     // The forward pass's statistics over the global batch (2 ranks × N_PER_RANK samples).
     let numel_rank = N_PER_RANK * C * HW;
     let (dy, x) = (data(1, 2 * numel_rank), data(2, 2 * numel_rank));
-    let mut mean = vec![0f32; C];
-    let mut var = vec![0f32; C];
+    let mut mean = [0f32; C];
+    let mut var = [0f32; C];
     let count = (2 * N_PER_RANK * HW) as f32;
     for (i, &v) in x.iter().enumerate() {
         mean[(i / HW) % C] += v / count;

@@ -47,7 +47,7 @@ mod sealed {
     impl Sealed for super::bf16 {}
 }
 
-/// A Rust element type with a [`DType`]: `f32`, [`f16`] or [`bf16`]. Sealed.
+/// A Rust element type with a [`DType`]: `f32`, [`struct@f16`] or [`struct@bf16`]. Sealed.
 pub trait Element: Copy + Default + Send + Sync + PartialEq + fmt::Debug + 'static + sealed::Sealed {
     /// The dtype of this type.
     const DTYPE: DType;

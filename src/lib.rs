@@ -21,7 +21,7 @@
 //!
 //! Layers (cudarc's split): [`ascend_sys`] (raw FFI and loader) → `acl` (one checked wrapper per
 //! C call) → the safe types here ([`Context`], [`Stream`], [`Tensor`], [`ops`]) → the [`cpu`]
-//! backend beside them. With the `mock` feature, [`mock`] runs the Ascend path on a fake CANN.
+//! backend beside them. With the `mock` feature, `mock` runs the Ascend path on a fake CANN.
 
 mod acl;
 mod context;

@@ -71,7 +71,7 @@ impl std::fmt::Debug for DeviceStorage {
     }
 }
 
-/// A strided view of `f32`, [`f16`] or [`bf16`] elements over storage it owns: host memory on
+/// A strided view of `f32`, [`struct@f16`] or [`struct@bf16`] elements over storage it owns: host memory on
 /// the CPU backend, device memory (`aclrtMalloc`) on Ascend. Shapes, strides and offsets count
 /// elements. `Send + Sync`.
 ///

@@ -120,12 +120,13 @@ impl Drop for DeviceBuffer {
                 drained = false;
             }
         }
+        let alloc = self.alloc.take();
         if drained {
-            drop(self.alloc.take()); // aclrtFree, now that no stream uses it
-        } else {
+            drop(alloc); // aclrtFree, now that no stream uses it
+        } else if let Some(alloc) = alloc {
             // Work may still be using the memory: leaking it is the only sound choice.
-            eprintln!("ascend: leaking {} bytes of device memory whose stream could not be synchronised", self.bytes());
-            std::mem::forget(self.alloc.take());
+            eprintln!("ascend: leaking {} bytes of device memory whose stream could not be synchronised", alloc.bytes());
+            std::mem::forget(alloc);
         }
     }
 }
