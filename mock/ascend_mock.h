@@ -1,0 +1,70 @@
+/*
+ * Introspection and fault injection of the mock CANN toolkit.
+ *
+ * Exported by the mock's libascendcl.so next to the CANN symbols of wrapper.h. Tests (and the
+ * Rust module `ascend::mock`) load them with dlsym from the same libascendcl.so the CANN bindings
+ * were loaded from, so they see the one state of the whole toolkit.
+ *
+ * Every function here is thread-safe and may be called at any time, before aclInit too.
+ */
+#ifndef ASCEND_MOCK_H
+#define ASCEND_MOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The byte every fresh aclrtMalloc block is filled with (never zeros). */
+#define ASCEND_MOCK_GARBAGE_BYTE 0xA5
+
+/* Process-wide counters. The live_* fields count objects alive now; device_mallocs and violations
+ * are totals since the library was loaded. The layout is fixed (eight uint64_t). */
+typedef struct ascend_mock_stats {
+    uint64_t live_allocations; /* aclrtMalloc blocks not yet freed */
+    uint64_t live_tensors;     /* aclCreateTensor handles not yet destroyed */
+    uint64_t live_executors;   /* executors from phase 1 neither consumed by phase 2 nor destroyed */
+    uint64_t live_streams;     /* aclrtCreateStream streams not yet destroyed (default streams excluded) */
+    uint64_t live_events;      /* aclrtCreateEvent events not yet destroyed */
+    uint64_t device_mallocs;   /* total successful aclrtMalloc calls */
+    uint64_t violations;       /* total violations (each also printed on stderr) */
+    uint64_t queued_tasks;     /* tasks enqueued on streams and not yet run */
+} ascend_mock_stats;
+
+/* Fills *out with the current counters. */
+void ascend_mock_get_stats(ascend_mock_stats *out);
+
+/* Per-thread totals: violations detected by calls made on the calling thread (including tasks a
+ * synchronize call on this thread ran), and successful aclrtMalloc calls made on it. */
+uint64_t ascend_mock_thread_violations(void);
+uint64_t ascend_mock_thread_device_mallocs(void);
+
+/* The next call of `api` (a function name of wrapper.h, e.g. "aclrtMalloc") on any thread returns
+ * `status` without doing anything else (functions returning a pointer return NULL and ignore
+ * `status`; aclrtMalloc/aclrtCreateStream/aclrtCreateEvent also store NULL in their out pointer),
+ * and sets the thread's aclGetRecentErrMsg text. Arming the same API again replaces the status.
+ * Returns 0, or -1 when `api` is not a function of the mock. */
+int ascend_mock_fail_next(const char *api, int status);
+
+/* As ascend_mock_fail_next, but only a call made on the calling thread consumes it (tests that
+ * run in parallel threads use this one). A thread-local fault is consumed before a global one. */
+int ascend_mock_fail_next_thread(const char *api, int status);
+
+/* Disarms every global fault and the calling thread's faults. */
+void ascend_mock_clear_faults(void);
+
+/* Total number of violations so far (the same as stats.violations). */
+uint64_t ascend_mock_violation_count(void);
+
+/* Copies the message of violation number `index` (0-based, in the order detected) into buf
+ * (NUL-terminated, truncated to cap). Only the last 1024 messages are kept. Returns the message's
+ * length plus one, or 0 when that message is not (or no longer) kept. */
+size_t ascend_mock_violation_message(uint64_t index, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ASCEND_MOCK_H */

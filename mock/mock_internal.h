@@ -1,0 +1,133 @@
+/*
+ * What the mock's libascendcl.so exports for libnnopbase.so and libopapi.so.
+ *
+ * libascendcl.so owns all the state of the toolkit (one instance per process; the other two
+ * libraries link to it): the global lock, the handle table of streams, events, tensors and
+ * executors, the device-memory table, the stream queues, statistics, faults and diagnostics.
+ *
+ * Locking: one global mutex. Functions named *_locked must be called with it held (and never
+ * call a locking entry point); ascend_mock_violation, ascend_mock_set_error and
+ * ascend_mock_take_fault may be called with or without it (they use a leaf lock of their own).
+ */
+#ifndef ASCEND_MOCK_INTERNAL_H
+#define ASCEND_MOCK_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wrapper.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ASCEND_MOCK_MAX_RANK 32
+#define ASCEND_MOCK_MAX_RANGES 12
+
+/* Handle kinds. Handles are unique, never reused tokens (not addresses), so a stale handle is
+ * always told apart from a live one. */
+enum {
+    ASCEND_MOCK_KIND_STREAM = 1,
+    ASCEND_MOCK_KIND_EVENT = 2,
+    ASCEND_MOCK_KIND_TENSOR = 3,
+    ASCEND_MOCK_KIND_EXECUTOR = 4,
+    ASCEND_MOCK_KIND_COUNT = 5
+};
+
+/* Result of a handle lookup. */
+enum {
+    ASCEND_MOCK_LIVE = 0,
+    ASCEND_MOCK_NULL = 1,       /* the handle is NULL */
+    ASCEND_MOCK_DESTROYED = 2,  /* issued by the mock, no longer alive */
+    ASCEND_MOCK_UNKNOWN = 3,    /* never issued by the mock */
+    ASCEND_MOCK_WRONG_KIND = 4  /* a live or dead handle of another kind */
+};
+
+/* An aclTensor: copies of everything aclCreateTensor was given. */
+typedef struct ascend_mock_tensor {
+    uint64_t handle;
+    uint64_t rank;
+    int64_t dims[ASCEND_MOCK_MAX_RANK];
+    int64_t strides[ASCEND_MOCK_MAX_RANK];
+    int64_t offset;
+    aclDataType dtype;
+    aclFormat format;
+    uint64_t storage_rank;
+    int64_t storage_dims[ASCEND_MOCK_MAX_RANK];
+    uint64_t storage_numel;
+    uint64_t elem_size;
+    void *data;
+    uint64_t alloc_id; /* the device allocation holding data; 0 when data is NULL */
+} ascend_mock_tensor;
+
+/* Common head of every executor (an op's executor struct starts with this). */
+typedef struct ascend_mock_executor ascend_mock_executor;
+struct ascend_mock_executor {
+    uint64_t handle;
+    const char *op;
+    int repeatable;
+    uint64_t launches;
+    void (*destroy)(ascend_mock_executor *self); /* frees the struct; called with the lock held */
+};
+
+/* A device byte range a queued task reads or writes. */
+typedef struct ascend_mock_range {
+    uintptr_t addr;
+    uint64_t len;
+    uint64_t alloc_id;
+    int write;
+    const char *name;
+} ascend_mock_range;
+
+/* A queued task's body: runs with the lock held, after every range was found still alive.
+ * Returns 0, or the status the synchronizing call reports (after counting a violation). */
+typedef int (*ascend_mock_run_fn)(void *payload);
+typedef void (*ascend_mock_drop_fn)(void *payload);
+
+void ascend_mock_lock(void);
+void ascend_mock_unlock(void);
+
+/* Counts a violation and prints "ascend mock CANN violation: <message>" on stderr. */
+void ascend_mock_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Sets the calling thread's aclGetRecentErrMsg text. */
+void ascend_mock_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* If a fault is armed for `api` (for this thread or globally), disarms it, sets the error text,
+ * stores its status and returns 1; else returns 0. */
+int ascend_mock_take_fault(const char *api, int *status);
+
+/* Handles. */
+uint64_t ascend_mock_handle_new_locked(int kind, void *obj);
+void *ascend_mock_handle_get_locked(int kind, uint64_t handle, int *state);
+void *ascend_mock_handle_remove_locked(int kind, uint64_t handle);
+const char *ascend_mock_state_text(int state);
+
+/* Device memory: whether [p, p+len) lies inside one live allocation (len 0: p inside or at its
+ * end). Returns 1 and fills the allocation's id (and base/size when not NULL), else 0. */
+int ascend_mock_mem_find_locked(const void *p, uint64_t len, uint64_t *alloc_id, uintptr_t *base, uint64_t *size);
+/* Whether the allocation with this id is still alive. */
+int ascend_mock_mem_live_locked(uint64_t alloc_id);
+
+/* Runtime preconditions of a call that uses the device: aclInit done and a device set on the
+ * calling thread. Returns 0, or the ACL error (after counting a violation and setting the
+ * error text). */
+int ascend_mock_runtime_ready_locked(const char *api);
+/* Checks a stream handle (NULL = the default stream of the thread's device) for `api`.
+ * Returns 0, or the ACL error (after counting a violation and setting the error text). */
+int ascend_mock_stream_check_locked(const char *api, aclrtStream stream);
+/* Enqueues a task on a stream already accepted by ascend_mock_stream_check_locked. Ranges that
+ * overlap work queued on another stream (one of them writing) count a violation. The queue
+ * owns payload from here on: drop(payload) is called after the task ran or was skipped. */
+void ascend_mock_enqueue_locked(const char *what, aclrtStream stream, const ascend_mock_range *ranges, size_t nranges,
+                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, void *payload);
+
+/* Element size of a dtype in bytes, or 0 for an unknown or sub-byte dtype. */
+uint64_t ascend_mock_dtype_size(aclDataType dtype);
+/* CANN's name of a dtype / format (e.g. "DT_FLOAT", "NC1HWC0"). */
+const char *ascend_mock_dtype_name(aclDataType dtype);
+const char *ascend_mock_format_name(aclFormat format);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ASCEND_MOCK_INTERNAL_H */

@@ -1,0 +1,266 @@
+/*
+ * Mock CANN: libnnopbase.so, aclnn tensors and executors.
+ *
+ * An aclTensor is host metadata: a handle onto a copy of what aclCreateTensor was given. Its data
+ * must be 32-byte aligned and lie inside a live device allocation that holds the whole storage,
+ * and the view must lie inside the storage. All state lives in libascendcl.so (mock_internal.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#pragma GCC visibility push(default)
+#include "wrapper.h"
+#include "mock_internal.h"
+#pragma GCC visibility pop
+
+enum {
+    ACLNN_SUCCESS = 0,
+    ACLNN_ERR_PARAM_NULLPTR = 161001,
+    ACLNN_ERR_PARAM_INVALID = 161002,
+    ACLNN_ERR_INNER_NULLPTR = 561103
+};
+
+static int g_aclnn_initialized;
+
+/* Counts a violation, sets the error text and returns NULL (aclCreateTensor's failure). */
+static aclTensor *reject(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static aclTensor *reject(const char *fmt, ...) {
+    char detail[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    ascend_mock_violation("aclCreateTensor: %s", detail);
+    ascend_mock_set_error("aclCreateTensor failed. ERROR: %d. AclNN_Parameter_Error(EZ1001): %s",
+                          ACLNN_ERR_PARAM_INVALID, detail);
+    return NULL;
+}
+
+static int mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+
+aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType, const int64_t *stride,
+                           int64_t offset, aclFormat format, const int64_t *storageDims, uint64_t storageDimsNum,
+                           void *tensorData) {
+    int st;
+    if (ascend_mock_take_fault("aclCreateTensor", &st)) {
+        return NULL;
+    }
+    if (viewDimsNum > ASCEND_MOCK_MAX_RANK || storageDimsNum > ASCEND_MOCK_MAX_RANK) {
+        return reject("rank %llu (view) / %llu (storage) exceeds the mock's limit of %d",
+                      (unsigned long long)viewDimsNum, (unsigned long long)storageDimsNum, ASCEND_MOCK_MAX_RANK);
+    }
+    if (viewDimsNum && (!viewDims || !stride)) {
+        return reject("viewDims or stride is null while viewDimsNum is %llu", (unsigned long long)viewDimsNum);
+    }
+    if (storageDimsNum && !storageDims) {
+        return reject("storageDims is null while storageDimsNum is %llu", (unsigned long long)storageDimsNum);
+    }
+    uint64_t es = ascend_mock_dtype_size(dataType);
+    if (!es) {
+        return reject("data type %d (%s) is not supported by the mock", (int)dataType,
+                      ascend_mock_dtype_name(dataType));
+    }
+    if (offset < 0) {
+        return reject("offset %lld is negative", (long long)offset);
+    }
+    uint64_t view_numel = 1;
+    for (uint64_t i = 0; i < viewDimsNum; i++) {
+        if (viewDims[i] < 0) {
+            return reject("view dim %llu is negative (%lld)", (unsigned long long)i, (long long)viewDims[i]);
+        }
+        if (stride[i] < 0) {
+            return reject("stride %llu is negative (%lld)", (unsigned long long)i, (long long)stride[i]);
+        }
+        if (mul_overflows(view_numel, (uint64_t)viewDims[i], &view_numel)) {
+            return reject("the view's element count overflows");
+        }
+    }
+    uint64_t storage_numel = 1;
+    for (uint64_t i = 0; i < storageDimsNum; i++) {
+        if (storageDims[i] < 0) {
+            return reject("storage dim %llu is negative (%lld)", (unsigned long long)i, (long long)storageDims[i]);
+        }
+        if (mul_overflows(storage_numel, (uint64_t)storageDims[i], &storage_numel)) {
+            return reject("the storage's element count overflows");
+        }
+    }
+    if (view_numel > 0) {
+        /* last element of the view: offset + sum (dim - 1) * stride */
+        uint64_t last = (uint64_t)offset;
+        for (uint64_t i = 0; i < viewDimsNum; i++) {
+            uint64_t step;
+            if (mul_overflows((uint64_t)(viewDims[i] - 1), (uint64_t)stride[i], &step) ||
+                __builtin_add_overflow(last, step, &last)) {
+                return reject("the view's extent overflows");
+            }
+        }
+        if (last >= storage_numel) {
+            return reject("the view (offset %lld, last element at %llu) exceeds the storage of %llu elements",
+                          (long long)offset, (unsigned long long)last, (unsigned long long)storage_numel);
+        }
+    }
+    uint64_t storage_bytes;
+    if (mul_overflows(storage_numel, es, &storage_bytes)) {
+        return reject("the storage's byte size overflows");
+    }
+    if (!tensorData && storage_numel > 0) {
+        return reject("tensorData is null but the storage has %llu elements", (unsigned long long)storage_numel);
+    }
+    if (((uintptr_t)tensorData & 31) != 0) {
+        return reject("tensorData %p is not 32-byte aligned", tensorData);
+    }
+
+    ascend_mock_lock();
+    uint64_t alloc_id = 0;
+    if (tensorData) {
+        uintptr_t base;
+        uint64_t size;
+        if (!ascend_mock_mem_find_locked(tensorData, storage_bytes, &alloc_id, &base, &size)) {
+            int inside = ascend_mock_mem_find_locked(tensorData, 0, NULL, &base, &size);
+            ascend_mock_unlock();
+            if (inside) {
+                return reject("the storage [%p, +%llu bytes) runs past the end of its device allocation [%p, +%llu)",
+                              tensorData, (unsigned long long)storage_bytes, (void *)base, (unsigned long long)size);
+            }
+            return reject("tensorData %p is not inside a live device allocation (freed, or host memory)", tensorData);
+        }
+    }
+    ascend_mock_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        ascend_mock_unlock();
+        return reject("out of host memory");
+    }
+    t->rank = viewDimsNum;
+    for (uint64_t i = 0; i < viewDimsNum; i++) {
+        t->dims[i] = viewDims[i];
+        t->strides[i] = stride[i];
+    }
+    t->offset = offset;
+    t->dtype = dataType;
+    t->format = format;
+    t->storage_rank = storageDimsNum;
+    for (uint64_t i = 0; i < storageDimsNum; i++) {
+        t->storage_dims[i] = storageDims[i];
+    }
+    t->storage_numel = storage_numel;
+    t->elem_size = es;
+    t->data = tensorData;
+    t->alloc_id = alloc_id;
+    t->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_TENSOR, t);
+    aclTensor *h = (aclTensor *)(uintptr_t)t->handle;
+    ascend_mock_unlock();
+    return h;
+}
+
+aclnnStatus aclDestroyTensor(const aclTensor *tensor) {
+    static const char api[] = "aclDestroyTensor";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    if (!tensor) {
+        ascend_mock_set_error("%s failed. ERROR: %d. AclNN_Parameter_Error(EZ1001): tensor is null.", api,
+                              ACLNN_ERR_PARAM_NULLPTR);
+        return ACLNN_ERR_PARAM_NULLPTR;
+    }
+    ascend_mock_lock();
+    int state;
+    uint64_t h = (uint64_t)(uintptr_t)tensor;
+    ascend_mock_tensor *t = ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_TENSOR, h, &state);
+    int r = ACLNN_SUCCESS;
+    if (!t) {
+        ascend_mock_violation("%s: tensor %p is %s (double destroy?)", api, (const void *)tensor,
+                              ascend_mock_state_text(state));
+        ascend_mock_set_error("%s failed. ERROR: %d. tensor %p is %s.", api, ACLNN_ERR_PARAM_INVALID,
+                              (const void *)tensor, ascend_mock_state_text(state));
+        r = ACLNN_ERR_PARAM_INVALID;
+    } else {
+        ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_TENSOR, h);
+        free(t);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* Looks up an executor for api; counts a violation for a dead or foreign handle. */
+static ascend_mock_executor *executor_get(const char *api, aclOpExecutor *executor, int *status) {
+    int state;
+    ascend_mock_executor *e =
+        ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_EXECUTOR, (uint64_t)(uintptr_t)executor, &state);
+    if (!e) {
+        ascend_mock_violation("%s: executor %p is %s (a non-repeatable executor is consumed by its phase-2 call)",
+                              api, (void *)executor, ascend_mock_state_text(state));
+        ascend_mock_set_error("%s failed. ERROR: %d. executor %p is %s.", api, ACLNN_ERR_PARAM_INVALID,
+                              (void *)executor, ascend_mock_state_text(state));
+        *status = ACLNN_ERR_PARAM_INVALID;
+    }
+    return e;
+}
+
+aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
+    static const char api[] = "aclSetAclOpExecutorRepeatable";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    if (!executor) {
+        ascend_mock_set_error("%s failed. ERROR: %d. executor is null.", api, ACLNN_ERR_PARAM_NULLPTR);
+        return ACLNN_ERR_PARAM_NULLPTR;
+    }
+    ascend_mock_lock();
+    int r = ACLNN_SUCCESS;
+    ascend_mock_executor *e = executor_get(api, executor, &r);
+    if (e) {
+        e->repeatable = 1;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
+    static const char api[] = "aclDestroyAclOpExecutor";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    if (!executor) {
+        ascend_mock_set_error("%s failed. ERROR: %d. executor is null.", api, ACLNN_ERR_INNER_NULLPTR);
+        return ACLNN_ERR_INNER_NULLPTR;
+    }
+    ascend_mock_lock();
+    int r = ACLNN_SUCCESS;
+    ascend_mock_executor *e = executor_get(api, executor, &r);
+    if (e) {
+        if (!e->repeatable) {
+            ascend_mock_violation("%s: executor %p of %s is not repeatable: CANN frees it in the phase-2 call, and "
+                                  "destroying it yourself is undocumented (freed anyway)",
+                                  api, (void *)executor, e->op);
+        }
+        ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_EXECUTOR, e->handle);
+        e->destroy(e);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclnnStatus aclnnInit(const char *configPath) {
+    (void)configPath;
+    int st;
+    if (ascend_mock_take_fault("aclnnInit", &st)) {
+        return st;
+    }
+    ascend_mock_lock();
+    if (g_aclnn_initialized) {
+        ascend_mock_violation("aclnnInit: called more than once in this process (allowed only once)");
+    }
+    g_aclnn_initialized = 1;
+    ascend_mock_unlock();
+    return ACLNN_SUCCESS;
+}

@@ -1,0 +1,279 @@
+//! The mock CANN toolkit (feature `mock`): a strict fake of CANN over host memory, for tests and CI.
+//!
+//! The crate's build script compiles the C sources in `mock/` into a toolkit layout
+//! ([`toolkit_dir`]`/lib64/` holds `libascendcl.so`, `libnnopbase.so` and `libopapi.so`), exporting
+//! the same symbols as CANN. Load it like a real toolkit, e.g.
+//! `ascend_sys::load_from(ascend::mock::toolkit_dir())`, and the whole Ascend code path runs:
+//! device memory is host memory the mock tracks, streams are queues that run at synchronization,
+//! phase 1 validates as ops-nn does and phase 2 computes as the hardware does (f32 accumulation).
+//!
+//! The mock is strict: every misuse CANN would punish (double free, use of a destroyed handle,
+//! memory freed while queued work still uses it, an executor launched twice, a wrong workspace,
+//! unaligned tensor data, a device call without `aclInit`/`aclrtSetDevice`, ...) counts a
+//! violation and prints `ascend mock CANN violation: <why>` on stderr. Tests assert on
+//! [`stats`] (and [`violations_since`] for the messages).
+//!
+//! The functions here read the mock's process-wide state through extra C functions of its
+//! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
+//! CANN bindings, hence the same instance.
+//!
+//! Environment: `ASCEND_MOCK_DEVICE_COUNT` (read by `aclInit`, default 1, 0..=64) sets how many
+//! devices the mock has.
+
+use std::ffi::{c_char, c_int, CString};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// The byte every fresh `aclrtMalloc` block of the mock is filled with (never zeros), so output
+/// that was never written is recognisable.
+pub const GARBAGE_BYTE: u8 = 0xA5;
+
+/// The functions of the mock CANN's `libascendcl.so`, as `ascend_sys::bindings` names them.
+pub const APIS: [&str; 27] = [
+    "aclInit",
+    "aclFinalize",
+    "aclrtSetDevice",
+    "aclrtResetDevice",
+    "aclrtGetDevice",
+    "aclrtGetDeviceCount",
+    "aclrtSynchronizeDevice",
+    "aclrtCreateStream",
+    "aclrtDestroyStream",
+    "aclrtSynchronizeStream",
+    "aclrtMalloc",
+    "aclrtFree",
+    "aclrtMemcpy",
+    "aclrtMemcpyAsync",
+    "aclrtMemset",
+    "aclrtCreateEvent",
+    "aclrtDestroyEvent",
+    "aclrtRecordEvent",
+    "aclrtSynchronizeEvent",
+    "aclrtStreamWaitEvent",
+    "aclCreateTensor",
+    "aclDestroyTensor",
+    "aclSetAclOpExecutorRepeatable",
+    "aclDestroyAclOpExecutor",
+    "aclnnInit",
+    "aclnnBatchNormReduceBackwardGetWorkspaceSize",
+    "aclnnBatchNormReduceBackward",
+];
+
+/// The root of the mock toolkit built for this crate (its `lib64/` holds the three libraries).
+///
+/// Pass it to `ascend_sys::load_from` (or to the `Context` constructor that takes a toolkit
+/// directory) to run on the mock.
+pub fn toolkit_dir() -> &'static Path {
+    Path::new(env!("ASCEND_MOCK_TOOLKIT_DIR"))
+}
+
+/// Process-wide counters of the mock CANN.
+///
+/// `live_*` count objects alive now; `device_mallocs` and `violations` are totals since the
+/// process loaded the mock. Tests usually compare two snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MockStats {
+    /// `aclrtMalloc` blocks not yet freed.
+    pub live_allocations: u64,
+    /// `aclCreateTensor` handles not yet destroyed.
+    pub live_tensors: u64,
+    /// Executors from phase 1 neither consumed by phase 2 nor destroyed.
+    pub live_executors: u64,
+    /// Streams from `aclrtCreateStream` not yet destroyed (the implicit default streams excluded).
+    pub live_streams: u64,
+    /// Total successful `aclrtMalloc` calls.
+    pub device_mallocs: u64,
+    /// Total violations detected (each also printed on stderr).
+    pub violations: u64,
+}
+
+/// Counters of the calling thread only (useful when tests run in parallel threads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ThreadStats {
+    /// Successful `aclrtMalloc` calls made on this thread.
+    pub device_mallocs: u64,
+    /// Violations detected in calls made on this thread (including queued tasks that a
+    /// synchronizing call on this thread ran).
+    pub violations: u64,
+}
+
+/// `ascend_mock_stats` of `mock/ascend_mock.h`.
+#[repr(C)]
+#[derive(Default)]
+struct RawStats {
+    live_allocations: u64,
+    live_tensors: u64,
+    live_executors: u64,
+    live_streams: u64,
+    live_events: u64,
+    device_mallocs: u64,
+    violations: u64,
+    queued_tasks: u64,
+}
+
+struct Api {
+    get_stats: unsafe extern "C" fn(*mut RawStats),
+    thread_violations: unsafe extern "C" fn() -> u64,
+    thread_device_mallocs: unsafe extern "C" fn() -> u64,
+    fail_next: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
+    fail_next_thread: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
+    clear_faults: unsafe extern "C" fn(),
+    violation_count: unsafe extern "C" fn() -> u64,
+    violation_message: unsafe extern "C" fn(u64, *mut c_char, usize) -> usize,
+    /// Keeps the library mapped for the life of the process.
+    _library: libloading::Library,
+}
+
+fn api() -> &'static Api {
+    static API: OnceLock<Api> = OnceLock::new();
+    API.get_or_init(|| {
+        let path = toolkit_dir().join("lib64").join(ascend_sys::loader::ASCENDCL);
+        // SAFETY: this is the mock's own libascendcl.so, built by this crate's build script; its
+        // initialisers only set up static state. Loading the same path as `ascend_sys::load_from`
+        // yields the same (reference-counted) instance.
+        let library = unsafe { libloading::Library::new(&path) }
+            .unwrap_or_else(|e| panic!("the mock CANN build is broken: cannot load {}: {e}", path.display()));
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol is declared in mock/ascend_mock.h with exactly the signature of
+                // the field it is stored in; the library outlives the pointer (kept in `Api`).
+                *unsafe { library.get(concat!($name, "\0").as_bytes()) }.unwrap_or_else(|e| {
+                    panic!("the mock CANN build is broken: {} lacks {}: {e}", path.display(), $name)
+                })
+            };
+        }
+        Api {
+            get_stats: sym!("ascend_mock_get_stats"),
+            thread_violations: sym!("ascend_mock_thread_violations"),
+            thread_device_mallocs: sym!("ascend_mock_thread_device_mallocs"),
+            fail_next: sym!("ascend_mock_fail_next"),
+            fail_next_thread: sym!("ascend_mock_fail_next_thread"),
+            clear_faults: sym!("ascend_mock_clear_faults"),
+            violation_count: sym!("ascend_mock_violation_count"),
+            violation_message: sym!("ascend_mock_violation_message"),
+            _library: library,
+        }
+    })
+}
+
+/// The mock's process-wide counters now.
+///
+/// # Panics
+/// Only if the mock toolkit that this crate's build script produced cannot be loaded (a broken build).
+pub fn stats() -> MockStats {
+    let mut raw = RawStats::default();
+    // SAFETY: `raw` is a valid, writable `ascend_mock_stats` (same layout, `repr(C)`).
+    unsafe { (api().get_stats)(&mut raw) };
+    MockStats {
+        live_allocations: raw.live_allocations,
+        live_tensors: raw.live_tensors,
+        live_executors: raw.live_executors,
+        live_streams: raw.live_streams,
+        device_mallocs: raw.device_mallocs,
+        violations: raw.violations,
+    }
+}
+
+/// The calling thread's counters.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn thread_stats() -> ThreadStats {
+    let api = api();
+    // SAFETY: both functions take no arguments and only read thread-local counters.
+    unsafe { ThreadStats { device_mallocs: (api.thread_device_mallocs)(), violations: (api.thread_violations)() } }
+}
+
+/// Number of live events (`aclrtCreateEvent` not yet destroyed) and of tasks queued on streams
+/// and not yet run.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn live_events_and_queued_tasks() -> (u64, u64) {
+    let mut raw = RawStats::default();
+    // SAFETY: as in `stats`.
+    unsafe { (api().get_stats)(&mut raw) };
+    (raw.live_events, raw.queued_tasks)
+}
+
+fn arm(api_name: &str, status: i32, thread_only: bool) {
+    let api = api();
+    let name = CString::new(api_name).ok();
+    let known = name.as_ref().is_some_and(|name| {
+        let f = if thread_only { api.fail_next_thread } else { api.fail_next };
+        // SAFETY: `name` is a NUL-terminated string that outlives the call; the mock copies nothing
+        // but the status.
+        unsafe { f(name.as_ptr(), status) == 0 }
+    });
+    assert!(known, "ascend::mock::fail_next: `{api_name}` is not a function of the mock CANN (one of mock::APIS)");
+}
+
+/// Makes the next call of `api` (on any thread) return `status` without doing anything else.
+///
+/// `api` is a C function name, one of [`APIS`] (e.g. `"aclrtMalloc"`). Functions returning a
+/// pointer (`aclCreateTensor`) return null instead, and `aclrtMalloc`, `aclrtCreateStream` and
+/// `aclrtCreateEvent` store null in their out-pointer. The failing call sets the thread's
+/// `aclGetRecentErrMsg` text. A failed `aclnnBatchNormReduceBackward` still consumes its
+/// (non-repeatable) executor, as every phase-2 call does. Arming the same API again replaces
+/// the status.
+///
+/// The fault is process-wide: with tests running in parallel threads prefer
+/// [`fail_next_on_this_thread`].
+///
+/// # Panics
+/// If `api` is not one of [`APIS`] (a typo would otherwise silently never fire), or if the mock
+/// toolkit cannot be loaded (a broken build).
+pub fn fail_next(api: &str, status: i32) {
+    arm(api, status, false);
+}
+
+/// Like [`fail_next`], but only a call made on the calling thread consumes the fault.
+///
+/// # Panics
+/// As [`fail_next`].
+pub fn fail_next_on_this_thread(api: &str, status: i32) {
+    arm(api, status, true);
+}
+
+/// Disarms every pending process-wide fault and the calling thread's faults.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn clear_faults() {
+    // SAFETY: takes no arguments; only resets the mock's fault tables.
+    unsafe { (api().clear_faults)() }
+}
+
+/// The messages of the violations numbered `first..` (0-based, in the order detected), e.g.
+/// `violations_since(before.violations)` after a [`stats`] snapshot. Only the last 1024 messages
+/// are kept; older ones are left out.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn violations_since(first: u64) -> Vec<String> {
+    let api = api();
+    // SAFETY: takes no arguments.
+    let end = unsafe { (api.violation_count)() };
+    (first..end)
+        .filter_map(|index| {
+            let mut buf = vec![0u8; 1024];
+            // SAFETY: `buf` is writable for `buf.len()` bytes; the mock writes at most that many,
+            // NUL-terminated.
+            let needed = unsafe { (api.violation_message)(index, buf.as_mut_ptr().cast(), buf.len()) };
+            if needed == 0 {
+                return None;
+            }
+            buf.truncate(needed.min(buf.len()) - 1);
+            Some(String::from_utf8_lossy(&buf).into_owned())
+        })
+        .collect()
+}
+
+/// The message of the most recent violation, if any.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn last_violation() -> Option<String> {
+    let count = stats().violations;
+    count.checked_sub(1).and_then(|last| violations_since(last).pop())
+}
