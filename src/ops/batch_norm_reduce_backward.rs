@@ -351,10 +351,19 @@ impl<'a> AscendPrepared<'a> {
             if ws.bytes < size {
                 return Err(Error::invalid("workspace", format!("holds {} bytes, phase 1 asked for {size}", ws.bytes)));
             }
-            if let Some(b) = &ws.buffer {
-                if !b.device().same(self.device) {
+            match &ws.buffer {
+                Some(b) if !b.device().same(self.device) => {
                     return Err(Error::invalid("workspace", "was allocated on another device"));
                 }
+                // A CPU-backend workspace reports its size but holds no device memory: passing
+                // null with a non-zero size would hand the kernel a null workspace.
+                None if size > 0 => {
+                    return Err(Error::invalid(
+                        "workspace",
+                        format!("holds no device memory (made on the CPU backend), phase 1 asked for {size} bytes"),
+                    ));
+                }
+                _ => {}
             }
         }
         // From here on the buffers must outlive the work: each remembers the stream.
