@@ -67,6 +67,13 @@ pub fn toolkit_dir() -> &'static Path {
     Path::new(env!("ASCEND_MOCK_TOOLKIT_DIR"))
 }
 
+/// An Ascend-backend [`Context`](crate::Context) on device `device` of the mock toolkit: the
+/// whole Ascend code path (loading, `aclInit`, device binding, two-phase calls, workspaces,
+/// asynchronous streams, destruction) runs against the mock.
+pub fn context(device: i32) -> crate::Result<crate::Context> {
+    crate::Context::ascend_from(toolkit_dir(), device)
+}
+
 /// Process-wide counters of the mock CANN.
 ///
 /// `live_*` count objects alive now; `device_mallocs` and `violations` are totals since the
