@@ -1,0 +1,584 @@
+//! Ascend-specific acceptance tests, on the mock CANN: soundness under asynchronous execution
+//! (values dropped before any synchronisation), no leaks, injected faults, workspace reuse,
+//! threads. The mock runs queued work only at synchronisation and counts every misuse (memory
+//! freed while queued work uses it, unknown handles, a wrong workspace, ...) as a violation.
+//!
+//! `ascend::mock::stats()` is process-global and the harness runs tests in parallel, so every
+//! test here runs inside `common::mock::isolated`: serialised by one lock, and checked afterwards
+//! for zero new violations and live allocations/tensors/executors/streams back where they were.
+//! Sizes are small so that the binary also runs under valgrind in a few minutes.
+#![cfg(feature = "mock")]
+
+mod common;
+
+use ascend::mock::{fail_next, stats};
+use ascend::ops::{batch_norm_reduce_backward, OutputMask, ReduceBackwardOut, Workspace};
+use ascend::{Backend, Context, DType, Error, Result, Tensor};
+use common::mock::isolated;
+use common::*;
+
+const INVALID: i32 = 161002;
+const NULLPTR: i32 = 161001;
+/// ACL_ERROR_RT_MEMORY_ALLOCATION.
+const RT_MEMORY_ALLOCATION: i32 = 207001;
+/// ACLNN_ERR_INNER_NULLPTR.
+const INNER_NULLPTR: i32 = 561103;
+/// ACLNN_ERR_RUNTIME_ERROR.
+const RUNTIME_ERROR: i32 = 361001;
+/// ACL_ERROR_RT_PARAM_INVALID.
+const RT_PARAM_INVALID: i32 = 107000;
+
+const SHAPE: [usize; 3] = [4, 3, 5];
+
+fn inputs(seed: u64) -> Inputs {
+    Inputs::normal(seed, DType::F32, DType::F32, &SHAPE)
+}
+
+fn queued_tasks() -> u64 {
+    ascend::mock::live_events_and_queued_tasks().1
+}
+
+/// The live counters (allocations, tensors, executors, streams) of a snapshot.
+fn live(s: &ascend::mock::MockStats) -> [u64; 4] {
+    [s.live_allocations, s.live_tensors, s.live_executors, s.live_streams]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropping before synchronisation
+
+/// Inputs dropped right after the launch, while the work is still queued: the results are right
+/// and no violation is counted (the buffers wait for the stream before `aclrtFree`).
+#[test]
+fn inputs_dropped_before_sync() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(1);
+        let up = inp.upload(&s)?;
+        let out = up.run(&s, OutputMask::ALL)?;
+        assert!(queued_tasks() > 0, "the mock runs work at synchronisation: it must still be queued");
+        drop(up);
+        check_result(&s, &out, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Outputs dropped right after the launch and never read: no violation, nothing leaks.
+#[test]
+fn outputs_dropped_before_sync() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let up = inputs(2).upload(&s)?;
+        drop(up.run(&s, OutputMask::ALL)?); // the stream's workspace now exists
+        s.synchronize()?;
+        let before = stats();
+        let out = up.run(&s, OutputMask::ALL)?;
+        assert!(queued_tasks() > 0);
+        drop(out);
+        assert_eq!(stats().live_allocations, before.live_allocations, "outputs freed (after the stream drained)");
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The stream dropped right after the launch: the outputs, read through another stream, are
+/// right.
+#[test]
+fn stream_dropped_before_sync() {
+    isolated(|ctx| -> Result<()> {
+        let inp = inputs(3);
+        let s = ctx.new_stream()?;
+        let up = inp.upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        up.run_into(&s, OutputMask::ALL, outs.all())?;
+        let out = up.run(&s, OutputMask::ALL)?;
+        drop(s);
+        let s2 = ctx.new_stream()?;
+        outs.check(&s2, OutputMask::ALL, &inp.expected());
+        check_result(&s2, &out, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Everything (inputs, outputs, a caller-owned workspace, the stream) dropped right after the
+/// launch, in several orders, with no synchronisation at all: no violation, nothing leaks.
+#[test]
+fn everything_dropped_before_sync_in_any_order() {
+    isolated(|ctx| -> Result<()> {
+        let orders: [[usize; 4]; 6] =
+            [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1], [3, 0, 1, 2], [0, 3, 2, 1]];
+        for order in orders {
+            let s = ctx.new_stream()?;
+            let up = inputs(4).upload(&s)?;
+            let mut outs = Outs::filled(&s, DType::F32, 3)?;
+            let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+            let ws = Workspace::new(&s, p.workspace_size())?;
+            p.launch(&s, Some(&ws))?;
+            assert!(queued_tasks() > 0);
+            let (mut up, mut outs, mut ws, mut s) = (Some(up), Some(outs), Some(ws), Some(s));
+            for k in order {
+                match k {
+                    0 => drop(up.take()),
+                    1 => drop(outs.take()),
+                    2 => drop(ws.take()),
+                    _ => drop(s.take()),
+                }
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A caller-owned workspace dropped right after the launch: the results are right.
+#[test]
+fn workspace_dropped_before_sync() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(5);
+        let up = inp.upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+        assert!(p.workspace_size() > 0, "the mock's kernel uses a workspace");
+        let ws = Workspace::new(&s, p.workspace_size())?;
+        p.launch(&s, Some(&ws))?;
+        drop(ws);
+        outs.check(&s, OutputMask::ALL, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Inputs read by two streams and outputs written on one and read through the other: every
+/// stream that used a buffer is waited for.
+#[test]
+fn buffers_shared_by_two_streams() {
+    isolated(|ctx| -> Result<()> {
+        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
+        let inp = inputs(6);
+        let up = inp.upload(&s1)?;
+        let a = up.run(&s1, OutputMask::ALL)?;
+        let b = up.run(&s2, OutputMask::ALL)?;
+        drop(up);
+        check_result(&s2, &a, OutputMask::ALL, DType::F32, &inp.expected());
+        check_result(&s1, &b, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Tensors and streams are RAII: creating them raises the live counts, dropping them restores
+/// them; an empty tensor allocates nothing.
+#[test]
+fn live_counts_follow_values() {
+    isolated(|ctx| -> Result<()> {
+        let base = stats();
+        let s = ctx.new_stream()?;
+        assert_eq!(stats().live_streams, base.live_streams + 1);
+        let t = Tensor::from_slice(&s, &[1f32, 2., 3.], &[3])?;
+        let z = Tensor::zeros(&s, DType::F16, &[4, 2])?;
+        assert_eq!(stats().live_allocations, base.live_allocations + 2);
+        let e = Tensor::zeros(&s, DType::F32, &[0, 3])?;
+        assert_eq!(stats().live_allocations, base.live_allocations + 2, "an empty tensor allocates nothing");
+        drop((t, z, e));
+        assert_eq!(stats().live_allocations, base.live_allocations);
+        drop(s);
+        assert_eq!(live(&stats()), live(&base));
+        Ok(())
+    })
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Injected faults
+
+/// `aclrtMalloc` failing (207001) surfaces with its status from every allocating entry point
+/// (tensor upload, zeros, the allocating op's outputs, a caller workspace, the stream's cached
+/// workspace), leaks nothing, and the next call works.
+#[test]
+fn fault_malloc() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(10);
+        let up = inp.upload(&s)?;
+        let base = stats();
+        let expect_malloc_error = |what: &str, err: Error| {
+            assert_eq!(err.status(), Some(RT_MEMORY_ALLOCATION), "{what}: {err:?}");
+            assert_eq!(err.status_name(), Some("ACL_ERROR_RT_MEMORY_ALLOCATION"));
+            assert!(err.to_string().contains("aclrtMalloc"), "{what}: {err}");
+            assert_eq!(live(&stats()), live(&base), "{what}: leaked");
+        };
+
+        fail_next("aclrtMalloc", RT_MEMORY_ALLOCATION);
+        expect_malloc_error("from_slice", Tensor::from_slice(&s, &[1f32; 6], &[2, 3]).unwrap_err());
+        fail_next("aclrtMalloc", RT_MEMORY_ALLOCATION);
+        expect_malloc_error("zeros", Tensor::zeros(&s, DType::F32, &[3]).unwrap_err());
+        fail_next("aclrtMalloc", RT_MEMORY_ALLOCATION);
+        expect_malloc_error("allocating op", up.run(&s, OutputMask::ALL).unwrap_err());
+        fail_next("aclrtMalloc", RT_MEMORY_ALLOCATION);
+        expect_malloc_error("Workspace::new", Workspace::new(&s, 64).unwrap_err());
+
+        // The stream's cached workspace is allocated at the first launch on a fresh stream: its
+        // failure destroys the unlaunched executor and writes nothing.
+        let fresh = ctx.new_stream()?;
+        let base = stats();
+        let mut outs = Outs::filled(&fresh, DType::F32, 3)?;
+        fail_next("aclrtMalloc", RT_MEMORY_ALLOCATION);
+        let err = up.run_into(&fresh, OutputMask::ALL, outs.all()).unwrap_err();
+        assert_eq!(err.status(), Some(RT_MEMORY_ALLOCATION), "{err:?}");
+        let now = stats();
+        assert_eq!((now.live_tensors, now.live_executors), (base.live_tensors, base.live_executors));
+        outs.assert_untouched(&fresh);
+
+        // and everything works afterwards
+        check_result(&s, &up.run(&s, OutputMask::ALL)?, OutputMask::ALL, DType::F32, &inp.expected());
+        up.run_into(&fresh, OutputMask::ALL, outs.all())?;
+        outs.check(&fresh, OutputMask::ALL, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Phase 1 failing (any status, here 561103 and 161002) surfaces with that status and CANN's
+/// message, destroys the descriptors already made, creates no executor and writes nothing.
+#[test]
+fn fault_phase1() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(11);
+        let up = inp.upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let base = stats();
+        for code in [INNER_NULLPTR, INVALID, NULLPTR] {
+            fail_next("aclnnBatchNormReduceBackwardGetWorkspaceSize", code);
+            let err = up.run_into(&s, OutputMask::ALL, outs.all()).unwrap_err();
+            assert_eq!(err.status(), Some(code), "{err:?}");
+            match &err {
+                Error::Cann { call, message, .. } => {
+                    assert_eq!(*call, "aclnnBatchNormReduceBackwardGetWorkspaceSize");
+                    assert!(message.as_deref().is_some_and(|m| !m.is_empty()), "aclGetRecentErrMsg's text: {err:?}");
+                }
+                other => panic!("expected Error::Cann, got {other:?}"),
+            }
+            assert!(err.to_string().contains(&code.to_string()), "{err}");
+            assert_eq!(live(&stats()), live(&base), "leaked after a phase-1 failure");
+            outs.assert_untouched(&s);
+            // the allocating form frees the outputs it made
+            fail_next("aclnnBatchNormReduceBackwardGetWorkspaceSize", code);
+            assert_eq!(up.run(&s, OutputMask::ALL).unwrap_err().status(), Some(code));
+            assert_eq!(live(&stats()), live(&base));
+        }
+        up.run_into(&s, OutputMask::ALL, outs.all())?;
+        outs.check(&s, OutputMask::ALL, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Phase 2 failing surfaces with its status, consumes the executor (CANN's rule: the launch owns
+/// it even when it fails), leaks nothing and writes nothing; with the stream's workspace and
+/// with a caller's.
+#[test]
+fn fault_phase2() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(12);
+        let up = inp.upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        up.run_into(&s, OutputMask::ALL, outs.all())?; // the stream's workspace now exists
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let base = stats();
+        for code in [RUNTIME_ERROR, INVALID] {
+            fail_next("aclnnBatchNormReduceBackward", code);
+            let err = up.run_into(&s, OutputMask::ALL, outs.all()).unwrap_err();
+            assert_eq!(err.status(), Some(code), "{err:?}");
+            assert!(matches!(&err, Error::Cann { call: "aclnnBatchNormReduceBackward", .. }), "{err:?}");
+            assert_eq!(live(&stats()), live(&base), "leaked after a phase-2 failure");
+            outs.assert_untouched(&s);
+
+            let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+            let ws = Workspace::new(&s, p.workspace_size())?;
+            fail_next("aclnnBatchNormReduceBackward", code);
+            assert_eq!(p.launch(&s, Some(&ws)).unwrap_err().status(), Some(code));
+            drop(ws);
+            assert_eq!(live(&stats()), live(&base));
+            outs.assert_untouched(&s);
+        }
+        up.run_into(&s, OutputMask::ALL, outs.all())?;
+        outs.check(&s, OutputMask::ALL, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// `aclCreateTensor` returning null surfaces as `Error::NullHandle` naming it (no status), with
+/// the descriptors made before it destroyed and nothing written.
+#[test]
+fn fault_create_tensor() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(13);
+        let up = inp.upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let base = stats();
+        fail_next("aclCreateTensor", 0);
+        let err = up.run_into(&s, OutputMask::ALL, outs.all()).unwrap_err();
+        assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{err:?}");
+        assert_eq!(err.status(), None);
+        assert!(err.to_string().contains("aclCreateTensor") && err.to_string().contains("null"), "{err}");
+        assert_eq!(live(&stats()), live(&base), "leaked after aclCreateTensor failed");
+        outs.assert_untouched(&s);
+        fail_next("aclCreateTensor", 0);
+        assert!(matches!(up.run(&s, OutputMask::ALL).unwrap_err(), Error::NullHandle { .. }));
+        assert_eq!(live(&stats()), live(&base));
+        up.run_into(&s, OutputMask::ALL, outs.all())?;
+        outs.check(&s, OutputMask::ALL, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Other runtime calls failing (the upload's `aclrtMemcpy`, `aclrtMemset` of zeros,
+/// `aclrtCreateStream`) surface with their status and leak nothing.
+#[test]
+fn fault_other_runtime_calls() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let base = stats();
+        fail_next("aclrtMemcpy", RT_PARAM_INVALID);
+        assert_eq!(Tensor::from_slice(&s, &[1f32; 4], &[4]).unwrap_err().status(), Some(RT_PARAM_INVALID));
+        fail_next("aclrtMemset", RT_PARAM_INVALID);
+        assert_eq!(Tensor::zeros(&s, DType::F32, &[4]).unwrap_err().status(), Some(RT_PARAM_INVALID));
+        fail_next("aclrtCreateStream", RT_MEMORY_ALLOCATION);
+        assert_eq!(ctx.new_stream().unwrap_err().status(), Some(RT_MEMORY_ALLOCATION));
+        assert_eq!(live(&stats()), live(&base));
+        assert_eq!(Tensor::from_slice(&s, &[1f32; 4], &[4])?.to_vec::<f32>(&s)?, [1.0; 4]);
+        Ok(())
+    })
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executors, workspaces, threads
+
+/// A prepared call holds an executor and descriptors; dropping it unlaunched destroys them
+/// (no live executor, no violation) and writes nothing. Repeated, so a leak would add up.
+#[test]
+fn prepared_dropped_without_launch() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let up = inputs(20).upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let base = stats();
+        for _ in 0..5 {
+            let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+            let during = stats();
+            assert_eq!(during.live_executors, base.live_executors + 1);
+            assert_eq!(during.live_tensors, base.live_tensors + 9, "4 inputs + weight + 4 outputs");
+            drop(p);
+            assert_eq!(live(&stats()), live(&base));
+        }
+        s.synchronize()?;
+        outs.assert_untouched(&s);
+        assert_eq!(stats().violations, base.violations);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The steady-state loop (same shapes, `_into` with pre-allocated outputs, 50 iterations)
+/// allocates device memory only in the first iteration (the stream's workspace); so does the
+/// two-phase loop with a caller-owned workspace, which allocates nothing at all.
+#[test]
+fn steady_state_loop_allocates_nothing() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(21);
+        let up = inp.upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let first = stats().device_mallocs;
+        up.run_into(&s, OutputMask::ALL, outs.all())?;
+        let after_first = stats().device_mallocs;
+        assert!(after_first - first <= 1, "one workspace at most in the first iteration");
+        for _ in 1..50 {
+            up.run_into(&s, OutputMask::ALL, outs.all())?;
+        }
+        assert_eq!(stats().device_mallocs, after_first, "allocations after the first iteration");
+        outs.check(&s, OutputMask::ALL, &inp.expected());
+
+        let ws = {
+            let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+            let ws = Workspace::new(&s, p.workspace_size())?;
+            p.launch(&s, Some(&ws))?;
+            ws
+        };
+        let start = stats().device_mallocs;
+        for _ in 0..50 {
+            up.prepare(&s, OutputMask::ALL, outs.all())?.launch(&s, Some(&ws))?;
+        }
+        assert_eq!(stats().device_mallocs, start, "two-phase loop with a caller workspace");
+        outs.check(&s, OutputMask::ALL, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A workspace smaller than phase 1 asked for is rejected (161002) before phase 2: the executor
+/// is destroyed, nothing is written, no violation.
+#[test]
+fn too_small_workspace_rejected() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let up = inputs(22).upload(&s)?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let base = stats();
+        let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+        let size = p.workspace_size();
+        assert!(size > 0);
+        let small = Workspace::new(&s, size - 1)?;
+        assert_eq!(p.launch(&s, Some(&small)).unwrap_err().status(), Some(INVALID));
+        drop(small);
+        assert_eq!(live(&stats()), live(&base));
+        // A CPU-backend workspace reports a size but holds no device memory.
+        let cpu = Context::cpu().new_stream()?;
+        let hollow = Workspace::new(&cpu, size)?;
+        let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
+        assert_eq!(p.launch(&s, Some(&hollow)).unwrap_err().status(), Some(INVALID));
+        assert_eq!(live(&stats()), live(&base));
+        outs.assert_untouched(&s);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Four threads, each with its own stream on one shared `Context` (clones), run concurrently
+/// (released together by a barrier) with different data and shapes: every result is right.
+#[test]
+fn four_threads_share_a_context() {
+    isolated(|ctx| -> Result<()> {
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..4u64)
+                .map(|k| {
+                    let ctx = ctx.clone();
+                    let barrier = &barrier;
+                    sc.spawn(move || -> Result<()> {
+                        let c = 2 + k as usize;
+                        let inp = Inputs::normal(30 + k, DType::F32, DType::F32, &[3 + k as usize, c, 4]);
+                        let exp = inp.expected();
+                        let setup = ctx.new_stream().and_then(|s| {
+                            let up = inp.upload(&s)?;
+                            let outs = Outs::filled(&s, DType::F32, c)?;
+                            Ok((s, up, outs))
+                        });
+                        barrier.wait(); // every thread reaches it, even when its setup failed
+                        let (s, up, mut outs) = setup?;
+                        for i in 0..10 {
+                            if i % 2 == 0 {
+                                up.run_into(&s, OutputMask::ALL, outs.all())?;
+                            } else {
+                                check_result(&s, &up.run(&s, OutputMask::ALL)?, OutputMask::ALL, DType::F32, &exp);
+                            }
+                        }
+                        outs.check(&s, OutputMask::ALL, &exp);
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().expect("thread panicked"))
+        })
+    })
+    .unwrap();
+}
+
+/// A stream moved to another thread and tensors shared across threads.
+#[test]
+fn stream_moves_between_threads() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(31);
+        let up = inp.upload(&s)?;
+        let shared = &up;
+        let (s, out) = std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let out = shared.run(&s, OutputMask::ALL);
+                (s, out)
+            })
+            .join()
+            .expect("thread")
+        });
+        let out = out?;
+        check_result(&s, &out, OutputMask::ALL, DType::F32, &inp.expected());
+        check_result(&s, &up.run(&s, OutputMask::ALL)?, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices and backends
+
+/// The mock has one device: asking for another errors (never panics).
+#[test]
+fn missing_device_is_an_error() {
+    isolated(|ctx| {
+        assert_eq!(ctx.backend(), Backend::Ascend);
+        let dir = ascend::mock::toolkit_dir();
+        match Context::ascend_from(dir, 7) {
+            Err(Error::NoDevice { device: 7, count: 1 }) => {}
+            other => panic!("expected NoDevice {{ 7, 1 }}, got {other:?}"),
+        }
+        assert!(Context::ascend_from(dir, -1).is_err());
+        assert!(Context::ascend_from(dir, 1).is_err());
+        // Through the default search (no toolkit in the environment of this test binary, or a
+        // real one): an error for device 7 either way.
+        assert!(Context::ascend(7).is_err());
+    });
+}
+
+/// A CPU tensor given to an Ascend stream (as any input, as an output, to `to_vec`) is rejected
+/// with 161002 before anything is enqueued.
+#[test]
+fn cpu_tensor_on_an_ascend_stream() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let cs = Context::cpu().new_stream()?;
+        let inp = inputs(40);
+        let up = inp.upload(&s)?;
+        let host = inp.upload(&cs)?;
+        let mut host_out = Tensor::zeros(&cs, DType::F32, &[3])?;
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let base = stats();
+        let w = up.weight.as_ref();
+        for (i, (dy, x, mean, invstd, w)) in [
+            (&host.dy, &up.x, &up.mean, &up.invstd, w),
+            (&up.dy, &host.x, &up.mean, &up.invstd, w),
+            (&up.dy, &up.x, &host.mean, &up.invstd, w),
+            (&up.dy, &up.x, &up.mean, &host.invstd, w),
+            (&up.dy, &up.x, &up.mean, &up.invstd, host.weight.as_ref()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let err = batch_norm_reduce_backward(&s, dy, x, mean, invstd, w, OutputMask::ALL).unwrap_err();
+            assert_eq!(err.status(), Some(INVALID), "input {i}: {err}");
+        }
+        let [a, b, c, _] = &mut outs.t;
+        let out = ReduceBackwardOut {
+            sum_dy: Some(a),
+            sum_dy_xmu: Some(b),
+            grad_weight: Some(c),
+            grad_bias: Some(&mut host_out),
+        };
+        assert_eq!(up.run_into(&s, OutputMask::ALL, out).unwrap_err().status(), Some(INVALID));
+        assert_eq!(host.dy.to_vec::<f32>(&s).unwrap_err().status(), Some(INVALID));
+        assert_eq!(up.dy.to_vec::<f32>(&cs).unwrap_err().status(), Some(INVALID));
+        assert_eq!(stats().device_mallocs, base.device_mallocs);
+        assert_eq!(live(&stats()), live(&base));
+        outs.assert_untouched(&s);
+        assert_eq!(host_out.to_vec::<f32>(&cs)?, [0.0; 3]);
+        Ok(())
+    })
+    .unwrap();
+}
