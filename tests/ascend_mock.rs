@@ -525,12 +525,13 @@ fn missing_device_is_an_error() {
     isolated(|ctx| {
         assert_eq!(ctx.backend(), Backend::Ascend);
         let dir = ascend::mock::toolkit_dir();
-        match Context::ascend_from(dir, 7) {
+        match ascend::mock::context(7) {
             Err(Error::NoDevice { device: 7, count: 1 }) => {}
             other => panic!("expected NoDevice {{ 7, 1 }}, got {other:?}"),
         }
-        assert!(Context::ascend_from(dir, -1).is_err());
-        assert!(Context::ascend_from(dir, 1).is_err());
+        assert!(ascend::mock::context(-1).is_err());
+        assert!(ascend::mock::context(1).is_err());
+        assert!(Context::ascend_from(dir, 7).is_err());
         // Through the default search (no toolkit in the environment of this test binary, or a
         // real one): an error for device 7 either way.
         assert!(Context::ascend(7).is_err());

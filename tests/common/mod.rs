@@ -690,7 +690,7 @@ pub mod mock {
 
     /// The mock's Ascend device 0.
     pub fn context() -> Context {
-        Context::ascend_from(ascend::mock::toolkit_dir(), 0).expect("mock context")
+        ascend::mock::context(0).expect("mock context")
     }
 
     static LOCK: Mutex<()> = Mutex::new(());
