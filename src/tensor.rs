@@ -131,12 +131,15 @@ impl Tensor {
     /// A contiguous tensor; on Ascend its contents are undefined unless `zeroed`.
     pub(crate) fn alloc(stream: &Stream, dtype: DType, shape: &[usize], zeroed: bool) -> Result<Tensor> {
         let n = layout::numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize")))?;
+        // Checked for both backends alike: on the host, a larger request would panic ("capacity
+        // overflow") instead of returning this error.
+        let bytes = n
+            .checked_mul(dtype.size_in_bytes())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| Error::invalid("shape", format!("{shape:?} of {dtype} exceeds the addressable size")))?;
         let storage = match stream.ascend() {
             None => Storage::Host(HostData::zeros(dtype, n)),
             Some((_, device)) => {
-                let bytes = n
-                    .checked_mul(dtype.size_in_bytes())
-                    .ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize bytes")))?;
                 let buffer = DeviceBuffer::new(device.clone(), bytes)?;
                 if zeroed && bytes > 0 {
                     device.bind()?;
