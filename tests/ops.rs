@@ -972,7 +972,8 @@ fn tensors_from_the_other_backend(ctx: &Context) -> R {
 }
 
 /// Tensor construction rejects what would read outside the data: from_slice with a length ≠
-/// the shape's, strided views reaching past the storage, strides of the wrong rank → 161002.
+/// the shape's, strided views reaching past the storage, strides of the wrong rank, zeros of an
+/// unaddressable size → 161002.
 fn bad_tensor_construction(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     let data = [1f32, 2., 3., 4., 5., 6.];
@@ -980,6 +981,11 @@ fn bad_tensor_construction(ctx: &Context) -> R {
     assert_eq!(status_of(Tensor::from_slice(&s, &data, &[5])), INVALID);
     assert_eq!(status_of(Tensor::from_slice(&s, &data[..0], &[1])), INVALID);
     assert_eq!(status_of(Tensor::from_slice(&s, &data, &[usize::MAX, 2])), INVALID);
+    // zeros of a size no memory can hold: the same error on both backends, never a panic
+    for n in [usize::MAX, 1 << 62, 1 << 61] {
+        assert_eq!(status_of(Tensor::zeros(&s, DType::F32, &[n])), INVALID);
+    }
+    assert_eq!(status_of(Tensor::zeros(&s, DType::F16, &[usize::MAX, 2])), INVALID);
     // strided views
     assert_eq!(status_of(Tensor::from_slice_strided(&s, &data, &[2, 3], &[3, 1], 1)), INVALID);
     assert_eq!(status_of(Tensor::from_slice_strided(&s, &data, &[3, 2], &[1, 3], 1)), INVALID);
