@@ -123,8 +123,10 @@ pub fn prepare_batch_norm_reduce_backward<'a>(
     mask: OutputMask,
     out: ReduceBackwardOut<'a>,
 ) -> Result<PreparedReduceBackward<'a>> {
-    let plan = validate_inputs(stream, grad_out, input, mean, invstd, weight)?;
     let outs = [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias];
+    // CANN reports a missing output (161001) before any invalid argument.
+    validate::missing_outputs(mask, std::array::from_fn(|i| outs[i].is_some()))?;
+    let plan = validate_inputs(stream, grad_out, input, mean, invstd, weight)?;
     let on = validate::enabled(mask);
     // Outputs the mask turns off are ignored entirely, as CANN ignores them.
     let outs: [Option<&'a mut Tensor>; 4] = {

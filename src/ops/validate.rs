@@ -93,15 +93,22 @@ pub(crate) fn inputs(
     Ok(Plan { channels: c, empty: n == 0 })
 }
 
+/// Reports a missing output that the mask turns on (161001). CANN checks every null argument
+/// before anything else, so callers run this before [`inputs`].
+pub(crate) fn missing_outputs(mask: OutputMask, present: [bool; 4]) -> Result<()> {
+    for (i, (on, present)) in enabled(mask).into_iter().zip(present).enumerate() {
+        if on && !present {
+            return Err(Error::null(OUTPUT_NAMES[i], format!("required by the mask {mask:?}, but not given")));
+        }
+    }
+    Ok(())
+}
+
 /// Validates the outputs the mask turns on (the others are ignored, as CANN ignores them).
 /// Missing ones are reported first, with 161001.
 pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4]) -> Result<()> {
     let on = enabled(mask);
-    for i in 0..4 {
-        if on[i] && outs[i].is_none() {
-            return Err(Error::null(OUTPUT_NAMES[i], format!("required by the mask {mask:?}, but not given")));
-        }
-    }
+    missing_outputs(mask, outs.map(|o| o.is_some()))?;
     for i in 0..4 {
         if let (true, Some(m)) = (on[i], outs[i]) {
             per_channel(OUTPUT_NAMES[i], m, plan.channels)?;
