@@ -345,7 +345,7 @@ fn t12_mask_off_outputs_ignored(ctx: &Context) -> R {
 }
 
 /// T13: a missing output the mask turns on → 161001, for each of the four; reported before an
-/// invalid shape elsewhere (null checks come first). (gradOut/input/mean/invstd "NULL" cannot be
+/// invalid output shape or invalid inputs (CANN's null checks come first). (gradOut/input/mean/invstd "NULL" cannot be
 /// written: they are references.)
 fn t13_missing_outputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
@@ -381,6 +381,30 @@ fn t13_missing_outputs(ctx: &Context) -> R {
     assert_eq!(status_of(up.run_into(&s, OutputMask::ALL, out)), NULLPTR);
     // No outputs at all with the mask on.
     assert_eq!(status_of(up.run_into(&s, OutputMask::ALL, ReduceBackwardOut::default())), NULLPTR);
+    // A missing output is reported before invalid inputs (CANN checks every null first), in
+    // _into and prepare alike.
+    let rank9 = Tensor::zeros(&s, DType::F32, &[2, 3, 1, 1, 1, 1, 1, 1, 2])?;
+    let long_mean = Tensor::zeros(&s, DType::F32, &[4])?;
+    let f16_dy = Tensor::zeros(&s, DType::F16, &[2, 3, 1, 4])?;
+    for (dy, x, mean) in [(&rank9, &rank9, &up.mean), (&up.dy, &up.x, &long_mean), (&f16_dy, &up.x, &up.mean)] {
+        let mut outs = Outs::filled(&s, DType::F32, 3)?;
+        let [a, _, c, d] = &mut outs.t;
+        let out = ReduceBackwardOut { sum_dy: Some(a), sum_dy_xmu: None, grad_weight: Some(c), grad_bias: Some(d) };
+        let r = batch_norm_reduce_backward_into(&s, dy, x, mean, &up.invstd, None, OutputMask::ALL, out);
+        assert_eq!(status_of(r), NULLPTR);
+        let r = prepare_batch_norm_reduce_backward(
+            &s,
+            dy,
+            x,
+            mean,
+            &up.invstd,
+            None,
+            OutputMask::ALL,
+            ReduceBackwardOut::default(),
+        );
+        assert_eq!(status_of(r), NULLPTR);
+        outs.assert_untouched(&s);
+    }
     Ok(())
 }
 
