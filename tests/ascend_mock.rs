@@ -492,6 +492,56 @@ fn four_threads_share_a_context() {
     .unwrap();
 }
 
+/// The stream's workspace grows (a larger C after a smaller one) while the earlier launch is
+/// still queued: the old workspace is freed only after that work ran; both results are right.
+#[test]
+fn stream_workspace_grows_with_work_queued() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let small = Inputs::normal(23, DType::F32, DType::F32, &[2, 3, 4]);
+        let large = Inputs::normal(24, DType::F32, DType::F32, &[2, 40, 4]);
+        let (us, ul) = (small.upload(&s)?, large.upload(&s)?);
+        let mut a = Outs::filled(&s, DType::F32, 3)?;
+        let mut b = Outs::filled(&s, DType::F32, 40)?;
+        let sizes = {
+            let p = us.prepare(&s, OutputMask::ALL, a.all())?;
+            let q = ul.prepare(&s, OutputMask::ALL, b.all())?;
+            (p.workspace_size(), q.workspace_size())
+        };
+        assert!(sizes.0 < sizes.1, "the mock's workspace grows with C: {sizes:?}");
+        us.run_into(&s, OutputMask::ALL, a.all())?;
+        assert!(queued_tasks() > 0);
+        ul.run_into(&s, OutputMask::ALL, b.all())?;
+        a.check(&s, OutputMask::ALL, &small.expected());
+        b.check(&s, OutputMask::ALL, &large.expected());
+        us.run_into(&s, OutputMask::ALL, a.all())?; // and the big one serves small calls
+        a.check(&s, OutputMask::ALL, &small.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Tensors, results and a stream dropped on a thread that never made a CANN call itself (so
+/// the device must be bound there before aclrtFree / aclrtDestroyStream): no violation.
+#[test]
+fn values_dropped_on_a_fresh_thread() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let inp = inputs(32);
+        let up = inp.upload(&s)?;
+        let out = up.run(&s, OutputMask::ALL)?;
+        std::thread::spawn(move || drop((up, out, s))).join().expect("thread");
+        // and a fresh thread that reads results through a stream it was given
+        let s = ctx.new_stream()?;
+        let up = inp.upload(&s)?;
+        let out = up.run(&s, OutputMask::ALL)?;
+        let exp = inp.expected();
+        std::thread::spawn(move || check_result(&s, &out, OutputMask::ALL, DType::F32, &exp)).join().expect("thread");
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// A stream moved to another thread and tensors shared across threads.
 #[test]
 fn stream_moves_between_threads() {
