@@ -171,18 +171,17 @@ pub fn batch_norm_reduce_backward(
     mask: OutputMask,
     out: Outputs<'_>,
 ) -> Result<()> {
-    let w = weight.as_ref().map(View::meta);
-    let plan = validate::inputs(&grad_out.meta(), &input.meta(), &mean.meta(), &invstd.meta(), w.as_ref())?;
-    let on = validate::enabled(mask);
-    let outs = [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias];
-    let outs: [Option<ViewMut<'_>>; 4] = {
-        let mut it = outs.into_iter().zip(on).map(|(o, enabled)| o.filter(|_| enabled));
-        std::array::from_fn(|_| it.next().flatten())
+    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
+    let plan = {
+        let w = weight.as_ref().map(View::meta);
+        let metas = outs.each_ref().map(|o| o.as_ref().map(ViewMut::meta));
+        validate::call(
+            [&grad_out.meta(), &input.meta(), &mean.meta(), &invstd.meta()],
+            w.as_ref(),
+            mask,
+            metas.each_ref().map(Option::as_ref),
+        )?
     };
-    {
-        let metas: [Option<Meta<'_>>; 4] = std::array::from_fn(|i| outs[i].as_ref().map(ViewMut::meta));
-        validate::outputs(&plan, mask, std::array::from_fn(|i| metas[i].as_ref()))?;
-    }
     run(&plan, mask, grad_out, input, mean, invstd, outs);
     Ok(())
 }

@@ -123,21 +123,21 @@ pub fn prepare_batch_norm_reduce_backward<'a>(
     mask: OutputMask,
     out: ReduceBackwardOut<'a>,
 ) -> Result<PreparedReduceBackward<'a>> {
-    let outs = [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias];
-    // CANN reports a missing output (161001) before any invalid argument.
-    validate::missing_outputs(mask, std::array::from_fn(|i| outs[i].is_some()))?;
-    let plan = validate_inputs(stream, grad_out, input, mean, invstd, weight)?;
-    let on = validate::enabled(mask);
-    // Outputs the mask turns off are ignored entirely, as CANN ignores them.
-    let outs: [Option<&'a mut Tensor>; 4] = {
-        let mut it = outs.into_iter().zip(on).map(|(t, enabled)| t.filter(|_| enabled));
-        std::array::from_fn(|_| it.next().flatten())
+    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
+    let plan = {
+        let w = weight.map(meta);
+        let metas = outs.each_ref().map(|o| o.as_deref().map(meta));
+        validate::call(
+            [&meta(grad_out), &meta(input), &meta(mean), &meta(invstd)],
+            w.as_ref(),
+            mask,
+            metas.each_ref().map(Option::as_ref),
+        )?
     };
-    let metas: [Option<Meta<'_>>; 4] = std::array::from_fn(|i| outs[i].as_deref().map(meta));
-    validate::outputs(&plan, mask, std::array::from_fn(|i| metas[i].as_ref()))?;
-    for (i, t) in outs.iter().enumerate() {
+    check_streams(stream, grad_out, input, mean, invstd, weight)?;
+    for (t, name) in outs.iter().zip(validate::OUTPUT_NAMES) {
         if let Some(t) = t {
-            t.check_stream(stream, validate::OUTPUT_NAMES[i])?;
+            t.check_stream(stream, name)?;
         }
     }
 
@@ -190,6 +190,7 @@ fn meta(t: &Tensor) -> Meta<'_> {
     Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
 }
 
+/// Validates the inputs of the allocating entry point (whose outputs it makes itself).
 fn validate_inputs(
     stream: &Stream,
     grad_out: &Tensor,
@@ -200,13 +201,26 @@ fn validate_inputs(
 ) -> Result<Plan> {
     let w = weight.map(meta);
     let plan = validate::inputs(&meta(grad_out), &meta(input), &meta(mean), &meta(invstd), w.as_ref())?;
+    check_streams(stream, grad_out, input, mean, invstd, weight)?;
+    Ok(plan)
+}
+
+/// Checks that every input lives where `stream` runs work.
+fn check_streams(
+    stream: &Stream,
+    grad_out: &Tensor,
+    input: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    weight: Option<&Tensor>,
+) -> Result<()> {
     for (name, t) in [("gradOut", grad_out), ("input", input), ("mean", mean), ("invstd", invstd)] {
         t.check_stream(stream, name)?;
     }
-    if let Some(w) = weight {
-        w.check_stream(stream, "weight")?;
+    match weight {
+        Some(w) => w.check_stream(stream, "weight"),
+        None => Ok(()),
     }
-    Ok(plan)
 }
 
 fn cpu_launch(plan: Plan, mask: OutputMask, inputs: [&Tensor; 4], outs: [Option<&mut Tensor>; 4]) -> Result<()> {

@@ -104,11 +104,29 @@ pub(crate) fn missing_outputs(mask: OutputMask, present: [bool; 4]) -> Result<()
     Ok(())
 }
 
+/// Drops the outputs the mask turns off: CANN neither checks nor writes them.
+pub(crate) fn keep_enabled<T>(mask: OutputMask, outs: [Option<T>; 4]) -> [Option<T>; 4] {
+    let mut it = outs.into_iter().zip(enabled(mask)).map(|(o, on)| o.filter(|_| on));
+    std::array::from_fn(|_| it.next().flatten())
+}
+
+/// Validates a whole call in CANN's order: missing outputs (161001), then the inputs, then the
+/// outputs the mask turns on (`outs` as filtered by [`keep_enabled`]).
+pub(crate) fn call(
+    [grad_out, input, mean, invstd]: [&Meta<'_>; 4],
+    weight: Option<&Meta<'_>>,
+    mask: OutputMask,
+    outs: [Option<&Meta<'_>>; 4],
+) -> Result<Plan> {
+    missing_outputs(mask, outs.map(|o| o.is_some()))?;
+    let plan = inputs(grad_out, input, mean, invstd, weight)?;
+    outputs(&plan, mask, outs)?;
+    Ok(plan)
+}
+
 /// Validates the outputs the mask turns on (the others are ignored, as CANN ignores them).
-/// Missing ones are reported first, with 161001.
 pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4]) -> Result<()> {
     let on = enabled(mask);
-    missing_outputs(mask, outs.map(|o| o.is_some()))?;
     for i in 0..4 {
         if let (true, Some(m)) = (on[i], outs[i]) {
             per_channel(OUTPUT_NAMES[i], m, plan.channels)?;
