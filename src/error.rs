@@ -55,6 +55,12 @@ pub enum Error {
         /// How many devices CANN reports.
         count: u32,
     },
+    /// A host allocation failed (the CPU backend, or a staging copy).
+    #[error("could not allocate {bytes} bytes of host memory")]
+    HostAlloc {
+        /// The size asked for.
+        bytes: usize,
+    },
     /// Configuration was invalid (e.g. an unknown `ASCEND_BACKEND` value).
     #[error("configuration: {0}")]
     Config(String),

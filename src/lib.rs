@@ -29,9 +29,9 @@ pub mod cpu;
 mod device;
 pub mod dtype;
 mod error;
+mod layout;
 #[cfg(feature = "mock")]
 pub mod mock;
-mod layout;
 pub mod ops;
 mod stream;
 mod tensor;

@@ -19,21 +19,21 @@ pub(crate) enum HostData {
 }
 
 impl HostData {
-    fn from_slice<T: Element>(data: &[T]) -> Self {
+    fn from_slice<T: Element>(data: &[T]) -> Result<Self> {
         // Exactly one arm matches T::DTYPE; the conversion is then the identity.
-        match T::DTYPE {
-            DType::F32 => HostData::F32(data.iter().map(|v| v.to_f32()).collect()),
-            DType::F16 => HostData::F16(data.iter().map(|v| f16::from_f32(v.to_f32())).collect()),
-            DType::BF16 => HostData::BF16(data.iter().map(|v| bf16::from_f32(v.to_f32())).collect()),
-        }
+        Ok(match T::DTYPE {
+            DType::F32 => HostData::F32(try_collect(data.iter().map(|v| v.to_f32()), data.len())?),
+            DType::F16 => HostData::F16(try_collect(data.iter().map(|v| f16::from_f32(v.to_f32())), data.len())?),
+            DType::BF16 => HostData::BF16(try_collect(data.iter().map(|v| bf16::from_f32(v.to_f32())), data.len())?),
+        })
     }
 
-    fn zeros(dtype: DType, n: usize) -> Self {
-        match dtype {
-            DType::F32 => HostData::F32(vec![0.0; n]),
-            DType::F16 => HostData::F16(vec![f16::ZERO; n]),
-            DType::BF16 => HostData::BF16(vec![bf16::ZERO; n]),
-        }
+    fn zeros(dtype: DType, n: usize) -> Result<Self> {
+        Ok(match dtype {
+            DType::F32 => HostData::F32(try_collect(std::iter::repeat_n(0.0, n), n)?),
+            DType::F16 => HostData::F16(try_collect(std::iter::repeat_n(f16::ZERO, n), n)?),
+            DType::BF16 => HostData::BF16(try_collect(std::iter::repeat_n(bf16::ZERO, n), n)?),
+        })
     }
 
     /// The raw little-endian bytes, for copying to the device.
@@ -44,6 +44,15 @@ impl HostData {
             HostData::BF16(v) => as_bytes(v),
         }
     }
+}
+
+/// Collects `n` elements into a vector, reporting a failed host allocation as an error instead of
+/// aborting the process.
+fn try_collect<T: Element>(values: impl Iterator<Item = T>, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::HostAlloc { bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
+    v.extend(values);
+    Ok(v)
 }
 
 fn as_bytes<T: Element>(v: &[T]) -> &[u8] {
@@ -111,7 +120,7 @@ impl Tensor {
         offset: usize,
     ) -> Result<Tensor> {
         layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
-        let host = HostData::from_slice(storage);
+        let host = HostData::from_slice(storage)?;
         let storage = Self::place(stream, host)?;
         Ok(Tensor {
             dtype: T::DTYPE,
@@ -138,7 +147,7 @@ impl Tensor {
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or_else(|| Error::invalid("shape", format!("{shape:?} of {dtype} exceeds the addressable size")))?;
         let storage = match stream.ascend() {
-            None => Storage::Host(HostData::zeros(dtype, n)),
+            None => Storage::Host(HostData::zeros(dtype, n)?),
             Some((_, device)) => {
                 let buffer = DeviceBuffer::new(device.clone(), bytes)?;
                 if zeroed && bytes > 0 {
@@ -225,7 +234,7 @@ impl Tensor {
             Storage::Device(d) => {
                 stream.synchronize()?;
                 d.buffer.synchronize()?;
-                let mut host = HostData::zeros(self.dtype, self.storage_len);
+                let mut host = HostData::zeros(self.dtype, self.storage_len)?;
                 let device = d.buffer.device();
                 if self.storage_len > 0 {
                     device.bind()?;
@@ -235,6 +244,65 @@ impl Tensor {
                     unsafe { crate::acl::copy_to_host(device.cann, bytes, d.buffer.ptr())? };
                 }
                 Ok(gather(&self.host_view(&host)))
+            }
+        }
+    }
+
+    /// Overwrites the view's elements (row-major order) with `data`, converted to the tensor's
+    /// dtype: refills an existing tensor without allocating. On Ascend this first waits for
+    /// every stream that enqueued work on the tensor, then copies (`aclrtMemcpy`); a
+    /// non-contiguous view is read, updated and written back whole.
+    pub fn copy_from_slice<T: Element>(&mut self, stream: &Stream, data: &[T]) -> Result<()> {
+        self.check_stream(stream, "tensor")?;
+        let n = self.numel();
+        if data.len() != n {
+            return Err(Error::invalid(
+                "data",
+                format!("the tensor has {n} elements (shape {:?}) but the slice has {}", self.shape, data.len()),
+            ));
+        }
+        let (shape, strides, offset) = (&self.shape, &self.strides, self.offset);
+        let scatter = |h: &mut HostData| {
+            let mut view = ViewMut::from_host(h, shape, strides, offset);
+            let mut values = data.iter();
+            layout::for_each_index(shape, strides, offset, |i| {
+                if let Some(v) = values.next() {
+                    view.set_f64(i, f64::from(v.to_f32()));
+                }
+            });
+        };
+        match &mut self.storage {
+            Storage::Host(h) => {
+                scatter(h);
+                Ok(())
+            }
+            Storage::Device(d) => {
+                d.buffer.synchronize()?;
+                let device = d.buffer.device().clone();
+                device.bind()?;
+                let es = self.dtype.size_in_bytes();
+                if T::DTYPE == self.dtype && layout::is_contiguous(shape, strides) {
+                    if n > 0 {
+                        // SAFETY: the contiguous view [offset, offset + n) lies inside the buffer
+                        // (checked at creation), T has the tensor's dtype so the byte count
+                        // matches, and no stream uses the buffer (just synchronised; `&mut self`
+                        // keeps new work out).
+                        unsafe {
+                            let dst = d.buffer.ptr().cast::<u8>().wrapping_add(offset * es).cast();
+                            crate::acl::copy_to_device(device.cann, dst, as_bytes(data))?;
+                        }
+                    }
+                    return Ok(());
+                }
+                let mut host = HostData::zeros(self.dtype, self.storage_len)?;
+                if self.storage_len > 0 {
+                    // SAFETY: the buffer holds `storage_len` elements of `dtype` and is idle.
+                    unsafe { crate::acl::copy_to_host(device.cann, host_bytes_mut(&mut host), d.buffer.ptr())? };
+                    scatter(&mut host);
+                    // SAFETY: as above; the copy covers exactly the buffer's storage.
+                    unsafe { crate::acl::copy_to_device(device.cann, d.buffer.ptr(), host.bytes())? };
+                }
+                Ok(())
             }
         }
     }

@@ -199,3 +199,12 @@ fn the_mock_toolkit_loads() {
     // SAFETY: takes no arguments; returns null or a NUL-terminated string.
     let _ = unsafe { cann.acl.aclGetRecentErrMsg() };
 }
+
+#[cfg(feature = "mock")]
+#[test]
+fn one_install_reached_two_ways_is_one_toolkit() {
+    let root = ascend::mock::toolkit_dir();
+    let a = ascend_sys::load_from(root).expect("the mock loads from its root");
+    let b = ascend_sys::load_from(&root.join("lib64")).expect("the mock loads from its lib64");
+    assert!(std::ptr::eq(a, b), "the same libascendcl.so must give the same Cann: {a:?} vs {b:?}");
+}

@@ -98,6 +98,8 @@ on_both_backends!(
         to_vec_conversions,
         tensor_metadata,
         context_and_streams,
+        refill_with_copy_from_slice,
+        one_tensor_on_two_streams,
     ],
     cross: [tensors_from_the_other_backend, two_phase_other_stream],
 );
@@ -1500,4 +1502,58 @@ fn cpu_zero_copy_strided_outputs_keep_gaps() {
     .unwrap_err();
     assert_eq!(err.status(), Some(INVALID));
     assert_eq!(out, [-7.0; 4]);
+}
+
+/// `copy_from_slice` refills a tensor in place (contiguous fast path, strided view, converting
+/// dtype), the next launch sees the new values, and a length mismatch is 161002.
+fn refill_with_copy_from_slice(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut dy = Tensor::from_slice(&s, &[1f32; 8], &[4, 2])?;
+    // x as a transposed (non-contiguous) view of a [2, 4] storage.
+    let mut x = Tensor::from_slice_strided(&s, &[0f32; 8], &[4, 2], &[1, 4], 0)?;
+    let ones = Tensor::from_slice(&s, &[1f32, 1.], &[2])?;
+    let mut sum_dy = Tensor::zeros(&s, DType::F32, &[2])?;
+    let mut sum_dy_xmu = Tensor::zeros(&s, DType::F16, &[2])?;
+    for step in 0..3u8 {
+        let k = f32::from(step) + 1.0;
+        let dy_vals: Vec<f32> = [1f32, 1., 1., 2., 2., 2., 3., 3.].iter().map(|v| v * k).collect();
+        dy.copy_from_slice(&s, &dy_vals)?;
+        // x given as f64-rounded bf16 values: converted into the f32 tensor exactly.
+        let x_vals: Vec<bf16> = (0..8).map(|v| bf16::from_f32(v as f32)).collect();
+        x.copy_from_slice(&s, &x_vals)?;
+        let mask = OutputMask { input_g: true, weight_g: false, bias_g: false };
+        let out =
+            ReduceBackwardOut { sum_dy: Some(&mut sum_dy), sum_dy_xmu: Some(&mut sum_dy_xmu), ..Default::default() };
+        batch_norm_reduce_backward_into(&s, &dy, &x, &ones, &ones, None, mask, out)?;
+        assert_eq!(sum_dy.to_vec::<f32>(&s)?, [7.0 * k, 8.0 * k], "step {step}");
+        assert_eq!(sum_dy_xmu.to_vec::<f32>(&s)?, [21.0 * k, 30.0 * k], "step {step}");
+        assert_eq!(x.to_vec::<f32>(&s)?, [0f32, 1., 2., 3., 4., 5., 6., 7.]);
+    }
+    assert_eq!(status_of(dy.copy_from_slice(&s, &[1f32; 7])), 161002);
+    assert_eq!(dy.to_vec::<f32>(&s)?, [3f32, 3., 3., 6., 6., 6., 9., 9.], "a rejected refill wrote nothing");
+    Ok(())
+}
+
+/// A tensor written on one stream and read on another: the second launch waits for the first, so
+/// it reads the finished values (on the mock, an unordered cross-stream access is a violation).
+fn one_tensor_on_two_streams(ctx: &Context) -> R {
+    let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
+    let mut rng = Rng::new(77);
+    let shape = [6, 3, 5];
+    let inp = Inputs::normal(rng.next_u64(), DType::F32, DType::F32, &shape);
+    let up = inp.upload(&a)?;
+    let mut sums = Tensor::zeros(&a, DType::F32, &[3])?;
+    let mut xmu = Tensor::zeros(&a, DType::F32, &[3])?;
+    let mask = OutputMask { input_g: true, weight_g: false, bias_g: false };
+    for s in [&a, &b, &a] {
+        let out = ReduceBackwardOut { sum_dy: Some(&mut sums), sum_dy_xmu: Some(&mut xmu), ..Default::default() };
+        batch_norm_reduce_backward_into(s, &up.dy, &up.x, &up.mean, &up.invstd, None, mask, out)?;
+    }
+    let exp = reference(&inp.dy, &inp.x, &inp.mean, &inp.invstd);
+    let r = shape[0] * shape[2];
+    let (e, cond) = exp.output(0);
+    assert_close("sumDy", DType::F32, &read(&b, &sums), e, cond, r);
+    let (e, cond) = exp.output(1);
+    assert_close("sumDyXmu", DType::F32, &read(&b, &xmu), e, cond, r);
+    Ok(())
 }

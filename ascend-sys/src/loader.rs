@@ -147,6 +147,11 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
     let mut tried = Vec::new();
     for dir in dirs {
         let acl_path = candidate(dir, ASCENDCL);
+        // The same install reached through two routes (an explicit directory and a variable, say)
+        // is one toolkit: hand out the same `Cann`, so its devices compare equal.
+        if let Some(known) = dir.as_ref().and_then(|_| already_loaded(&acl_path)) {
+            return Ok(known);
+        }
         let acl_lib = match open(dir, ASCENDCL) {
             Ok(lib) => lib,
             Err(why) => {
@@ -182,9 +187,22 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
         let nnopbase = unsafe { NnOpBase::from_library(nn_lib) }.map_err(|e| missing(&nn_path, e))?;
         // SAFETY: as above.
         let opapi = unsafe { OpApi::from_library(op_lib) }.map_err(|e| missing(&op_path, e))?;
-        return Ok(Box::leak(Box::new(Cann { acl, nnopbase, opapi, paths: [acl_path, nn_path, op_path] })));
+        let cann: &'static Cann =
+            Box::leak(Box::new(Cann { acl, nnopbase, opapi, paths: [acl_path, nn_path, op_path] }));
+        LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(cann);
+        return Ok(cann);
     }
     Err(LoadError { library: ASCENDCL.into(), symbol: None, tried })
+}
+
+/// Every toolkit loaded so far.
+static LOADED: Mutex<Vec<&'static Cann>> = Mutex::new(Vec::new());
+
+/// The toolkit already loaded from the same `libascendcl.so` file (compared canonically).
+fn already_loaded(acl_path: &Path) -> Option<&'static Cann> {
+    let wanted = acl_path.canonicalize().ok()?;
+    let loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    loaded.iter().copied().find(|c| c.paths[0].canonicalize().ok().as_deref() == Some(wanted.as_path()))
 }
 
 /// A library that loaded but lacks a symbol: `dlerror` reads "PATH: undefined symbol: NAME".

@@ -137,6 +137,11 @@ impl<'a> ViewMut<'a> {
         }
     }
 
+    /// Stores `v` (rounded once) at storage index `i`, which the caller has bounds-checked.
+    pub(crate) fn set_f64(&mut self, i: usize, v: f64) {
+        self.data.set_f64(i, v);
+    }
+
     /// Writes `values[c]` (rounded once) to element `c` of this validated rank-1 view.
     fn write(&mut self, values: impl Iterator<Item = f64>) {
         let stride = self.strides[0];

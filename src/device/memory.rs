@@ -89,12 +89,19 @@ impl DeviceBuffer {
         self.alloc().device()
     }
 
-    /// Records that `stream` is about to enqueue work on this buffer.
-    pub(crate) fn record_use(&self, stream: &Arc<StreamInner>) {
+    /// Records that `stream` is about to enqueue work on this buffer. Work other streams enqueued
+    /// on it is waited for first (`aclrtSynchronizeStream`), so accesses from different streams
+    /// never overlap.
+    pub(crate) fn record_use(&self, stream: &Arc<StreamInner>) -> Result<()> {
         let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
-        if !users.iter().any(|s| Arc::ptr_eq(s, stream)) {
+        while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
+            users[i].synchronize()?;
+            users.swap_remove(i);
+        }
+        if users.is_empty() {
             users.push(stream.clone());
         }
+        Ok(())
     }
 
     /// Waits for all work enqueued on this buffer, so the host may read or overwrite it.
@@ -125,7 +132,10 @@ impl Drop for DeviceBuffer {
             drop(alloc); // aclrtFree, now that no stream uses it
         } else if let Some(alloc) = alloc {
             // Work may still be using the memory: leaking it is the only sound choice.
-            eprintln!("ascend: leaking {} bytes of device memory whose stream could not be synchronised", alloc.bytes());
+            eprintln!(
+                "ascend: leaking {} bytes of device memory whose stream could not be synchronised",
+                alloc.bytes()
+            );
             std::mem::forget(alloc);
         }
     }

@@ -384,7 +384,7 @@ impl<'a> AscendPrepared<'a> {
         }
         // From here on the buffers must outlive the work: each remembers the stream.
         for b in &self.buffers {
-            b.record_use(inner);
+            b.record_use(inner)?;
         }
         let Some(executor) = self.executor.take() else {
             return Err(Error::invalid("executor", "already launched"));
@@ -403,7 +403,7 @@ impl<'a> AscendPrepared<'a> {
         };
         match workspace.and_then(|w| w.buffer.as_ref()) {
             Some(b) => {
-                b.record_use(inner);
+                b.record_use(inner)?;
                 enqueue(b.ptr())?;
             }
             None if workspace.is_some() || size == 0 => enqueue(std::ptr::null_mut())?,
