@@ -13,6 +13,7 @@ fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rerun-if-changed=src/symbols.rs");
     // Exported to dependents' build scripts as DEP_ASCEND_SYS_CANN_INCLUDE (the mock CANN includes wrapper.h).
     println!("cargo:include={}", manifest_dir.display());
     println!("cargo::rustc-check-cfg=cfg(ascend_sys_generated)");
@@ -27,47 +28,13 @@ mod generate {
     use std::fs;
     use std::path::{Path, PathBuf};
 
+    include!("src/symbols.rs");
+
     /// The functions each library exports (API.md section 5.1), bound as one loader struct each.
     const LIBRARIES: &[(&str, &str, &[&str])] = &[
-        (
-            "ascendcl.rs",
-            "AscendCl",
-            &[
-                "aclInit",
-                "aclFinalize",
-                "aclGetRecentErrMsg",
-                "aclrtSetDevice",
-                "aclrtResetDevice",
-                "aclrtGetDevice",
-                "aclrtGetDeviceCount",
-                "aclrtSynchronizeDevice",
-                "aclrtCreateStream",
-                "aclrtDestroyStream",
-                "aclrtSynchronizeStream",
-                "aclrtMalloc",
-                "aclrtFree",
-                "aclrtMemcpy",
-                "aclrtMemcpyAsync",
-                "aclrtMemset",
-                "aclrtCreateEvent",
-                "aclrtDestroyEvent",
-                "aclrtRecordEvent",
-                "aclrtSynchronizeEvent",
-                "aclrtStreamWaitEvent",
-            ],
-        ),
-        (
-            "nnopbase.rs",
-            "NnOpBase",
-            &[
-                "aclCreateTensor",
-                "aclDestroyTensor",
-                "aclSetAclOpExecutorRepeatable",
-                "aclDestroyAclOpExecutor",
-                "aclnnInit",
-            ],
-        ),
-        ("opapi.rs", "OpApi", &["aclnnBatchNormReduceBackwardGetWorkspaceSize", "aclnnBatchNormReduceBackward"]),
+        ("ascendcl.rs", "AscendCl", ASCENDCL_SYMBOLS),
+        ("nnopbase.rs", "NnOpBase", NNOPBASE_SYMBOLS),
+        ("opapi.rs", "OpApi", OPAPI_SYMBOLS),
     ];
 
     const TYPES: &[&str] = &[

@@ -28,37 +28,6 @@ use std::sync::OnceLock;
 /// that was never written is recognisable.
 pub const GARBAGE_BYTE: u8 = 0xA5;
 
-/// The functions of the mock CANN's `libascendcl.so`, as `ascend_sys::bindings` names them.
-pub const APIS: [&str; 27] = [
-    "aclInit",
-    "aclFinalize",
-    "aclrtSetDevice",
-    "aclrtResetDevice",
-    "aclrtGetDevice",
-    "aclrtGetDeviceCount",
-    "aclrtSynchronizeDevice",
-    "aclrtCreateStream",
-    "aclrtDestroyStream",
-    "aclrtSynchronizeStream",
-    "aclrtMalloc",
-    "aclrtFree",
-    "aclrtMemcpy",
-    "aclrtMemcpyAsync",
-    "aclrtMemset",
-    "aclrtCreateEvent",
-    "aclrtDestroyEvent",
-    "aclrtRecordEvent",
-    "aclrtSynchronizeEvent",
-    "aclrtStreamWaitEvent",
-    "aclCreateTensor",
-    "aclDestroyTensor",
-    "aclSetAclOpExecutorRepeatable",
-    "aclDestroyAclOpExecutor",
-    "aclnnInit",
-    "aclnnBatchNormReduceBackwardGetWorkspaceSize",
-    "aclnnBatchNormReduceBackward",
-];
-
 /// The root of the mock toolkit built for this crate (its `lib64/` holds the three libraries).
 ///
 /// Pass it to `ascend_sys::load_from` (or to the `Context` constructor that takes a toolkit
@@ -212,12 +181,15 @@ fn arm(api_name: &str, status: i32, thread_only: bool) {
         // but the status.
         unsafe { f(name.as_ptr(), status) == 0 }
     });
-    assert!(known, "ascend::mock::fail_next: `{api_name}` is not a function of the mock CANN (one of mock::APIS)");
+    assert!(
+        known,
+        "ascend::mock::fail_next: `{api_name}` is not a function of the mock CANN (see ascend_sys::symbols)"
+    );
 }
 
 /// Makes the next call of `api` (on any thread) return `status` without doing anything else.
 ///
-/// `api` is a C function name, one of [`APIS`] (e.g. `"aclrtMalloc"`). Functions returning a
+/// `api` is a C function name, one of the functions listed in [`ascend_sys::symbols`] other than `aclGetRecentErrMsg` (e.g. `"aclrtMalloc"`). Functions returning a
 /// pointer (`aclCreateTensor`) return null instead, and `aclrtMalloc`, `aclrtCreateStream` and
 /// `aclrtCreateEvent` store null in their out-pointer. The failing call sets the thread's
 /// `aclGetRecentErrMsg` text. A failed `aclnnBatchNormReduceBackward` still consumes its
@@ -228,7 +200,7 @@ fn arm(api_name: &str, status: i32, thread_only: bool) {
 /// [`fail_next_on_this_thread`].
 ///
 /// # Panics
-/// If `api` is not one of [`APIS`] (a typo would otherwise silently never fire), or if the mock
+/// If `api` is not such a function (a typo would otherwise silently never fire), or if the mock
 /// toolkit cannot be loaded (a broken build).
 pub fn fail_next(api: &str, status: i32) {
     arm(api, status, false);

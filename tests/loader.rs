@@ -10,35 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ascend_sys::loader::{ASCENDCL, NNOPBASE, OPAPI};
+use ascend_sys::symbols::{ASCENDCL_SYMBOLS as ACL_SYMBOLS, NNOPBASE_SYMBOLS, OPAPI_SYMBOLS};
 use ascend_sys::LoadError;
-
-/// The symbols each library must export (the functions of `wrapper.h`).
-const ACL_SYMBOLS: &[&str] = &[
-    "aclInit",
-    "aclFinalize",
-    "aclGetRecentErrMsg",
-    "aclrtSetDevice",
-    "aclrtResetDevice",
-    "aclrtGetDevice",
-    "aclrtGetDeviceCount",
-    "aclrtSynchronizeDevice",
-    "aclrtCreateStream",
-    "aclrtDestroyStream",
-    "aclrtSynchronizeStream",
-    "aclrtMalloc",
-    "aclrtFree",
-    "aclrtMemcpy",
-    "aclrtMemcpyAsync",
-    "aclrtMemset",
-    "aclrtCreateEvent",
-    "aclrtDestroyEvent",
-    "aclrtRecordEvent",
-    "aclrtSynchronizeEvent",
-    "aclrtStreamWaitEvent",
-];
-const NNOPBASE_SYMBOLS: &[&str] =
-    &["aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor", "aclnnInit"];
-const OPAPI_SYMBOLS: &[&str] = &["aclnnBatchNormReduceBackwardGetWorkspaceSize", "aclnnBatchNormReduceBackward"];
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {

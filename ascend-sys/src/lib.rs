@@ -12,6 +12,8 @@
 pub mod bindings;
 pub mod loader;
 pub mod status;
+/// The functions bound from each library (the bindings' allowlists; every one must be exported).
+pub mod symbols;
 
 pub use bindings::*;
 pub use loader::{is_available, load, load_from, Cann, LoadError};
