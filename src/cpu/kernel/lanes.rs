@@ -1,0 +1,620 @@
+//! The block primitives: f32 lanes over at most one block, with a portable implementation and an
+//! x86-64 AVX2/FMA/F16C one chosen at run time. Both give bit-identical results: same lane for
+//! each element, same operation order, fused multiply-add in both, same f64 fold.
+//!
+//! Two shapes of work:
+//! - [`sum_runs`]: contiguous runs of one channel; element `i` of a run goes to lane
+//!   `lane_of(i % 32)` (the identity, except for bf16 whose fast widening splits even and odd
+//!   elements); the 32 lanes of Σdy and of Σdy·(x − mean) are folded to f64 in a fixed tree.
+//! - [`acc_rows`]: rows whose lane `j` belongs to a fixed channel (channels-last); each lane
+//!   accumulates its column over the rows in order; the caller folds lanes to f64.
+
+use crate::dtype::{bf16, f16, DType, Element};
+use half::slice::HalfFloatSliceExt;
+
+/// f32 lanes of a [`sum_runs`] block: 4 accumulators of 8.
+pub(super) const RUN_LANES: usize = 32;
+
+/// The lane of element `i` (< 32) of each 32-element step of a run. bf16 widens 16 elements at a
+/// time as (even elements, odd elements), so its lanes are interleaved that way.
+const fn lane_of(dtype: DType, i: usize) -> usize {
+    match dtype {
+        DType::BF16 => 8 * (2 * (i / 16) + (i & 1)) + (i % 16) / 2,
+        DType::F32 | DType::F16 => i,
+    }
+}
+
+/// The instruction set the primitives use, detected once per kernel call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Isa {
+    /// Plain Rust (any target).
+    Portable,
+    /// AVX2 + FMA + F16C (x86-64, detected at run time).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub(super) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// A run: `(start in dy.data, start in x.data, length)`.
+pub(super) type Run = (usize, usize, usize);
+
+/// Σ dy and (when `XMU`) Σ dy·(x − mean) over `runs`, one block: f32 lanes, folded to f64.
+pub(super) fn sum_runs<T: Element, const XMU: bool>(
+    isa: Isa,
+    dy: &[T],
+    x: &[T],
+    runs: impl IntoIterator<Item = Run>,
+    mean: f32,
+) -> (f64, f64) {
+    match isa {
+        Isa::Portable => portable::sum_runs::<T, XMU>(dy, x, runs, mean),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` after checking avx2, fma and f16c.
+        Isa::Avx2 => unsafe { avx2::sum_runs::<T, XMU>(dy, x, runs, mean) },
+    }
+}
+
+/// The rows of one [`acc_rows`] call.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Rows<'r> {
+    /// `count` rows, the k-th starting at `d + k·stride` in dy and `x + k·stride` in x.
+    Strided { d: usize, x: usize, stride: usize, count: usize },
+    /// Explicit row starts `(in dy, in x)`.
+    List(&'r [(usize, usize)]),
+}
+
+/// Adds rows to per-lane accumulators: for each row (in order) starting at `(d, x)` and each
+/// lane `j < len`: `acc_d[j] += dy[d + j]`, `acc_m[j] = fma(dy[d + j], x[x + j] − mean[j], acc_m[j])`.
+/// `mean`, `acc_d` (and `acc_m` when `XMU`) hold at least `len` lanes.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn acc_rows<T: Element, const XMU: bool>(
+    isa: Isa,
+    dy: &[T],
+    x: &[T],
+    rows: Rows<'_>,
+    len: usize,
+    mean: &[f32],
+    acc_d: &mut [f32],
+    acc_m: &mut [f32],
+) {
+    let (mean, acc_d) = (&mean[..len], &mut acc_d[..len]);
+    let acc_m = if XMU { &mut acc_m[..len] } else { &mut acc_m[..0] };
+    match isa {
+        Isa::Portable => portable::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` after checking avx2, fma and f16c.
+        Isa::Avx2 => unsafe { avx2::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m) },
+    }
+}
+
+/// Folds 32 f32 lanes into one f64 in the fixed order the AVX2 code uses:
+/// `s[j] = ((a[j]+a[j+4]) + (a[j+8]+a[j+12])) + ((a[j+16]+a[j+20]) + (a[j+24]+a[j+28]))`, then
+/// `(s[0]+s[2]) + (s[1]+s[3])`, all in f64.
+pub(super) fn fold32(a: &[f32; RUN_LANES]) -> f64 {
+    let w = |i: usize| f64::from(a[i]);
+    let s: [f64; 4] = std::array::from_fn(|j| {
+        ((w(j) + w(j + 4)) + (w(j + 8) + w(j + 12))) + ((w(j + 16) + w(j + 20)) + (w(j + 24) + w(j + 28)))
+    });
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// Widens `src` into `dst[..src.len()]` with `half`'s vectorised slice conversions.
+fn widen<T: Element>(src: &[T], dst: &mut [f32]) {
+    let dst = &mut dst[..src.len()];
+    match T::DTYPE {
+        DType::F32 => {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s.to_f32();
+            }
+        }
+        DType::F16 => {
+            // SAFETY: `Element` is sealed; `T::DTYPE == F16` only for `half::f16`, so `src` is a
+            // valid `&[f16]` of the same length.
+            let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<f16>(), src.len()) };
+            s.convert_to_f32_slice(dst);
+        }
+        DType::BF16 => {
+            // SAFETY: as above, `T::DTYPE == BF16` only for `half::bf16`.
+            let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<bf16>(), src.len()) };
+            s.convert_to_f32_slice(dst);
+        }
+    }
+}
+
+mod portable {
+    use super::{fold32, lane_of, widen, Rows, Run, RUN_LANES};
+    use crate::dtype::Element;
+
+    pub(super) fn sum_runs<T: Element, const XMU: bool>(
+        dy: &[T],
+        x: &[T],
+        runs: impl IntoIterator<Item = Run>,
+        mean: f32,
+    ) -> (f64, f64) {
+        let lane: [usize; RUN_LANES] = std::array::from_fn(|i| lane_of(T::DTYPE, i));
+        let mut ad = [0f32; RUN_LANES];
+        let mut am = [0f32; RUN_LANES];
+        let mut bd = [0f32; RUN_LANES];
+        let mut bx = [0f32; RUN_LANES];
+        for (od, ox, len) in runs {
+            let (d, xs) = (&dy[od..od + len], &x[ox..ox + len]);
+            for (dc, xc) in d.chunks(RUN_LANES).zip(xs.chunks(RUN_LANES)) {
+                let n = dc.len();
+                widen(dc, &mut bd);
+                for j in 0..n {
+                    ad[lane[j]] += bd[j];
+                }
+                if XMU {
+                    widen(xc, &mut bx);
+                    for j in 0..n {
+                        am[lane[j]] = bd[j].mul_add(bx[j] - mean, am[lane[j]]);
+                    }
+                }
+            }
+        }
+        (fold32(&ad), if XMU { fold32(&am) } else { 0.0 })
+    }
+
+    pub(super) fn acc_rows<T: Element, const XMU: bool>(
+        dy: &[T],
+        x: &[T],
+        rows: Rows<'_>,
+        len: usize,
+        mean: &[f32],
+        acc_d: &mut [f32],
+        acc_m: &mut [f32],
+    ) {
+        let mut bd = [0f32; 256];
+        let mut bx = [0f32; 256];
+        let mut row = |od: usize, ox: usize| {
+            let (d, xs) = (&dy[od..od + len], &x[ox..ox + len]);
+            for (k, (dc, xc)) in d.chunks(256).zip(xs.chunks(256)).enumerate() {
+                let base = k * 256;
+                let n = dc.len();
+                widen(dc, &mut bd);
+                for (a, v) in acc_d[base..base + n].iter_mut().zip(&bd) {
+                    *a += *v;
+                }
+                if XMU {
+                    widen(xc, &mut bx);
+                    let am = &mut acc_m[base..base + n];
+                    for j in 0..n {
+                        am[j] = bd[j].mul_add(bx[j] - mean[base + j], am[j]);
+                    }
+                }
+            }
+        };
+        match rows {
+            Rows::Strided { d, x, stride, count } => (0..count).for_each(|k| row(d + k * stride, x + k * stride)),
+            Rows::List(list) => list.iter().for_each(|&(d, x)| row(d, x)),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! Every function here requires AVX2, FMA and F16C (checked by `Isa::detect`).
+
+    use super::{lane_of, Rows, Run, RUN_LANES};
+    use crate::dtype::{DType, Element};
+    use std::arch::x86_64::*;
+
+    /// Software prefetch distance in bytes (the hardware prefetcher alone leaves f16/bf16 and
+    /// channels-last at ~75% of a streaming read on main-memory shapes).
+    const PREFETCH_BYTES: usize = 2048;
+
+    /// Prefetches the line holding `p` (any address: prefetches never fault).
+    ///
+    /// # Safety
+    /// The CPU must support SSE (always true with AVX2).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prefetch<T>(p: *const T) {
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+    }
+
+    /// The element index each lane holds (inverse of `lane_of`), for f32/f16 and for bf16.
+    const ELEM_IN_ORDER: [i32; RUN_LANES] = elems(DType::F32);
+    const ELEM_BF16: [i32; RUN_LANES] = elems(DType::BF16);
+
+    const fn elems(dtype: DType) -> [i32; RUN_LANES] {
+        let mut e = [0i32; RUN_LANES];
+        let mut i = 0;
+        while i < RUN_LANES {
+            e[lane_of(dtype, i)] = i as i32;
+            i += 1;
+        }
+        e
+    }
+
+    /// Loads 8 elements at `p` widened to f32, in order.
+    ///
+    /// # Safety
+    /// `p..p+8` must be readable elements of `T`; the CPU must support AVX2 and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8<T: Element>(p: *const T) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable elements and the features; unaligned loads.
+        unsafe {
+            match T::DTYPE {
+                DType::F32 => _mm256_loadu_ps(p.cast::<f32>()),
+                DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())),
+                DType::BF16 => {
+                    let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+                }
+            }
+        }
+    }
+
+    /// Elements per unit of `load_unit`: 16 for bf16 (two vectors), else 8 (one vector).
+    const fn unit(dtype: DType) -> usize {
+        match dtype {
+            DType::BF16 => 16,
+            DType::F32 | DType::F16 => 8,
+        }
+    }
+
+    /// Loads one unit of elements at `p` widened to f32 as in `load32`: for bf16 16 elements
+    /// (even, odd), else 8 elements (in order; the second vector repeats the first).
+    ///
+    /// # Safety
+    /// `p..p + unit(T::DTYPE)` must be readable; the CPU must support AVX2 and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_unit<T: Element>(p: *const T) -> [__m256; 2] {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match T::DTYPE {
+                DType::BF16 => {
+                    let w = _mm256_loadu_si256(p.cast::<__m256i>());
+                    let hi = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+                    [_mm256_castsi256_ps(_mm256_slli_epi32::<16>(w)), _mm256_castsi256_ps(_mm256_and_si256(w, hi))]
+                }
+                DType::F32 | DType::F16 => {
+                    let v = load8(p);
+                    [v, v]
+                }
+            }
+        }
+    }
+
+    /// Loads 32 elements at `p` widened to f32, vector k holding lanes `8k..8k+8` of
+    /// `lane_of` (for bf16: even then odd elements of each 16, two ALU ops per 16 elements).
+    ///
+    /// # Safety
+    /// `p..p+32` must be readable elements of `T`; the CPU must support AVX2 and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load32<T: Element>(p: *const T) -> [__m256; 4] {
+        // SAFETY: the caller guarantees 32 readable elements and the features.
+        unsafe {
+            match T::DTYPE {
+                DType::BF16 => {
+                    let hi = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+                    let w0 = _mm256_loadu_si256(p.cast::<__m256i>());
+                    let w1 = _mm256_loadu_si256(p.add(16).cast::<__m256i>());
+                    [
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w0)),
+                        _mm256_castsi256_ps(_mm256_and_si256(w0, hi)),
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w1)),
+                        _mm256_castsi256_ps(_mm256_and_si256(w1, hi)),
+                    ]
+                }
+                DType::F32 | DType::F16 => [load8(p), load8(p.add(8)), load8(p.add(16)), load8(p.add(24))],
+            }
+        }
+    }
+
+    /// Folds 4 accumulators (32 lanes) to f64 in the order of `super::fold32`.
+    ///
+    /// # Safety
+    /// AVX2 available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fold(v: [__m256; 4]) -> f64 {
+        // Register arithmetic only (an unsafe context on Rust < 1.86, safe calls after).
+        let mut p = [_mm256_setzero_pd(); 4];
+        for (p, &a) in p.iter_mut().zip(&v) {
+            let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(a));
+            let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(a));
+            *p = _mm256_add_pd(lo, hi);
+        }
+        let s = _mm256_add_pd(_mm256_add_pd(p[0], p[1]), _mm256_add_pd(p[2], p[3]));
+        let h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd::<1>(s));
+        _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)))
+    }
+
+    /// See `super::sum_runs`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
+        dy: &[T],
+        x: &[T],
+        runs: impl IntoIterator<Item = Run>,
+        mean: f32,
+    ) -> (f64, f64) {
+        let size = std::mem::size_of::<T>();
+        let dist = PREFETCH_BYTES / size;
+        // Element index held by each lane, for masking a partial last step.
+        let elem: &[i32; RUN_LANES] = match T::DTYPE {
+            DType::BF16 => &ELEM_BF16,
+            DType::F32 | DType::F16 => &ELEM_IN_ORDER,
+        };
+        // SAFETY: every pointer read stays inside the run slices `d` and `xs` (i + 32 ≤ len for
+        // full steps; the partial last step reads copies); prefetches never fault; features
+        // from the caller.
+        unsafe {
+            let mv = _mm256_set1_ps(mean);
+            let mut ad = [_mm256_setzero_ps(); 4];
+            let mut am = [_mm256_setzero_ps(); 4];
+            for (od, ox, len) in runs {
+                let (d, xs) = (&dy[od..od + len], &x[ox..ox + len]);
+                let (pd, px) = (d.as_ptr(), xs.as_ptr());
+                let mut i = 0;
+                while i + RUN_LANES <= len {
+                    prefetch(pd.wrapping_add(i + dist));
+                    if XMU {
+                        prefetch(px.wrapping_add(i + dist));
+                    }
+                    if size == 4 {
+                        prefetch(pd.wrapping_add(i + dist + 16));
+                        if XMU {
+                            prefetch(px.wrapping_add(i + dist + 16));
+                        }
+                    }
+                    let a = load32(pd.add(i));
+                    for k in 0..4 {
+                        ad[k] = _mm256_add_ps(ad[k], a[k]);
+                    }
+                    if XMU {
+                        let b = load32(px.add(i));
+                        for k in 0..4 {
+                            am[k] = _mm256_fmadd_ps(a[k], _mm256_sub_ps(b[k], mv), am[k]);
+                        }
+                    }
+                    i += RUN_LANES;
+                }
+                // The last step (< 32 elements): whole units (8 elements, or 16 for bf16) as in a
+                // full step, then one zero-padded partial unit whose dead lanes keep their bits.
+                let rem = len - i;
+                let unit = unit(T::DTYPE);
+                for u in 0..RUN_LANES / unit {
+                    let s = i + u * unit;
+                    if s >= len {
+                        break;
+                    }
+                    let (a, b, live) = if s + unit <= len {
+                        let a = load_unit(pd.add(s));
+                        (a, if XMU { load_unit(px.add(s)) } else { a }, None)
+                    } else if od + s + unit <= dy.len() && (!XMU || ox + s + unit <= x.len()) {
+                        // The unit overruns the run but not the storage: load it in place, the
+                        // lanes past the run are masked out below.
+                        let a = load_unit(dy.as_ptr().add(od + s));
+                        (a, if XMU { load_unit(x.as_ptr().add(ox + s)) } else { a }, Some(_mm256_set1_epi32(rem as i32)))
+                    } else {
+                        let mut bd = [T::default(); 16];
+                        let mut bx = [T::default(); 16];
+                        bd[..len - s].copy_from_slice(&d[s..]);
+                        let a = load_unit(bd.as_ptr());
+                        let b = if XMU {
+                            bx[..len - s].copy_from_slice(&xs[s..]);
+                            load_unit(bx.as_ptr())
+                        } else {
+                            a
+                        };
+                        (a, b, Some(_mm256_set1_epi32(rem as i32)))
+                    };
+                    for v in 0..unit / 8 {
+                        let k = u * (unit / 8) + v;
+                        let (d1, m1) = (_mm256_add_ps(ad[k], a[v]), _mm256_fmadd_ps(a[v], _mm256_sub_ps(b[v], mv), am[k]));
+                        match live {
+                            None => {
+                                ad[k] = d1;
+                                if XMU {
+                                    am[k] = m1;
+                                }
+                            }
+                            Some(r) => {
+                                let e = _mm256_loadu_si256(elem.as_ptr().add(8 * k).cast::<__m256i>());
+                                let live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(r, e));
+                                ad[k] = _mm256_blendv_ps(ad[k], d1, live);
+                                if XMU {
+                                    am[k] = _mm256_blendv_ps(am[k], m1, live);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            (fold(ad), if XMU { fold(am) } else { 0.0 })
+        }
+    }
+
+    /// See `super::acc_rows`; slices already cut to `len` lanes (`acc_m` empty unless `XMU`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
+        dy: &[T],
+        x: &[T],
+        rows: Rows<'_>,
+        len: usize,
+        mean: &[f32],
+        acc_d: &mut [f32],
+        acc_m: &mut [f32],
+    ) {
+        let nv = len / 8 * 8;
+        let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], nv };
+        // SAFETY: every row handed to `group`/`tail` is a slice of exactly `len` elements (cut
+        // from `dy`/`x` with bounds checks), `nv ≤ len`; features from the caller.
+        unsafe {
+            match rows {
+                Rows::Strided { d, x: x0, stride, count } => {
+                    if count == 0 {
+                        return;
+                    }
+                    let span = (count - 1) * stride + len;
+                    let (rd, rx) = (&dy[d..d + span], &x[x0..x0 + span]);
+                    let row = |k: usize| (&rd[k * stride..k * stride + len], &rx[k * stride..k * stride + len]);
+                    let mut k = 0;
+                    while k + 4 <= count {
+                        group::<T, XMU, true>([row(k), row(k + 1), row(k + 2), row(k + 3)], &lanes);
+                        k += 4;
+                    }
+                    while k < count {
+                        single::<T, XMU>(row(k), &lanes);
+                        k += 1;
+                    }
+                }
+                Rows::List(list) => {
+                    let row = |&(od, ox): &(usize, usize)| (&dy[od..od + len], &x[ox..ox + len]);
+                    let mut groups = list.chunks_exact(4);
+                    for g in &mut groups {
+                        group::<T, XMU, false>([row(&g[0]), row(&g[1]), row(&g[2]), row(&g[3])], &lanes);
+                    }
+                    for r in groups.remainder() {
+                        single::<T, XMU>(row(r), &lanes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The per-lane state of an `acc_rows` call (raw pointers: `group` writes through them).
+    struct Lanes<'a> {
+        mean: &'a [f32],
+        acc_d: *mut [f32],
+        acc_m: *mut [f32],
+        nv: usize,
+    }
+
+    /// Four rows into the lanes: per 8 lanes, the accumulators are loaded once, take the four
+    /// rows in order, and are stored once. `EVEN`: rows evenly spaced (prefetch ahead of the
+    /// first row, which covers the next rows too), else every row prefetches its own lines.
+    ///
+    /// # Safety
+    /// Each row slice holds `len` elements (the lanes' length); AVX2/FMA/F16C available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group<T: Element, const XMU: bool, const EVEN: bool>(r: [(&[T], &[T]); 4], l: &Lanes<'_>) {
+        let size = std::mem::size_of::<T>();
+        let dist = PREFETCH_BYTES / size;
+        let line = 64 / size;
+        let pd: [*const T; 4] = std::array::from_fn(|k| r[k].0.as_ptr());
+        let px: [*const T; 4] = std::array::from_fn(|k| r[k].1.as_ptr());
+        let (pa, pm, pmean) = (l.acc_d.cast::<f32>(), l.acc_m.cast::<f32>(), l.mean.as_ptr());
+        // SAFETY: j + 8 ≤ nv ≤ len for every row and every lane array; prefetches never fault.
+        unsafe {
+            let mut j = 0;
+            while j < l.nv {
+                if EVEN {
+                    // The four rows span 4·len elements; walk that span at 4 elements per lane.
+                    let ahead = 4 * j + dist;
+                    prefetch(pd[0].wrapping_add(ahead));
+                    if XMU {
+                        prefetch(px[0].wrapping_add(ahead));
+                    }
+                    if size == 4 {
+                        prefetch(pd[0].wrapping_add(ahead + 16));
+                        if XMU {
+                            prefetch(px[0].wrapping_add(ahead + 16));
+                        }
+                    }
+                } else if j % line == 0 {
+                    for k in 0..4 {
+                        prefetch(pd[k].wrapping_add(j + dist));
+                        if XMU {
+                            prefetch(px[k].wrapping_add(j + dist));
+                        }
+                    }
+                }
+                let a = [load8(pd[0].add(j)), load8(pd[1].add(j)), load8(pd[2].add(j)), load8(pd[3].add(j))];
+                let mut s = _mm256_loadu_ps(pa.add(j));
+                for v in a {
+                    s = _mm256_add_ps(s, v);
+                }
+                _mm256_storeu_ps(pa.add(j), s);
+                if XMU {
+                    let mv = _mm256_loadu_ps(pmean.add(j));
+                    let mut t = _mm256_loadu_ps(pm.add(j));
+                    for k in 0..4 {
+                        t = _mm256_fmadd_ps(a[k], _mm256_sub_ps(load8(px[k].add(j)), mv), t);
+                    }
+                    _mm256_storeu_ps(pm.add(j), t);
+                }
+                j += 8;
+            }
+            if l.nv < l.mean.len() {
+                for (d, x) in r {
+                    tail::<T, XMU>(d, x, l);
+                }
+            }
+        }
+    }
+
+    /// One row into the lanes.
+    ///
+    /// # Safety
+    /// The row slices hold `len` elements; AVX2/FMA/F16C available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn single<T: Element, const XMU: bool>((d, x): (&[T], &[T]), l: &Lanes<'_>) {
+        let (pd, px) = (d.as_ptr(), x.as_ptr());
+        let (pa, pm, pmean) = (l.acc_d.cast::<f32>(), l.acc_m.cast::<f32>(), l.mean.as_ptr());
+        // SAFETY: j + 8 ≤ nv ≤ len for the row and every lane array.
+        unsafe {
+            let mut j = 0;
+            while j < l.nv {
+                let a = load8(pd.add(j));
+                _mm256_storeu_ps(pa.add(j), _mm256_add_ps(_mm256_loadu_ps(pa.add(j)), a));
+                if XMU {
+                    let xm = _mm256_sub_ps(load8(px.add(j)), _mm256_loadu_ps(pmean.add(j)));
+                    _mm256_storeu_ps(pm.add(j), _mm256_fmadd_ps(a, xm, _mm256_loadu_ps(pm.add(j))));
+                }
+                j += 8;
+            }
+            tail::<T, XMU>(d, x, l);
+        }
+    }
+
+    /// Lanes `nv..len` of one row, one at a time: the same operations as the vector lanes.
+    ///
+    /// # Safety
+    /// The row slices hold `len` elements; FMA available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tail<T: Element, const XMU: bool>(d: &[T], x: &[T], l: &Lanes<'_>) {
+        let len = l.mean.len();
+        for j in l.nv..len {
+            // SAFETY: j < len = the length of both lane arrays (acc_m when XMU); the row slices
+            // hold len elements; `acc_d`/`acc_m` are not otherwise borrowed during the call.
+            unsafe {
+                let dv = d[j].to_f32();
+                *l.acc_d.cast::<f32>().add(j) += dv;
+                if XMU {
+                    let m = l.acc_m.cast::<f32>().add(j);
+                    *m = dv.mul_add(x[j].to_f32() - l.mean[j], *m);
+                }
+            }
+        }
+    }
+}
