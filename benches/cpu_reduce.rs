@@ -1,6 +1,6 @@
 //! CPU backend throughput, tiny-call latency and long-channel accuracy.
 //!
-//! `cargo bench --bench cpu_reduce` (about a minute). Everything goes through the public
+//! `cargo bench --bench cpu_reduce` (about 15 s after the build). Everything goes through the public
 //! zero-copy entry `ascend::cpu::batch_norm_reduce_backward` with sumDy and sumDyXmu enabled.
 //!
 //! - Throughput: GB/s = bytes of dy + x read per second. Each is compared with a streaming read

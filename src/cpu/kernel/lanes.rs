@@ -270,8 +270,9 @@ mod avx2 {
         }
     }
 
-    /// Loads one unit of elements at `p` widened to f32 as in `load32`: for bf16 16 elements
-    /// (even, odd), else 8 elements (in order; the second vector repeats the first).
+    /// Loads one unit of elements at `p` widened to f32, filling lanes as `lane_of` says: for
+    /// bf16 16 elements as (even, odd) (two ALU ops per 16 elements), else 8 elements in order
+    /// (the second vector repeats the first).
     ///
     /// # Safety
     /// `p..p + unit(T::DTYPE)` must be readable; the CPU must support AVX2 and F16C.
@@ -290,33 +291,6 @@ mod avx2 {
                     let v = load8(p);
                     [v, v]
                 }
-            }
-        }
-    }
-
-    /// Loads 32 elements at `p` widened to f32, vector k holding lanes `8k..8k+8` of
-    /// `lane_of` (for bf16: even then odd elements of each 16, two ALU ops per 16 elements).
-    ///
-    /// # Safety
-    /// `p..p+32` must be readable elements of `T`; the CPU must support AVX2 and F16C.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load32<T: Element>(p: *const T) -> [__m256; 4] {
-        // SAFETY: the caller guarantees 32 readable elements and the features.
-        unsafe {
-            match T::DTYPE {
-                DType::BF16 => {
-                    let hi = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
-                    let w0 = _mm256_loadu_si256(p.cast::<__m256i>());
-                    let w1 = _mm256_loadu_si256(p.add(16).cast::<__m256i>());
-                    [
-                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w0)),
-                        _mm256_castsi256_ps(_mm256_and_si256(w0, hi)),
-                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w1)),
-                        _mm256_castsi256_ps(_mm256_and_si256(w1, hi)),
-                    ]
-                }
-                DType::F32 | DType::F16 => [load8(p), load8(p.add(8)), load8(p.add(16)), load8(p.add(24))],
             }
         }
     }
@@ -358,9 +332,9 @@ mod avx2 {
             DType::BF16 => &ELEM_BF16,
             DType::F32 | DType::F16 => &ELEM_IN_ORDER,
         };
-        // SAFETY: every pointer read stays inside the run slices `d` and `xs` (i + 32 ≤ len for
-        // full steps; the partial last step reads copies); prefetches never fault; features
-        // from the caller.
+        // SAFETY: every load reads whole units inside the run slices `d` and `xs` (s + unit ≤
+        // len), or inside the storage `dy`/`x` (checked just before), or from a stack copy;
+        // prefetches never fault; features from the caller.
         unsafe {
             let mv = _mm256_set1_ps(mean);
             let mut ad = [_mm256_setzero_ps(); 4];
@@ -380,14 +354,17 @@ mod avx2 {
                             prefetch(px.wrapping_add(i + dist + 16));
                         }
                     }
-                    let a = load32(pd.add(i));
-                    for k in 0..4 {
-                        ad[k] = _mm256_add_ps(ad[k], a[k]);
-                    }
-                    if XMU {
-                        let b = load32(px.add(i));
-                        for k in 0..4 {
-                            am[k] = _mm256_fmadd_ps(a[k], _mm256_sub_ps(b[k], mv), am[k]);
+                    // Unit by unit (not all 32 loaded first: fewer live registers for bf16).
+                    let unit = unit(T::DTYPE);
+                    for u in 0..RUN_LANES / unit {
+                        let a = load_unit(pd.add(i + u * unit));
+                        let b = if XMU { load_unit(px.add(i + u * unit)) } else { a };
+                        for v in 0..unit / 8 {
+                            let k = u * (unit / 8) + v;
+                            ad[k] = _mm256_add_ps(ad[k], a[v]);
+                            if XMU {
+                                am[k] = _mm256_fmadd_ps(a[v], _mm256_sub_ps(b[v], mv), am[k]);
+                            }
                         }
                     }
                     i += RUN_LANES;
@@ -408,7 +385,11 @@ mod avx2 {
                         // The unit overruns the run but not the storage: load it in place, the
                         // lanes past the run are masked out below.
                         let a = load_unit(dy.as_ptr().add(od + s));
-                        (a, if XMU { load_unit(x.as_ptr().add(ox + s)) } else { a }, Some(_mm256_set1_epi32(rem as i32)))
+                        (
+                            a,
+                            if XMU { load_unit(x.as_ptr().add(ox + s)) } else { a },
+                            Some(_mm256_set1_epi32(rem as i32)),
+                        )
                     } else {
                         let mut bd = [T::default(); 16];
                         let mut bx = [T::default(); 16];
@@ -424,7 +405,8 @@ mod avx2 {
                     };
                     for v in 0..unit / 8 {
                         let k = u * (unit / 8) + v;
-                        let (d1, m1) = (_mm256_add_ps(ad[k], a[v]), _mm256_fmadd_ps(a[v], _mm256_sub_ps(b[v], mv), am[k]));
+                        let (d1, m1) =
+                            (_mm256_add_ps(ad[k], a[v]), _mm256_fmadd_ps(a[v], _mm256_sub_ps(b[v], mv), am[k]));
                         match live {
                             None => {
                                 ad[k] = d1;
