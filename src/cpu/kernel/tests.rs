@@ -230,6 +230,9 @@ fn all_cases<T: Element>() {
         (&[3, 17], Random(1), Random(2)),
         (&[1, 3, 1, 30], Contig, Contig),
         (&[37, 1], Contig, Contig),
+        (&[1, 5], Contig, Contig),                 // one position: one partial super-row
+        (&[1, 20, 1], ChannelsLastPadded, Contig), // one position, mixed: gather
+        (&[2, 70, 1], Random(9), ChannelsLast),
     ];
     for (i, &(shape, ld, lx)) in fixed.iter().enumerate() {
         for threads in [1, 3] {
