@@ -10,6 +10,7 @@
 //! whatever the thread count or the mask.
 
 use std::borrow::Cow;
+use std::ops::Deref;
 
 pub(crate) mod kernel;
 
@@ -20,25 +21,60 @@ use crate::ops::validate::{self, Meta, Plan};
 use crate::ops::OutputMask;
 use crate::tensor::HostData;
 
+/// Strides of a view: the caller's, or row-major ones computed in place (no allocation up to
+/// rank 8).
+#[derive(Clone, Debug)]
+enum Strides<'a> {
+    Borrowed(&'a [usize]),
+    Inline { buf: [usize; crate::ops::MAX_RANK], len: usize },
+    Owned(Vec<usize>),
+}
+
+impl<'a> Strides<'a> {
+    fn contiguous(shape: &[usize]) -> Self {
+        if shape.len() > crate::ops::MAX_RANK {
+            return Strides::Owned(layout::contiguous_strides(shape));
+        }
+        let mut buf = [0; crate::ops::MAX_RANK];
+        let mut acc = 1usize;
+        for (s, &d) in buf[..shape.len()].iter_mut().zip(shape).rev() {
+            *s = acc;
+            acc = acc.saturating_mul(d.max(1));
+        }
+        Strides::Inline { buf, len: shape.len() }
+    }
+}
+
+impl Deref for Strides<'_> {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        match self {
+            Strides::Borrowed(s) => s,
+            Strides::Inline { buf, len } => &buf[..*len],
+            Strides::Owned(v) => v,
+        }
+    }
+}
+
 /// A read-only strided view of host elements (f32, f16 or bf16).
 #[derive(Clone, Debug)]
 pub struct View<'a> {
     data: SliceRef<'a>,
     shape: &'a [usize],
-    strides: Cow<'a, [usize]>,
+    strides: Strides<'a>,
     offset: usize,
 }
 
 impl<'a> View<'a> {
     /// A row-major contiguous view of `data` with `shape`.
     pub fn new<T: Element>(data: &'a [T], shape: &'a [usize]) -> Self {
-        View { data: T::slice_ref(data), shape, strides: Cow::Owned(layout::contiguous_strides(shape)), offset: 0 }
+        View { data: T::slice_ref(data), shape, strides: Strides::contiguous(shape), offset: 0 }
     }
 
     /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
     /// Bounds are checked when the view is used.
     pub fn strided<T: Element>(data: &'a [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        View { data: T::slice_ref(data), shape, strides: Cow::Borrowed(strides), offset }
+        View { data: T::slice_ref(data), shape, strides: Strides::Borrowed(strides), offset }
     }
 
     pub(crate) fn from_host(h: &'a HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
@@ -47,7 +83,7 @@ impl<'a> View<'a> {
             HostData::F16(v) => SliceRef::F16(v),
             HostData::BF16(v) => SliceRef::BF16(v),
         };
-        View { data, shape, strides: Cow::Borrowed(strides), offset }
+        View { data, shape, strides: Strides::Borrowed(strides), offset }
     }
 
     /// The element type.
@@ -81,11 +117,19 @@ impl<'a> View<'a> {
         layout::for_each_index(self.shape, &self.strides, self.offset, |i| f(self.data.get_f32(i)));
     }
 
-    /// The view's elements in row-major order as f32, for per-channel vectors.
-    fn to_f32_vec(&self) -> Vec<f32> {
-        let mut v = Vec::with_capacity(self.shape.iter().product());
+    /// The view's elements in row-major order as f32, for per-channel vectors: borrowed when the
+    /// view is contiguous f32 already.
+    fn to_f32s(&self) -> Cow<'_, [f32]> {
+        let n: usize = self.shape.iter().product();
+        if let SliceRef::F32(data) = self.data {
+            let run = self.offset.checked_add(n).and_then(|end| data.get(self.offset..end));
+            if let (true, Some(run)) = (layout::is_contiguous(self.shape, &self.strides), run) {
+                return Cow::Borrowed(run);
+            }
+        }
+        let mut v = Vec::with_capacity(n);
         self.for_each_f32(|x| v.push(x));
-        v
+        Cow::Owned(v)
     }
 
     fn kernel_view<T: Element>(&self, data: &'a [T]) -> kernel::StridedView<'_, T> {
@@ -98,19 +142,19 @@ impl<'a> View<'a> {
 pub struct ViewMut<'a> {
     data: SliceMut<'a>,
     shape: &'a [usize],
-    strides: Cow<'a, [usize]>,
+    strides: Strides<'a>,
     offset: usize,
 }
 
 impl<'a> ViewMut<'a> {
     /// A row-major contiguous view of `data` with `shape`.
     pub fn new<T: Element>(data: &'a mut [T], shape: &'a [usize]) -> Self {
-        ViewMut { data: T::slice_mut(data), shape, strides: Cow::Owned(layout::contiguous_strides(shape)), offset: 0 }
+        ViewMut { data: T::slice_mut(data), shape, strides: Strides::contiguous(shape), offset: 0 }
     }
 
     /// A strided view: element `(i0, ...)` is `data[offset + Σ i_k·strides[k]]`.
     pub fn strided<T: Element>(data: &'a mut [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        ViewMut { data: T::slice_mut(data), shape, strides: Cow::Borrowed(strides), offset }
+        ViewMut { data: T::slice_mut(data), shape, strides: Strides::Borrowed(strides), offset }
     }
 
     pub(crate) fn from_host(h: &'a mut HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
@@ -119,7 +163,7 @@ impl<'a> ViewMut<'a> {
             HostData::F16(v) => SliceMut::F16(v),
             HostData::BF16(v) => SliceMut::BF16(v),
         };
-        ViewMut { data, shape, strides: Cow::Borrowed(strides), offset }
+        ViewMut { data, shape, strides: Strides::Borrowed(strides), offset }
     }
 
     /// The element type.
@@ -209,7 +253,7 @@ pub(crate) fn run(
     let sums = if plan.empty {
         kernel::ChannelSums { sum_dy: vec![0.0; c], sum_dy_xmu: with_xmu.then(|| vec![0.0; c]) }
     } else {
-        let mean = mean.to_f32_vec();
+        let mean = mean.to_f32s();
         match (grad_out.data, input.data) {
             (SliceRef::F32(dy), SliceRef::F32(x)) => {
                 kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
@@ -233,8 +277,8 @@ pub(crate) fn run(
         o.write(xmu.iter().copied());
     }
     if let Some(o) = grad_weight {
-        let invstd = invstd.to_f32_vec();
-        o.write(xmu.iter().zip(&invstd).map(|(&s, &i)| s * f64::from(i)));
+        let invstd = invstd.to_f32s();
+        o.write(xmu.iter().zip(invstd.iter()).map(|(&s, &i)| s * f64::from(i)));
     }
     if let Some(o) = grad_bias {
         o.write(sums.sum_dy.iter().copied());
