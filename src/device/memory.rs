@@ -132,10 +132,10 @@ impl Drop for DeviceBuffer {
             drop(alloc); // aclrtFree, now that no stream uses it
         } else if let Some(alloc) = alloc {
             // Work may still be using the memory: leaking it is the only sound choice.
-            eprintln!(
-                "ascend: leaking {} bytes of device memory whose stream could not be synchronised",
+            super::report(format_args!(
+                "leaking {} bytes of device memory whose stream could not be synchronised",
                 alloc.bytes()
-            );
+            ));
             std::mem::forget(alloc);
         }
     }

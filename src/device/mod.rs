@@ -18,7 +18,14 @@ pub(crate) use memory::{DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
 pub(crate) use stream::StreamInner;
 
-/// Reports an error from a destructor (which cannot return it) on standard error.
+/// Reports an error from a destructor (which cannot return it) on standard error. Never panics
+/// (unlike `eprintln!`, a failed write is ignored).
 pub(crate) fn report_drop_error(what: &str, err: &crate::Error) {
-    eprintln!("ascend: {what} failed while dropping: {err}");
+    report(format_args!("{what} failed while dropping: {err}"));
+}
+
+/// Writes one `ascend: ...` line to standard error, ignoring write failures.
+pub(crate) fn report(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "ascend: {message}");
 }
