@@ -286,12 +286,16 @@ fn main() {
         "{:<6} {:<5} {:<14} {:>22} {:>13} {:>8} {:>8} {:>7}",
         "where", "dtype", "layout", "shape", "dy+x", "GB/s", "stream", "ratio"
     );
+    // CPU_REDUCE_ONLY=cache: skip the main-memory shapes and the accuracy runs (quick A/B runs).
+    let only_cache = std::env::var("CPU_REDUCE_ONLY").is_ok_and(|v| v == "cache");
     // Main memory: 2 × 256 MiB per dtype.
     let mem32: &[(&str, &[usize])] = &[("memory", &[64, 64, 128, 128])];
     let mem16: &[(&str, &[usize])] = &[("memory", &[128, 64, 128, 128])];
-    throughput::<f32>("f32", mem32, 8, false);
-    throughput::<f16>("f16", mem16, 8, false);
-    throughput::<bf16>("bf16", mem16, 8, false);
+    if !only_cache {
+        throughput::<f32>("f32", mem32, 8, false);
+        throughput::<f16>("f16", mem16, 8, false);
+        throughput::<bf16>("bf16", mem16, 8, false);
+    }
     // Cache-resident: 256 KiB, 1 MiB (L2) and 4 MiB (L2 + L3) of f32; half that in f16/bf16.
     let cache: &[(&str, &[usize])] =
         &[("cache", &[2, 16, 32, 32]), ("cache", &[4, 32, 32, 32]), ("cache", &[8, 64, 32, 32])];
@@ -301,6 +305,9 @@ fn main() {
 
     println!("tiny [4, 2] f32, all four outputs: {:.3} µs per call", tiny() * 1e6);
 
+    if only_cache {
+        return;
+    }
     println!("relative error of the f32 outputs vs f64 on a 16.8M-element channel (sumDy, sumDyXmu):");
     for (name, shape, cl, cancel) in [
         ("NCHW [256, 1, 65536]", &[256usize, 1, 65536][..], false, false),

@@ -23,8 +23,9 @@
 //!   are bit-identical for any thread count, and Σdy's bits do not depend on `with_xmu`.
 //!   A thread is only spawned for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x: a
 //!   scoped spawn + join costs 15-40 µs, as much as summing ~4 MiB that sits in L2/L3.
-//! - **Instruction sets.** AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time),
-//!   else portable Rust (half's slice conversions); both give the same bits.
+//! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
+//!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), else portable
+//!   Rust (half's slice conversions); all give the same bits.
 
 use std::borrow::Cow;
 use std::ops::Range;

@@ -156,11 +156,7 @@ fn tolerance(dtype: crate::dtype::DType) -> f64 {
 }
 
 fn isas() -> Vec<Isa> {
-    let mut v = vec![Isa::Portable];
-    if Isa::detect() != Isa::Portable {
-        v.push(Isa::detect());
-    }
-    v
+    Isa::supported()
 }
 
 /// Checks the kernel against the reference for one case, on every ISA (bit-identical to each
@@ -482,4 +478,49 @@ fn small_known_values() {
     let got = channel_sums(dy, x, &[1.0, 1.0], true, 0);
     assert_eq!(got.sum_dy, vec![7.0, 8.0]);
     assert_eq!(got.sum_dy_xmu, Some(vec![21.0, 30.0]));
+}
+
+/// Per-ISA throughput of the whole kernel on the bench's cache-resident shapes, one thread,
+/// interleaved, best of 30 (GB/s of dy + x): the in-process A/B the public bench cannot do.
+/// `cargo test --release --lib isa_throughput -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn isa_throughput() {
+    fn one<T: Element>(name: &str, shape: &[usize], cl: bool) {
+        let mut rng = Rng::new(3);
+        let l = if cl { Layout::ChannelsLast } else { Layout::Contig };
+        let dy: Buf<T> = make(shape, l, &mut rng, |r| r.uniform(-2.0, 2.0));
+        let x: Buf<T> = make(shape, l, &mut rng, |r| r.uniform(-3.0, 3.0));
+        let mean: Vec<f32> = (0..shape[1]).map(|i| 0.1 * i as f32).collect();
+        let isas = Isa::supported();
+        let mut best = vec![f64::MAX; isas.len()];
+        for _ in 0..30 {
+            for (k, &isa) in isas.iter().enumerate().skip(1) {
+                let t = std::time::Instant::now();
+                for _ in 0..20 {
+                    std::hint::black_box(channel_sums_with(
+                        isa,
+                        MIN_BYTES_PER_THREAD,
+                        dy.view(),
+                        x.view(),
+                        &mean,
+                        true,
+                        1,
+                    ));
+                }
+                best[k] = best[k].min(t.elapsed().as_secs_f64() / 20.0);
+            }
+        }
+        let bytes = 2.0 * (dy.data.len() * std::mem::size_of::<T>()) as f64;
+        let s: Vec<String> =
+            isas.iter().zip(&best).skip(1).map(|(i, b)| format!("{i:?} {:.1}", bytes / b / 1e9)).collect();
+        println!("{name} {} {shape:?}: {}", if cl { "CL  " } else { "NCHW" }, s.join("  "));
+    }
+    for shape in [&[2usize, 16, 32, 32][..], &[4, 32, 32, 32], &[8, 64, 32, 32]] {
+        for cl in [false, true] {
+            one::<f32>("f32 ", shape, cl);
+            one::<f16>("f16 ", shape, cl);
+            one::<bf16>("bf16", shape, cl);
+        }
+    }
 }
