@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::context::ContextKind;
 use crate::cpu::{View, ViewMut};
 use crate::device::{Device, DeviceBuffer};
-use crate::dtype::{bf16, f16, DType, Element};
+use crate::dtype::{bf16, f16, DType, Element, SliceMut, SliceRef};
 use crate::error::{Error, Result};
 use crate::layout;
 use crate::stream::{describe, Stream};
@@ -34,6 +34,24 @@ impl HostData {
             DType::F16 => HostData::F16(try_collect(std::iter::repeat_n(f16::ZERO, n), n)?),
             DType::BF16 => HostData::BF16(try_collect(std::iter::repeat_n(bf16::ZERO, n), n)?),
         })
+    }
+
+    /// The storage as a typed slice.
+    pub(crate) fn as_slice_ref(&self) -> SliceRef<'_> {
+        match self {
+            HostData::F32(v) => SliceRef::F32(v),
+            HostData::F16(v) => SliceRef::F16(v),
+            HostData::BF16(v) => SliceRef::BF16(v),
+        }
+    }
+
+    /// The storage as a mutable typed slice.
+    pub(crate) fn as_slice_mut(&mut self) -> SliceMut<'_> {
+        match self {
+            HostData::F32(v) => SliceMut::F32(v),
+            HostData::F16(v) => SliceMut::F16(v),
+            HostData::BF16(v) => SliceMut::BF16(v),
+        }
     }
 
     /// The raw little-endian bytes, for copying to the device.

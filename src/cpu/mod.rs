@@ -56,34 +56,50 @@ impl Deref for Strides<'_> {
     }
 }
 
-/// A read-only strided view of host elements (f32, f16 or bf16).
+/// Where a view's elements are: shape, strides and offset, in elements (shared by [`View`] and
+/// [`ViewMut`]).
 #[derive(Clone, Debug)]
-pub struct View<'a> {
-    data: SliceRef<'a>,
+struct Geometry<'a> {
     shape: &'a [usize],
     strides: Strides<'a>,
     offset: usize,
 }
 
+impl<'a> Geometry<'a> {
+    fn contiguous(shape: &'a [usize]) -> Self {
+        Geometry { shape, strides: Strides::contiguous(shape), offset: 0 }
+    }
+
+    fn strided(shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        Geometry { shape, strides: Strides::Borrowed(strides), offset }
+    }
+
+    fn meta(&self, dtype: DType, storage_len: usize) -> Meta<'_> {
+        Meta { dtype, shape: self.shape, strides: &self.strides, offset: self.offset, storage_len }
+    }
+}
+
+/// A read-only strided view of host elements (f32, f16 or bf16).
+#[derive(Clone, Debug)]
+pub struct View<'a> {
+    data: SliceRef<'a>,
+    geom: Geometry<'a>,
+}
+
 impl<'a> View<'a> {
     /// A row-major contiguous view of `data` with `shape`.
     pub fn new<T: Element>(data: &'a [T], shape: &'a [usize]) -> Self {
-        View { data: T::slice_ref(data), shape, strides: Strides::contiguous(shape), offset: 0 }
+        View { data: T::slice_ref(data), geom: Geometry::contiguous(shape) }
     }
 
     /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
     /// Bounds are checked when the view is used.
     pub fn strided<T: Element>(data: &'a [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        View { data: T::slice_ref(data), shape, strides: Strides::Borrowed(strides), offset }
+        View { data: T::slice_ref(data), geom: Geometry::strided(shape, strides, offset) }
     }
 
     pub(crate) fn from_host(h: &'a HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        let data = match h {
-            HostData::F32(v) => SliceRef::F32(v),
-            HostData::F16(v) => SliceRef::F16(v),
-            HostData::BF16(v) => SliceRef::BF16(v),
-        };
-        View { data, shape, strides: Strides::Borrowed(strides), offset }
+        View { data: h.as_slice_ref(), geom: Geometry::strided(shape, strides, offset) }
     }
 
     /// The element type.
@@ -93,37 +109,33 @@ impl<'a> View<'a> {
 
     /// The view's shape.
     pub fn shape(&self) -> &[usize] {
-        self.shape
+        self.geom.shape
     }
 
     /// The view's strides, in elements.
     pub fn strides(&self) -> &[usize] {
-        &self.strides
+        &self.geom.strides
     }
 
     pub(crate) fn meta(&self) -> Meta<'_> {
-        Meta {
-            dtype: self.dtype(),
-            shape: self.shape,
-            strides: &self.strides,
-            offset: self.offset,
-            storage_len: self.data.len(),
-        }
+        self.geom.meta(self.dtype(), self.data.len())
     }
 
     /// Calls `f` with every element (widened to f32) in row-major order. The view must have been
     /// bounds-checked.
     pub(crate) fn for_each_f32(&self, mut f: impl FnMut(f32)) {
-        layout::for_each_index(self.shape, &self.strides, self.offset, |i| f(self.data.get_f32(i)));
+        let g = &self.geom;
+        layout::for_each_index(g.shape, &g.strides, g.offset, |i| f(self.data.get_f32(i)));
     }
 
     /// The view's elements in row-major order as f32, for per-channel vectors: borrowed when the
     /// view is contiguous f32 already.
     fn to_f32s(&self) -> Cow<'_, [f32]> {
-        let n: usize = self.shape.iter().product();
+        let g = &self.geom;
+        let n: usize = g.shape.iter().product();
         if let SliceRef::F32(data) = self.data {
-            let run = self.offset.checked_add(n).and_then(|end| data.get(self.offset..end));
-            if let (true, Some(run)) = (layout::is_contiguous(self.shape, &self.strides), run) {
+            let run = g.offset.checked_add(n).and_then(|end| data.get(g.offset..end));
+            if let (true, Some(run)) = (layout::is_contiguous(g.shape, &g.strides), run) {
                 return Cow::Borrowed(run);
             }
         }
@@ -133,7 +145,8 @@ impl<'a> View<'a> {
     }
 
     fn kernel_view<T: Element>(&self, data: &'a [T]) -> kernel::StridedView<'_, T> {
-        kernel::StridedView { data, shape: self.shape, strides: &self.strides, offset: self.offset }
+        let g = &self.geom;
+        kernel::StridedView { data, shape: g.shape, strides: &g.strides, offset: g.offset }
     }
 }
 
@@ -141,29 +154,22 @@ impl<'a> View<'a> {
 #[derive(Debug)]
 pub struct ViewMut<'a> {
     data: SliceMut<'a>,
-    shape: &'a [usize],
-    strides: Strides<'a>,
-    offset: usize,
+    geom: Geometry<'a>,
 }
 
 impl<'a> ViewMut<'a> {
     /// A row-major contiguous view of `data` with `shape`.
     pub fn new<T: Element>(data: &'a mut [T], shape: &'a [usize]) -> Self {
-        ViewMut { data: T::slice_mut(data), shape, strides: Strides::contiguous(shape), offset: 0 }
+        ViewMut { data: T::slice_mut(data), geom: Geometry::contiguous(shape) }
     }
 
     /// A strided view: element `(i0, ...)` is `data[offset + Σ i_k·strides[k]]`.
     pub fn strided<T: Element>(data: &'a mut [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        ViewMut { data: T::slice_mut(data), shape, strides: Strides::Borrowed(strides), offset }
+        ViewMut { data: T::slice_mut(data), geom: Geometry::strided(shape, strides, offset) }
     }
 
     pub(crate) fn from_host(h: &'a mut HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        let data = match h {
-            HostData::F32(v) => SliceMut::F32(v),
-            HostData::F16(v) => SliceMut::F16(v),
-            HostData::BF16(v) => SliceMut::BF16(v),
-        };
-        ViewMut { data, shape, strides: Strides::Borrowed(strides), offset }
+        ViewMut { data: h.as_slice_mut(), geom: Geometry::strided(shape, strides, offset) }
     }
 
     /// The element type.
@@ -172,13 +178,7 @@ impl<'a> ViewMut<'a> {
     }
 
     pub(crate) fn meta(&self) -> Meta<'_> {
-        Meta {
-            dtype: self.dtype(),
-            shape: self.shape,
-            strides: &self.strides,
-            offset: self.offset,
-            storage_len: self.data.len(),
-        }
+        self.geom.meta(self.dtype(), self.data.len())
     }
 
     /// Stores `v` (rounded once) at storage index `i`, which the caller has bounds-checked.
@@ -188,9 +188,9 @@ impl<'a> ViewMut<'a> {
 
     /// Writes `values[c]` (rounded once) to element `c` of this validated rank-1 view.
     fn write(&mut self, values: impl Iterator<Item = f64>) {
-        let stride = self.strides[0];
+        let (offset, stride) = (self.geom.offset, self.geom.strides[0]);
         for (c, v) in values.enumerate() {
-            self.data.set_f64(self.offset + c * stride, v);
+            self.data.set_f64(offset + c * stride, v);
         }
     }
 }
