@@ -23,6 +23,8 @@
 //! C call) → the safe types here ([`Context`], [`Stream`], [`Tensor`], [`ops`]) → the [`cpu`]
 //! backend beside them. With the `mock` feature, `mock` runs the Ascend path on a fake CANN.
 
+#![warn(missing_docs)]
+
 mod acl;
 mod context;
 pub mod cpu;

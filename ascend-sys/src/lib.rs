@@ -9,6 +9,8 @@
 //!
 //! Everything here is `unsafe` to call; the safe API is the `ascend` crate.
 
+#![warn(missing_docs)]
+
 pub mod bindings;
 pub mod loader;
 pub mod status;
