@@ -135,6 +135,11 @@ codes! {
 }
 
 /// The name of a status code (e.g. `161002` → `"ACLNN_ERR_PARAM_INVALID"`), if it is a known one.
+///
+/// ```
+/// assert_eq!(ascend_sys::status::name(161001), Some("ACLNN_ERR_PARAM_NULLPTR"));
+/// assert_eq!(ascend_sys::status::name(1), None);
+/// ```
 pub fn name(code: i32) -> Option<&'static str> {
     ALL.iter().find(|(v, _)| *v == code).map(|(_, n)| *n)
 }
