@@ -4,12 +4,17 @@
 /// Row-major (C-order) strides, in elements, of a contiguous tensor of `shape`.
 pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];
+    fill_contiguous_strides(shape, &mut strides);
+    strides
+}
+
+/// Writes the row-major strides of `shape` into `strides[..shape.len()]` (no allocation).
+pub(crate) fn fill_contiguous_strides(shape: &[usize], strides: &mut [usize]) {
     let mut acc = 1usize;
-    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+    for (s, &d) in strides[..shape.len()].iter_mut().zip(shape).rev() {
         *s = acc;
         acc = acc.saturating_mul(d.max(1));
     }
-    strides
 }
 
 /// The number of elements of `shape`, or `None` on overflow.

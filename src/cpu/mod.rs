@@ -36,11 +36,7 @@ impl<'a> Strides<'a> {
             return Strides::Owned(layout::contiguous_strides(shape));
         }
         let mut buf = [0; crate::ops::MAX_RANK];
-        let mut acc = 1usize;
-        for (s, &d) in buf[..shape.len()].iter_mut().zip(shape).rev() {
-            *s = acc;
-            acc = acc.saturating_mul(d.max(1));
-        }
+        layout::fill_contiguous_strides(shape, &mut buf);
         Strides::Inline { buf, len: shape.len() }
     }
 }
