@@ -490,28 +490,34 @@ aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(const aclTensor *gradOu
 }
 
 /* ---- phase 2 ------------------------------------------------------------------------------------------ */
-static aclnnStatus p2_fail(aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static aclnnStatus p2_fail(aclnnStatus code, const char *fmt, ...) {
+/* Sets the phase-2 error message (and, with `violation`, counts a violation) and returns `code`. */
+static aclnnStatus p2_vreport(aclnnStatus code, int violation, const char *fmt, va_list ap) {
     char detail[768];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
+    if (violation) {
+        ascend_mock_violation("%s: %s", k_phase2, detail);
+    }
     ascend_mock_set_error("%s failed. ERROR: %d. %s", k_phase2, code, detail);
     return code;
+}
+
+static aclnnStatus p2_fail(aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static aclnnStatus p2_fail(aclnnStatus code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    aclnnStatus r = p2_vreport(code, 0, fmt, ap);
+    va_end(ap);
+    return r;
 }
 
 /* As p2_fail, and counts the violation. */
 static aclnnStatus p2_violation(aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static aclnnStatus p2_violation(aclnnStatus code, const char *fmt, ...) {
-    char detail[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    aclnnStatus r = p2_vreport(code, 1, fmt, ap);
     va_end(ap);
-    ascend_mock_violation("%s: %s", k_phase2, detail);
-    ascend_mock_set_error("%s failed. ERROR: %d. %s", k_phase2, code, detail);
-    return code;
+    return r;
 }
 
 /* Byte range of a tensor's view; 0 when the view is empty. */
