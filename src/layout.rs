@@ -46,6 +46,17 @@ pub(crate) fn check_view(
     if shape.len() != strides.len() {
         return Err(format!("shape has {} dims but strides has {}", shape.len(), strides.len()));
     }
+    // aclTensor describes views in int64: beyond that no backend may accept a view.
+    const MAX: usize = i64::MAX as usize;
+    if let Some(d) = shape.iter().find(|&&d| d > MAX) {
+        return Err(format!("dim {d} of shape {shape:?} exceeds int64's maximum {MAX}"));
+    }
+    if let Some(s) = strides.iter().find(|&&s| s > MAX) {
+        return Err(format!("stride {s} of strides {strides:?} exceeds int64's maximum {MAX}"));
+    }
+    if offset > MAX || storage_len > MAX {
+        return Err(format!("offset {offset} or storage length {storage_len} exceeds int64's maximum {MAX}"));
+    }
     let n = numel(shape).ok_or_else(|| format!("shape {shape:?} overflows usize"))?;
     if n == 0 {
         if offset > storage_len {
@@ -95,11 +106,13 @@ pub(crate) fn for_each_index(shape: &[usize], strides: &[usize], offset: usize, 
             }
             k -= 1;
             idx[k] += 1;
-            pos += strides[k];
+            // Modular arithmetic: the position after the last index of a dim may be out of
+            // range (e.g. a size-1 dim with a huge stride), the one it is brought back to is not.
+            pos = pos.wrapping_add(strides[k]);
             if idx[k] < shape[k] {
                 break;
             }
-            pos -= strides[k] * shape[k];
+            pos = pos.wrapping_sub(strides[k].wrapping_mul(shape[k]));
             idx[k] = 0;
         }
     }
@@ -124,6 +137,10 @@ mod tests {
         assert!(check_view(&[2], &[usize::MAX], 0, 8).is_err());
         assert_eq!(check_view(&[0, 2], &[2, 1], 0, 0), Ok(0));
         assert!(check_view(&[2], &[1, 1], 0, 8).is_err());
+        let max = i64::MAX as usize;
+        assert_eq!(check_view(&[1, 2], &[max, 1], 0, 2), Ok(2));
+        assert!(check_view(&[1, 2], &[max + 1, 1], 0, 2).is_err());
+        assert!(check_view(&[max + 1, 0], &[1, 1], 0, 0).is_err());
     }
 
     #[test]

@@ -248,7 +248,7 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self, stream: &Stream) -> Result<Vec<T>> {
         self.check_stream(stream, "tensor")?;
         match &self.storage {
-            Storage::Host(h) => Ok(gather(&self.host_view(h))),
+            Storage::Host(h) => gather(&self.host_view(h)),
             Storage::Device(d) => {
                 stream.synchronize()?;
                 d.buffer.synchronize()?;
@@ -261,7 +261,7 @@ impl Tensor {
                     // every stream that used it has just been synchronised.
                     unsafe { crate::acl::copy_to_host(device.cann, bytes, d.buffer.ptr())? };
                 }
-                Ok(gather(&self.host_view(&host)))
+                gather(&self.host_view(&host))
             }
         }
     }
@@ -394,9 +394,13 @@ fn host_bytes_mut(h: &mut HostData) -> &mut [u8] {
     }
 }
 
-/// The elements of a host view in row-major order, converted to `T`.
-fn gather<T: Element>(v: &View<'_>) -> Vec<T> {
-    let mut out = Vec::with_capacity(layout::numel(v.shape()).unwrap_or(0));
+/// The elements of a host view in row-major order, converted to `T`. A view of more elements
+/// than host memory holds (a broadcast view may be far larger than its storage) is
+/// [`Error::HostAlloc`].
+fn gather<T: Element>(v: &View<'_>) -> Result<Vec<T>> {
+    let n = layout::numel(v.shape()).unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| Error::HostAlloc { bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
     v.for_each_f32(|x| out.push(T::from_f32(x)));
-    out
+    Ok(out)
 }

@@ -1,7 +1,5 @@
 //! `aclTensor`: the host-side descriptor of a strided device view.
 
-use std::marker::PhantomData;
-
 use ascend_sys::{aclDataType, aclFormat, aclTensor};
 
 use super::{report_drop_error, Device, DeviceBuffer};
@@ -18,14 +16,16 @@ pub(crate) fn acl_dtype(dtype: DType) -> aclDataType {
     }
 }
 
-/// An `aclTensor` describing a view into a [`DeviceBuffer`] it borrows; destroyed on drop.
+/// An `aclTensor` describing a view into a [`DeviceBuffer`] it borrows; destroyed on drop. The
+/// buffer travels with its descriptor, so the list of descriptors of a call is also the list of
+/// the memory the call touches.
 ///
 /// The descriptor is host metadata only: destroying it after phase 2 has been launched, before
 /// the stream has run the work, is what op-plugin does and is safe.
 pub(crate) struct AclTensor<'a> {
     device: &'a Device,
     raw: *mut aclTensor,
-    _buffer: PhantomData<&'a DeviceBuffer>,
+    buffer: &'a DeviceBuffer,
 }
 
 fn to_i64(v: usize, what: &'static str) -> Result<i64> {
@@ -63,11 +63,16 @@ impl<'a> AclTensor<'a> {
                 buffer.ptr(),
             )?
         };
-        Ok(AclTensor { device, raw, _buffer: PhantomData })
+        Ok(AclTensor { device, raw, buffer })
     }
 
     pub(crate) fn raw(&self) -> *mut aclTensor {
         self.raw
+    }
+
+    /// The device memory the descriptor points into.
+    pub(crate) fn buffer(&self) -> &'a DeviceBuffer {
+        self.buffer
     }
 }
 

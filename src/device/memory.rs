@@ -1,7 +1,7 @@
 //! Device memory.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{report_drop_error, Device, StreamInner};
 use crate::acl;
@@ -89,33 +89,56 @@ impl DeviceBuffer {
         self.alloc().device()
     }
 
-    /// Records that `stream` is about to enqueue work on this buffer. Work other streams enqueued
-    /// on it is waited for first (`aclrtSynchronizeStream`), so accesses from different streams
-    /// never overlap.
-    pub(crate) fn record_use(&self, stream: &Arc<StreamInner>) -> Result<()> {
-        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+    fn lock_users(&self) -> MutexGuard<'_, Vec<Arc<StreamInner>>> {
+        self.users.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for all work enqueued on this buffer, so the host may read or overwrite it. Holds
+    /// the buffer's stream list while it waits, so a launch on another thread cannot slip in
+    /// between the wait and the forgetting of a stream.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let mut users = self.lock_users();
+        while let Some(s) = users.last() {
+            s.synchronize()?; // on failure it stays listed, so drop still waits for it
+            users.pop();
+        }
+        Ok(())
+    }
+}
+
+/// Enqueues work that touches `buffers` on `stream`, as one step.
+///
+/// Every buffer's list of streams is locked (in address order, so two calls never deadlock, and
+/// each buffer once however often it is listed); work that other streams queued on a buffer is
+/// waited for, so accesses from different streams never overlap; `enqueue` runs; and `stream` is
+/// recorded on every buffer before any lock is released. So no other thread can free a buffer,
+/// or enqueue on it from another stream, between the recording and the enqueue: a buffer is
+/// freed only after every stream that may use it has finished. `stream` is recorded even when
+/// `enqueue` fails (it may have queued part of its work; recording too much only costs a sync).
+pub(crate) fn enqueue_using<R>(
+    stream: &Arc<StreamInner>,
+    buffers: &[&DeviceBuffer],
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let mut sorted: Vec<&DeviceBuffer> = buffers.to_vec();
+    sorted.sort_by_key(|b| std::ptr::from_ref::<DeviceBuffer>(b) as usize);
+    sorted.dedup_by(|a, b| std::ptr::eq(*a, *b));
+    let mut guards: Vec<MutexGuard<'_, Vec<Arc<StreamInner>>>> = sorted.iter().map(|b| b.lock_users()).collect();
+    for users in &mut guards {
+        // Ordered after other streams: wait for each, then forget it (it has finished with the
+        // buffer). On failure the unsynchronised ones stay listed, so drop still waits for them.
         while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
             users[i].synchronize()?;
             users.swap_remove(i);
         }
+    }
+    let result = enqueue();
+    for users in &mut guards {
         if users.is_empty() {
             users.push(stream.clone());
         }
-        Ok(())
     }
-
-    /// Waits for all work enqueued on this buffer, so the host may read or overwrite it.
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        let users = std::mem::take(&mut *self.users.lock().unwrap_or_else(|p| p.into_inner()));
-        for (i, s) in users.iter().enumerate() {
-            if let Err(e) = s.synchronize() {
-                // Keep the unsynchronised ones so drop still waits for them.
-                self.users.lock().unwrap_or_else(|p| p.into_inner()).extend(users[i..].iter().cloned());
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
+    result
 }
 
 impl Drop for DeviceBuffer {

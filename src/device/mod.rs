@@ -14,7 +14,7 @@ mod memory;
 mod runtime;
 mod stream;
 
-pub(crate) use memory::{DeviceAlloc, DeviceBuffer};
+pub(crate) use memory::{enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
 pub(crate) use stream::StreamInner;
 

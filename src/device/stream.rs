@@ -66,10 +66,11 @@ impl StreamInner {
         })?;
         let mut ws = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
         if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {
-            if let Some(old) = ws.take() {
-                // Work already enqueued may still use the old workspace.
+            if ws.is_some() {
+                // Work already enqueued may still use the old workspace: it is freed only once
+                // the stream has drained. If that fails, it stays cached (and in use) as it was.
                 self.synchronize()?;
-                drop(old);
+                *ws = None;
             }
             *ws = Some(DeviceAlloc::new(self.device.clone(), bytes_usize)?);
         }

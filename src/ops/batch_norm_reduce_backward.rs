@@ -1,13 +1,9 @@
 //! `aclnnBatchNormReduceBackward` on both backends.
 
-use std::sync::Arc;
-
+use super::launch::{DeviceCall, DevicePrepared, Workspace};
 use super::validate::{self, Meta, Plan};
 use super::OutputMask;
 use crate::cpu;
-use crate::device::descriptor::AclTensor;
-use crate::device::executor::Executor;
-use crate::device::{Device, DeviceBuffer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -143,7 +139,7 @@ pub fn prepare_batch_norm_reduce_backward<'a>(
 
     let kind = match stream.ascend() {
         None => Kind::Cpu { plan, mask, inputs: [grad_out, input, mean, invstd], outs },
-        Some(_) => Kind::Ascend(AscendPrepared::new(plan, mask, [grad_out, input, mean, invstd], weight, outs)?),
+        Some(_) => Kind::Ascend(ascend_prepare(stream, plan, mask, [grad_out, input, mean, invstd], weight, outs)?),
     };
     Ok(PreparedReduceBackward { kind })
 }
@@ -157,7 +153,7 @@ pub struct PreparedReduceBackward<'a> {
 #[derive(Debug)]
 enum Kind<'a> {
     Cpu { plan: Plan, mask: OutputMask, inputs: [&'a Tensor; 4], outs: [Option<&'a mut Tensor>; 4] },
-    Ascend(AscendPrepared<'a>),
+    Ascend(DevicePrepared<'a>),
 }
 
 impl PreparedReduceBackward<'_> {
@@ -165,7 +161,7 @@ impl PreparedReduceBackward<'_> {
     pub fn workspace_size(&self) -> u64 {
         match &self.kind {
             Kind::Cpu { .. } => 0,
-            Kind::Ascend(a) => a.workspace_size,
+            Kind::Ascend(a) => a.workspace_size(),
         }
     }
 
@@ -233,211 +229,51 @@ fn cpu_launch(plan: Plan, mask: OutputMask, inputs: [&Tensor; 4], outs: [Option<
     Ok(())
 }
 
-/// A caller-owned operator workspace (`aclrtMalloc`) for [`PreparedReduceBackward::launch`].
-/// Dropping it waits for the streams that used it. Holds no memory on the CPU backend.
-#[derive(Debug)]
-pub struct Workspace {
-    buffer: Option<DeviceBuffer>,
-    bytes: u64,
-}
-
-impl Workspace {
-    /// Allocates `bytes` on the device of `stream` (nothing on the CPU backend, or for 0 bytes).
-    pub fn new(stream: &Stream, bytes: u64) -> Result<Self> {
-        let buffer = match stream.ascend() {
-            Some((_, device)) if bytes > 0 => {
-                let n = usize::try_from(bytes)
-                    .map_err(|_| Error::invalid("workspace", format!("{bytes} bytes do not fit in usize")))?;
-                Some(DeviceBuffer::new(device.clone(), n)?)
-            }
-            _ => None,
-        };
-        Ok(Workspace { buffer, bytes })
+/// Phase 1 on Ascend: every tensor described through the shared launch path.
+fn ascend_prepare<'a>(
+    stream: &Stream,
+    plan: Plan,
+    mask: OutputMask,
+    [grad_out, input, mean, invstd]: [&'a Tensor; 4],
+    weight: Option<&'a Tensor>,
+    outs: [Option<&'a mut Tensor>; 4],
+) -> Result<DevicePrepared<'a>> {
+    let outs: [Option<&'a Tensor>; 4] = outs.map(|o| o.map(|t| &*t));
+    let mut call = DeviceCall::new(stream)?;
+    let grad_out = call.tensor(grad_out, "gradOut")?;
+    let input = call.tensor(input, "input")?;
+    let mean = call.tensor(mean, "mean")?;
+    let invstd = call.tensor(invstd, "invstd")?;
+    let weight = call.optional(weight, "weight")?;
+    let mut out = [std::ptr::null_mut(); 4];
+    for ((raw, t), name) in out.iter_mut().zip(outs).zip(validate::OUTPUT_NAMES) {
+        *raw = call.optional(t, name)?;
     }
-
-    /// Its size in bytes.
-    pub fn size(&self) -> u64 {
-        self.bytes
-    }
-}
-
-/// Phase 1 done on Ascend: the descriptors and the executor, borrowing every tensor.
-/// Field order matters: the executor (which references the descriptors) drops first.
-struct AscendPrepared<'a> {
-    executor: Option<Executor<'a>>,
-    /// Held (never read) so the descriptors live until after phase 2, then are destroyed.
-    #[allow(dead_code)]
-    descriptors: Vec<AclTensor<'a>>,
-    device: &'a Arc<Device>,
-    workspace_size: u64,
-    buffers: Vec<&'a DeviceBuffer>,
-    /// Outputs to zero when the input is empty (CANN leaves them unwritten on A2/A3).
-    zero: Vec<&'a Tensor>,
-}
-
-impl std::fmt::Debug for AscendPrepared<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AscendPrepared")
-            .field("device", &self.device.id)
-            .field("workspace_size", &self.workspace_size)
-            .field("launched", &self.executor.is_none())
-            .finish()
-    }
-}
-
-fn device_of<'a>(t: &'a Tensor, name: &'static str) -> Result<(&'a DeviceBuffer, &'a Arc<Device>)> {
-    t.device_buffer().ok_or_else(|| Error::invalid(name, "a host tensor reached the Ascend backend"))
-}
-
-fn descriptor<'a>(t: &'a Tensor, name: &'static str) -> Result<AclTensor<'a>> {
-    let (buffer, _) = device_of(t, name)?;
-    AclTensor::new(buffer, t.dtype(), t.shape(), t.strides(), t.offset(), t.storage_len())
-}
-
-impl<'a> AscendPrepared<'a> {
-    fn new(
-        plan: Plan,
-        mask: OutputMask,
-        inputs: [&'a Tensor; 4],
-        weight: Option<&'a Tensor>,
-        outs: [Option<&'a mut Tensor>; 4],
-    ) -> Result<Self> {
-        const INPUT_NAMES: [&str; 4] = ["gradOut", "input", "mean", "invstd"];
-        let (_, device) = device_of(inputs[0], "gradOut")?;
-        let outs: [Option<&'a Tensor>; 4] = outs.map(|o| o.map(|t| &*t));
-
-        let mut buffers = Vec::with_capacity(9);
-        let mut descriptors = Vec::with_capacity(9);
-        for (t, name) in inputs.iter().zip(INPUT_NAMES) {
-            buffers.push(device_of(t, name)?.0);
-            descriptors.push(descriptor(t, name)?);
-        }
-        let weight_desc = match weight {
-            Some(w) => Some(descriptor(w, "weight")?),
-            None => None,
-        };
-        let mut out_desc: [Option<AclTensor<'a>>; 4] = [None, None, None, None];
-        for (i, t) in outs.iter().enumerate() {
-            if let Some(t) = t {
-                buffers.push(device_of(t, validate::OUTPUT_NAMES[i])?.0);
-                out_desc[i] = Some(descriptor(t, validate::OUTPUT_NAMES[i])?);
-            }
-        }
-        let raw_out = |i: usize| out_desc[i].as_ref().map_or(std::ptr::null_mut(), |d| d.raw());
-        let tensors = crate::acl::OpTensors {
-            grad_out: descriptors[0].raw(),
-            input: descriptors[1].raw(),
-            mean: descriptors[2].raw(),
-            invstd: descriptors[3].raw(),
-            weight: weight_desc.as_ref().map_or(std::ptr::null(), |d| d.raw()),
-            sum_dy: raw_out(0),
-            sum_dy_xmu: raw_out(1),
-            grad_weight: raw_out(2),
-            grad_bias: raw_out(3),
-        };
-        device.bind()?;
-        // SAFETY: every non-null pointer is a live descriptor held in `descriptors`, `weight_desc`
-        // or `out_desc`, all of which move into the returned value and outlive the executor.
-        let (workspace_size, raw) = unsafe {
-            crate::acl::batch_norm_reduce_backward_prepare(
-                device.cann,
-                &tensors,
-                (mask.input_g, mask.weight_g, mask.bias_g),
-            )?
-        };
-        let executor = Executor::new(device, raw);
-        descriptors.extend(weight_desc);
-        descriptors.extend(out_desc.into_iter().flatten());
-        let zero = if plan.empty { outs.into_iter().flatten().collect() } else { Vec::new() };
-        Ok(AscendPrepared { executor: Some(executor), descriptors, device, workspace_size, buffers, zero })
-    }
-
-    fn launch(mut self, stream: &Stream, workspace: Option<&Workspace>) -> Result<()> {
-        let Some((inner, device)) = stream.ascend() else {
-            return Err(stream
-                .mismatch("stream", format!("the call was prepared on Ascend device {}", self.device.id).as_str()));
-        };
-        if !device.same(self.device) {
-            return Err(
-                stream.mismatch("stream", format!("the tensors are on Ascend device {}", self.device.id).as_str())
-            );
-        }
-        let size = self.workspace_size;
-        if let Some(ws) = workspace {
-            if ws.bytes < size {
-                return Err(Error::invalid("workspace", format!("holds {} bytes, phase 1 asked for {size}", ws.bytes)));
-            }
-            match &ws.buffer {
-                Some(b) if !b.device().same(self.device) => {
-                    return Err(Error::invalid("workspace", "was allocated on another device"));
-                }
-                // A CPU-backend workspace reports its size but holds no device memory: passing
-                // null with a non-zero size would hand the kernel a null workspace.
-                None if size > 0 => {
-                    return Err(Error::invalid(
-                        "workspace",
-                        format!("holds no device memory (made on the CPU backend), phase 1 asked for {size} bytes"),
-                    ));
-                }
-                _ => {}
-            }
-        }
-        // From here on the buffers must outlive the work: each remembers the stream.
-        for b in &self.buffers {
-            b.record_use(inner)?;
-        }
-        let Some(executor) = self.executor.take() else {
-            return Err(Error::invalid("executor", "already launched"));
-        };
-        let cann = self.device.cann;
-        // The executor moves into the closure: if it never runs (workspace allocation failed),
-        // dropping the closure destroys the unlaunched executor.
-        let enqueue = move |ws: *mut std::ffi::c_void| {
-            device.bind()?;
-            let executor = executor.into_raw();
-            // SAFETY: the executor is fresh from phase 1 and consumed here; the workspace is null
-            // with size 0 or a live allocation of at least `size` bytes on this device; every
-            // buffer the executor references has recorded this stream, so it is freed only after
-            // the stream completes the work.
-            unsafe { crate::acl::batch_norm_reduce_backward_launch(cann, ws, size, executor, inner.raw()) }
-        };
-        match workspace.and_then(|w| w.buffer.as_ref()) {
-            Some(b) => {
-                b.record_use(inner)?;
-                enqueue(b.ptr())?;
-            }
-            None if workspace.is_some() || size == 0 => enqueue(std::ptr::null_mut())?,
-            None => inner.with_workspace(size, enqueue)?,
-        }
-        for t in &self.zero {
-            zero_device_view(t)?;
-        }
-        Ok(())
-    }
-}
-
-/// Writes zeros to every element of a device view of rank 1 (aclrtMemset, after the streams that
-/// used the buffer have finished).
-fn zero_device_view(t: &Tensor) -> Result<()> {
-    let (buffer, device) = device_of(t, "output")?;
-    buffer.synchronize()?;
-    device.bind()?;
-    let es = t.dtype().size_in_bytes();
-    let base = buffer.ptr().cast::<u8>();
-    let (n, stride) = (t.shape()[0], t.strides()[0]);
-    let runs: Vec<(usize, usize)> = if stride == 1 || n <= 1 {
-        vec![(t.offset(), n)]
-    } else {
-        (0..n).map(|i| (t.offset() + i * stride, 1)).collect()
+    let tensors = crate::acl::OpTensors {
+        grad_out,
+        input,
+        mean,
+        invstd,
+        weight,
+        sum_dy: out[0],
+        sum_dy_xmu: out[1],
+        grad_weight: out[2],
+        grad_bias: out[3],
     };
-    for (start, len) in runs {
-        if len == 0 {
-            continue;
-        }
-        // SAFETY: the view was checked to lie inside the buffer's storage, so [start, start+len)
-        // elements are inside the allocation; its streams have been synchronised. The address is
-        // computed with wrapping arithmetic since it is a device address.
-        unsafe { crate::acl::memset(device.cann, base.wrapping_add(start * es).cast(), 0, len * es)? };
-    }
-    Ok(())
+    let zero = if plan.empty { outs.into_iter().flatten().collect() } else { Vec::new() };
+    call.prepare(
+        |cann| {
+            // SAFETY: every non-null handle is a live descriptor held by `call`, which moves into
+            // the prepared call and outlives the executor.
+            unsafe {
+                crate::acl::batch_norm_reduce_backward_prepare(
+                    cann,
+                    &tensors,
+                    (mask.input_g, mask.weight_g, mask.bias_g),
+                )
+            }
+        },
+        crate::acl::batch_norm_reduce_backward_launch,
+        zero,
+    )
 }

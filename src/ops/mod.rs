@@ -6,12 +6,14 @@
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
 mod batch_norm_reduce_backward;
+mod launch;
 pub(crate) mod validate;
 
 pub use batch_norm_reduce_backward::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward,
-    PreparedReduceBackward, ReduceBackward, ReduceBackwardOut, Workspace,
+    PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,
 };
+pub use launch::Workspace;
 pub use validate::{MAX_RANK, MIN_RANK};
 
 /// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,
