@@ -256,3 +256,25 @@ pub fn last_violation() -> Option<String> {
     let count = stats().violations;
     count.checked_sub(1).and_then(|last| violations_since(last).pop())
 }
+
+/// Objects the crate's destructors deliberately leaked in this process because a destroy call,
+/// or the synchronise before it, failed (e.g. an injected fault): queued work might still use
+/// them, so leaking is the only sound choice. The mock's live counters exceed what the program
+/// holds by exactly these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Leaks {
+    /// Device allocations (`aclrtFree` not called or failed).
+    pub allocations: u64,
+    /// `aclTensor` descriptors.
+    pub tensors: u64,
+    /// Executors.
+    pub executors: u64,
+    /// Streams.
+    pub streams: u64,
+}
+
+/// The crate's deliberate leaks so far (see [`Leaks`]).
+pub fn leaks() -> Leaks {
+    let [allocations, tensors, executors, streams] = crate::device::leaks();
+    Leaks { allocations, tensors, executors, streams }
+}

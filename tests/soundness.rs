@@ -315,3 +315,22 @@ fn weight_given_to_into_on_both_backends() {
         outs.check(&s, OutputMask::ALL, &inp.expected());
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Found by the stateful test: empty inputs give +0 in every enabled output on both backends,
+// whatever invstd holds (the CPU backend once gave 0·invstd, i.e. −0 for a negative invstd).
+
+#[test]
+fn empty_input_gives_positive_zeros_on_both_backends() {
+    on_both_backends(|ctx| {
+        let s = ctx.new_stream().unwrap();
+        let dy = Tensor::zeros(&s, DType::F32, &[0, 3, 2]).unwrap();
+        let mean = Tensor::from_slice(&s, &[0.5f32, -1.0, 2.0], &[3]).unwrap();
+        let invstd = Tensor::from_slice(&s, &[-1.0f32, f32::NAN, -0.0], &[3]).unwrap();
+        let out = batch_norm_reduce_backward(&s, &dy, &dy, &mean, &invstd, None, OutputMask::ALL).unwrap();
+        for t in [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias] {
+            let v = t.unwrap().to_vec::<f32>(&s).unwrap();
+            assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), [0; 3], "{:?}: {v:?}", ctx.backend());
+        }
+    });
+}

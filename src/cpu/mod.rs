@@ -274,7 +274,9 @@ pub(crate) fn run(
     }
     if let Some(o) = grad_weight {
         let invstd = invstd.to_f32s();
-        o.write(xmu.iter().zip(invstd.iter()).map(|(&s, &i)| s * f64::from(i)));
+        // Empty input: +0 whatever invstd holds (0·(−1) would be −0, 0·NaN NaN), as on Ascend.
+        let empty = plan.empty;
+        o.write(xmu.iter().zip(invstd.iter()).map(|(&s, &i)| if empty { 0.0 } else { s * f64::from(i) }));
     }
     if let Some(o) = grad_bias {
         o.write(sums.sum_dy.iter().copied());

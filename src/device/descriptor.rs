@@ -2,7 +2,7 @@
 
 use ascend_sys::{aclDataType, aclFormat, aclTensor};
 
-use super::{report_drop_error, Device, DeviceBuffer};
+use super::{leaked, report_drop_error, Device, DeviceBuffer, Leak};
 use crate::acl;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -84,6 +84,7 @@ impl Drop for AclTensor<'_> {
         });
         if let Err(e) = result {
             report_drop_error("aclDestroyTensor", &e);
+            leaked(Leak::Tensor);
         }
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ascend_sys::aclOpExecutor;
 
-use super::{report_drop_error, Device};
+use super::{leaked, report_drop_error, Device, Leak};
 use crate::acl;
 
 /// An executor from `aclnn*GetWorkspaceSize`. Launching consumes it (CANN frees it after phase
@@ -39,6 +39,7 @@ impl Drop for Executor {
         });
         if let Err(e) = result {
             report_drop_error("aclDestroyAclOpExecutor", &e);
+            leaked(Leak::Executor);
         }
     }
 }

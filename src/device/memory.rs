@@ -3,7 +3,7 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{report_drop_error, Device, StreamInner};
+use super::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::acl;
 use crate::error::Result;
 
@@ -56,6 +56,7 @@ impl Drop for DeviceAlloc {
         });
         if let Err(e) = result {
             report_drop_error("aclrtFree", &e);
+            leaked(Leak::Allocation);
         }
     }
 }
@@ -159,6 +160,9 @@ impl Drop for DeviceBuffer {
                 "leaking {} bytes of device memory whose stream could not be synchronised",
                 alloc.bytes()
             ));
+            if !alloc.ptr.is_null() {
+                leaked(Leak::Allocation);
+            }
             std::mem::forget(alloc);
         }
     }

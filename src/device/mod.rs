@@ -18,6 +18,30 @@ pub(crate) use memory::{enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
 pub(crate) use stream::StreamInner;
 
+/// What a destructor may leave behind when a destroy call, or the synchronise before it, fails:
+/// leaking is then the only sound choice, since queued work may still use the object.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Leak {
+    Allocation = 0,
+    Tensor = 1,
+    Executor = 2,
+    Stream = 3,
+}
+
+static LEAKS: [std::sync::atomic::AtomicU64; 4] = [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+
+/// Counts an object deliberately leaked by a destructor.
+pub(crate) fn leaked(kind: Leak) {
+    LEAKS[kind as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many objects of each kind (allocations, tensors, executors, streams) destructors have
+/// leaked in this process.
+#[cfg_attr(not(feature = "mock"), allow(dead_code))]
+pub(crate) fn leaks() -> [u64; 4] {
+    std::array::from_fn(|i| LEAKS[i].load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Reports an error from a destructor (which cannot return it) on standard error. Never panics
 /// (unlike `eprintln!`, a failed write is ignored).
 pub(crate) fn report_drop_error(what: &str, err: &crate::Error) {

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use ascend_sys::aclrtStream;
 
-use super::{report_drop_error, Device, DeviceAlloc};
+use super::{leaked, report_drop_error, Device, DeviceAlloc, Leak};
 use crate::acl;
 use crate::error::Result;
 
@@ -88,6 +88,9 @@ impl Drop for StreamInner {
             Err(e) => {
                 report_drop_error("aclrtSynchronizeStream", &e);
                 // Work may still be using the workspace: leak it rather than free it.
+                if workspace.as_ref().is_some_and(|w| !w.ptr().is_null()) {
+                    leaked(Leak::Allocation);
+                }
                 std::mem::forget(workspace);
             }
         }
@@ -97,6 +100,7 @@ impl Drop for StreamInner {
         });
         if let Err(e) = result {
             report_drop_error("aclrtDestroyStream", &e);
+            leaked(Leak::Stream);
         }
     }
 }

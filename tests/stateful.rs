@@ -1,0 +1,838 @@
+//! Stateful random test of the safe API on the mock CANN, with a CPU-backend twin as the model.
+//!
+//! proptest generates programs: tensors made (uploaded in any layout, or zeros) and dropped,
+//! refilled and read, streams (each on a fresh `Context`) made and dropped on two mock devices,
+//! launches of `batch_norm_reduce_backward` (allocating, `_into`, two-phase with and without a
+//! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
+//! launches at once on two threads sharing their inputs (and a workspace), and an injected fault
+//! before any step (at any CANN function the crate binds). Every step runs on the mock and on a
+//! CPU twin of the same program, and after every step:
+//! - the mock counted no violation (no memory freed, raced or misused);
+//! - both backends agreed: the same success, or the same aclnn status (a step that crosses
+//!   devices fails on the mock alone, with 161002; a faulted step may fail on the mock alone,
+//!   and then what it would have written is unknown until it is written again);
+//! - every read of a known tensor returns exactly the twin's bits (the data are small integers
+//!   and signed powers of two, so every sum is exact on both backends and every rounding is
+//!   the same single rounding).
+//!
+//! After each program every live mock counter is back where it was, except for what the crate
+//! reports it leaked on purpose (`ascend::mock::leaks`, when a fault hit a destroy call).
+//! A failure shrinks to a minimal program. `STATEFUL_CASES` sets the number of programs
+//! (default 700, about 23,000 steps), `STATEFUL_SEED` the seed (default: fixed).
+#![cfg(feature = "mock")]
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+use ascend::ops::{
+    batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward, OutputMask,
+    ReduceBackward, ReduceBackwardOut, Workspace,
+};
+use ascend::{Context, DType, Result, Stream, Tensor};
+
+/// Slots 0..BIG hold (N, C, S) tensors, BIG..TENSOR_SLOTS hold [C] ones.
+const BIG: usize = 4;
+const TENSOR_SLOTS: usize = 10;
+const STREAM_SLOTS: usize = 3;
+const DEVICES: u8 = 2;
+/// The status injected faults return (ACL_ERROR_RT_INTERNAL_ERROR).
+const FAULT_STATUS: i32 = 507899;
+const INVALID: i32 = 161002;
+
+/// Every CANN function the crate binds, but the one that reads error texts.
+fn fault_apis() -> Vec<&'static str> {
+    use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS, OPAPI_SYMBOLS};
+    ASCENDCL_SYMBOLS
+        .iter()
+        .chain(NNOPBASE_SYMBOLS)
+        .chain(OPAPI_SYMBOLS)
+        .copied()
+        .filter(|f| *f != "aclGetRecentErrMsg")
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Programs
+
+#[derive(Clone, Copy, Debug)]
+enum Dt {
+    F32,
+    F16,
+    BF16,
+}
+
+impl Dt {
+    fn dtype(self) -> DType {
+        match self {
+            Dt::F32 => DType::F32,
+            Dt::F16 => DType::F16,
+            Dt::BF16 => DType::BF16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    Contiguous,
+    /// Channel dim innermost (for [C] slots: contiguous).
+    ChannelsLast,
+    /// Every stride doubled, offset 1.
+    Spread,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Variant {
+    Alloc,
+    Into,
+    TwoPhase { caller_workspace: bool },
+}
+
+#[derive(Clone, Debug)]
+struct Launch {
+    stream: usize,
+    /// Slots of gradOut, input (big) and mean, invstd, weight ([C]).
+    args: [usize; 5],
+    with_weight: bool,
+    /// Slots receiving sumDy, sumDyXmu, gradWeight, gradBias ([C]).
+    outs: [usize; 4],
+    mask: [bool; 3],
+    variant: Variant,
+}
+
+impl Launch {
+    fn mask(&self) -> OutputMask {
+        OutputMask { input_g: self.mask[0], weight_g: self.mask[1], bias_g: self.mask[2] }
+    }
+
+    fn enabled(&self) -> [bool; 4] {
+        [self.mask[0], self.mask[0], self.mask[1], self.mask[2]]
+    }
+
+    fn input_slots(&self) -> Vec<usize> {
+        let n = if self.with_weight { 5 } else { 4 };
+        self.args[..n].to_vec()
+    }
+
+    /// The output slots the call passes (those the mask turns on).
+    fn output_slots(&self) -> Vec<usize> {
+        self.outs.iter().zip(self.enabled()).filter(|(_, on)| *on).map(|(&s, _)| s).collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    NewStream {
+        slot: usize,
+        device: u8,
+    },
+    DropStream {
+        slot: usize,
+    },
+    Upload {
+        slot: usize,
+        stream: usize,
+        dt: Dt,
+        layout: Layout,
+        seed: u64,
+    },
+    Zeros {
+        slot: usize,
+        stream: usize,
+        dt: Dt,
+    },
+    DropTensor {
+        slot: usize,
+    },
+    Refill {
+        slot: usize,
+        stream: usize,
+        seed: u64,
+    },
+    Read {
+        slot: usize,
+        stream: usize,
+    },
+    Sync {
+        stream: usize,
+    },
+    Launch(Launch),
+    Parallel(Launch, Launch),
+    /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
+    Fault {
+        api: usize,
+        step: Box<Step>,
+    },
+}
+
+fn dt() -> impl Strategy<Value = Dt> {
+    prop_oneof![3 => Just(Dt::F32), 1 => Just(Dt::F16), 1 => Just(Dt::BF16)]
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    prop_oneof![Just(Layout::Contiguous), Just(Layout::ChannelsLast), Just(Layout::Spread)]
+}
+
+fn launch() -> impl Strategy<Value = Launch> {
+    let variant = prop_oneof![
+        Just(Variant::Alloc),
+        Just(Variant::Into),
+        any::<bool>().prop_map(|caller_workspace| Variant::TwoPhase { caller_workspace }),
+    ];
+    // Mostly: per-channel inputs from the first [C] slots and four distinct outputs from the
+    // last ones, so most launches can be written in safe Rust; sometimes any slots at all.
+    let per_channel = || prop_oneof![3 => BIG..BIG + 3, 1 => BIG..TENSOR_SLOTS];
+    let outs = prop_oneof![
+        3 => Just([6usize, 7, 8, 9]).prop_shuffle(),
+        1 => proptest::array::uniform4(BIG..TENSOR_SLOTS),
+    ];
+    (
+        0..STREAM_SLOTS,
+        (0..BIG, 0..BIG + 1, per_channel(), per_channel(), per_channel()),
+        any::<bool>(),
+        outs,
+        proptest::array::uniform3(any::<bool>()),
+        variant,
+    )
+        .prop_map(|(stream, (dy, x, mean, invstd, weight), with_weight, outs, mask, variant)| Launch {
+            stream,
+            // One tensor as both gradOut and input a third of the time (always the same dtype).
+            args: [dy, if x == BIG { dy } else { x }, mean, invstd, weight],
+            with_weight,
+            outs,
+            mask,
+            variant,
+        })
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let slot = 0..TENSOR_SLOTS;
+    let stream = 0..STREAM_SLOTS;
+    let base = prop_oneof![
+        2 => (stream.clone(), 0..DEVICES).prop_map(|(slot, device)| Step::NewStream { slot, device }),
+        1 => stream.clone().prop_map(|slot| Step::DropStream { slot }),
+        6 => (slot.clone(), stream.clone(), dt(), layout(), any::<u64>())
+            .prop_map(|(slot, stream, dt, layout, seed)| Step::Upload { slot, stream, dt, layout, seed }),
+        1 => (slot.clone(), stream.clone(), dt()).prop_map(|(slot, stream, dt)| Step::Zeros { slot, stream, dt }),
+        2 => slot.clone().prop_map(|slot| Step::DropTensor { slot }),
+        2 => (slot.clone(), stream.clone(), any::<u64>())
+            .prop_map(|(slot, stream, seed)| Step::Refill { slot, stream, seed }),
+        3 => (slot, stream.clone()).prop_map(|(slot, stream)| Step::Read { slot, stream }),
+        1 => stream.prop_map(|stream| Step::Sync { stream }),
+        6 => launch().prop_map(Step::Launch),
+        2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
+    ];
+    let apis = fault_apis().len();
+    prop_oneof![
+        8 => base.clone(),
+        1 => (0..apis, base).prop_map(|(api, step)| Step::Fault { api, step: Box::new(step) }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Program {
+    /// (N, C, S): N may be 0 (empty inputs).
+    n: usize,
+    c: usize,
+    s: usize,
+    /// The device of each stream slot, made before the steps.
+    devices: [u8; STREAM_SLOTS],
+    /// Uploads filling every tensor slot before the steps (so most launches find arguments).
+    init: Vec<Step>,
+    steps: Vec<Step>,
+}
+
+fn program() -> impl Strategy<Value = Program> {
+    let init = proptest::collection::vec((dt(), layout(), any::<u64>(), 0..STREAM_SLOTS), TENSOR_SLOTS).prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(slot, (dt, layout, seed, stream))| Step::Upload { slot, stream: stream % 2, dt, layout, seed })
+            .collect::<Vec<_>>()
+    });
+    let devices = (0..DEVICES).prop_map(|d| [0, 0, d]);
+    (0usize..4, 1usize..5, 1usize..4, devices, init, proptest::collection::vec(step(), 10..60))
+        .prop_map(|(n, c, s, devices, init, steps)| Program { n, c, s, devices, init, steps })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The world: mock tensors and streams, each with its CPU twin
+
+struct Slot {
+    mock: Tensor,
+    cpu: Tensor,
+    device: u8,
+    /// Whether `mock` holds what `cpu` holds (false after a faulted write).
+    known: bool,
+}
+
+struct World {
+    shape: [usize; 3],
+    c: usize,
+    streams: [Option<(Stream, u8)>; STREAM_SLOTS],
+    cpu: Stream,
+    slots: [Option<Slot>; TENSOR_SLOTS],
+    apis: Vec<&'static str>,
+}
+
+type Outcome = std::result::Result<(), TestCaseError>;
+
+fn fail(msg: impl Into<String>) -> TestCaseError {
+    TestCaseError::fail(msg.into())
+}
+
+/// xorshift64*.
+fn rng_values(seed: u64, n: usize, big: bool) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+            if big {
+                (r % 9) as f32 - 4.0 // integers in [-4, 4]
+            } else {
+                [-2.0, -1.0, -0.5, 0.5, 1.0, 2.0][(r % 6) as usize] // signed powers of two
+            }
+        })
+        .collect()
+}
+
+/// Both outcomes agree: both succeeded, or both failed with the same status.
+fn agree<A, B>(what: &str, mock: &Result<A>, cpu: &Result<B>) -> Outcome {
+    match (mock, cpu) {
+        (Ok(_), Ok(_)) => Ok(()),
+        (Err(m), Err(c)) if m.status() == c.status() => Ok(()),
+        (m, c) => {
+            Err(fail(format!("{what}: backends disagree: mock {:?}, cpu {:?}", m.as_ref().err(), c.as_ref().err())))
+        }
+    }
+}
+
+fn expect_invalid<A>(what: &str, r: &Result<A>) -> Outcome {
+    match r {
+        Err(e) if e.status() == Some(INVALID) => Ok(()),
+        Err(e) => Err(fail(format!("{what}: expected 161002, got {e:?}"))),
+        Ok(_) => Err(fail(format!("{what}: a call across devices succeeded"))),
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// One launch variant on one backend. Returns the allocating variant's outputs.
+fn run_launch(
+    variant: Variant,
+    stream: &Stream,
+    ins: [&Tensor; 4],
+    weight: Option<&Tensor>,
+    mask: OutputMask,
+    outs: [Option<&mut Tensor>; 4],
+    shared_workspace: Option<&Workspace>,
+) -> Result<Option<ReduceBackward>> {
+    let [dy, x, mean, invstd] = ins;
+    let [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = outs;
+    let out = ReduceBackwardOut { sum_dy, sum_dy_xmu, grad_weight, grad_bias };
+    match variant {
+        Variant::Alloc => batch_norm_reduce_backward(stream, dy, x, mean, invstd, weight, mask).map(Some),
+        Variant::Into => batch_norm_reduce_backward_into(stream, dy, x, mean, invstd, weight, mask, out).map(|()| None),
+        Variant::TwoPhase { caller_workspace } => {
+            let p = prepare_batch_norm_reduce_backward(stream, dy, x, mean, invstd, weight, mask, out)?;
+            if let Some(ws) = shared_workspace {
+                return p.launch(stream, Some(ws)).map(|()| None);
+            }
+            if caller_workspace {
+                // Larger than asked, so an empty call (0 bytes) must still pass null.
+                let ws = Workspace::new(stream, p.workspace_size() + 64)?;
+                p.launch(stream, Some(&ws))?;
+                drop(ws); // while the launch may still be queued
+                Ok(None)
+            } else {
+                p.launch(stream, None).map(|()| None)
+            }
+        }
+    }
+}
+
+/// The CPU twin's validation of a launch (a prepared call, dropped unlaunched: nothing runs).
+fn cpu_validate(
+    cpu: &Stream,
+    ins: [&Tensor; 4],
+    weight: Option<&Tensor>,
+    mask: OutputMask,
+    outs: [Option<&mut Tensor>; 4],
+) -> Result<()> {
+    let [dy, x, mean, invstd] = ins;
+    let [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = outs;
+    let out = ReduceBackwardOut { sum_dy, sum_dy_xmu, grad_weight, grad_bias };
+    prepare_batch_norm_reduce_backward(cpu, dy, x, mean, invstd, weight, mask, out).map(drop)
+}
+
+/// What a launch needs from the world, taken out of it for the call: the output slots (moved
+/// out, so the inputs can be borrowed beside them).
+struct Taken {
+    outs: [Option<Slot>; 4],
+}
+
+impl World {
+    fn new(p: &Program) -> Self {
+        World {
+            shape: [p.n, p.c, p.s],
+            c: p.c,
+            streams: Default::default(),
+            cpu: Context::cpu().new_stream().expect("cpu stream"),
+            slots: Default::default(),
+            apis: fault_apis(),
+        }
+    }
+
+    fn geometry(&self, slot: usize, layout: Layout) -> (Vec<usize>, Vec<usize>, usize, usize) {
+        let [n, c, s] = self.shape;
+        if slot >= BIG {
+            return match layout {
+                Layout::Spread => (vec![c], vec![2], 1, 2 * c + 1),
+                _ => (vec![c], vec![1], 0, c),
+            };
+        }
+        let numel = n * c * s;
+        match layout {
+            Layout::Contiguous => (vec![n, c, s], vec![c * s, s, 1], 0, numel),
+            Layout::ChannelsLast => (vec![n, c, s], vec![c * s, 1, c], 0, numel),
+            Layout::Spread => (vec![n, c, s], vec![2 * c * s, 2 * s, 2], 1, 2 * numel + 1),
+        }
+    }
+
+    fn run(&mut self, step: &Step, faulted: bool) -> Outcome {
+        match step {
+            Step::NewStream { slot, device } => {
+                self.streams[*slot] = None;
+                let made = ascend::mock::context(i32::from(*device)).and_then(|ctx| ctx.new_stream());
+                match made {
+                    Ok(s) => self.streams[*slot] = Some((s, *device)),
+                    Err(e) if !faulted => return Err(fail(format!("new stream: {e:?}"))),
+                    Err(_) => fault_error(),
+                }
+            }
+            Step::DropStream { slot } => self.streams[*slot] = None,
+            Step::DropTensor { slot } => self.slots[*slot] = None,
+            Step::Upload { slot, stream, dt, layout, seed } => {
+                let Some((s, device)) = &self.streams[*stream] else { return Ok(()) };
+                let (shape, strides, offset, len) = self.geometry(*slot, *layout);
+                let data = rng_values(*seed, len, *slot < BIG);
+                let make = |st: &Stream| upload(st, dt.dtype(), &data, &shape, &strides, offset);
+                let (mock, cpu) = (make(s), make(&self.cpu));
+                let device = *device;
+                match (mock, cpu) {
+                    (Ok(mock), Ok(cpu)) => self.slots[*slot] = Some(Slot { mock, cpu, device, known: true }),
+                    (Err(_), Ok(_)) if faulted => fault_error(),
+                    (m, c) => return agree("upload", &m, &c),
+                }
+            }
+            Step::Zeros { slot, stream, dt } => {
+                let Some((s, device)) = &self.streams[*stream] else { return Ok(()) };
+                let shape: Vec<usize> = if *slot < BIG { self.shape.to_vec() } else { vec![self.c] };
+                let (mock, cpu) = (Tensor::zeros(s, dt.dtype(), &shape), Tensor::zeros(&self.cpu, dt.dtype(), &shape));
+                let device = *device;
+                match (mock, cpu) {
+                    (Ok(mock), Ok(cpu)) => self.slots[*slot] = Some(Slot { mock, cpu, device, known: true }),
+                    (Err(_), Ok(_)) if faulted => fault_error(),
+                    (m, c) => return agree("zeros", &m, &c),
+                }
+            }
+            Step::Refill { slot, stream, seed } => {
+                let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
+                    return Ok(());
+                };
+                let data = rng_values(*seed, t.cpu.numel(), *slot < BIG);
+                let mock = t.mock.copy_from_slice(s, &data);
+                if *sdev != t.device {
+                    return expect_invalid("refill across devices", &mock);
+                }
+                let cpu = t.cpu.copy_from_slice(&self.cpu, &data);
+                match (&mock, &cpu) {
+                    (Ok(()), Ok(())) => t.known = true,
+                    (Err(_), Ok(())) if faulted => {
+                        fault_error();
+                        t.known = false;
+                    }
+                    _ => return agree("refill", &mock, &cpu),
+                }
+            }
+            Step::Read { slot, stream } => {
+                let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &self.slots[*slot]) else {
+                    return Ok(());
+                };
+                let mock = t.mock.to_vec::<f32>(s);
+                if *sdev != t.device {
+                    return expect_invalid("read across devices", &mock);
+                }
+                let cpu = t.cpu.to_vec::<f32>(&self.cpu).map_err(|e| fail(format!("cpu read: {e:?}")))?;
+                match mock {
+                    Ok(v) if t.known && bits(&v) != bits(&cpu) => {
+                        return Err(fail(format!("slot {slot}: mock read {v:?}, the CPU twin holds {cpu:?}")));
+                    }
+                    Ok(_) => {
+                        if t.known {
+                            COMPARED.fetch_add(1, Relaxed);
+                        }
+                    }
+                    Err(e) if t.known && !faulted => return Err(fail(format!("read of slot {slot}: {e:?}"))),
+                    Err(_) => fault_error(),
+                }
+            }
+            Step::Sync { stream } => {
+                if let Some((s, _)) = &self.streams[*stream] {
+                    if let Err(e) = s.synchronize() {
+                        if !faulted {
+                            return Err(fail(format!("synchronize: {e:?}")));
+                        }
+                        fault_error();
+                    }
+                }
+            }
+            Step::Launch(l) => return self.launch_one(l, faulted),
+            Step::Parallel(a, b) => return self.launch_parallel(a, b, faulted),
+            Step::Fault { api, step } => {
+                ascend::mock::fail_next_on_this_thread(self.apis[*api], FAULT_STATUS);
+                let r = self.run(step, true);
+                ascend::mock::clear_faults();
+                return r;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the launch can be written in safe Rust (an output is `&mut`: it can't also be an
+    /// input or another output) and its stream and inputs exist.
+    fn expressible(&self, l: &Launch) -> bool {
+        let outs = l.output_slots();
+        let mut all = outs.clone();
+        all.sort_unstable();
+        all.dedup();
+        let ins = l.input_slots();
+        let needs_outs = !matches!(l.variant, Variant::Alloc);
+        self.streams[l.stream].is_some()
+            && l.args[..4].iter().all(|&a| self.slots[a].is_some())
+            && (!needs_outs || (all.len() == outs.len() && !outs.iter().any(|o| ins.contains(o))))
+    }
+
+    fn take_outputs(&mut self, l: &Launch) -> Taken {
+        let mut outs: [Option<Slot>; 4] = Default::default();
+        if !matches!(l.variant, Variant::Alloc) {
+            for (i, on) in l.enabled().into_iter().enumerate() {
+                if on {
+                    outs[i] = self.slots[l.outs[i]].take();
+                }
+            }
+        }
+        Taken { outs }
+    }
+
+    fn put_back(&mut self, l: &Launch, taken: Taken) {
+        for (i, slot) in taken.outs.into_iter().enumerate() {
+            if let Some(slot) = slot {
+                self.slots[l.outs[i]] = Some(slot);
+            }
+        }
+    }
+
+    /// The devices a launch touches besides its stream's.
+    fn crosses_devices(&self, l: &Launch, taken: &Taken) -> bool {
+        let Some((_, dev)) = &self.streams[l.stream] else { return false };
+        let ins = l.input_slots().into_iter().filter_map(|a| self.slots[a].as_ref());
+        ins.chain(taken.outs.iter().flatten()).any(|t| t.device != *dev)
+    }
+
+    fn launch_one(&mut self, l: &Launch, faulted: bool) -> Outcome {
+        if !self.expressible(l) {
+            return Ok(());
+        }
+        let mut taken = self.take_outputs(l);
+        let r = self.launch_with(l, &mut taken, faulted, None);
+        self.put_back(l, taken);
+        r
+    }
+
+    /// The CPU twin's validation of the launch (nothing runs, nothing is written).
+    fn validate(&self, l: &Launch, taken: &mut Taken) -> Result<()> {
+        let slot = |a: usize| self.slots[a].as_ref().expect("expressible");
+        let weight = l.with_weight.then(|| self.slots[l.args[4]].as_ref()).flatten();
+        let cpu_ins = [0, 1, 2, 3].map(|i| &slot(l.args[i]).cpu);
+        match l.variant {
+            // The allocating entry validates its inputs only (it makes its outputs).
+            Variant::Alloc => {
+                let [dy, x, mean, invstd] = cpu_ins;
+                batch_norm_reduce_backward(&self.cpu, dy, x, mean, invstd, weight.map(|w| &w.cpu), l.mask()).map(drop)
+            }
+            _ => {
+                let cpu_outs = taken.outs.each_mut().map(|o| o.as_mut().map(|t| &mut t.cpu));
+                cpu_validate(&self.cpu, cpu_ins, weight.map(|w| &w.cpu), l.mask(), cpu_outs)
+            }
+        }
+    }
+
+    /// Checks a mock launch's outcome against the twin and, when it ran, runs the twin.
+    fn settle(
+        &mut self,
+        l: &Launch,
+        taken: &mut Taken,
+        crosses: bool,
+        valid: Result<()>,
+        mock: Result<Option<ReduceBackward>>,
+        faulted: bool,
+    ) -> Outcome {
+        if let Err(v) = &valid {
+            // Rejected by validation: the same status on the mock, nothing written.
+            let _ = v;
+            REJECTED.fetch_add(1, Relaxed);
+            return agree("launch (invalid)", &mock, &valid);
+        }
+        if crosses {
+            CROSSED.fetch_add(1, Relaxed);
+            return expect_invalid("launch across devices", &mock);
+        }
+        let mock = match mock {
+            Ok(m) => m,
+            Err(e) if faulted => {
+                let _ = e;
+                fault_error();
+                for t in taken.outs.iter_mut().flatten() {
+                    t.known = false;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(fail(format!("launch: mock failed, the CPU twin accepts: {e:?}"))),
+        };
+        let slot = |a: usize| self.slots[a].as_ref().expect("expressible");
+        let weight = l.with_weight.then(|| self.slots[l.args[4]].as_ref()).flatten();
+        let cpu_ins = [0, 1, 2, 3].map(|i| &slot(l.args[i]).cpu);
+        let cpu_outs = taken.outs.each_mut().map(|o| o.as_mut().map(|t| &mut t.cpu));
+        let cpu = run_launch(l.variant, &self.cpu, cpu_ins, weight.map(|w| &w.cpu), l.mask(), cpu_outs, None)
+            .map_err(|e| fail(format!("launch: the CPU twin failed after validating: {e:?}")))?;
+        LAUNCHED.fetch_add(1, Relaxed);
+        // What a launch computes from an unknown input is unknown too.
+        let known = l.input_slots().iter().all(|&a| self.slots[a].as_ref().is_none_or(|t| t.known));
+        for t in taken.outs.iter_mut().flatten() {
+            t.known = known;
+        }
+        if let (Some(m), Some(c)) = (mock, cpu) {
+            let device = self.streams[l.stream].as_ref().map_or(0, |(_, d)| *d);
+            let pairs = [
+                (m.sum_dy, c.sum_dy),
+                (m.sum_dy_xmu, c.sum_dy_xmu),
+                (m.grad_weight, c.grad_weight),
+                (m.grad_bias, c.grad_bias),
+            ];
+            for (i, pair) in pairs.into_iter().enumerate() {
+                match pair {
+                    (Some(mock), Some(cpu)) => self.slots[l.outs[i]] = Some(Slot { mock, cpu, device, known }),
+                    (None, None) => {}
+                    _ => return Err(fail(format!("allocating launch: output {i} present on one backend only"))),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn launch_with(&mut self, l: &Launch, taken: &mut Taken, faulted: bool, ws: Option<&Workspace>) -> Outcome {
+        let crosses = self.crosses_devices(l, taken);
+        let valid = self.validate(l, taken);
+        let (s, _) = self.streams[l.stream].as_ref().expect("expressible");
+        let mock = mock_launch(&self.slots, l, taken, s, ws);
+        self.settle(l, taken, crosses, valid, mock, faulted)
+    }
+
+    /// Two launches at once, on two threads with their own streams, sharing their inputs (and,
+    /// for two-phase launches on one device, one caller workspace).
+    fn launch_parallel(&mut self, a: &Launch, b: &Launch, faulted: bool) -> Outcome {
+        if a.stream == b.stream || !self.expressible(a) || !self.expressible(b) {
+            return Ok(());
+        }
+        let (a_outs, b_outs) = (a.output_slots(), b.output_slots());
+        // An allocating launch's outputs replace its output slots: writes too, for the model.
+        let (wa, wb) = (a_outs, b_outs);
+        let touches_b: Vec<usize> = b.input_slots().into_iter().chain(wb.iter().copied()).collect();
+        let touches_a: Vec<usize> = a.input_slots().into_iter().chain(wa.iter().copied()).collect();
+        if wa.iter().any(|s| touches_b.contains(s)) || wb.iter().any(|s| touches_a.contains(s)) {
+            return Ok(()); // one writes what the other uses: not expressible without `&mut` aliasing
+        }
+        let (mut ta, mut tb) = (self.take_outputs(a), self.take_outputs(b));
+        let crosses = (self.crosses_devices(a, &ta), self.crosses_devices(b, &tb));
+        let mut sa = self.streams[a.stream].take().expect("expressible");
+        let mut sb = self.streams[b.stream].take().expect("expressible");
+        let shared = match (a.variant, b.variant) {
+            (Variant::TwoPhase { caller_workspace: true }, Variant::TwoPhase { caller_workspace: true })
+                if sa.1 == sb.1 =>
+            {
+                Workspace::new(&sa.0, 4096).ok()
+            }
+            _ => None,
+        };
+        let (va, vb) = (self.validate(a, &mut ta), self.validate(b, &mut tb));
+        PARALLEL.fetch_add(1, Relaxed);
+        let slots = &self.slots;
+        let (ma, mb) = std::thread::scope(|sc| {
+            let (sa, sb, ta, tb, shared) = (&mut sa, &mut sb, &mut ta, &mut tb, shared.as_ref());
+            let ha = sc.spawn(move || mock_launch(slots, a, ta, &sa.0, shared));
+            let hb = sc.spawn(move || mock_launch(slots, b, tb, &sb.0, shared));
+            (ha.join().expect("thread a panicked"), hb.join().expect("thread b panicked"))
+        });
+        drop(shared);
+        self.streams[a.stream] = Some(sa);
+        self.streams[b.stream] = Some(sb);
+        let ra = self.settle(a, &mut ta, crosses.0, va, ma, faulted);
+        let rb = self.settle(b, &mut tb, crosses.1, vb, mb, faulted);
+        self.put_back(a, ta);
+        self.put_back(b, tb);
+        ra.and(rb)
+    }
+
+    /// Reads every known tensor on a fresh stream of its device and compares it with its twin.
+    fn final_check(&self) -> Outcome {
+        let streams: Vec<Stream> = (0..DEVICES)
+            .map(|d| ascend::mock::context(i32::from(d)).and_then(|c| c.new_stream()))
+            .collect::<Result<_>>()
+            .map_err(|e| fail(format!("final streams: {e:?}")))?;
+        for (i, t) in self.slots.iter().enumerate() {
+            let Some(t) = t.as_ref().filter(|t| t.known) else { continue };
+            let mock = t.mock.to_vec::<f32>(&streams[usize::from(t.device)]);
+            let cpu = t.cpu.to_vec::<f32>(&self.cpu);
+            match (mock, cpu) {
+                (Ok(m), Ok(c)) if bits(&m) == bits(&c) => {
+                    COMPARED.fetch_add(1, Relaxed);
+                }
+                (m, c) => return Err(fail(format!("final read of slot {i}: mock {m:?}, twin {c:?}"))),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The launch on the mock, on `stream`.
+fn mock_launch(
+    slots: &[Option<Slot>; TENSOR_SLOTS],
+    l: &Launch,
+    taken: &mut Taken,
+    stream: &Stream,
+    workspace: Option<&Workspace>,
+) -> Result<Option<ReduceBackward>> {
+    let slot = |a: usize| slots[a].as_ref().expect("expressible");
+    let weight = l.with_weight.then(|| slots[l.args[4]].as_ref()).flatten();
+    let ins = [0, 1, 2, 3].map(|i| &slot(l.args[i]).mock);
+    let outs = taken.outs.each_mut().map(|o| o.as_mut().map(|t| &mut t.mock));
+    run_launch(l.variant, stream, ins, weight.map(|w| &w.mock), l.mask(), outs, workspace)
+}
+
+fn upload(s: &Stream, dtype: DType, data: &[f32], shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+    match dtype {
+        DType::F16 => {
+            let v: Vec<ascend::f16> = data.iter().map(|&x| ascend::f16::from_f32(x)).collect();
+            Tensor::from_slice_strided(s, &v, shape, strides, offset)
+        }
+        DType::BF16 => {
+            let v: Vec<ascend::bf16> = data.iter().map(|&x| ascend::bf16::from_f32(x)).collect();
+            Tensor::from_slice_strided(s, &v, shape, strides, offset)
+        }
+        _ => Tensor::from_slice_strided(s, data, shape, strides, offset),
+    }
+}
+
+/// Live mock counters minus the crate's deliberate leaks: what the program still holds.
+fn held() -> [i128; 4] {
+    let (s, l) = (ascend::mock::stats(), ascend::mock::leaks());
+    [
+        i128::from(s.live_allocations) - i128::from(l.allocations),
+        i128::from(s.live_tensors) - i128::from(l.tensors),
+        i128::from(s.live_executors) - i128::from(l.executors),
+        i128::from(s.live_streams) - i128::from(l.streams),
+    ]
+}
+
+static STEPS: AtomicUsize = AtomicUsize::new(0);
+static FAULTED: AtomicUsize = AtomicUsize::new(0);
+static PROGRAMS: AtomicUsize = AtomicUsize::new(0);
+/// Launches that ran on both backends / were rejected alike / were rejected across devices.
+static LAUNCHED: AtomicUsize = AtomicUsize::new(0);
+static REJECTED: AtomicUsize = AtomicUsize::new(0);
+static CROSSED: AtomicUsize = AtomicUsize::new(0);
+/// Reads compared bit for bit with the twin.
+static COMPARED: AtomicUsize = AtomicUsize::new(0);
+/// Steps (of any kind) that failed on the mock because of an injected fault.
+static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
+/// Parallel steps that ran both launches on two threads.
+static PARALLEL: AtomicUsize = AtomicUsize::new(0);
+
+fn fault_error() {
+    FAULT_ERRORS.fetch_add(1, Relaxed);
+}
+
+fn run_program(p: &Program) -> Outcome {
+    PROGRAMS.fetch_add(1, Relaxed);
+    let before = held();
+    let violations = ascend::mock::stats().violations;
+    {
+        let mut world = World::new(p);
+        for (slot, &device) in p.devices.iter().enumerate() {
+            world.run(&Step::NewStream { slot, device }, false)?;
+        }
+        for step in &p.init {
+            world.run(step, false)?;
+        }
+        for (i, step) in p.steps.iter().enumerate() {
+            STEPS.fetch_add(1, Relaxed);
+            if matches!(step, Step::Fault { .. }) {
+                FAULTED.fetch_add(1, Relaxed);
+            }
+            world.run(step, false).map_err(|e| fail(format!("step {i} ({step:?}): {e}")))?;
+            let now = ascend::mock::stats().violations;
+            if now != violations {
+                return Err(fail(format!(
+                    "step {i} ({step:?}): mock violations {:?}",
+                    ascend::mock::violations_since(violations)
+                )));
+            }
+        }
+        world.final_check()?;
+    }
+    let after = held();
+    if after != before {
+        return Err(fail(format!("live objects (allocations, tensors, executors, streams) {before:?} -> {after:?}")));
+    }
+    let now = ascend::mock::stats().violations;
+    if now != violations {
+        return Err(fail(format!("mock violations at teardown: {:?}", ascend::mock::violations_since(violations))));
+    }
+    Ok(())
+}
+
+#[test]
+fn random_programs_on_the_mock_match_the_cpu_twin() {
+    // Two mock devices; read by the mock at aclInit, before which nothing in this binary runs.
+    std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
+    let cases = std::env::var("STATEFUL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(700);
+    let seed: u64 = std::env::var("STATEFUL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5EED_A5CE);
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config { cases, failure_persistence: None, max_shrink_iters: 4096, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
+    let result = runner.run(&program(), |p| run_program(&p));
+    println!(
+        "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
+         launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
+         {} reads compared bit for bit",
+        PROGRAMS.load(Relaxed),
+        STEPS.load(Relaxed),
+        FAULTED.load(Relaxed),
+        FAULT_ERRORS.load(Relaxed),
+        LAUNCHED.load(Relaxed),
+        REJECTED.load(Relaxed),
+        CROSSED.load(Relaxed),
+        PARALLEL.load(Relaxed),
+        COMPARED.load(Relaxed),
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
