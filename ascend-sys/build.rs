@@ -30,12 +30,17 @@ mod generate {
 
     include!("src/symbols.rs");
 
-    /// The functions each library exports (API.md section 5.1), bound as one loader struct each.
-    const LIBRARIES: &[(&str, &str, &[&str])] = &[
-        ("ascendcl.rs", "AscendCl", ASCENDCL_SYMBOLS),
-        ("nnopbase.rs", "NnOpBase", NNOPBASE_SYMBOLS),
-        ("opapi.rs", "OpApi", OPAPI_SYMBOLS),
-    ];
+    /// The functions each library exports (API.md section 5.1), bound as one loader struct each
+    /// (file, struct, functions, every function required when the library loads). The op
+    /// libraries' functions are optional: each operator is checked when it is first used.
+    fn libraries() -> Vec<(&'static str, &'static str, Vec<&'static str>, bool)> {
+        let ops = OPERATORS.iter().flat_map(|o| [o.phase1, o.name]).collect();
+        vec![
+            ("ascendcl.rs", "AscendCl", ASCENDCL_SYMBOLS.to_vec(), true),
+            ("nnopbase.rs", "NnOpBase", NNOPBASE_SYMBOLS.to_vec(), true),
+            ("opapi.rs", "OpApi", ops, false),
+        ]
+    }
 
     const TYPES: &[&str] = &[
         "aclError",
@@ -57,7 +62,15 @@ mod generate {
             println!("cargo:rerun-if-env-changed={var}");
             if let Some(root) = env::var_os(var) {
                 let inc = Path::new(&root).join("include");
-                if inc.join("acl/acl.h").is_file() && inc.join("aclnnop/aclnn_batch_norm_backward_reduce.h").is_file() {
+                let headers = [
+                    "acl/acl.h",
+                    "aclnnop/aclnn_batch_norm_backward_reduce.h",
+                    "aclnnop/aclnn_batch_norm_stats.h",
+                    "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h",
+                    "aclnnop/aclnn_batch_norm_elemt.h",
+                    "aclnnop/aclnn_batch_norm_elemt_backward.h",
+                ];
+                if headers.iter().all(|h| inc.join(h).is_file()) {
                     return Some(inc);
                 }
             }
@@ -97,12 +110,12 @@ mod generate {
         }
         let mut outputs = vec![("types.rs", types.generate().expect("bindgen: types"))];
 
-        for (file, name, functions) in LIBRARIES {
+        for (file, name, functions, require_all) in libraries() {
             let mut b = builder(manifest_dir, &include)
                 .allowlist_recursively(false)
-                .dynamic_library_name(*name)
-                .dynamic_link_require_all(true);
-            for f in *functions {
+                .dynamic_library_name(name)
+                .dynamic_link_require_all(require_all);
+            for f in functions {
                 b = b.allowlist_function(f);
             }
             outputs.push((file, b.generate().unwrap_or_else(|e| panic!("bindgen: {name}: {e}"))));

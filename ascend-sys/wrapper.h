@@ -21,6 +21,10 @@
 #include "aclnn/acl_meta.h"
 #include "aclnn/aclnn_base.h"
 #include "aclnnop/aclnn_batch_norm_backward_reduce.h"
+#include "aclnnop/aclnn_batch_norm_stats.h"
+#include "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h"
+#include "aclnnop/aclnn_batch_norm_elemt.h"
+#include "aclnnop/aclnn_batch_norm_elemt_backward.h"
 
 #else /* the crate's own declarations */
 
@@ -171,6 +175,38 @@ aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(
     aclOpExecutor **executor);
 aclnnStatus aclnnBatchNormReduceBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
                                          const aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_math.so: aclnnop/aclnn_batch_norm_stats.h (SYNCBN.md 2) ----------- */
+aclnnStatus aclnnBatchNormStatsGetWorkspaceSize(const aclTensor *input, double eps, aclTensor *mean, aclTensor *invstd,
+                                                uint64_t *workspaceSize, aclOpExecutor **executor);
+aclnnStatus aclnnBatchNormStats(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                const aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_gather_stats_with_counts.h -------- */
+aclnnStatus aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
+    const aclTensor *input, const aclTensor *mean, const aclTensor *invstd, aclTensor *runningMean,
+    aclTensor *runningVar, double momentum, double eps, const aclTensor *counts, aclTensor *meanAll,
+    aclTensor *invstdAll, uint64_t *workspaceSize, aclOpExecutor **executor);
+aclnnStatus aclnnBatchNormGatherStatsWithCounts(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                                const aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_elemt.h (mean/invstd non-const) -- */
+aclnnStatus aclnnBatchNormElemtGetWorkspaceSize(const aclTensor *input, const aclTensor *weight,
+                                                const aclTensor *bias, aclTensor *mean, aclTensor *invstd,
+                                                double eps, aclTensor *output, uint64_t *workspaceSize,
+                                                aclOpExecutor **executor);
+aclnnStatus aclnnBatchNormElemt(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                const aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_elemt_backward.h (counter non-const) */
+aclnnStatus aclnnBatchNormElemtBackwardGetWorkspaceSize(const aclTensor *gradOut, const aclTensor *input,
+                                                        const aclTensor *mean, const aclTensor *invstd,
+                                                        const aclTensor *weight, const aclTensor *sumDy,
+                                                        const aclTensor *sumDyXmu, aclTensor *counter,
+                                                        aclTensor *gradInput, uint64_t *workspaceSize,
+                                                        aclOpExecutor **executor);
+aclnnStatus aclnnBatchNormElemtBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                        const aclrtStream stream);
 
 #ifdef __cplusplus
 }

@@ -46,6 +46,8 @@ fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
 }
 
 fn run(cann: &ascend_sys::Cann) -> Result<[Vec<f32>; 4], String> {
+    // The operator is resolved on first use (a toolkit without it fails here, naming it).
+    let op = cann.operator(&ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD).map_err(|e| e.to_string())?;
     let device = 0;
     // 1. aclInit -> aclrtSetDevice -> aclrtCreateStream
     // SAFETY (this block and the ones below): every call gets pointers to live locals of the right
@@ -113,7 +115,7 @@ fn run(cann: &ascend_sys::Cann) -> Result<[Vec<f32>; 4], String> {
         check(
             cann,
             "aclnnBatchNormReduceBackwardGetWorkspaceSize",
-            cann.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+            op.aclnnBatchNormReduceBackwardGetWorkspaceSize(
                 tensors[0],
                 tensors[1],
                 tensors[2],
@@ -152,7 +154,7 @@ fn run(cann: &ascend_sys::Cann) -> Result<[Vec<f32>; 4], String> {
         check(
             cann,
             "aclnnBatchNormReduceBackward",
-            cann.opapi.aclnnBatchNormReduceBackward(workspace, workspace_size, executor, stream),
+            op.aclnnBatchNormReduceBackward(workspace, workspace_size, executor, stream),
         )?;
         check(cann, "aclrtSynchronizeStream", cann.acl.aclrtSynchronizeStream(stream))?;
     }

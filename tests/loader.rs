@@ -1,6 +1,7 @@
-//! Tests of the run-time loader of `ascend-sys` (issue 2): every way a toolkit can be broken gives
-//! a typed `LoadError` naming the library, the symbol and the paths tried — never a panic — and a
-//! complete toolkit (the mock, with `--features mock`) loads.
+//! Tests of the run-time loader of `ascend-sys`: every way a toolkit can be broken gives a typed
+//! `LoadError` naming the library, the symbol (or the operator) and the paths tried — never a
+//! panic — and a complete toolkit (the mock, with `--features mock`) loads. Operators are resolved
+//! when first used: a toolkit lacking one loads, and only that operator fails.
 //!
 //! The broken toolkits are tiny shared libraries built here with the C compiler (`$CC`, else `cc`)
 //! from generated C files, in a directory under `CARGO_TARGET_TMPDIR`.
@@ -10,8 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ascend_sys::loader::{ASCENDCL, NNOPBASE, OPAPI};
-use ascend_sys::symbols::{ASCENDCL_SYMBOLS as ACL_SYMBOLS, NNOPBASE_SYMBOLS, OPAPI_SYMBOLS};
-use ascend_sys::LoadError;
+use ascend_sys::symbols::{
+    ASCENDCL_SYMBOLS as ACL_SYMBOLS, BATCH_NORM_REDUCE_BACKWARD, BATCH_NORM_STATS, NNOPBASE_SYMBOLS, OPERATORS,
+};
+
+/// Every operator function (both phases of each).
+fn op_symbols() -> Vec<&'static str> {
+    OPERATORS.iter().flat_map(|o| [o.phase1, o.name]).collect()
+}
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -48,7 +55,8 @@ fn stub_library(dir: &Path, name: &str, symbols: &[&str]) {
 fn toolkit(name: &str, op_library: &str, skip: &str) -> PathBuf {
     let root = scratch(name);
     let lib64 = root.join("lib64");
-    for (lib, symbols) in [(ASCENDCL, ACL_SYMBOLS), (NNOPBASE, NNOPBASE_SYMBOLS), (op_library, OPAPI_SYMBOLS)] {
+    let ops = op_symbols();
+    for (lib, symbols) in [(ASCENDCL, ACL_SYMBOLS), (NNOPBASE, NNOPBASE_SYMBOLS), (op_library, &ops[..])] {
         if lib != skip {
             let kept: Vec<&str> = symbols.iter().copied().filter(|s| *s != skip).collect();
             stub_library(&lib64, lib, &kept);
@@ -91,24 +99,20 @@ fn empty_directory_lists_every_path_tried() {
 
 #[test]
 fn missing_nnopbase_names_it() {
-    let root = toolkit("no-nnopbase", OPAPI[0], NNOPBASE);
+    let root = toolkit("no-nnopbase", OPAPI, NNOPBASE);
     let err = ascend_sys::load_from(&root).unwrap_err();
-    assert_eq!(
-        err,
-        LoadError {
-            library: NNOPBASE.into(),
-            symbol: None,
-            tried: vec![(path_text(root.join("lib64").join(NNOPBASE)), "not found".into())],
-        }
-    );
+    assert_eq!(err.library, NNOPBASE);
+    assert_eq!((err.symbol, err.operator), (None, None));
+    assert_eq!(err.tried, vec![(path_text(root.join("lib64").join(NNOPBASE)), "not found".into())]);
 }
 
 #[test]
-fn missing_op_library_lists_both_names() {
-    let root = toolkit("no-opapi", OPAPI[0], OPAPI[0]);
-    let err = ascend_sys::load_from(&root).unwrap_err();
+fn missing_op_library_fails_only_the_operator_listing_both_names() {
+    let root = toolkit("no-opapi", OPAPI, OPAPI);
+    let cann = ascend_sys::load_from(&root).expect("a toolkit without op libraries still loads");
+    let err = cann.operator(&BATCH_NORM_REDUCE_BACKWARD).unwrap_err();
     assert_eq!(err.library, "libopapi.so|libopapi_nn.so");
-    assert_eq!(err.symbol, None);
+    assert_eq!(err.operator.as_deref(), Some("aclnnBatchNormReduceBackward"));
     let lib64 = root.join("lib64");
     assert_eq!(
         err.tried,
@@ -117,14 +121,18 @@ fn missing_op_library_lists_both_names() {
             (path_text(lib64.join("libopapi_nn.so")), "not found".to_string()),
         ]
     );
+    let text = err.to_string();
+    assert!(text.contains("aclnnBatchNormReduceBackward is not in this CANN toolkit"), "{text}");
+    // aclnnBatchNormStats is in the math package.
+    let err = cann.operator(&BATCH_NORM_STATS).unwrap_err();
+    assert_eq!(err.library, "libopapi.so|libopapi_math.so");
+    assert_eq!(err.tried[1].0, path_text(lib64.join("libopapi_math.so")));
 }
 
 #[test]
 fn missing_symbol_names_library_and_symbol() {
-    for (lib, symbol) in
-        [(ASCENDCL, "aclrtStreamWaitEvent"), (NNOPBASE, "aclnnInit"), (OPAPI[0], "aclnnBatchNormReduceBackward")]
-    {
-        let root = toolkit(&format!("no-{symbol}"), OPAPI[0], symbol);
+    for (lib, symbol) in [(ASCENDCL, "aclrtStreamWaitEvent"), (NNOPBASE, "aclnnInit")] {
+        let root = toolkit(&format!("no-{symbol}"), OPAPI, symbol);
         let err = ascend_sys::load_from(&root).unwrap_err();
         let path = path_text(root.join("lib64").join(lib));
         assert_eq!(err.library, path);
@@ -136,12 +144,33 @@ fn missing_symbol_names_library_and_symbol() {
     }
 }
 
+/// An op library lacking one operator's function: that operator fails, naming it and the
+/// library, and every other operator works.
 #[test]
-fn op_library_falls_back_to_libopapi_nn() {
-    let root = toolkit("opapi-nn", OPAPI[1], "");
+fn an_operator_missing_from_the_op_library_fails_alone() {
+    let root = toolkit("no-stats", OPAPI, BATCH_NORM_STATS.name);
+    let cann = ascend_sys::load_from(&root).expect("loads");
+    let err = cann.operator(&BATCH_NORM_STATS).unwrap_err();
+    assert_eq!(err.operator.as_deref(), Some("aclnnBatchNormStats"));
+    let lib64 = root.join("lib64");
+    assert_eq!(
+        err.tried[0],
+        (path_text(lib64.join(OPAPI)), format!("lacks {} or {}", BATCH_NORM_STATS.phase1, BATCH_NORM_STATS.name))
+    );
+    for op in OPERATORS.iter().filter(|o| o.name != BATCH_NORM_STATS.name) {
+        cann.operator(op).unwrap_or_else(|e| panic!("{}: {e}", op.name));
+    }
+    assert_eq!(cann.op_library_paths(), [lib64.join(OPAPI)]);
+}
+
+#[test]
+fn op_library_falls_back_to_the_package_library() {
+    let root = toolkit("opapi-nn", "libopapi_nn.so", "");
     let cann = ascend_sys::load_from(&root).expect("a complete toolkit (CANN 8.5 naming) loads");
     let lib64 = root.join("lib64");
-    assert_eq!(cann.paths, [lib64.join(ASCENDCL), lib64.join(NNOPBASE), lib64.join("libopapi_nn.so")]);
+    assert_eq!(cann.paths, [lib64.join(ASCENDCL), lib64.join(NNOPBASE)]);
+    cann.operator(&BATCH_NORM_REDUCE_BACKWARD).expect("found in libopapi_nn.so");
+    assert_eq!(cann.op_library_paths(), [lib64.join("libopapi_nn.so")]);
 }
 
 #[test]
@@ -166,7 +195,9 @@ fn the_mock_toolkit_loads() {
     let dir = ascend::mock::toolkit_dir();
     let cann = ascend_sys::load_from(dir).expect("the mock CANN loads");
     let lib64 = dir.join("lib64");
-    assert_eq!(cann.paths, [lib64.join(ASCENDCL), lib64.join(NNOPBASE), lib64.join("libopapi.so")]);
+    assert_eq!(cann.paths, [lib64.join(ASCENDCL), lib64.join(NNOPBASE)]);
+    cann.operator(&BATCH_NORM_REDUCE_BACKWARD).expect("the mock exports aclnnBatchNormReduceBackward");
+    assert_eq!(cann.op_library_paths(), [lib64.join("libopapi.so")]);
     // the introspection functions come from the same instance, and loading counted no violation
     assert_eq!(ascend::mock::stats().violations, 0);
     // SAFETY: takes no arguments; returns null or a NUL-terminated string.

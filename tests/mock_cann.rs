@@ -40,6 +40,11 @@ fn cann() -> &'static Cann {
 
 /// One test's session on the mock: holds the serial lock, has ACL initialised and device 0 set on
 /// the calling thread (reset again on drop), and remembers the counters at the start.
+/// The operator's functions in the mock (which exports every operator).
+fn bnrb(c: &Cann) -> &'static ascend_sys::OpApi {
+    c.operator(&ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD).expect("the mock exports aclnnBatchNormReduceBackward")
+}
+
 struct Mock {
     c: &'static Cann,
     base: MockStats,
@@ -192,7 +197,7 @@ impl Mock {
         // SAFETY: handles are live or deliberately invalid (the mock validates them); the out
         // pointers are valid locals.
         let st = unsafe {
-            self.c.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+            bnrb(self.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
                 a.t[0], a.t[1], a.t[2], a.t[3], a.t[4], a.g[0], a.g[1], a.g[2], a.t[5], a.t[6], a.t[7], a.t[8],
                 &mut ws, &mut ex,
             )
@@ -202,7 +207,7 @@ impl Mock {
 
     fn launch(&self, ws: *mut c_void, size: u64, ex: *mut aclOpExecutor, s: aclrtStream) -> i32 {
         // SAFETY: the mock validates executor, workspace and stream before queueing anything.
-        unsafe { self.c.opapi.aclnnBatchNormReduceBackward(ws, size, ex, s) }
+        unsafe { bnrb(self.c).aclnnBatchNormReduceBackward(ws, size, ex, s) }
     }
 
     /// Phase 2 with a fresh workspace of the reported size on `s`, synchronized, workspace freed.
@@ -684,7 +689,7 @@ fn ut_null_checks_come_first() {
     // SAFETY: deliberately null out-pointers; the mock checks them before writing.
     let (st1, st2) = unsafe {
         (
-            m.c.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+            bnrb(m.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
                 a.t[0],
                 a.t[1],
                 a.t[2],
@@ -700,7 +705,7 @@ fn ut_null_checks_come_first() {
                 ptr::null_mut(),
                 &mut ex,
             ),
-            m.c.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+            bnrb(m.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
                 a.t[0],
                 a.t[1],
                 a.t[2],
@@ -1446,7 +1451,7 @@ fn runtime_threads_each_with_a_stream() {
                     for _ in 0..3 {
                         let mut size = 0;
                         let mut ex = ptr::null_mut();
-                        let st = c.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+                        let st = bnrb(c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
                             ts[0],
                             ts[1],
                             ts[2],
@@ -1468,7 +1473,7 @@ fn runtime_threads_each_with_a_stream() {
                             c.acl.aclrtMalloc(&mut ws, size as usize, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST),
                             0
                         );
-                        assert_eq!(c.opapi.aclnnBatchNormReduceBackward(ws, size, ex, s), 0);
+                        assert_eq!(bnrb(c).aclnnBatchNormReduceBackward(ws, size, ex, s), 0);
                         let mut out = [0f32; 4];
                         assert_eq!(c.acl.aclrtMemcpyAsync(out.as_mut_ptr().cast(), 16, mems[5], 16, D2H, s), 0);
                         assert_eq!(c.acl.aclrtSynchronizeStream(s), 0);

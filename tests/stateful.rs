@@ -43,14 +43,9 @@ const INVALID: i32 = 161002;
 
 /// Every CANN function the crate binds, but the one that reads error texts.
 fn fault_apis() -> Vec<&'static str> {
-    use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS, OPAPI_SYMBOLS};
-    ASCENDCL_SYMBOLS
-        .iter()
-        .chain(NNOPBASE_SYMBOLS)
-        .chain(OPAPI_SYMBOLS)
-        .copied()
-        .filter(|f| *f != "aclGetRecentErrMsg")
-        .collect()
+    use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS};
+    let ops = OPERATORS.iter().flat_map(|o| [o.phase1, o.name]);
+    ASCENDCL_SYMBOLS.iter().chain(NNOPBASE_SYMBOLS).copied().chain(ops).filter(|f| *f != "aclGetRecentErrMsg").collect()
 }
 
 // ---------------------------------------------------------------------------------------------

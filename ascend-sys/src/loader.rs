@@ -10,10 +10,12 @@
 //! 5. `/usr/local/Ascend/cann`;
 //! 6. the system search path (`dlopen` by bare name: `LD_LIBRARY_PATH`, `ld.so.cache`, ...).
 //!
-//! The first root holding `libascendcl.so` supplies all three libraries (they are never mixed
-//! across installs). The op library is `libopapi.so` (CANN 8.x) or else `libopapi_nn.so`
-//! (CANN 8.5+ split packages). Libraries are loaded once per process and never unloaded, since
-//! CANN keeps process-wide state (threads, device contexts) that must not outlive its code.
+//! The first root holding `libascendcl.so` supplies `libnnopbase.so` too (they are never mixed
+//! across installs). Operators are resolved when first used ([`Cann::operator`]), from the same
+//! directory: `libopapi.so` (CANN 8.x), else the library of the operator's package
+//! (`libopapi_nn.so`, `libopapi_math.so` on CANN 8.5+ split packages); a toolkit lacking one
+//! operator fails only that operator. Libraries are loaded once per process and never unloaded,
+//! since CANN keeps process-wide state (threads, device contexts) that must not outlive its code.
 
 use std::collections::HashMap;
 use std::env;
@@ -23,27 +25,42 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::bindings::{AscendCl, NnOpBase, OpApi};
+use crate::symbols::Operator;
 
 /// File name of the ACL runtime library.
 pub const ASCENDCL: &str = "libascendcl.so";
 /// File name of the aclnn base library (tensors, executors).
 pub const NNOPBASE: &str = "libnnopbase.so";
-/// File names of the op library, in the order tried.
-pub const OPAPI: [&str; 2] = ["libopapi.so", "libopapi_nn.so"];
+/// File name of the op library of CANN 8.x, holding every operator; tried first.
+pub const OPAPI: &str = "libopapi.so";
+/// File names of the op libraries of CANN 8.5+ split packages, by package.
+pub const OPAPI_PACKAGES: [(&str, &str); 2] = [("nn", "libopapi_nn.so"), ("math", "libopapi_math.so")];
 
 /// Install roots searched after an explicit directory, in order (after the two variables).
 pub const DEFAULT_ROOTS: [&str; 2] = ["/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"];
 
-/// The three loaded CANN libraries.
+/// A loaded CANN toolkit: the runtime and aclnn base libraries, and its op libraries, each
+/// loaded when an operator first needs it.
+#[non_exhaustive]
 pub struct Cann {
     /// `libascendcl.so`: runtime (init, devices, streams, memory, events).
     pub acl: AscendCl,
     /// `libnnopbase.so`: aclnn tensors and executors.
     pub nnopbase: NnOpBase,
-    /// `libopapi.so` or `libopapi_nn.so`: `aclnnBatchNormReduceBackward*`.
-    pub opapi: OpApi,
-    /// Where each library was loaded from (a path, or a bare name resolved by the system).
-    pub paths: [PathBuf; 3],
+    /// Where `libascendcl.so` and `libnnopbase.so` were loaded from (a path, or a bare name
+    /// resolved by the system).
+    pub paths: [PathBuf; 2],
+    /// The directory both came from (`None`: the system search path); op libraries come from it.
+    dir: Option<PathBuf>,
+    /// Op libraries by file name, each opened once (or the reason it could not be).
+    op_libraries: Mutex<Vec<(&'static str, Result<&'static OpLibrary, String>)>>,
+}
+
+/// One op library: where it is, its functions, and which of them it exports.
+struct OpLibrary {
+    path: PathBuf,
+    api: OpApi,
+    exported: Vec<&'static str>,
 }
 
 impl fmt::Debug for Cann {
@@ -52,11 +69,74 @@ impl fmt::Debug for Cann {
     }
 }
 
-/// Why the CANN libraries could not be loaded.
+impl Cann {
+    /// The op library exporting `op`'s two functions, loaded on first use: `libopapi.so`
+    /// (CANN 8.x), else the library of the operator's package (`libopapi_nn.so` or
+    /// `libopapi_math.so`), from the directory `libascendcl.so` came from. A toolkit lacking the
+    /// operator is a [`LoadError`] naming it and every library tried, for this operator only.
+    pub fn operator(&self, op: &Operator) -> Result<&'static OpApi, LoadError> {
+        let package = OPAPI_PACKAGES.iter().find(|(p, _)| *p == op.package).map(|(_, file)| *file);
+        let mut tried = Vec::new();
+        for file in std::iter::once(OPAPI).chain(package) {
+            let path = candidate(&self.dir, file);
+            match self.op_library(file) {
+                Ok(lib) if lib.exported.contains(&op.phase1) && lib.exported.contains(&op.name) => return Ok(&lib.api),
+                Ok(_) => tried.push((path.display().to_string(), format!("lacks {} or {}", op.phase1, op.name))),
+                Err(why) => tried.push((path.display().to_string(), why)),
+            }
+        }
+        let library = std::iter::once(OPAPI).chain(package).collect::<Vec<_>>().join("|");
+        Err(LoadError { library, symbol: Some(op.phase1.to_string()), operator: Some(op.name.to_string()), tried })
+    }
+
+    /// Opens an op library of this toolkit (once; the outcome is kept).
+    fn op_library(&self, file: &'static str) -> Result<&'static OpLibrary, String> {
+        let mut libs = self.op_libraries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, r)) = libs.iter().find(|(f, _)| *f == file) {
+            return r.clone();
+        }
+        let r = open(&self.dir, file).and_then(|lib| {
+            let exported = crate::symbols::OPERATORS
+                .iter()
+                .flat_map(|o| [o.phase1, o.name])
+                // SAFETY: only looks the symbol up (its address is never used as this type).
+                .filter(|name| unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) }.is_ok())
+                .collect();
+            // SAFETY: the op functions are resolved with the signatures bindgen derived from
+            // wrapper.h, whose declarations are checked against CANN's public headers; a missing
+            // one is an `Err` field, and `operator` hands out a library only when both functions
+            // of the operator are exported.
+            let api = unsafe { OpApi::from_library(lib) }.map_err(|e| e.to_string())?;
+            let path = candidate(&self.dir, file);
+            Ok(&*Box::leak(Box::new(OpLibrary { path, api, exported })))
+        });
+        libs.push((file, r.clone()));
+        r
+    }
+}
+
+impl Cann {
+    /// The op libraries opened so far, with where each came from.
+    pub fn op_library_paths(&self) -> Vec<PathBuf> {
+        let libs = self.op_libraries.lock().unwrap_or_else(|p| p.into_inner());
+        libs.iter().filter_map(|(_, r)| r.as_ref().ok().map(|l| l.path.clone())).collect()
+    }
+}
+
+impl fmt::Debug for OpApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpApi").finish_non_exhaustive()
+    }
+}
+
+/// Why the CANN libraries, or one operator, could not be loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LoadError {
     /// The library that failed (e.g. `libascendcl.so`, or `libopapi.so|libopapi_nn.so`).
     pub library: String,
+    /// The operator that is not available, when loading one failed (e.g. `aclnnBatchNormStats`).
+    pub operator: Option<String>,
     /// The missing symbol, when the library loaded but lacks one the bindings require.
     pub symbol: Option<String>,
     /// Every path (or bare name) tried, each with why it failed.
@@ -65,9 +145,10 @@ pub struct LoadError {
 
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.symbol {
-            Some(sym) => write!(f, "{} lacks the symbol `{sym}`", self.library)?,
-            None => write!(f, "could not load {}", self.library)?,
+        match (&self.operator, &self.symbol) {
+            (Some(op), _) => write!(f, "the operator {op} is not in this CANN toolkit ({})", self.library)?,
+            (None, Some(sym)) => write!(f, "{} lacks the symbol `{sym}`", self.library)?,
+            (None, None) => write!(f, "could not load {}", self.library)?,
         }
         if self.tried.is_empty() {
             return Ok(());
@@ -159,40 +240,30 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
                 continue;
             }
         };
-        // This root has the runtime: the other two libraries must come from the same root.
+        // This root has the runtime: libnnopbase.so must come from the same root.
         let nn_path = candidate(dir, NNOPBASE);
         let nn_lib = open(dir, NNOPBASE).map_err(|why| LoadError {
             library: NNOPBASE.into(),
             symbol: None,
+            operator: None,
             tried: vec![(nn_path.display().to_string(), why)],
         })?;
-        let mut op_tried = Vec::new();
-        let mut op = None;
-        for name in OPAPI {
-            match open(dir, name) {
-                Ok(lib) => {
-                    op = Some((candidate(dir, name), lib));
-                    break;
-                }
-                Err(why) => op_tried.push((candidate(dir, name).display().to_string(), why)),
-            }
-        }
-        let (op_path, op_lib) =
-            op.ok_or_else(|| LoadError { library: OPAPI.join("|"), symbol: None, tried: op_tried })?;
-
         // SAFETY: each struct's symbols are resolved with the signatures bindgen derived from
         // wrapper.h, whose declarations are checked against CANN's public headers (API.md).
         let acl = unsafe { AscendCl::from_library(acl_lib) }.map_err(|e| missing(&acl_path, e))?;
         // SAFETY: as above.
         let nnopbase = unsafe { NnOpBase::from_library(nn_lib) }.map_err(|e| missing(&nn_path, e))?;
-        // SAFETY: as above.
-        let opapi = unsafe { OpApi::from_library(op_lib) }.map_err(|e| missing(&op_path, e))?;
-        let cann: &'static Cann =
-            Box::leak(Box::new(Cann { acl, nnopbase, opapi, paths: [acl_path, nn_path, op_path] }));
+        let cann: &'static Cann = Box::leak(Box::new(Cann {
+            acl,
+            nnopbase,
+            paths: [acl_path, nn_path],
+            dir: dir.clone(),
+            op_libraries: Mutex::new(Vec::new()),
+        }));
         LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(cann);
         return Ok(cann);
     }
-    Err(LoadError { library: ASCENDCL.into(), symbol: None, tried })
+    Err(LoadError { library: ASCENDCL.into(), symbol: None, operator: None, tried })
 }
 
 /// Every toolkit loaded so far.
@@ -212,6 +283,7 @@ fn missing(path: &Path, err: libloading::Error) -> LoadError {
     LoadError {
         library: path.display().to_string(),
         symbol: Some(symbol.map(|s| s.trim().to_string()).unwrap_or(text.clone())),
+        operator: None,
         tried: vec![(path.display().to_string(), text)],
     }
 }
@@ -236,6 +308,7 @@ mod tests {
         let e = LoadError {
             library: ASCENDCL.into(),
             symbol: None,
+            operator: None,
             tried: vec![("/a/lib64/libascendcl.so".into(), "not found".into())],
         };
         let s = e.to_string();

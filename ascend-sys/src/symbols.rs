@@ -30,5 +30,50 @@ pub const ASCENDCL_SYMBOLS: &[&str] = &[
 pub const NNOPBASE_SYMBOLS: &[&str] =
     &["aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor", "aclnnInit"];
 
-/// `libopapi.so` / `libopapi_nn.so`: the operator's two phases.
-pub const OPAPI_SYMBOLS: &[&str] = &["aclnnBatchNormReduceBackwardGetWorkspaceSize", "aclnnBatchNormReduceBackward"];
+/// An aclnn operator: the two functions of its two-phase API, and the package whose op library
+/// exports it on split installs (CANN 8.5+: `libopapi_nn.so`, `libopapi_math.so`; before, all
+/// are in `libopapi.so`). Each operator is resolved when first used, so a toolkit lacking one
+/// fails only that operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operator {
+    /// The launch (phase 2), which is also the operator's name, e.g. `aclnnBatchNormStats`.
+    pub name: &'static str,
+    /// Phase 1, `<name>GetWorkspaceSize`.
+    pub phase1: &'static str,
+    /// The package: `nn` or `math`.
+    pub package: &'static str,
+}
+
+/// `aclnnBatchNormReduceBackward` (nn).
+pub const BATCH_NORM_REDUCE_BACKWARD: Operator = Operator {
+    name: "aclnnBatchNormReduceBackward",
+    phase1: "aclnnBatchNormReduceBackwardGetWorkspaceSize",
+    package: "nn",
+};
+/// `aclnnBatchNormStats` (math).
+pub const BATCH_NORM_STATS: Operator =
+    Operator { name: "aclnnBatchNormStats", phase1: "aclnnBatchNormStatsGetWorkspaceSize", package: "math" };
+/// `aclnnBatchNormGatherStatsWithCounts` (nn).
+pub const BATCH_NORM_GATHER_STATS_WITH_COUNTS: Operator = Operator {
+    name: "aclnnBatchNormGatherStatsWithCounts",
+    phase1: "aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize",
+    package: "nn",
+};
+/// `aclnnBatchNormElemt` (nn).
+pub const BATCH_NORM_ELEMT: Operator =
+    Operator { name: "aclnnBatchNormElemt", phase1: "aclnnBatchNormElemtGetWorkspaceSize", package: "nn" };
+/// `aclnnBatchNormElemtBackward` (nn).
+pub const BATCH_NORM_ELEMT_BACKWARD: Operator = Operator {
+    name: "aclnnBatchNormElemtBackward",
+    phase1: "aclnnBatchNormElemtBackwardGetWorkspaceSize",
+    package: "nn",
+};
+
+/// Every operator bound, each in its package (SYNCBN.md section 1).
+pub const OPERATORS: &[Operator] = &[
+    BATCH_NORM_REDUCE_BACKWARD,
+    BATCH_NORM_STATS,
+    BATCH_NORM_GATHER_STATS_WITH_COUNTS,
+    BATCH_NORM_ELEMT,
+    BATCH_NORM_ELEMT_BACKWARD,
+];

@@ -200,73 +200,24 @@ pub(crate) unsafe fn destroy_unlaunched_executor(cann: &Cann, e: *mut aclOpExecu
     check(cann, "aclDestroyAclOpExecutor", cann.nnopbase.aclDestroyAclOpExecutor(e))
 }
 
-/// The tensors of one `aclnnBatchNormReduceBackward` call (null = absent).
-pub(crate) struct OpTensors {
-    pub grad_out: *const aclTensor,
-    pub input: *const aclTensor,
-    pub mean: *const aclTensor,
-    pub invstd: *const aclTensor,
-    pub weight: *const aclTensor,
-    pub sum_dy: *mut aclTensor,
-    pub sum_dy_xmu: *mut aclTensor,
-    pub grad_weight: *mut aclTensor,
-    pub grad_bias: *mut aclTensor,
-}
-
-/// Phase 1: `aclnnBatchNormReduceBackwardGetWorkspaceSize` → (workspace bytes, executor).
-///
-/// # Safety
-/// Every non-null tensor is a live descriptor.
-pub(crate) unsafe fn batch_norm_reduce_backward_prepare(
+/// Phase 1 of operator `call` (its `GetWorkspaceSize`): `f` makes the call with the
+/// workspace-size and executor out-pointers; the status is checked and a null executor refused.
+pub(crate) fn phase1(
     cann: &Cann,
-    t: &OpTensors,
-    mask: (bool, bool, bool),
+    call: &'static str,
+    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32,
 ) -> Result<(u64, *mut aclOpExecutor)> {
     let mut size = 0u64;
     let mut executor: *mut aclOpExecutor = ptr::null_mut();
-    let status = cann.opapi.aclnnBatchNormReduceBackwardGetWorkspaceSize(
-        t.grad_out,
-        t.input,
-        t.mean,
-        t.invstd,
-        t.weight,
-        mask.0,
-        mask.1,
-        mask.2,
-        t.sum_dy,
-        t.sum_dy_xmu,
-        t.grad_weight,
-        t.grad_bias,
-        &mut size,
-        &mut executor,
-    );
-    check(cann, "aclnnBatchNormReduceBackwardGetWorkspaceSize", status)?;
+    check(cann, call, f(&mut size, &mut executor))?;
     if executor.is_null() {
-        return Err(Error::NullHandle {
-            call: "aclnnBatchNormReduceBackwardGetWorkspaceSize",
-            message: recent_error(cann),
-        });
+        return Err(Error::NullHandle { call, message: recent_error(cann) });
     }
     Ok((size, executor))
 }
 
-/// Phase 2: `aclnnBatchNormReduceBackward`, which consumes the executor (even on failure, CANN
-/// owns it from here on).
-///
-/// # Safety
-/// `executor` came from phase 1 and was never launched; `workspace` is null with `size` 0 or a
-/// live allocation of at least `size` bytes; every buffer the executor references stays
-/// allocated until the stream has completed the work.
-pub(crate) unsafe fn batch_norm_reduce_backward_launch(
-    cann: &Cann,
-    workspace: *mut c_void,
-    size: u64,
-    executor: *mut aclOpExecutor,
-    stream: aclrtStream,
-) -> Result<()> {
-    check(
-        cann,
-        "aclnnBatchNormReduceBackward",
-        cann.opapi.aclnnBatchNormReduceBackward(workspace, size, executor, stream),
-    )
+/// A function of an op library that [`Cann::operator`] found exported (it is then never an
+/// `Err`; this turns the impossible case into an error rather than a panic).
+pub(crate) fn op_fn<F: Copy>(f: &std::result::Result<F, libloading::Error>, call: &'static str) -> Result<F> {
+    f.as_ref().copied().map_err(|e| Error::Config(format!("{call} is not exported: {e}")))
 }

@@ -11,7 +11,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use ascend_sys::{aclOpExecutor, aclTensor, aclrtStream, Cann};
+use ascend_sys::symbols::Operator;
+use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, Cann, OpApi};
 
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
@@ -20,13 +21,8 @@ use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
-/// Phase 2 of an aclnn operator: `(workspace, workspace bytes, executor, stream)`.
-///
-/// # Safety
-/// The executor came from the operator's phase 1 and was never launched; the workspace is null
-/// with size 0 or a live allocation of at least that many bytes; every buffer the executor
-/// references stays allocated until the stream has completed the work.
-pub(crate) type Phase2 = unsafe fn(&Cann, *mut c_void, u64, *mut aclOpExecutor, aclrtStream) -> Result<()>;
+/// Phase 2 of every aclnn operator: `(workspace, workspace bytes, executor, stream)`.
+pub(crate) type Phase2 = unsafe extern "C" fn(*mut c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
 
 /// The device arguments of one operator call, being described for phase 1.
 pub(crate) struct DeviceCall<'a> {
@@ -66,20 +62,24 @@ impl<'a> DeviceCall<'a> {
         t.map_or(Ok(std::ptr::null_mut()), |t| self.tensor(t, name))
     }
 
-    /// Phase 1: `phase1` calls the operator's `GetWorkspaceSize` with the handles described so
-    /// far and returns (workspace bytes, executor); `phase2` is the operator's launch.
+    /// Phase 1 of operator `op`, resolved in the toolkit on first use (a toolkit lacking it is
+    /// [`Error::Load`] naming it): `phase1` calls its `GetWorkspaceSize` with the handles
+    /// described so far (see [`crate::acl::phase1`]); `phase2` picks its launch function.
     /// `zero_after_launch` lists outputs that phase 2 leaves unwritten (CANN's kernels skip empty
     /// inputs) and that the launch fills with zeros.
     pub(crate) fn prepare(
         self,
-        phase1: impl FnOnce(&'static Cann) -> Result<(u64, *mut aclOpExecutor)>,
-        phase2: Phase2,
+        op: &'static Operator,
+        phase1: impl FnOnce(&'static Cann, &'static OpApi) -> Result<(u64, *mut aclOpExecutor)>,
+        phase2: fn(&OpApi) -> &std::result::Result<Phase2, libloading::Error>,
         zero_after_launch: Vec<&'a Tensor>,
     ) -> Result<DevicePrepared<'a>> {
+        let api = self.device.cann.operator(op)?;
+        let launch = crate::acl::op_fn(phase2(api), op.name)?;
         self.device.bind()?;
-        let (workspace_size, raw) = phase1(self.device.cann)?;
+        let (workspace_size, raw) = phase1(self.device.cann, api)?;
         let executor = Executor::new(self.device.clone(), raw);
-        Ok(DevicePrepared { executor: Some(executor), call: self, workspace_size, phase2, zero_after_launch })
+        Ok(DevicePrepared { executor: Some(executor), call: self, workspace_size, op, launch, zero_after_launch })
     }
 }
 
@@ -90,13 +90,15 @@ pub(crate) struct DevicePrepared<'a> {
     executor: Option<Executor>,
     call: DeviceCall<'a>,
     workspace_size: u64,
-    phase2: Phase2,
+    op: &'static Operator,
+    launch: Phase2,
     zero_after_launch: Vec<&'a Tensor>,
 }
 
 impl std::fmt::Debug for DevicePrepared<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DevicePrepared")
+            .field("operator", &self.op.name)
             .field("device", &self.call.device.id)
             .field("tensors", &self.call.descriptors.len())
             .field("workspace_size", &self.workspace_size)
@@ -130,17 +132,19 @@ impl DevicePrepared<'_> {
         };
         let mut buffers: Vec<&DeviceBuffer> = self.call.descriptors.iter().map(AclTensor::buffer).collect();
         buffers.extend(caller_workspace);
-        let (cann, phase2) = (device.cann, self.phase2);
+        let (cann, op, launch) = (device.cann, self.op, self.launch);
         // The executor moves into the closure: if phase 2 never runs (say the stream's workspace
         // could not be allocated), dropping the closure destroys the unlaunched executor.
         let run = move |ws: *mut c_void| {
             device.bind()?;
-            // SAFETY: the executor is fresh from phase 1 and consumed here; `ws` is null with size
+            // SAFETY: `launch` is the operator's phase 2 (the signature every aclnn launch has);
+            // the executor is fresh from its phase 1 and consumed here; `ws` is null with size
             // 0 or a live allocation of at least `size` bytes on this device (the caller's,
             // checked above, or the stream's); every buffer the executor references is in
             // `buffers`, on which `enqueue_using` records this stream before releasing them, so
             // none is freed before the stream has completed the work.
-            unsafe { phase2(cann, ws, size, executor.into_raw(), inner.raw()) }
+            let status = unsafe { launch(ws, size, executor.into_raw(), inner.raw()) };
+            crate::acl::check(cann, op.name, status)
         };
         enqueue_using(inner, &buffers, || match caller_workspace {
             Some(b) => run(b.ptr()),

@@ -7,6 +7,7 @@
 
 mod batch_norm_reduce_backward;
 mod launch;
+mod prepared;
 pub(crate) mod validate;
 
 pub use batch_norm_reduce_backward::{
@@ -14,6 +15,7 @@ pub use batch_norm_reduce_backward::{
     PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,
 };
 pub use launch::Workspace;
+pub use prepared::Prepared;
 pub use validate::{MAX_RANK, MIN_RANK};
 
 /// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,

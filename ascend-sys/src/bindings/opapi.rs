@@ -2,28 +2,128 @@
 
 pub struct OpApi {
     __library: ::libloading::Library,
-    pub aclnnBatchNormReduceBackwardGetWorkspaceSize: unsafe extern "C" fn(
-        gradOut: *const aclTensor,
-        input: *const aclTensor,
-        mean: *const aclTensor,
-        invstd: *const aclTensor,
-        weight: *const aclTensor,
-        inputG: bool,
-        weightG: bool,
-        biasG: bool,
-        sumDy: *mut aclTensor,
-        sumDyXmu: *mut aclTensor,
-        gradWeight: *mut aclTensor,
-        gradBias: *mut aclTensor,
-        workspaceSize: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> aclnnStatus,
-    pub aclnnBatchNormReduceBackward: unsafe extern "C" fn(
-        workspace: *mut ::std::os::raw::c_void,
-        workspaceSize: u64,
-        executor: *mut aclOpExecutor,
-        stream: aclrtStream,
-    ) -> aclnnStatus,
+    pub aclnnBatchNormReduceBackwardGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            gradOut: *const aclTensor,
+            input: *const aclTensor,
+            mean: *const aclTensor,
+            invstd: *const aclTensor,
+            weight: *const aclTensor,
+            inputG: bool,
+            weightG: bool,
+            biasG: bool,
+            sumDy: *mut aclTensor,
+            sumDyXmu: *mut aclTensor,
+            gradWeight: *mut aclTensor,
+            gradBias: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormReduceBackward: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormStatsGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            input: *const aclTensor,
+            eps: f64,
+            mean: *mut aclTensor,
+            invstd: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormStats: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            input: *const aclTensor,
+            mean: *const aclTensor,
+            invstd: *const aclTensor,
+            runningMean: *mut aclTensor,
+            runningVar: *mut aclTensor,
+            momentum: f64,
+            eps: f64,
+            counts: *const aclTensor,
+            meanAll: *mut aclTensor,
+            invstdAll: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormGatherStatsWithCounts: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormElemtGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            input: *const aclTensor,
+            weight: *const aclTensor,
+            bias: *const aclTensor,
+            mean: *mut aclTensor,
+            invstd: *mut aclTensor,
+            eps: f64,
+            output: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormElemt: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormElemtBackwardGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            gradOut: *const aclTensor,
+            input: *const aclTensor,
+            mean: *const aclTensor,
+            invstd: *const aclTensor,
+            weight: *const aclTensor,
+            sumDy: *const aclTensor,
+            sumDyXmu: *const aclTensor,
+            counter: *mut aclTensor,
+            gradInput: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormElemtBackward: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
 }
 impl OpApi {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -39,9 +139,34 @@ impl OpApi {
     {
         let __library = library.into();
         let aclnnBatchNormReduceBackwardGetWorkspaceSize =
-            __library.get(b"aclnnBatchNormReduceBackwardGetWorkspaceSize\0").map(|sym| *sym)?;
-        let aclnnBatchNormReduceBackward = __library.get(b"aclnnBatchNormReduceBackward\0").map(|sym| *sym)?;
-        Ok(OpApi { __library, aclnnBatchNormReduceBackwardGetWorkspaceSize, aclnnBatchNormReduceBackward })
+            __library.get(b"aclnnBatchNormReduceBackwardGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNormReduceBackward = __library.get(b"aclnnBatchNormReduceBackward\0").map(|sym| *sym);
+        let aclnnBatchNormStatsGetWorkspaceSize =
+            __library.get(b"aclnnBatchNormStatsGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNormStats = __library.get(b"aclnnBatchNormStats\0").map(|sym| *sym);
+        let aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize =
+            __library.get(b"aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNormGatherStatsWithCounts =
+            __library.get(b"aclnnBatchNormGatherStatsWithCounts\0").map(|sym| *sym);
+        let aclnnBatchNormElemtGetWorkspaceSize =
+            __library.get(b"aclnnBatchNormElemtGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNormElemt = __library.get(b"aclnnBatchNormElemt\0").map(|sym| *sym);
+        let aclnnBatchNormElemtBackwardGetWorkspaceSize =
+            __library.get(b"aclnnBatchNormElemtBackwardGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNormElemtBackward = __library.get(b"aclnnBatchNormElemtBackward\0").map(|sym| *sym);
+        Ok(OpApi {
+            __library,
+            aclnnBatchNormReduceBackwardGetWorkspaceSize,
+            aclnnBatchNormReduceBackward,
+            aclnnBatchNormStatsGetWorkspaceSize,
+            aclnnBatchNormStats,
+            aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize,
+            aclnnBatchNormGatherStatsWithCounts,
+            aclnnBatchNormElemtGetWorkspaceSize,
+            aclnnBatchNormElemt,
+            aclnnBatchNormElemtBackwardGetWorkspaceSize,
+            aclnnBatchNormElemtBackward,
+        })
     }
     pub unsafe fn aclnnBatchNormReduceBackwardGetWorkspaceSize(
         &self,
@@ -60,7 +185,7 @@ impl OpApi {
         workspaceSize: *mut u64,
         executor: *mut *mut aclOpExecutor,
     ) -> aclnnStatus {
-        (self.aclnnBatchNormReduceBackwardGetWorkspaceSize)(
+        (self.aclnnBatchNormReduceBackwardGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
             gradOut,
             input,
             mean,
@@ -84,6 +209,167 @@ impl OpApi {
         executor: *mut aclOpExecutor,
         stream: aclrtStream,
     ) -> aclnnStatus {
-        (self.aclnnBatchNormReduceBackward)(workspace, workspaceSize, executor, stream)
+        (self.aclnnBatchNormReduceBackward.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
+    }
+    pub unsafe fn aclnnBatchNormStatsGetWorkspaceSize(
+        &self,
+        input: *const aclTensor,
+        eps: f64,
+        mean: *mut aclTensor,
+        invstd: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormStatsGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            input,
+            eps,
+            mean,
+            invstd,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnBatchNormStats(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormStats.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
+    }
+    pub unsafe fn aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
+        &self,
+        input: *const aclTensor,
+        mean: *const aclTensor,
+        invstd: *const aclTensor,
+        runningMean: *mut aclTensor,
+        runningVar: *mut aclTensor,
+        momentum: f64,
+        eps: f64,
+        counts: *const aclTensor,
+        meanAll: *mut aclTensor,
+        invstdAll: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            input,
+            mean,
+            invstd,
+            runningMean,
+            runningVar,
+            momentum,
+            eps,
+            counts,
+            meanAll,
+            invstdAll,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnBatchNormGatherStatsWithCounts(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormGatherStatsWithCounts.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
+    }
+    pub unsafe fn aclnnBatchNormElemtGetWorkspaceSize(
+        &self,
+        input: *const aclTensor,
+        weight: *const aclTensor,
+        bias: *const aclTensor,
+        mean: *mut aclTensor,
+        invstd: *mut aclTensor,
+        eps: f64,
+        output: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormElemtGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            input,
+            weight,
+            bias,
+            mean,
+            invstd,
+            eps,
+            output,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnBatchNormElemt(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormElemt.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
+    }
+    pub unsafe fn aclnnBatchNormElemtBackwardGetWorkspaceSize(
+        &self,
+        gradOut: *const aclTensor,
+        input: *const aclTensor,
+        mean: *const aclTensor,
+        invstd: *const aclTensor,
+        weight: *const aclTensor,
+        sumDy: *const aclTensor,
+        sumDyXmu: *const aclTensor,
+        counter: *mut aclTensor,
+        gradInput: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormElemtBackwardGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            gradOut,
+            input,
+            mean,
+            invstd,
+            weight,
+            sumDy,
+            sumDyXmu,
+            counter,
+            gradInput,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnBatchNormElemtBackward(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormElemtBackward.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
     }
 }

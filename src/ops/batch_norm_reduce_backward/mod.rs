@@ -1,6 +1,9 @@
 //! `aclnnBatchNormReduceBackward` on both backends.
 
-use super::launch::{DeviceCall, DevicePrepared, Workspace};
+use ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD as OP;
+
+use super::launch::{DeviceCall, DevicePrepared};
+use super::prepared::Prepared;
 use super::validate::{self, Meta, Plan};
 use super::OutputMask;
 use crate::cpu;
@@ -137,50 +140,19 @@ pub fn prepare_batch_norm_reduce_backward<'a>(
         }
     }
 
-    let kind = match stream.ascend() {
-        None => Kind::Cpu { plan, mask, inputs: [grad_out, input, mean, invstd], outs },
-        Some(_) => Kind::Ascend(ascend_prepare(stream, plan, mask, [grad_out, input, mean, invstd], weight, outs)?),
-    };
-    Ok(PreparedReduceBackward { kind })
-}
-
-/// A validated call, ready to launch (phase 2). See [`prepare_batch_norm_reduce_backward`].
-#[derive(Debug)]
-pub struct PreparedReduceBackward<'a> {
-    kind: Kind<'a>,
-}
-
-#[derive(Debug)]
-enum Kind<'a> {
-    Cpu { plan: Plan, mask: OutputMask, inputs: [&'a Tensor; 4], outs: [Option<&'a mut Tensor>; 4] },
-    Ascend(DevicePrepared<'a>),
-}
-
-impl PreparedReduceBackward<'_> {
-    /// The workspace phase 2 needs, in bytes (0 on the CPU, and often on Ascend).
-    pub fn workspace_size(&self) -> u64 {
-        match &self.kind {
-            Kind::Cpu { .. } => 0,
-            Kind::Ascend(a) => a.workspace_size(),
+    match stream.ascend() {
+        None => {
+            let inputs = [grad_out, input, mean, invstd];
+            Ok(Prepared::cpu(move || cpu_launch(plan, mask, inputs, outs)))
         }
-    }
-
-    /// Phase 2 (`aclnnBatchNormReduceBackward`): enqueues the work on `stream`, which must be on
-    /// the device the tensors live on. With `workspace = None` the stream's cached workspace is
-    /// used; a caller-owned [`Workspace`] must hold at least [`workspace_size`](Self::workspace_size)
-    /// bytes. The executor is consumed: a prepared call runs once.
-    pub fn launch(self, stream: &Stream, workspace: Option<&Workspace>) -> Result<()> {
-        match self.kind {
-            Kind::Cpu { plan, mask, inputs, outs } => {
-                if stream.ascend().is_some() {
-                    return Err(stream.mismatch("stream", "the call was prepared on the CPU backend"));
-                }
-                cpu_launch(plan, mask, inputs, outs)
-            }
-            Kind::Ascend(a) => a.launch(stream, workspace),
+        Some(_) => {
+            ascend_prepare(stream, plan, mask, [grad_out, input, mean, invstd], weight, outs).map(Prepared::ascend)
         }
     }
 }
+
+/// The two-phase API's prepared call of this operator (see [`Prepared`]).
+pub type PreparedReduceBackward<'a> = Prepared<'a>;
 
 fn meta(t: &Tensor) -> Meta<'_> {
     Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
@@ -249,31 +221,25 @@ fn ascend_prepare<'a>(
     for ((raw, t), name) in out.iter_mut().zip(outs).zip(validate::OUTPUT_NAMES) {
         *raw = call.optional(t, name)?;
     }
-    let tensors = crate::acl::OpTensors {
-        grad_out,
-        input,
-        mean,
-        invstd,
-        weight,
-        sum_dy: out[0],
-        sum_dy_xmu: out[1],
-        grad_weight: out[2],
-        grad_bias: out[3],
-    };
     let zero = if plan.empty { outs.into_iter().flatten().collect() } else { Vec::new() };
+    let (input_g, weight_g, bias_g) = (mask.input_g, mask.weight_g, mask.bias_g);
     call.prepare(
-        |cann| {
-            // SAFETY: every non-null handle is a live descriptor held by `call`, which moves into
-            // the prepared call and outlives the executor.
-            unsafe {
-                crate::acl::batch_norm_reduce_backward_prepare(
-                    cann,
-                    &tensors,
-                    (mask.input_g, mask.weight_g, mask.bias_g),
-                )
-            }
+        &OP,
+        |cann, api| {
+            let f = crate::acl::op_fn(&api.aclnnBatchNormReduceBackwardGetWorkspaceSize, OP.phase1)?;
+            crate::acl::phase1(cann, OP.phase1, |size, executor| {
+                // SAFETY: the signature is the header's (wrapper.h, checked against CANN's
+                // headers); every non-null handle is a live descriptor held by `call`, which moves
+                // into the prepared call and outlives the executor; the out-pointers are valid.
+                unsafe {
+                    f(
+                        grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g, out[0], out[1], out[2],
+                        out[3], size, executor,
+                    )
+                }
+            })
         },
-        crate::acl::batch_norm_reduce_backward_launch,
+        |api| &api.aclnnBatchNormReduceBackward,
         zero,
     )
 }
