@@ -21,6 +21,7 @@
 #pragma GCC visibility push(default)
 #include "wrapper.h"
 #include "ascend_mock.h"
+#include "ascend_mock_apis.h"
 #include "mock_internal.h"
 #pragma GCC visibility pop
 
@@ -128,35 +129,8 @@ const char *aclGetRecentErrMsg(void) {
 }
 
 /* ---- fault injection ---------------------------------------------------------------------------- */
-static const char *const k_apis[] = {
-    "aclInit",
-    "aclFinalize",
-    "aclrtSetDevice",
-    "aclrtResetDevice",
-    "aclrtGetDevice",
-    "aclrtGetDeviceCount",
-    "aclrtSynchronizeDevice",
-    "aclrtCreateStream",
-    "aclrtDestroyStream",
-    "aclrtSynchronizeStream",
-    "aclrtMalloc",
-    "aclrtFree",
-    "aclrtMemcpy",
-    "aclrtMemcpyAsync",
-    "aclrtMemset",
-    "aclrtCreateEvent",
-    "aclrtDestroyEvent",
-    "aclrtRecordEvent",
-    "aclrtSynchronizeEvent",
-    "aclrtStreamWaitEvent",
-    "aclCreateTensor",
-    "aclDestroyTensor",
-    "aclSetAclOpExecutorRepeatable",
-    "aclDestroyAclOpExecutor",
-    "aclnnInit",
-    "aclnnBatchNormReduceBackwardGetWorkspaceSize",
-    "aclnnBatchNormReduceBackward",
-};
+/* Every function the bindings bind (generated from ascend-sys/src/symbols.rs by build.rs). */
+static const char *const k_apis[] = {ASCEND_MOCK_APIS};
 #define NAPIS (sizeof k_apis / sizeof k_apis[0])
 
 static int g_fault_armed[NAPIS];

@@ -1,0 +1,95 @@
+/*
+ * Mock CANN, libopapi.so: what every operator file in mock/ops/ builds on.
+ *
+ * An operator supplies only its arguments, its validation and its compute (one C file in
+ * mock/ops/); the two phases are shared (opapi.c):
+ *   - phase 1 (mock_op_phase1): injected fault, null checks in argument order, the out-pointers,
+ *     live-handle checks, then the operator's `check` (which may set the workspace size and mark
+ *     the call empty), then a fresh executor remembering the call;
+ *   - phase 2 (mock_op_phase2): injected fault (consumes the executor), executor, runtime and
+ *     stream checks, every tensor still alive with its memory, the workspace rule (NULL exactly
+ *     when the size is 0, at least the size phase 1 reported, inside one live allocation), then a
+ *     task on the stream reading and writing exactly the tensors' views (and the workspace), which
+ *     runs the operator's `run` when the stream is synchronised. The executor is consumed.
+ */
+#ifndef ASCEND_MOCK_OPAPI_H
+#define ASCEND_MOCK_OPAPI_H
+
+#include <stdint.h>
+
+#include "mock_internal.h"
+#include "wrapper.h"
+
+enum {
+    ACLNN_SUCCESS = 0,
+    ACLNN_ERR_PARAM_NULLPTR = 161001,
+    ACLNN_ERR_PARAM_INVALID = 161002,
+    ACLNN_ERR_RUNTIME_ERROR = 361001,
+    ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+};
+
+#define MOCK_OP_MAX_ARGS 11
+#define MOCK_OP_MAX_SCALARS 4
+
+/* One tensor argument of a call. */
+typedef struct mock_op_arg {
+    const char *name;
+    const aclTensor *handle; /* as given (NULL: absent) */
+    int required;            /* a NULL handle fails phase 1 with the operator's null code */
+    int used;                /* resolved, checked and snapshotted (e.g. 0 for a masked-off output) */
+    int write;               /* the kernel writes it (an output, or a tensor updated in place) */
+} mock_op_arg;
+
+/* A call: its arguments and scalars as phase 1 saw them; in a task, `t` holds snapshots of the
+ * used tensors (with their device memory) and `ws` the workspace. */
+typedef struct mock_op_call {
+    int nargs;
+    mock_op_arg args[MOCK_OP_MAX_ARGS];
+    ascend_mock_tensor t[MOCK_OP_MAX_ARGS];
+    double scalars[MOCK_OP_MAX_SCALARS]; /* eps, momentum, ... as the operator numbers them */
+    int flags[MOCK_OP_MAX_SCALARS];      /* masks, ... */
+    uint64_t ws_size;                    /* set by `check` (default 0) */
+    int empty;                           /* set by `check`: phase 2 queues nothing */
+    uint8_t *ws;                         /* in a task: the workspace (NULL when ws_size is 0) */
+} mock_op_call;
+
+typedef struct mock_op {
+    const char *phase1; /* e.g. "aclnnBatchNormStatsGetWorkspaceSize" */
+    const char *phase2; /* e.g. "aclnnBatchNormStats" */
+    int null_code;      /* the status of a required NULL tensor (161001; Elemt uses 161002) */
+    /* Validation, with every used argument resolved (call->t[i] filled for used args). Returns 0
+     * or mock_op_fail(...). May set call->ws_size and call->empty. Runs with the lock held. */
+    aclnnStatus (*check)(const struct mock_op *op, mock_op_call *call);
+    /* The compute, in a task (lock held), over call->t and call->ws. Returns 0, or a status after
+     * counting a violation. */
+    int (*run)(const struct mock_op *op, mock_op_call *call);
+} mock_op;
+
+/* Phase 1 of `op` for `call` (arguments filled in by the operator). */
+aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *call, uint64_t *workspaceSize,
+                           aclOpExecutor **executor);
+/* Phase 2 of `op`. */
+aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                           aclrtStream stream);
+
+/* A phase-1 failure: sets aclGetRecentErrMsg as ops-nn words it and returns `code`. */
+aclnnStatus mock_op_fail(const mock_op *op, aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- helpers for checks and kernels ---- */
+int mock_dtype_float(aclDataType dt);         /* F32, F16 or BF16 */
+int mock_format_private(aclFormat f);         /* NC1HWC0, FRACTAL_Z, ... */
+uint64_t mock_numel(const ascend_mock_tensor *t);
+/* Storage position of the linear-th element of the view (row-major order). */
+int64_t mock_view_pos(const ascend_mock_tensor *t, uint64_t linear);
+/* Element `pos` of the storage, converted to f32 (F32/F16/BF16; I32 converted exactly as far as
+ * f32 goes). */
+float mock_load(const ascend_mock_tensor *t, int64_t pos);
+/* Stores `v` at storage position `pos`, rounding to nearest even for F16/BF16. */
+void mock_store(const ascend_mock_tensor *t, int64_t pos, float v);
+const char *mock_shape_text(const ascend_mock_tensor *t, char *buf, size_t cap);
+float mock_f16_to_f32(uint16_t h);
+uint16_t mock_f32_to_f16(float f);
+float mock_bf16_to_f32(uint16_t b);
+uint16_t mock_f32_to_bf16(float f);
+
+#endif /* ASCEND_MOCK_OPAPI_H */
