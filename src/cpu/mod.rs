@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::ops::Deref;
 
 pub(crate) mod kernel;
+pub(crate) mod pool;
 
 use crate::dtype::{DType, Element, SliceMut, SliceRef};
 use crate::error::Result;

@@ -39,15 +39,34 @@ pub(crate) fn enabled(mask: OutputMask) -> [bool; 4] {
     [mask.input_g, mask.input_g, mask.weight_g, mask.bias_g]
 }
 
-fn in_storage(name: &'static str, m: &Meta<'_>) -> Result<usize> {
+/// Checks that the view lies inside its storage (and within int64); returns its element count.
+pub(crate) fn in_storage(name: &'static str, m: &Meta<'_>) -> Result<usize> {
     layout::check_view(m.shape, m.strides, m.offset, m.storage_len).map_err(|e| Error::invalid(name, e))
 }
 
-fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<()> {
+/// Checks a per-channel vector: shape `[c]`, inside its storage.
+pub(crate) fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<()> {
     if m.shape != [c] {
         return Err(Error::invalid(name, format!("expected shape [{c}] (one value per channel), got {:?}", m.shape)));
     }
     in_storage(name, m).map(|_| ())
+}
+
+/// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` and a
+/// non-zero channel dim 1; returns C.
+#[allow(dead_code)] // until the companion operators land
+pub(crate) fn activation(name: &'static str, m: &Meta<'_>) -> Result<usize> {
+    let r = m.shape.len();
+    if !(MIN_RANK..=MAX_RANK).contains(&r) {
+        return Err(Error::invalid(
+            name,
+            format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape),
+        ));
+    }
+    if m.shape[1] == 0 {
+        return Err(Error::invalid(name, format!("channel dim 1 must be non-zero, got shape {:?}", m.shape)));
+    }
+    Ok(m.shape[1])
 }
 
 /// Validates the inputs.
