@@ -600,6 +600,7 @@ aclnnStatus aclnnBatchNormReduceBackward(void *workspace, uint64_t workspaceSize
         if (view_range(t, &ranges[nranges])) {
             ranges[nranges].write = i >= T_SUMDY;
             ranges[nranges].name = k_names[i];
+            ranges[nranges].view = &k->t[i]; /* the kernel touches the view's elements only */
             nranges++;
         }
     }
@@ -627,6 +628,7 @@ aclnnStatus aclnnBatchNormReduceBackward(void *workspace, uint64_t workspaceSize
     ranges[nranges].alloc_id = ws_alloc;
     ranges[nranges].write = 1;
     ranges[nranges].name = "workspace";
+    ranges[nranges].view = NULL;
     nranges++;
     k->input_g = e->input_g;
     k->weight_g = e->weight_g;

@@ -136,6 +136,32 @@ impl Mock {
         out
     }
 
+    /// A synchronous device-to-host copy that may fail: (status, the host buffer, filled with
+    /// 0x11 before the call so that a copy that did nothing is told apart).
+    fn try_d2h(&self, src: *const c_void, len: usize) -> (i32, Vec<u8>) {
+        let mut out = vec![0x11u8; len];
+        // SAFETY: writes at most `len` bytes into `out`; the mock checks the source range.
+        let st = unsafe { self.c.acl.aclrtMemcpy(out.as_mut_ptr().cast(), len, src, len, D2H) };
+        (st, out)
+    }
+
+    /// Asserts that reading `len` bytes at `src` fails because they are poisoned, copying nothing,
+    /// and that the error text contains every needle. Returns the text.
+    #[track_caller]
+    fn expect_poisoned(&self, src: *const c_void, len: usize, needles: &[&str]) -> String {
+        let (st, got) = self.try_d2h(src, len);
+        let msg = self.err();
+        assert_eq!(st, 507053, "reading poisoned bytes: {msg}");
+        assert_eq!(got, vec![0x11u8; len], "a failed read copies nothing");
+        assert!(msg.starts_with("aclrtMemcpy failed. ERROR: 507053. The copy's source ["), "{msg}");
+        for needle in
+            ["holds bytes that were never written", "should have written, but it was skipped: "].iter().chain(needles)
+        {
+            assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+        }
+        msg
+    }
+
     fn upload(&self, bytes: &[u8]) -> *mut c_void {
         let p = self.malloc(bytes.len().max(1));
         assert_eq!(self.h2d(p, bytes), 0);
@@ -809,7 +835,8 @@ fn violation_launch_reading_freed_memory() {
     m.expect_violations(2, "still uses this memory (workspace)");
     assert_eq!(m.sync(s), 507015);
     m.expect_violations(3, "device memory of input");
-    assert_eq!(case.outputs(&m)[0], [SENTINEL; 3], "the skipped launch wrote nothing");
+    m.expect_poisoned(case.devs[5].mem, 12, &["they are bytes of sumDy that task #", "was freed before it ran"]);
+    m.expect_violations(3, "");
     let mut devs = case.devs;
     let input = devs.remove(1);
     assert_eq!(m.destroy_tensor(input.t), 0);
@@ -1147,7 +1174,8 @@ fn violation_unchecked_lengths_caught_when_the_kernel_runs() {
     assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
     assert_eq!(m.sync(ptr::null_mut()), 507015);
     m.expect_violations(1, "mean has shape [2] (2 elements) but the kernel reads 3");
-    assert_eq!(case.outputs(&m)[0], [SENTINEL; 3]);
+    assert!(m.err().contains("its kernel failed with status 507015"));
+    m.expect_poisoned(case.devs[5].mem, 12, &["they are bytes of sumDy that task #", "its kernel failed"]);
     // gradOut of another shape than input
     let mut a = case.args();
     swap(&m, &mut a, 0, &f32_spec(&[2, 3, 2, 2]), &mut extra);
