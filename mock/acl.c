@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -523,11 +524,16 @@ const char *ascend_mock_format_name(aclFormat format) {
 }
 
 /* ---- device memory ------------------------------------------------------------------------------ */
+typedef struct poison poison;
+
 typedef struct alloc {
     uintptr_t base;
     uint64_t size;
     uint64_t id;
     int device;
+    poison *poison; /* poisoned byte intervals, sorted, disjoint (see "poison" below) */
+    size_t npoison, cap_poison;
+    uint64_t poisoned; /* bytes in them */
 } alloc;
 
 static alloc **g_allocs; /* sorted by base */
@@ -602,6 +608,285 @@ int ascend_mock_mem_live_locked(uint64_t alloc_id) {
     return htab_get(&g_alloc_by_id, alloc_id) != NULL;
 }
 
+/* ---- poison: device bytes a skipped task should have written --------------------------------------
+ *
+ * When a queued task is skipped (a range it uses was freed, its kernel failed, or it would read
+ * poisoned bytes), the bytes it should have written keep stale contents. Rather than let a later
+ * read return them as if they were the task's output, the mock marks them poisoned:
+ *   - a synchronous aclrtMemcpy reading poisoned bytes fails (ACL_ERROR_RT_DEVICE_MEM_ERROR) and
+ *     copies nothing; its error text says which task was skipped and why;
+ *   - a queued copy or kernel reading poisoned bytes is skipped in turn (its synchronize reports
+ *     the error) and poisons what it should have written: poison propagates. Reading poison is
+ *     an error status, not a new violation (the misuse was counted once, at its origin);
+ *   - writing bytes (aclrtMemcpy, aclrtMemset, a queued copy or kernel that ran) clears exactly
+ *     the bytes written; aclrtFree drops the allocation's poison.
+ * Each allocation keeps its poisoned bytes as sorted, disjoint intervals of offsets, each naming
+ * the range of the skipped task it belongs to and a shared, reference-counted cause. With no
+ * poison anywhere (g_poisoned_bytes == 0, the normal case) every check is one comparison. */
+typedef struct poison_cause {
+    uint64_t refs;
+    char task[160];            /* "task #N (<what> queued on <stream>)" */
+    char why[MESSAGE_MAX / 2]; /* why it was skipped */
+} poison_cause;
+
+struct poison {
+    uint64_t lo, hi; /* byte offsets in the allocation, lo < hi */
+    poison_cause *cause;
+    char name[32]; /* the range of the skipped task these bytes belong to, e.g. "sumDy" */
+};
+
+static uint64_t g_poisoned_bytes; /* over every live allocation */
+
+static poison_cause *cause_new(void) {
+    return xcalloc(1, sizeof(poison_cause));
+}
+
+static void cause_release(poison_cause *c) {
+    if (c && c->refs-- <= 1) {
+        free(c);
+    }
+}
+
+/* Index of the first interval of `a` ending after offset lo (intervals are sorted and disjoint,
+ * so their ends are sorted too). */
+static size_t poison_lower(const alloc *a, uint64_t lo) {
+    size_t l = 0, h = a->npoison;
+    while (l < h) {
+        size_t mid = l + (h - l) / 2;
+        if (a->poison[mid].hi <= lo) {
+            l = mid + 1;
+        } else {
+            h = mid;
+        }
+    }
+    return l;
+}
+
+static void poison_insert_at(alloc *a, size_t i, const poison *p) {
+    if (a->npoison == a->cap_poison) {
+        a->cap_poison = a->cap_poison ? a->cap_poison * 2 : 4;
+        poison *bigger = realloc(a->poison, a->cap_poison * sizeof *bigger);
+        if (!bigger) {
+            fprintf(stderr, "ascend mock CANN: out of host memory\n");
+            abort();
+        }
+        a->poison = bigger;
+    }
+    memmove(&a->poison[i + 1], &a->poison[i], (a->npoison - i) * sizeof *a->poison);
+    a->poison[i] = *p;
+    a->npoison++;
+}
+
+static void poison_account(alloc *a, uint64_t added, uint64_t removed) {
+    a->poisoned = a->poisoned + added - removed;
+    g_poisoned_bytes = g_poisoned_bytes + added - removed;
+}
+
+/* Clears the poison of bytes [lo, hi) of `a` (they were written). */
+static void poison_cut(alloc *a, uint64_t lo, uint64_t hi) {
+    size_t i = poison_lower(a, lo);
+    while (i < a->npoison && a->poison[i].lo < hi) {
+        poison *p = &a->poison[i];
+        if (p->lo < lo && p->hi > hi) { /* split around the hole */
+            poison tail = *p;
+            tail.lo = hi;
+            p->hi = lo;
+            tail.cause->refs++;
+            poison_account(a, 0, hi - lo);
+            poison_insert_at(a, i + 1, &tail);
+            return;
+        }
+        if (p->lo < lo) {
+            poison_account(a, 0, p->hi - lo);
+            p->hi = lo;
+            i++;
+        } else if (p->hi > hi) {
+            poison_account(a, 0, hi - p->lo);
+            p->lo = hi;
+            return;
+        } else {
+            poison_account(a, 0, p->hi - p->lo);
+            cause_release(p->cause);
+            memmove(p, p + 1, (a->npoison - i - 1) * sizeof *p);
+            a->npoison--;
+        }
+    }
+}
+
+static int poison_same(const poison *p, const poison_cause *cause, const char *name) {
+    return p->cause == cause && strncmp(p->name, name, sizeof p->name - 1) == 0;
+}
+
+/* Poisons bytes [lo, hi) of `a` as the range `name` of the skipped task `cause`. */
+static void poison_add(alloc *a, uint64_t lo, uint64_t hi, poison_cause *cause, const char *name) {
+    poison_cut(a, lo, hi);
+    size_t i = poison_lower(a, lo);
+    poison_account(a, hi - lo, 0);
+    if (i > 0 && a->poison[i - 1].hi == lo && poison_same(&a->poison[i - 1], cause, name)) {
+        a->poison[i - 1].hi = hi; /* extend the previous interval (strided views poison run by run) */
+        if (i < a->npoison && a->poison[i].lo == hi && poison_same(&a->poison[i], cause, name)) {
+            a->poison[i - 1].hi = a->poison[i].hi;
+            cause_release(a->poison[i].cause);
+            memmove(&a->poison[i], &a->poison[i + 1], (a->npoison - i - 1) * sizeof *a->poison);
+            a->npoison--;
+        }
+        return;
+    }
+    if (i < a->npoison && a->poison[i].lo == hi && poison_same(&a->poison[i], cause, name)) {
+        a->poison[i].lo = lo;
+        return;
+    }
+    poison p = {lo, hi, cause, {0}};
+    snprintf(p.name, sizeof p.name, "%s", name ? name : "range");
+    cause->refs++;
+    poison_insert_at(a, i, &p);
+}
+
+/* The first poisoned interval of `a` overlapping [lo, hi), or NULL. */
+static const poison *poison_first(const alloc *a, uint64_t lo, uint64_t hi) {
+    size_t i = poison_lower(a, lo);
+    return (i < a->npoison && a->poison[i].lo < hi) ? &a->poison[i] : NULL;
+}
+
+/* Drops every poisoned interval of `a` (it is being freed). */
+static void poison_drop_all(alloc *a) {
+    for (size_t i = 0; i < a->npoison; i++) {
+        cause_release(a->poison[i].cause);
+    }
+    poison_account(a, 0, a->poisoned);
+    free(a->poison);
+    a->poison = NULL;
+    a->npoison = a->cap_poison = 0;
+}
+
+/* Calls f(a, lo, hi, ctx) on the byte runs [lo, hi) (offsets in `a`) that range `r` touches, in
+ * increasing order for a contiguous range, in the view's element order otherwise; stops when f
+ * returns nonzero and returns that. */
+typedef int (*span_fn)(alloc *a, uint64_t lo, uint64_t hi, void *ctx);
+
+static int range_spans(alloc *a, const ascend_mock_range *r, span_fn f, void *ctx) {
+    const ascend_mock_tensor *t = r->view;
+    if (!t) {
+        uint64_t lo = r->addr - a->base;
+        return f(a, lo, lo + r->len, ctx);
+    }
+    uint64_t data = (uintptr_t)t->data - a->base;
+    uint64_t es = t->elem_size;
+    if (t->rank == 0) {
+        uint64_t lo = data + (uint64_t)t->offset * es;
+        return f(a, lo, lo + es, ctx);
+    }
+    uint64_t last = t->rank - 1;
+    /* the innermost dimension is one run when it is contiguous, else one run per element */
+    int contiguous = t->strides[last] == 1;
+    uint64_t run = contiguous ? (uint64_t)t->dims[last] * es : es;
+    int64_t nruns = contiguous ? 1 : t->dims[last];
+    int64_t idx[ASCEND_MOCK_MAX_RANK] = {0};
+    for (;;) {
+        int64_t pos = t->offset;
+        for (uint64_t k = 0; k < last; k++) {
+            pos += idx[k] * t->strides[k];
+        }
+        for (int64_t j = 0; j < nruns; j++) {
+            uint64_t lo = data + (uint64_t)(pos + j * t->strides[last]) * es;
+            int stop = f(a, lo, lo + run, ctx);
+            if (stop) {
+                return stop;
+            }
+        }
+        uint64_t k = last;
+        for (;;) {
+            if (k == 0) {
+                return 0;
+            }
+            k--;
+            if (++idx[k] < t->dims[k]) {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}
+
+typedef struct poison_hit {
+    const poison *p;
+    uint64_t at; /* offset of the first poisoned byte found */
+} poison_hit;
+
+static int span_find(alloc *a, uint64_t lo, uint64_t hi, void *ctx) {
+    const poison *p = poison_first(a, lo, hi);
+    if (!p) {
+        return 0;
+    }
+    poison_hit *hit = ctx;
+    hit->p = p;
+    hit->at = p->lo > lo ? p->lo : lo;
+    return 1;
+}
+
+static int span_clear(alloc *a, uint64_t lo, uint64_t hi, void *ctx) {
+    (void)ctx;
+    poison_cut(a, lo, hi);
+    return 0;
+}
+
+typedef struct poison_mark {
+    poison_cause *cause;
+    const char *name;
+} poison_mark;
+
+static int span_poison(alloc *a, uint64_t lo, uint64_t hi, void *ctx) {
+    const poison_mark *m = ctx;
+    poison_add(a, lo, hi, m->cause, m->name);
+    return 0;
+}
+
+/* The allocation of `r` when it is alive and its span overlaps poison, else NULL: the fast path. */
+static alloc *range_may_be_poisoned(const ascend_mock_range *r) {
+    if (!g_poisoned_bytes || !r->len) {
+        return NULL;
+    }
+    alloc *a = htab_get(&g_alloc_by_id, r->alloc_id);
+    if (!a || !a->npoison || !poison_first(a, r->addr - a->base, r->addr - a->base + r->len)) {
+        return NULL;
+    }
+    return a;
+}
+
+/* Whether range `r` touches poisoned bytes; if so, describes them in buf: "<r->name> [p, +n)
+ * holds bytes that were never written (at q): they are bytes of <name> that task #N (<what> queued
+ * on <stream>) should have written, but it was skipped: <why>". */
+static int range_poisoned(const ascend_mock_range *r, char *buf, size_t cap) {
+    alloc *a = range_may_be_poisoned(r);
+    poison_hit hit = {NULL, 0};
+    if (!a || !range_spans(a, r, span_find, &hit)) {
+        return 0;
+    }
+    snprintf(buf, cap,
+             "%s [%p, +%llu) holds bytes that were never written (at %p): they are bytes of %s that %s should have "
+             "written, but it was skipped: %s",
+             r->name, (void *)r->addr, (unsigned long long)r->len, (void *)(a->base + hit.at), hit.p->name,
+             hit.p->cause->task, hit.p->cause->why);
+    return 1;
+}
+
+/* Range `r` was written: its bytes are no longer poisoned. */
+static void range_written(const ascend_mock_range *r) {
+    alloc *a = range_may_be_poisoned(r);
+    if (a) {
+        range_spans(a, r, span_clear, NULL);
+    }
+}
+
+/* Range `r` should have been written by the skipped task of `cause`: poisons it (if still alive). */
+static void range_poison(const ascend_mock_range *r, poison_cause *cause) {
+    alloc *a = r->len ? htab_get(&g_alloc_by_id, r->alloc_id) : NULL;
+    if (a) {
+        poison_mark m = {cause, r->name};
+        range_spans(a, r, span_poison, &m);
+    }
+}
+
 /* ---- devices, streams, events, tasks ------------------------------------------------------------- */
 enum { TASK_COPY, TASK_OP, TASK_EVENT };
 
@@ -609,6 +894,7 @@ typedef struct task task;
 struct task {
     task *next;
     int kind;
+    uint64_t seq; /* the task's number (1, 2, ...), named in poison messages */
     const char *what;
     size_t nranges;
     ascend_mock_range ranges[ASCEND_MOCK_MAX_RANGES];
@@ -652,6 +938,7 @@ static int g_device_count = 1;
 static device g_devices[MAX_DEVICES];
 static stream *g_streams;
 static uint64_t g_queued_tasks;
+static uint64_t g_task_seq;
 static uint64_t g_event_seq;
 
 static __thread int tls_device = -1;
@@ -778,17 +1065,47 @@ static event *event_get(uint64_t handle) {
     return ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_EVENT, handle, NULL);
 }
 
-/* Runs one task (already unlinked from its stream). Returns 0 or the status to report. */
-static int run_task(stream *s, task *t) {
+/* Skipping a task: what it should have written becomes poisoned, as `why` explains. */
+static void poison_writes(const char *what, const char *where, uint64_t seq, const ascend_mock_range *ranges,
+                          size_t n, const char *why) {
+    poison_cause *cause = cause_new();
+    snprintf(cause->task, sizeof cause->task, "task #%llu (%s queued on %s)", (unsigned long long)seq, what, where);
+    snprintf(cause->why, sizeof cause->why, "%s", why);
+    for (size_t i = 0; i < n; i++) {
+        if (ranges[i].write) {
+            range_poison(&ranges[i], cause);
+        }
+    }
+    if (!cause->refs) {
+        free(cause);
+    }
+}
+
+/* Runs one task (already unlinked from its stream). Returns 0 or the status to report; then, when
+ * `why` is still empty, says there why the task failed. A task is skipped (not run) when a range
+ * it uses was freed (a violation) or a range it reads holds poisoned bytes (an error, not a new
+ * violation); a skipped or failed task poisons its write ranges, a task that ran clears them. */
+static int run_task(stream *s, task *t, char *why, size_t cap) {
     int status = 0;
-    for (size_t i = 0; i < t->nranges; i++) {
+    char reason[MESSAGE_MAX];
+    reason[0] = '\0';
+    for (size_t i = 0; i < t->nranges && !status; i++) {
         const ascend_mock_range *r = &t->ranges[i];
         if (!ascend_mock_mem_live_locked(r->alloc_id)) {
             ascend_mock_violation("%s queued on %s: device memory of %s [%p, +%llu) was freed before the task ran; "
                                   "the task is skipped",
                                   t->what, s->name, r->name, (void *)r->addr, (unsigned long long)r->len);
+            snprintf(reason, sizeof reason, "the device memory of %s [%p, +%llu) was freed before it ran",
+                     r->name, (void *)r->addr, (unsigned long long)r->len);
             status = t->kind == TASK_COPY ? ACL_ERROR_RT_DEVICE_MEM_ERROR : ACL_ERROR_RT_AICORE_EXCEPTION;
-            break;
+        }
+    }
+    for (size_t i = 0; i < t->nranges && !status; i++) {
+        const ascend_mock_range *r = &t->ranges[i];
+        char detail[MESSAGE_MAX - 16];
+        if (!r->write && range_poisoned(r, detail, sizeof detail)) {
+            snprintf(reason, sizeof reason, "%s", detail);
+            status = t->kind == TASK_COPY ? ACL_ERROR_RT_DEVICE_MEM_ERROR : ACL_ERROR_RT_AICORE_EXCEPTION;
         }
     }
     if (!status) {
@@ -798,6 +1115,11 @@ static int run_task(stream *s, task *t) {
             break;
         case TASK_OP:
             status = t->run(t->payload);
+            if (status) {
+                snprintf(reason, sizeof reason,
+                         "its kernel failed with status %d (see the ascend mock violation printed when it ran)",
+                         status);
+            }
             break;
         case TASK_EVENT: {
             event *e = event_get(t->event_handle);
@@ -811,6 +1133,18 @@ static int run_task(stream *s, task *t) {
             break;
         }
     }
+    if (status) {
+        poison_writes(t->what, s->name, t->seq, t->ranges, t->nranges, reason);
+        if (why && !why[0]) {
+            snprintf(why, cap, "task #%llu (%s) was skipped: %s", (unsigned long long)t->seq, t->what, reason);
+        }
+    } else {
+        for (size_t i = 0; i < t->nranges; i++) {
+            if (t->ranges[i].write) {
+                range_written(&t->ranges[i]);
+            }
+        }
+    }
     if (t->drop) {
         t->drop(t->payload);
     }
@@ -819,19 +1153,20 @@ static int run_task(stream *s, task *t) {
     return status;
 }
 
-static int run_head(stream *s) {
+static int run_head(stream *s, char *why, size_t cap) {
     task *t = s->head;
     s->head = t->next;
     if (!s->head) {
         s->tail = NULL;
     }
-    return run_task(s, t);
+    return run_task(s, t, why, cap);
 }
 
-static int drain(stream *s) {
+/* Runs every task queued on s; returns the first failure's status (its reason in why, if given). */
+static int drain(stream *s, char *why, size_t cap) {
     int status = 0;
     while (s->head) {
-        int st = run_head(s);
+        int st = run_head(s, why, cap);
         if (st && !status) {
             status = st;
         }
@@ -839,12 +1174,15 @@ static int drain(stream *s) {
     return status;
 }
 
-static int sync_failed(const char *api, int status, const char *where) {
-    return fail(status, api, "A task queued on %s failed (see the ascend mock violation above).", where);
+#define WHY_MAX (MESSAGE_MAX - 128)
+
+static int sync_failed(const char *api, int status, const char *where, const char *why) {
+    return fail(status, api, "A task queued on %s failed: %s.", where, why);
 }
 
 static void enqueue(stream *s, task *t) {
     t->next = NULL;
+    t->seq = ++g_task_seq;
     if (s->tail) {
         s->tail->next = t;
     } else {
@@ -859,6 +1197,8 @@ void ascend_mock_enqueue_locked(const char *what, aclrtStream h, const ascend_mo
     stream *s;
     if (nranges > ASCEND_MOCK_MAX_RANGES || stream_resolve(what, h, &s) != 0) {
         ascend_mock_violation("%s: internal: task rejected by the queue", what);
+        poison_writes(what, "no stream", ++g_task_seq, ranges, nranges,
+                      "the queue rejected it (an internal error of the mock)");
         if (drop) {
             drop(payload);
         }
@@ -880,7 +1220,7 @@ void ascend_mock_enqueue_locked(const char *what, aclrtStream h, const ascend_mo
 static void release_device(int dev) {
     device *d = &g_devices[dev];
     if (d->default_stream) {
-        drain(d->default_stream);
+        drain(d->default_stream, NULL, 0);
         stream_unlink(d->default_stream);
         free(d->default_stream);
         d->default_stream = NULL;
@@ -930,7 +1270,7 @@ aclError aclFinalize(void) {
                 : violate(ACL_ERROR_UNINITIALIZE, "aclFinalize", "ACL is not initialized: call aclInit first");
     } else {
         for (stream *s = g_streams; s; s = s->next) {
-            drain(s);
+            drain(s, NULL, 0);
         }
         for (int dev = 0; dev < MAX_DEVICES; dev++) {
             release_device(dev);
@@ -986,7 +1326,7 @@ aclError aclrtResetDevice(int32_t deviceId) {
         for (stream *s = g_streams; s; s = s->next) {
             if (s->handle && s->device == deviceId) {
                 live++;
-                drain(s);
+                drain(s, NULL, 0);
             }
         }
         if (live) {
@@ -1053,9 +1393,10 @@ aclError aclrtSynchronizeDevice(void) {
         int dev = current_device();
         for (stream *s = g_streams; s; s = s->next) {
             if (s->device == dev) {
-                int sst = drain(s);
+                char why[WHY_MAX] = "";
+                int sst = drain(s, why, sizeof why);
                 if (sst && !r) {
-                    r = sync_failed(api, sst, s->name);
+                    r = sync_failed(api, sst, s->name, why);
                 }
             }
         }
@@ -1107,11 +1448,12 @@ aclError aclrtDestroyStream(aclrtStream h) {
         r = stream_resolve(api, h, &s);
     }
     if (!r) {
-        int sst = drain(s);
+        char why[WHY_MAX] = "";
+        int sst = drain(s, why, sizeof why);
         ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_STREAM, s->handle);
         stream_unlink(s);
         if (sst) {
-            r = sync_failed(api, sst, s->name);
+            r = sync_failed(api, sst, s->name, why);
         }
         free(s);
     }
@@ -1132,9 +1474,10 @@ aclError aclrtSynchronizeStream(aclrtStream h) {
         r = stream_resolve(api, h, &s);
     }
     if (!r) {
-        int sst = drain(s);
+        char why[WHY_MAX] = "";
+        int sst = drain(s, why, sizeof why);
         if (sst) {
-            r = sync_failed(api, sst, s->name);
+            r = sync_failed(api, sst, s->name, why);
         }
     }
     ascend_mock_unlock();
@@ -1241,6 +1584,7 @@ aclError aclrtFree(void *devPtr) {
             memmove(&g_allocs[i - 1], &g_allocs[i], (g_nallocs - i) * sizeof *g_allocs);
             g_nallocs--;
             htab_del(&g_alloc_by_id, a->id);
+            poison_drop_all(a);
             free((void *)a->base);
             free(a);
         }
@@ -1273,6 +1617,7 @@ static int copy_side(const char *api, const char *side, uintptr_t p, size_t coun
         range->alloc_id = a->id;
         range->write = strcmp(side, "dst") == 0;
         range->name = range->write ? "the copy's destination" : "the copy's source";
+        range->view = NULL;
         (*nranges)++;
     } else if (overlaps_any(p, count)) {
         return violate(ACL_ERROR_RT_PARAM_INVALID, api,
@@ -1330,7 +1675,22 @@ aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, a
     }
     if (!r && count) {
         hazard_check(api, NULL, ranges, (size_t)n);
-        memmove(dst, src, count);
+        char detail[MESSAGE_MAX - 64];
+        for (int i = 0; i < n && !r; i++) {
+            if (!ranges[i].write && range_poisoned(&ranges[i], detail, sizeof detail)) {
+                /* not a new violation: the misuse was counted when the task was skipped */
+                detail[0] = (char)toupper((unsigned char)detail[0]);
+                r = fail(ACL_ERROR_RT_DEVICE_MEM_ERROR, api, "%s. Nothing was copied.", detail);
+            }
+        }
+        if (!r) {
+            memmove(dst, src, count);
+            for (int i = 0; i < n; i++) {
+                if (ranges[i].write) {
+                    range_written(&ranges[i]);
+                }
+            }
+        }
     }
     ascend_mock_unlock();
     return r;
@@ -1390,9 +1750,10 @@ aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)
             r = violate(ACL_ERROR_RT_PARAM_INVALID, api, "range [%p, +%zu) is not inside one live device allocation",
                         devPtr, count);
         } else {
-            ascend_mock_range range = {(uintptr_t)devPtr, count, a->id, 1, "the memset range"};
+            ascend_mock_range range = {(uintptr_t)devPtr, count, a->id, 1, "the memset range", NULL};
             hazard_check(api, NULL, &range, 1);
             memset(devPtr, value & 0xFF, count);
+            range_written(&range);
         }
     }
     ascend_mock_unlock();
@@ -1413,11 +1774,12 @@ static int event_resolve(const char *api, aclrtEvent h, event **out) {
 /* Runs the tasks of the stream the event was last recorded on, up to its marker. */
 static int event_wait(const char *api, event *e) {
     int r = 0;
+    char why[WHY_MAX] = "";
     while (e->completed_seq < e->recorded_seq && e->recorded_on && e->recorded_on->head) {
         stream *s = e->recorded_on;
-        int st = run_head(s);
+        int st = run_head(s, why, sizeof why);
         if (st && !r) {
-            r = sync_failed(api, st, s->name);
+            r = sync_failed(api, st, s->name, why);
         }
     }
     return r;
@@ -1553,6 +1915,7 @@ void ascend_mock_get_stats(ascend_mock_stats *out) {
     out->live_events = g_live[ASCEND_MOCK_KIND_EVENT];
     out->device_mallocs = g_device_mallocs;
     out->queued_tasks = g_queued_tasks;
+    out->poisoned_bytes = g_poisoned_bytes;
     ascend_mock_unlock();
     out->violations = ascend_mock_violation_count();
 }

@@ -21,7 +21,8 @@ extern "C" {
 #define ASCEND_MOCK_GARBAGE_BYTE 0xA5
 
 /* Process-wide counters. The live_* fields count objects alive now; device_mallocs and violations
- * are totals since the library was loaded. The layout is fixed (eight uint64_t). */
+ * are totals since the library was loaded. The layout is fixed (nine uint64_t; fields are only
+ * ever appended). */
 typedef struct ascend_mock_stats {
     uint64_t live_allocations; /* aclrtMalloc blocks not yet freed */
     uint64_t live_tensors;     /* aclCreateTensor handles not yet destroyed */
@@ -31,6 +32,8 @@ typedef struct ascend_mock_stats {
     uint64_t device_mallocs;   /* total successful aclrtMalloc calls */
     uint64_t violations;       /* total violations (each also printed on stderr) */
     uint64_t queued_tasks;     /* tasks enqueued on streams and not yet run */
+    uint64_t poisoned_bytes;   /* device bytes of live allocations that a skipped task should have
+                                  written and nothing wrote since: reading them is an error */
 } ascend_mock_stats;
 
 /* Fills *out with the current counters. */

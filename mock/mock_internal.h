@@ -70,17 +70,23 @@ struct ascend_mock_executor {
     void (*destroy)(ascend_mock_executor *self); /* frees the struct; called with the lock held */
 };
 
-/* A device byte range a queued task reads or writes. */
+/* A device byte range a queued task reads or writes: [addr, addr+len) inside allocation alloc_id.
+ * With `view` NULL the task touches every byte of it; else only the bytes of the elements of that
+ * tensor view (a snapshot that lives as long as the task's payload), and [addr, addr+len) is the
+ * view's span (used for ordering checks). Poison (see acl.c) is tracked on exactly those bytes. */
 typedef struct ascend_mock_range {
     uintptr_t addr;
     uint64_t len;
     uint64_t alloc_id;
     int write;
     const char *name;
+    const struct ascend_mock_tensor *view;
 } ascend_mock_range;
 
-/* A queued task's body: runs with the lock held, after every range was found still alive.
- * Returns 0, or the status the synchronizing call reports (after counting a violation). */
+/* A queued task's body: runs with the lock held, after every range was found still alive and no
+ * read range holds poisoned bytes. Returns 0 (its write ranges now hold what it wrote), or the
+ * status the synchronizing call reports (after counting a violation; its write ranges become
+ * poisoned, as for a skipped task). */
 typedef int (*ascend_mock_run_fn)(void *payload);
 typedef void (*ascend_mock_drop_fn)(void *payload);
 

@@ -420,6 +420,7 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
         if (view_range(t, &ranges[nranges])) {
             ranges[nranges].write = a->write;
             ranges[nranges].name = a->name;
+            ranges[nranges].view = &k->call.t[i]; /* the kernel touches the view's elements only */
             nranges++;
         }
     }
@@ -448,6 +449,7 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
         ranges[nranges].alloc_id = ws_alloc;
         ranges[nranges].write = 1;
         ranges[nranges].name = "workspace";
+        ranges[nranges].view = NULL;
         nranges++;
     }
     k->call.ws = e->call.ws_size ? workspace : NULL;

@@ -11,7 +11,8 @@
 //! memory freed while queued work still uses it, an executor launched twice, a wrong workspace,
 //! unaligned tensor data, a device call without `aclInit`/`aclrtSetDevice`, ...) counts a
 //! violation and prints `ascend mock CANN violation: <why>` on stderr. Tests assert on
-//! [`stats`] (and [`violations_since`] for the messages).
+//! [`stats`] (and [`violations_since`] for the messages). What a skipped task should have written
+//! is poisoned (see [`MockStats::poisoned_bytes`]): reading it is an error, never stale bytes.
 //!
 //! The functions here read the mock's process-wide state through extra C functions of its
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
@@ -61,6 +62,12 @@ pub struct MockStats {
     pub device_mallocs: u64,
     /// Total violations detected (each also printed on stderr).
     pub violations: u64,
+    /// Device bytes (of live allocations) that a skipped queued task should have written and
+    /// nothing wrote since. Reading them fails: a synchronous `aclrtMemcpy` returns
+    /// `ACL_ERROR_RT_DEVICE_MEM_ERROR` (507053), a queued copy or kernel reading them is skipped
+    /// and poisons what it should have written in turn. Writing the bytes or freeing their
+    /// allocation clears them.
+    pub poisoned_bytes: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -85,6 +92,7 @@ struct RawStats {
     device_mallocs: u64,
     violations: u64,
     queued_tasks: u64,
+    poisoned_bytes: u64,
 }
 
 struct Api {
@@ -147,6 +155,7 @@ pub fn stats() -> MockStats {
         live_streams: raw.live_streams,
         device_mallocs: raw.device_mallocs,
         violations: raw.violations,
+        poisoned_bytes: raw.poisoned_bytes,
     }
 }
 

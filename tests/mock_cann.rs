@@ -141,6 +141,41 @@ impl Mock {
         out
     }
 
+    /// A synchronous device-to-host copy that may fail: (status, the host buffer, filled with
+    /// 0x11 before the call so that a copy that did nothing is told apart).
+    fn try_d2h(&self, src: *const c_void, len: usize) -> (i32, Vec<u8>) {
+        let mut out = vec![0x11u8; len];
+        // SAFETY: writes at most `len` bytes into `out`; the mock checks the source range.
+        let st = unsafe { self.c.acl.aclrtMemcpy(out.as_mut_ptr().cast(), len, src, len, D2H) };
+        (st, out)
+    }
+
+    /// Asserts that reading `len` bytes at `src` fails because they are poisoned, copying nothing,
+    /// and that the error text contains every needle. Returns the text.
+    #[track_caller]
+    fn expect_poisoned(&self, src: *const c_void, len: usize, needles: &[&str]) -> String {
+        let (st, got) = self.try_d2h(src, len);
+        let msg = self.err();
+        assert_eq!(st, 507053, "reading poisoned bytes: {msg}");
+        assert_eq!(got, vec![0x11u8; len], "a failed read copies nothing");
+        assert!(msg.starts_with("aclrtMemcpy failed. ERROR: 507053. The copy's source ["), "{msg}");
+        for needle in
+            ["holds bytes that were never written", "should have written, but it was skipped: "].iter().chain(needles)
+        {
+            assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+        }
+        msg
+    }
+
+    fn poisoned_bytes(&self) -> u64 {
+        mock::stats().poisoned_bytes - self.base.poisoned_bytes
+    }
+
+    fn memset(&self, p: *mut c_void, value: i32, count: usize) -> i32 {
+        // SAFETY: the mock checks the range against its allocation table.
+        unsafe { self.c.acl.aclrtMemset(p, count, value, count) }
+    }
+
     fn upload(&self, bytes: &[u8]) -> *mut c_void {
         let p = self.malloc(bytes.len().max(1));
         assert_eq!(self.h2d(p, bytes), 0);
@@ -814,7 +849,8 @@ fn violation_launch_reading_freed_memory() {
     m.expect_violations(2, "still uses this memory (workspace)");
     assert_eq!(m.sync(s), 507015);
     m.expect_violations(3, "device memory of input");
-    assert_eq!(case.outputs(&m)[0], [SENTINEL; 3], "the skipped launch wrote nothing");
+    m.expect_poisoned(case.devs[5].mem, 12, &["they are bytes of sumDy that task #", "was freed before it ran"]);
+    m.expect_violations(3, "");
     let mut devs = case.devs;
     let input = devs.remove(1);
     assert_eq!(m.destroy_tensor(input.t), 0);
@@ -1152,7 +1188,8 @@ fn violation_unchecked_lengths_caught_when_the_kernel_runs() {
     assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
     assert_eq!(m.sync(ptr::null_mut()), 507015);
     m.expect_violations(1, "mean has shape [2] (2 elements) but the kernel reads 3");
-    assert_eq!(case.outputs(&m)[0], [SENTINEL; 3]);
+    assert!(m.err().contains("its kernel failed with status 507015"));
+    m.expect_poisoned(case.devs[5].mem, 12, &["they are bytes of sumDy that task #", "its kernel failed"]);
     // gradOut of another shape than input
     let mut a = case.args();
     swap(&m, &mut a, 0, &f32_spec(&[2, 3, 2, 2]), &mut extra);
@@ -1507,6 +1544,270 @@ fn runtime_threads_each_with_a_stream() {
     assert_eq!(after.live_tensors, m.base.live_tensors);
     assert_eq!(after.device_mallocs, m.base.device_mallocs + 4 * (6 + 3));
     m.expect_violations(0, "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Poison: what a skipped task should have written cannot be read as if it had been (issue 8)
+
+const F32: aclDataType = aclDataType::ACL_FLOAT;
+
+/// `p` moved by `bytes` (device addresses are only passed to the mock, never dereferenced here).
+fn at(p: *mut c_void, bytes: usize) -> *mut c_void {
+    p.cast::<u8>().wrapping_add(bytes).cast()
+}
+
+/// Queues phase 2 of `args` (over `case`) on `s` with a fresh workspace, then frees the case's
+/// input before the stream runs it: the synchronize skips the kernel (507015). Two violations
+/// (the free while queued, the skip). The input's `mem` is null afterwards (`release` then only
+/// destroys its tensor). Returns the workspace, still allocated.
+fn skip_launch(m: &Mock, case: &mut Case, args: &Args, s: aclrtStream) -> *mut c_void {
+    let (st, size, ex) = m.phase1(args);
+    assert_eq!(st, 0, "phase 1: {}", m.err());
+    let ws = m.malloc(size as usize);
+    assert_eq!(m.launch(ws, size, ex, s), 0, "phase 2: {}", m.err());
+    let input = std::mem::replace(&mut case.devs[1].mem, ptr::null_mut());
+    assert_eq!(m.free(input), 0);
+    assert_eq!(m.sync(s), 507015, "the kernel is skipped");
+    ws
+}
+
+/// At the end of a poison test: every object released, all poison gone, `violations` new ones.
+#[track_caller]
+fn expect_clean_end(m: &Mock, violations: u64) {
+    let after = mock::stats();
+    let want = MockStats { device_mallocs: after.device_mallocs, violations: m.base.violations + violations, ..m.base };
+    assert_eq!(after, want);
+    assert_eq!(mock::live_events_and_queued_tasks().1, 0);
+}
+
+#[test]
+fn poison_skipped_kernel_outputs_fail_to_read_until_rewritten() {
+    let m = Mock::new();
+    assert_eq!(m.base.poisoned_bytes, 0, "an earlier test left poison behind");
+    let s = m.stream();
+    let mut case = ut_case(&m, F32);
+    let args = case.args();
+    let ws = skip_launch(&m, &mut case, &args, s);
+    let msg = m.err();
+    for needle in [
+        "aclrtSynchronizeStream failed. ERROR: 507015",
+        "(aclnnBatchNormReduceBackward) was skipped: the device memory of input [",
+    ] {
+        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+    }
+    m.expect_violations(2, "was freed before the task ran");
+    assert_eq!(m.poisoned_bytes(), 4 * 12 + 32, "four outputs of three f32, and the 32-byte workspace");
+    for (slot, name) in [(5, "sumDy"), (6, "sumDyXmu"), (7, "gradWeight"), (8, "gradBias")] {
+        m.expect_poisoned(
+            case.devs[slot].mem,
+            12,
+            &[
+                &format!("they are bytes of {name} that task #"),
+                "(aclnnBatchNormReduceBackward queued on stream 0x",
+                "was skipped: the device memory of input [",
+                "was freed before it ran. Nothing was copied.",
+            ],
+        );
+    }
+    m.expect_poisoned(ws, 32, &["they are bytes of workspace that task #"]);
+    m.expect_poisoned(at(case.devs[5].mem, 5), 1, &["they are bytes of sumDy"]);
+    m.expect_violations(2, "");
+    // freeing an allocation drops its poison
+    assert_eq!(m.free(ws), 0);
+    assert_eq!(m.poisoned_bytes(), 48);
+    // a partial rewrite clears exactly the bytes written: channel 0 by a copy, channel 2 by a memset
+    let sum_dy = case.devs[5].mem;
+    assert_eq!(m.h2d(sum_dy, &1.5f32.to_le_bytes()), 0);
+    assert_eq!(m.poisoned_bytes(), 44);
+    assert_eq!(m.d2h(sum_dy, 4), 1.5f32.to_le_bytes());
+    m.expect_poisoned(sum_dy, 12, &[&format!("(at {:p})", at(sum_dy, 4))]);
+    assert_eq!(m.memset(at(sum_dy, 8), 0, 4), 0);
+    assert_eq!(m.poisoned_bytes(), 40);
+    assert_eq!(m.d2h(at(sum_dy, 8), 4), [0u8; 4]);
+    m.expect_poisoned(at(sum_dy, 4), 4, &["they are bytes of sumDy"]);
+    m.expect_poisoned(at(sum_dy, 3), 2, &[&format!("(at {:p})", at(sum_dy, 4))]);
+    m.expect_poisoned(at(sum_dy, 7), 2, &[&format!("(at {:p})", at(sum_dy, 7))]);
+    // a full rewrite: the read succeeds, with the new values
+    assert_eq!(m.h2d(case.devs[6].mem, &encode(F32, &[7.0, 8.0, 9.0])), 0);
+    assert_eq!(m.poisoned_bytes(), 28);
+    assert_eq!(m.read(&case.devs[6]), [7.0, 8.0, 9.0]);
+    // free drops poison; fresh memory (perhaps at the same address) is clean garbage
+    let grad_weight = std::mem::replace(&mut case.devs[7].mem, ptr::null_mut());
+    assert_eq!(m.free(grad_weight), 0);
+    assert_eq!(m.poisoned_bytes(), 16);
+    let fresh = m.malloc(12);
+    assert_eq!(m.d2h(fresh, 12), [mock::GARBAGE_BYTE; 12]);
+    assert_eq!(m.free(fresh), 0);
+    m.expect_violations(2, "");
+    case.release(&m);
+    assert_eq!(m.destroy_stream(s), 0);
+    expect_clean_end(&m, 2);
+}
+
+#[test]
+fn poison_propagates_through_kernels_and_async_copies() {
+    let m = Mock::new();
+    let s = m.stream();
+    let mut a = ut_case(&m, F32);
+    let args_a = a.args();
+    let ws_a = skip_launch(&m, &mut a, &args_a, s);
+    assert_eq!(m.free(ws_a), 0);
+    m.expect_violations(2, "was freed before the task ran");
+    assert_eq!(m.poisoned_bytes(), 48);
+    // kernel B reads A's sumDy as its mean: skipped, an error status but no new violation...
+    let b = ut_case(&m, F32);
+    let mut args = b.args();
+    args.t[2] = a.devs[5].t;
+    let (st, size, ex) = m.phase1(&args);
+    assert_eq!(st, 0);
+    let ws_b = m.malloc(size as usize);
+    assert_eq!(m.launch(ws_b, size, ex, s), 0);
+    assert_eq!(m.sync(s), 507015);
+    let msg = m.err();
+    for needle in [
+        "aclrtSynchronizeStream failed. ERROR: 507015",
+        "(aclnnBatchNormReduceBackward) was skipped: mean [",
+        "holds bytes that were never written",
+        "they are bytes of sumDy that task #",
+    ] {
+        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+    }
+    m.expect_violations(2, "");
+    // ...and poisons what it should have written, naming the chain back to A
+    assert_eq!(m.poisoned_bytes(), 48 + 48 + 32);
+    m.expect_poisoned(
+        b.devs[8].mem,
+        12,
+        &[
+            "they are bytes of gradBias that task #",
+            "was skipped: mean [",
+            "they are bytes of sumDy that task #",
+            "was freed before it ran",
+        ],
+    );
+    assert_eq!(m.free(ws_b), 0);
+    // queued copies reading poison are skipped; a device destination is poisoned in turn
+    let dst = m.upload(&[0u8; 12]);
+    let mut host = [0x11u8; 12];
+    // SAFETY: `host` outlives the synchronization; the mock checks the device ranges.
+    unsafe {
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(dst, 12, a.devs[8].mem, 12, D2D, s), 0);
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(host.as_mut_ptr().cast(), 12, a.devs[8].mem, 12, D2H, s), 0);
+    }
+    assert_eq!(m.sync(s), 507053);
+    let msg = m.err();
+    for needle in [
+        "aclrtSynchronizeStream failed. ERROR: 507053",
+        "(aclrtMemcpyAsync) was skipped: the copy's source [",
+        "they are bytes of gradBias that task #",
+    ] {
+        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+    }
+    assert_eq!(host, [0x11u8; 12], "the skipped copy wrote nothing");
+    assert_eq!(m.poisoned_bytes(), 96 + 12);
+    m.expect_poisoned(
+        dst,
+        12,
+        &[
+            "they are bytes of the copy's destination that task #",
+            "(aclrtMemcpyAsync queued on stream 0x",
+            "they are bytes of gradBias that task #",
+        ],
+    );
+    // a synchronous device-to-device copy from poison fails and leaves its destination alone
+    let clean = m.upload(&[5u8; 12]);
+    // SAFETY: both ranges are device memory the mock checks.
+    assert_eq!(unsafe { m.c.acl.aclrtMemcpy(clean, 12, dst, 12, D2D) }, 507053);
+    assert!(m.err().contains("Nothing was copied"));
+    assert_eq!(m.d2h(clean, 12), [5u8; 12]);
+    assert_eq!(m.poisoned_bytes(), 96 + 12);
+    m.expect_violations(2, "");
+    // queued copies that run clear what they wrote: dst, and A's sumDy (B's mean)
+    let ones = encode(F32, &[1.0; 3]);
+    // SAFETY: `ones` outlives the synchronization.
+    unsafe {
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(dst, 12, clean, 12, D2D, s), 0);
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(a.devs[5].mem, 12, ones.as_ptr().cast(), 12, H2D, s), 0);
+    }
+    assert_eq!(m.sync(s), 0, "{}", m.err());
+    assert_eq!(m.d2h(dst, 12), [5u8; 12]);
+    assert_eq!(m.poisoned_bytes(), 96 - 12);
+    // B relaunched: it runs, clears its outputs, and they hold what a clean run computes
+    let (st, size, ex) = m.phase1(&args);
+    assert_eq!(st, 0);
+    assert_eq!(m.launch_sync(size, ex, s), 0, "{}", m.err());
+    assert_eq!(m.poisoned_bytes(), 36, "A's three other outputs");
+    let v = Rng(0x5EED).vec(24, -8.0, 8.0);
+    let reference = Case::new(&m, F32, &[2, 3, 1, 4], &v, &v, &[1.0; 3], &[0.125, 0.1, 0.3]);
+    m.expect_ok(&reference.args());
+    assert_eq!(b.outputs(&m), reference.outputs(&m));
+    m.expect_violations(2, "");
+    for p in [dst, clean] {
+        assert_eq!(m.free(p), 0);
+    }
+    for c in [a, b, reference] {
+        c.release(&m);
+    }
+    assert_eq!(m.destroy_stream(s), 0);
+    expect_clean_end(&m, 2);
+}
+
+#[test]
+fn poison_covers_exactly_the_elements_of_strided_views() {
+    let m = Mock::new();
+    let s = m.stream();
+    // one allocation, two interleaved [3] views: even elements = sumDy of a kernel that is skipped
+    let shared = m.upload(&encode(F32, &[0.0, 10.0, 0.0, 11.0, 0.0, 12.0]));
+    let even = m.create_tensor(&Spec::strided(F32, &[3], &[2], 0, 6), shared);
+    let odd = m.create_tensor(&Spec::strided(F32, &[3], &[2], 1, 6), shared);
+    assert!(!even.is_null() && !odd.is_null());
+    let mut a = ut_case(&m, F32);
+    let mut args = a.args();
+    args.t[5] = even;
+    let ws = skip_launch(&m, &mut a, &args, s);
+    assert_eq!(m.free(ws), 0);
+    assert_eq!(m.poisoned_bytes(), 12 + 3 * 12, "the even elements and the three other outputs");
+    for (k, v) in [10.0f32, 11.0, 12.0].into_iter().enumerate() {
+        assert_eq!(m.d2h(at(shared, 8 * k + 4), 4), v.to_le_bytes(), "odd element {k} is not poisoned");
+        m.expect_poisoned(at(shared, 8 * k), 4, &["they are bytes of sumDy that task #"]);
+    }
+    m.expect_poisoned(at(shared, 4), 8, &[&format!("(at {:p})", at(shared, 8))]);
+    // a kernel reading the odd view runs, though its span covers poisoned even elements
+    let b = ut_case(&m, F32);
+    let mut args_b = b.args();
+    args_b.t[2] = odd;
+    m.expect_ok(&args_b);
+    assert_eq!(m.poisoned_bytes(), 48);
+    // one reading the even view is skipped (and poisons B's outputs)
+    let mut args_c = b.args();
+    args_c.t[3] = even;
+    let (st, size, ex) = m.phase1(&args_c);
+    assert_eq!(st, 0);
+    assert_eq!(m.launch_sync(size, ex, s), 507015);
+    assert!(m.err().contains("was skipped: invstd ["));
+    m.expect_poisoned(b.devs[6].mem, 12, &["they are bytes of sumDyXmu", "was skipped: invstd ["]);
+    assert_eq!(m.poisoned_bytes(), 48 + 48);
+    // a kernel writing the even view clears exactly its elements; the odd ones keep their values
+    let c = ut_case(&m, F32);
+    let mut args_d = c.args();
+    args_d.t[5] = even;
+    m.expect_ok(&args_d);
+    assert_eq!(m.poisoned_bytes(), 36 + 48);
+    let v = Rng(0x5EED).vec(24, -8.0, 8.0);
+    let spec = f32_spec(&[2, 3, 1, 4]);
+    let sum_dy = replica(&spec, &v, &spec, &v, &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3], 3).0;
+    let all = decode(F32, &m.d2h(shared, 24));
+    assert_eq!(all, [sum_dy[0], 10.0, sum_dy[1], 11.0, sum_dy[2], 12.0]);
+    m.expect_violations(2, "");
+    for t in [even, odd] {
+        assert_eq!(m.destroy_tensor(t), 0);
+    }
+    assert_eq!(m.free(shared), 0);
+    for case in [a, b, c] {
+        case.release(&m);
+    }
+    assert_eq!(m.destroy_stream(s), 0);
+    expect_clean_end(&m, 2);
 }
 
 // ---------------------------------------------------------------------------------------------
