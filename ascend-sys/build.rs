@@ -39,6 +39,7 @@ mod generate {
             ("ascendcl.rs", "AscendCl", ASCENDCL_SYMBOLS.to_vec(), true),
             ("nnopbase.rs", "NnOpBase", NNOPBASE_SYMBOLS.to_vec(), true),
             ("opapi.rs", "OpApi", ops, false),
+            ("hccl.rs", "Hccl", HCCL_SYMBOLS.iter().chain(HCCL_OPTIONAL_SYMBOLS).copied().collect(), false),
         ]
     }
 
@@ -55,6 +56,11 @@ mod generate {
         "aclFormat",
         "aclrtMemcpyKind",
         "aclrtMemMallocPolicy",
+        "HcclComm",
+        "HcclRootInfo",
+        "HcclResult",
+        "HcclDataType",
+        "HcclReduceOp",
     ];
 
     fn toolkit_include() -> Option<PathBuf> {
@@ -69,6 +75,7 @@ mod generate {
                     "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h",
                     "aclnnop/aclnn_batch_norm_elemt.h",
                     "aclnnop/aclnn_batch_norm_elemt_backward.h",
+                    "hccl/hccl.h",
                 ];
                 if headers.iter().all(|h| inc.join(h).is_file()) {
                     return Some(inc);

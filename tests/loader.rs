@@ -173,6 +173,32 @@ fn op_library_falls_back_to_the_package_library() {
     assert_eq!(cann.op_library_paths(), [lib64.join("libopapi_nn.so")]);
 }
 
+/// HCCL is loaded only when asked for, from the toolkit's directory: absent, only `hccl()` fails
+/// (naming libhccl.so); a missing required function is named; `HcclGetErrorString` is optional.
+#[test]
+fn hccl_is_loaded_on_demand_with_optional_functions() {
+    use ascend_sys::loader::HCCL;
+    use ascend_sys::symbols::{HCCL_OPTIONAL_SYMBOLS, HCCL_SYMBOLS};
+    let root = toolkit("no-hccl", OPAPI, "");
+    let cann = ascend_sys::load_from(&root).expect("a toolkit without HCCL loads");
+    let err = cann.hccl().unwrap_err();
+    assert_eq!((err.library.as_str(), err.symbol.as_deref()), (HCCL, None));
+    assert_eq!(err.tried, vec![(path_text(root.join("lib64").join(HCCL)), "not found".to_string())]);
+
+    let root = toolkit("hccl-8x", OPAPI, "");
+    stub_library(&root.join("lib64"), HCCL, HCCL_SYMBOLS); // no HcclGetErrorString, as in some 8.x
+    let hccl = ascend_sys::load_from(&root).unwrap().hccl().expect("HcclGetErrorString is optional");
+    assert!(hccl.HcclGetErrorString.is_err() && hccl.HcclAllReduce.is_ok());
+
+    let root = toolkit("hccl-no-allgather", OPAPI, "");
+    let mut symbols: Vec<&str> = HCCL_SYMBOLS.iter().chain(HCCL_OPTIONAL_SYMBOLS).copied().collect();
+    symbols.retain(|s| *s != "HcclAllGather");
+    stub_library(&root.join("lib64"), HCCL, &symbols);
+    let err = ascend_sys::load_from(&root).unwrap().hccl().unwrap_err();
+    assert_eq!(err.symbol.as_deref(), Some("HcclAllGather"), "{err}");
+    assert!(err.to_string().contains("lacks the symbol `HcclAllGather`"), "{err}");
+}
+
 #[test]
 fn a_file_that_is_not_a_library_is_reported_with_the_reason() {
     let root = scratch("not-elf");

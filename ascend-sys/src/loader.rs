@@ -24,13 +24,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use crate::bindings::{AscendCl, NnOpBase, OpApi};
+use crate::bindings::{AscendCl, Hccl, NnOpBase, OpApi};
 use crate::symbols::Operator;
 
 /// File name of the ACL runtime library.
 pub const ASCENDCL: &str = "libascendcl.so";
 /// File name of the aclnn base library (tensors, executors).
 pub const NNOPBASE: &str = "libnnopbase.so";
+/// File name of the collectives library (on CANN 9.x it depends on `libhcomm.so`, found through it).
+pub const HCCL: &str = "libhccl.so";
 /// File name of the op library of CANN 8.x, holding every operator; tried first.
 pub const OPAPI: &str = "libopapi.so";
 /// File names of the op libraries of CANN 8.5+ split packages, by package.
@@ -54,6 +56,8 @@ pub struct Cann {
     dir: Option<PathBuf>,
     /// Op libraries by file name, each opened once (or the reason it could not be).
     op_libraries: Mutex<Vec<(&'static str, Result<&'static OpLibrary, String>)>>,
+    /// `libhccl.so`, opened when first needed.
+    hccl: OnceLock<Result<&'static Hccl, LoadError>>,
 }
 
 /// One op library: where it is, its functions, and which of them it exports.
@@ -116,10 +120,49 @@ impl Cann {
 }
 
 impl Cann {
+    /// HCCL (`libhccl.so`, from the directory `libascendcl.so` came from; on CANN 9.x it brings
+    /// `libhcomm.so`, whose communicator functions resolve through it), loaded on first use, so
+    /// single-device users never need it. Every function of [`HCCL_SYMBOLS`] must be exported;
+    /// those of [`HCCL_OPTIONAL_SYMBOLS`] are `Err` fields when absent.
+    ///
+    /// [`HCCL_SYMBOLS`]: crate::symbols::HCCL_SYMBOLS
+    /// [`HCCL_OPTIONAL_SYMBOLS`]: crate::symbols::HCCL_OPTIONAL_SYMBOLS
+    pub fn hccl(&self) -> Result<&'static Hccl, LoadError> {
+        self.hccl.get_or_init(|| self.load_hccl()).clone()
+    }
+
+    fn load_hccl(&self) -> Result<&'static Hccl, LoadError> {
+        let path = candidate(&self.dir, HCCL);
+        let fail = |symbol: Option<String>, why: String| LoadError {
+            library: HCCL.into(),
+            symbol,
+            operator: None,
+            tried: vec![(path.display().to_string(), why)],
+        };
+        let lib = open(&self.dir, HCCL).map_err(|why| fail(None, why))?;
+        for name in crate::symbols::HCCL_SYMBOLS {
+            // SAFETY: only looks the symbol up (its address is never used as this type).
+            if let Err(e) = unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) } {
+                return Err(fail(Some((*name).to_string()), e.to_string()));
+            }
+        }
+        // SAFETY: the functions are resolved with the signatures bindgen derived from wrapper.h,
+        // whose declarations are checked against HCCL's public headers (HCCL.md section 2); every
+        // required one was just found, the optional ones are `Err` fields when absent.
+        let hccl = unsafe { Hccl::from_library(lib) }.map_err(|e| fail(None, e.to_string()))?;
+        Ok(Box::leak(Box::new(hccl)))
+    }
+
     /// The op libraries opened so far, with where each came from.
     pub fn op_library_paths(&self) -> Vec<PathBuf> {
         let libs = self.op_libraries.lock().unwrap_or_else(|p| p.into_inner());
         libs.iter().filter_map(|(_, r)| r.as_ref().ok().map(|l| l.path.clone())).collect()
+    }
+}
+
+impl fmt::Debug for Hccl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hccl").finish_non_exhaustive()
     }
 }
 
@@ -259,6 +302,7 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
             paths: [acl_path, nn_path],
             dir: dir.clone(),
             op_libraries: Mutex::new(Vec::new()),
+            hccl: OnceLock::new(),
         }));
         LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(cann);
         return Ok(cann);

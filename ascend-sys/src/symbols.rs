@@ -77,3 +77,20 @@ pub const OPERATORS: &[Operator] = &[
     BATCH_NORM_ELEMT,
     BATCH_NORM_ELEMT_BACKWARD,
 ];
+
+/// `libhccl.so` (and, through it, `libhcomm.so` on CANN 9.x): collectives across devices, loaded
+/// only when a communicator is made. Every one must be exported.
+pub const HCCL_SYMBOLS: &[&str] = &[
+    "HcclGetRootInfo",
+    "HcclCommInitRootInfo",
+    "HcclCommInitAll",
+    "HcclCommDestroy",
+    "HcclAllReduce",
+    "HcclBroadcast",
+    "HcclAllGather",
+    "HcclGetRankSize",
+    "HcclGetRankId",
+];
+
+/// `libhccl.so` functions that some releases lack (`HcclGetErrorString` is absent in 8.x headers).
+pub const HCCL_OPTIONAL_SYMBOLS: &[&str] = &["HcclGetErrorString"];

@@ -150,3 +150,71 @@ fn missing_toolkit_is_a_typed_error_not_a_panic() {
         Ok(cann) => assert!(!cann.paths[0].starts_with(&dir)),
     }
 }
+
+/// HCCL's types against HCCL.md section 3: the 4108-byte root info, and the enum values.
+#[test]
+fn hccl_types_match_hccl_md() {
+    assert_eq!(size_of::<HcclRootInfo>(), 4108);
+    assert_eq!(std::mem::align_of::<HcclRootInfo>(), 1);
+    assert_eq!(size_of::<HcclComm>(), size_of::<*mut ()>());
+    assert_eq!((size_of::<HcclResult>(), size_of::<HcclDataType>(), size_of::<HcclReduceOp>()), (4, 4, 4));
+    let results = [
+        (HcclResult::HCCL_SUCCESS, 0),
+        (HcclResult::HCCL_E_PARA, 1),
+        (HcclResult::HCCL_E_PTR, 2),
+        (HcclResult::HCCL_E_MEMORY, 3),
+        (HcclResult::HCCL_E_INTERNAL, 4),
+        (HcclResult::HCCL_E_NOT_SUPPORT, 5),
+        (HcclResult::HCCL_E_NOT_FOUND, 6),
+        (HcclResult::HCCL_E_UNAVAIL, 7),
+        (HcclResult::HCCL_E_SYSCALL, 8),
+        (HcclResult::HCCL_E_TIMEOUT, 9),
+        (HcclResult::HCCL_E_OPEN_FILE_FAILURE, 10),
+        (HcclResult::HCCL_E_TCP_CONNECT, 11),
+        (HcclResult::HCCL_E_ROCE_CONNECT, 12),
+        (HcclResult::HCCL_E_TCP_TRANSFER, 13),
+        (HcclResult::HCCL_E_ROCE_TRANSFER, 14),
+        (HcclResult::HCCL_E_RUNTIME, 15),
+        (HcclResult::HCCL_E_DRV, 16),
+        (HcclResult::HCCL_E_PROFILING, 17),
+        (HcclResult::HCCL_E_CCE, 18),
+        (HcclResult::HCCL_E_NETWORK, 19),
+        (HcclResult::HCCL_E_AGAIN, 20),
+        (HcclResult::HCCL_E_REMOTE, 21),
+        (HcclResult::HCCL_E_SUSPENDING, 22),
+        (HcclResult::HCCL_E_OPRETRY_FAIL, 23),
+        (HcclResult::HCCL_E_OOM, 24),
+    ];
+    for (v, n) in results {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+    let types = [
+        (HcclDataType::HCCL_DATA_TYPE_INT8, 0),
+        (HcclDataType::HCCL_DATA_TYPE_INT16, 1),
+        (HcclDataType::HCCL_DATA_TYPE_INT32, 2),
+        (HcclDataType::HCCL_DATA_TYPE_FP16, 3),
+        (HcclDataType::HCCL_DATA_TYPE_FP32, 4),
+        (HcclDataType::HCCL_DATA_TYPE_INT64, 5),
+        (HcclDataType::HCCL_DATA_TYPE_UINT64, 6),
+        (HcclDataType::HCCL_DATA_TYPE_UINT8, 7),
+        (HcclDataType::HCCL_DATA_TYPE_UINT16, 8),
+        (HcclDataType::HCCL_DATA_TYPE_UINT32, 9),
+        (HcclDataType::HCCL_DATA_TYPE_FP64, 10),
+        (HcclDataType::HCCL_DATA_TYPE_BFP16, 11),
+        (HcclDataType::HCCL_DATA_TYPE_INT128, 12),
+        (HcclDataType::HCCL_DATA_TYPE_RESERVED, 255),
+    ];
+    for (v, n) in types {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+    let ops = [
+        (HcclReduceOp::HCCL_REDUCE_SUM, 0),
+        (HcclReduceOp::HCCL_REDUCE_PROD, 1),
+        (HcclReduceOp::HCCL_REDUCE_MAX, 2),
+        (HcclReduceOp::HCCL_REDUCE_MIN, 3),
+        (HcclReduceOp::HCCL_REDUCE_RESERVED, 255),
+    ];
+    for (v, n) in ops {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+}

@@ -40,7 +40,17 @@ pub mod opapi {
     include!(concat!(env!("OUT_DIR"), "/bindings/opapi.rs"));
 }
 
+/// `libhccl.so`: collectives (each function optional at load; the loader checks the required ones).
+pub mod hccl {
+    use super::types::*;
+    #[cfg(not(ascend_sys_generated))]
+    include!("hccl.rs");
+    #[cfg(ascend_sys_generated)]
+    include!(concat!(env!("OUT_DIR"), "/bindings/hccl.rs"));
+}
+
 pub use ascendcl::AscendCl;
+pub use hccl::Hccl;
 pub use nnopbase::NnOpBase;
 pub use opapi::OpApi;
 pub use types::*;

@@ -103,3 +103,75 @@ impl aclrtMemMallocPolicy {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct aclrtMemMallocPolicy(pub ::std::os::raw::c_uint);
+pub type HcclComm = *mut ::std::os::raw::c_void;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct HcclRootInfoDef {
+    pub internal: [::std::os::raw::c_char; 4108usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of HcclRootInfoDef"][::std::mem::size_of::<HcclRootInfoDef>() - 4108usize];
+    ["Alignment of HcclRootInfoDef"][::std::mem::align_of::<HcclRootInfoDef>() - 1usize];
+    ["Offset of field: HcclRootInfoDef::internal"][::std::mem::offset_of!(HcclRootInfoDef, internal) - 0usize];
+};
+pub type HcclRootInfo = HcclRootInfoDef;
+impl HcclResult {
+    pub const HCCL_SUCCESS: HcclResult = HcclResult(0);
+    pub const HCCL_E_PARA: HcclResult = HcclResult(1);
+    pub const HCCL_E_PTR: HcclResult = HcclResult(2);
+    pub const HCCL_E_MEMORY: HcclResult = HcclResult(3);
+    pub const HCCL_E_INTERNAL: HcclResult = HcclResult(4);
+    pub const HCCL_E_NOT_SUPPORT: HcclResult = HcclResult(5);
+    pub const HCCL_E_NOT_FOUND: HcclResult = HcclResult(6);
+    pub const HCCL_E_UNAVAIL: HcclResult = HcclResult(7);
+    pub const HCCL_E_SYSCALL: HcclResult = HcclResult(8);
+    pub const HCCL_E_TIMEOUT: HcclResult = HcclResult(9);
+    pub const HCCL_E_OPEN_FILE_FAILURE: HcclResult = HcclResult(10);
+    pub const HCCL_E_TCP_CONNECT: HcclResult = HcclResult(11);
+    pub const HCCL_E_ROCE_CONNECT: HcclResult = HcclResult(12);
+    pub const HCCL_E_TCP_TRANSFER: HcclResult = HcclResult(13);
+    pub const HCCL_E_ROCE_TRANSFER: HcclResult = HcclResult(14);
+    pub const HCCL_E_RUNTIME: HcclResult = HcclResult(15);
+    pub const HCCL_E_DRV: HcclResult = HcclResult(16);
+    pub const HCCL_E_PROFILING: HcclResult = HcclResult(17);
+    pub const HCCL_E_CCE: HcclResult = HcclResult(18);
+    pub const HCCL_E_NETWORK: HcclResult = HcclResult(19);
+    pub const HCCL_E_AGAIN: HcclResult = HcclResult(20);
+    pub const HCCL_E_REMOTE: HcclResult = HcclResult(21);
+    pub const HCCL_E_SUSPENDING: HcclResult = HcclResult(22);
+    pub const HCCL_E_OPRETRY_FAIL: HcclResult = HcclResult(23);
+    pub const HCCL_E_OOM: HcclResult = HcclResult(24);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct HcclResult(pub ::std::os::raw::c_uint);
+impl HcclDataType {
+    pub const HCCL_DATA_TYPE_INT8: HcclDataType = HcclDataType(0);
+    pub const HCCL_DATA_TYPE_INT16: HcclDataType = HcclDataType(1);
+    pub const HCCL_DATA_TYPE_INT32: HcclDataType = HcclDataType(2);
+    pub const HCCL_DATA_TYPE_FP16: HcclDataType = HcclDataType(3);
+    pub const HCCL_DATA_TYPE_FP32: HcclDataType = HcclDataType(4);
+    pub const HCCL_DATA_TYPE_INT64: HcclDataType = HcclDataType(5);
+    pub const HCCL_DATA_TYPE_UINT64: HcclDataType = HcclDataType(6);
+    pub const HCCL_DATA_TYPE_UINT8: HcclDataType = HcclDataType(7);
+    pub const HCCL_DATA_TYPE_UINT16: HcclDataType = HcclDataType(8);
+    pub const HCCL_DATA_TYPE_UINT32: HcclDataType = HcclDataType(9);
+    pub const HCCL_DATA_TYPE_FP64: HcclDataType = HcclDataType(10);
+    pub const HCCL_DATA_TYPE_BFP16: HcclDataType = HcclDataType(11);
+    pub const HCCL_DATA_TYPE_INT128: HcclDataType = HcclDataType(12);
+    pub const HCCL_DATA_TYPE_RESERVED: HcclDataType = HcclDataType(255);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct HcclDataType(pub ::std::os::raw::c_uint);
+impl HcclReduceOp {
+    pub const HCCL_REDUCE_SUM: HcclReduceOp = HcclReduceOp(0);
+    pub const HCCL_REDUCE_PROD: HcclReduceOp = HcclReduceOp(1);
+    pub const HCCL_REDUCE_MAX: HcclReduceOp = HcclReduceOp(2);
+    pub const HCCL_REDUCE_MIN: HcclReduceOp = HcclReduceOp(3);
+    pub const HCCL_REDUCE_RESERVED: HcclReduceOp = HcclReduceOp(255);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct HcclReduceOp(pub ::std::os::raw::c_uint);
