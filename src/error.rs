@@ -44,7 +44,20 @@ pub enum Error {
         /// The text of `aclGetRecentErrMsg`, when CANN gave one.
         message: Option<String>,
     },
-    /// The CANN libraries could not be loaded.
+    /// A collective (or making a communicator) failed: HCCL's `HcclResult`, by name. The CPU
+    /// engine reports the same results (e.g. `HCCL_E_TIMEOUT` for a rank that never arrived).
+    #[error("{call} failed with {name} ({result}){}", recent(.message))]
+    Hccl {
+        /// The HCCL function.
+        call: &'static str,
+        /// The `HcclResult` value.
+        result: u32,
+        /// Its name (e.g. `HCCL_E_TIMEOUT`).
+        name: &'static str,
+        /// `HcclGetErrorString`'s text, or the CPU engine's explanation.
+        message: Option<String>,
+    },
+    /// The CANN libraries (or one operator, or HCCL) could not be loaded.
     #[error("CANN is not available: {0}")]
     Load(#[from] ascend_sys::LoadError),
     /// CANN loaded but the requested device does not exist.
@@ -83,6 +96,14 @@ impl Error {
     pub fn status(&self) -> Option<i32> {
         match self {
             Error::InvalidArgument { status, .. } | Error::Cann { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The `HcclResult` of a failed collective ([`Error::Hccl`]).
+    pub fn hccl_result(&self) -> Option<u32> {
+        match self {
+            Error::Hccl { result, .. } => Some(*result),
             _ => None,
         }
     }

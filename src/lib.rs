@@ -31,6 +31,7 @@ pub mod cpu;
 mod device;
 pub mod dtype;
 mod error;
+pub mod hccl;
 mod layout;
 #[cfg(feature = "mock")]
 pub mod mock;

@@ -280,10 +280,12 @@ pub struct Leaks {
     pub executors: u64,
     /// Streams.
     pub streams: u64,
+    /// HCCL communicators.
+    pub communicators: u64,
 }
 
 /// The crate's deliberate leaks so far (see [`Leaks`]).
 pub fn leaks() -> Leaks {
-    let [allocations, tensors, executors, streams] = crate::device::leaks();
-    Leaks { allocations, tensors, executors, streams }
+    let [allocations, tensors, executors, streams, communicators] = crate::device::leaks();
+    Leaks { allocations, tensors, executors, streams, communicators }
 }

@@ -26,19 +26,20 @@ pub(crate) enum Leak {
     Tensor = 1,
     Executor = 2,
     Stream = 3,
+    Communicator = 4,
 }
 
-static LEAKS: [std::sync::atomic::AtomicU64; 4] = [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+static LEAKS: [std::sync::atomic::AtomicU64; 5] = [const { std::sync::atomic::AtomicU64::new(0) }; 5];
 
 /// Counts an object deliberately leaked by a destructor.
 pub(crate) fn leaked(kind: Leak) {
     LEAKS[kind as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// How many objects of each kind (allocations, tensors, executors, streams) destructors have
-/// leaked in this process.
+/// How many objects of each kind (allocations, tensors, executors, streams, communicators)
+/// destructors have leaked in this process.
 #[cfg_attr(not(feature = "mock"), allow(dead_code))]
-pub(crate) fn leaks() -> [u64; 4] {
+pub(crate) fn leaks() -> [u64; 5] {
     std::array::from_fn(|i| LEAKS[i].load(std::sync::atomic::Ordering::Relaxed))
 }
 

@@ -1,0 +1,285 @@
+//! Collectives across ranks: [`Communicator`] (all-reduce, all-gather, broadcast) and
+//! [`RootInfo`], on both backends.
+//!
+//! * **Ascend**: HCCL (`libhccl.so`, and `libhcomm.so` through it on CANN 9.x), loaded from the
+//!   toolkit only when a communicator is made, so single-device users never need it. Collectives
+//!   are asynchronous on the stream, like operators: every buffer a collective touches is
+//!   recorded on the stream with the enqueue (the one launch path of [`crate::ops`]), so it is
+//!   freed only after the stream has run the collective. HCCL's rules hold: one host thread drives
+//!   one rank ([`Communicator`] is `Send`, not `Sync`), every rank issues the same collectives in
+//!   the same order with the same count, dtype and op, and a rank that never arrives ends in
+//!   HCCL's timeout error (`HCCL_CONNECT_TIMEOUT`).
+//! * **CPU**: the ranks are threads of this process, joined in memory; a collective runs when it
+//!   is called and returns once every rank has called it (or fails after the timeout). Values
+//!   are reduced in f64 in rank order and rounded once, so every rank gets the same bits. This
+//!   engine is for tests and single-machine use; across machines, the Ascend path with HCCL is
+//!   the engine.
+//!
+//! Tensors given to a collective must be contiguous (HCCL works on flat buffers), on the
+//! communicator's device, of f32, f16 or bf16 (bf16 needs Atlas A2/A3 or later on Ascend).
+
+mod ascend;
+mod cpu;
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::context::{Context, ContextKind};
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::tensor::Tensor;
+
+/// How an all-reduce combines the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Σ over ranks (`HCCL_REDUCE_SUM`).
+    Sum,
+    /// Π over ranks (`HCCL_REDUCE_PROD`).
+    Prod,
+    /// Maximum (`HCCL_REDUCE_MAX`).
+    Max,
+    /// Minimum (`HCCL_REDUCE_MIN`).
+    Min,
+}
+
+/// The size of a root info, in bytes (`HCCL_ROOT_INFO_BYTES`).
+pub const ROOT_INFO_BYTES: usize = 4108;
+
+/// What ranks need to find each other ([`Communicator::init_rank`]): made by one rank (the root),
+/// then handed to every rank by the launcher (as bytes: a file, an environment variable, a
+/// socket). On Ascend it is HCCL's `HcclRootInfo` (the root opens a host port for the other
+/// ranks); on the CPU it names an in-process group.
+#[derive(Clone)]
+pub struct RootInfo {
+    bytes: Box<[u8; ROOT_INFO_BYTES]>,
+}
+
+impl std::fmt::Debug for RootInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RootInfo").field("kind", &if cpu::is_cpu_root(&self.bytes) { "cpu" } else { "hccl" }).finish()
+    }
+}
+
+impl RootInfo {
+    /// A new root info for a group whose root rank runs on `ctx`: `HcclGetRootInfo` on Ascend
+    /// (after binding the device), a new in-process group on the CPU.
+    pub fn new(ctx: &Context) -> Result<RootInfo> {
+        let bytes = match &ctx.kind {
+            ContextKind::Cpu => cpu::new_root(),
+            ContextKind::Ascend(device) => ascend::new_root(device)?,
+        };
+        Ok(RootInfo { bytes })
+    }
+
+    /// The bytes to hand to the other ranks.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..]
+    }
+
+    /// A root info received from the root rank: exactly [`ROOT_INFO_BYTES`] bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<RootInfo> {
+        let bytes: [u8; ROOT_INFO_BYTES] = bytes.try_into().map_err(|_| {
+            Error::invalid("root", format!("a root info has {ROOT_INFO_BYTES} bytes, got {}", bytes.len()))
+        })?;
+        Ok(RootInfo { bytes: Box::new(bytes) })
+    }
+}
+
+/// One rank of a group of ranks that run collectives together (an `HcclComm` on Ascend).
+///
+/// `Send` but not `Sync`: one thread drives one rank, as HCCL requires. Dropping it destroys the
+/// communicator after the streams its collectives ran on have finished.
+pub struct Communicator {
+    engine: Engine,
+    rank: u32,
+    size: u32,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+enum Engine {
+    Cpu(cpu::Rank),
+    Ascend(ascend::Comm),
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = match &self.engine {
+            Engine::Cpu(_) => "cpu".to_string(),
+            Engine::Ascend(c) => format!("Ascend device {}", c.device_id()),
+        };
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("backend", &backend)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// One communicator per context, rank `i` on `contexts[i]`, for several devices driven by one
+    /// process (`HcclCommInitAll` on Ascend: distinct devices of one toolkit; on the CPU, any
+    /// number of CPU contexts). Then give each communicator to its own thread: a collective
+    /// returns (on the CPU) or completes (on Ascend) only once every rank has issued it.
+    pub fn init_all(contexts: &[Context]) -> Result<Vec<Communicator>> {
+        if contexts.is_empty() {
+            return Err(Error::invalid("contexts", "at least one context is needed"));
+        }
+        let size = u32::try_from(contexts.len()).map_err(|_| Error::invalid("contexts", "too many ranks"))?;
+        let make = |engine, rank| Communicator { engine, rank, size, _not_sync: PhantomData };
+        if contexts.iter().all(|c| matches!(c.kind, ContextKind::Cpu)) {
+            return Ok(cpu::init_all(size)
+                .into_iter()
+                .enumerate()
+                .map(|(r, e)| make(Engine::Cpu(e), r as u32))
+                .collect());
+        }
+        let devices = contexts
+            .iter()
+            .map(|c| match &c.kind {
+                ContextKind::Ascend(d) => Ok(d.clone()),
+                ContextKind::Cpu => {
+                    Err(Error::invalid("contexts", "CPU and Ascend contexts cannot share a communicator"))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let comms = ascend::init_all(&devices)?;
+        Ok(comms.into_iter().enumerate().map(|(r, c)| make(Engine::Ascend(c), r as u32)).collect())
+    }
+
+    /// Rank `rank` of `n_ranks`, meeting the others through `root` (one process per device,
+    /// possibly across servers: `HcclCommInitRootInfo`). Blocks until every rank has joined, or
+    /// fails after the connect timeout (`HCCL_CONNECT_TIMEOUT` seconds; 120 by default).
+    pub fn init_rank(ctx: &Context, n_ranks: u32, root: &RootInfo, rank: u32) -> Result<Communicator> {
+        if n_ranks == 0 || rank >= n_ranks {
+            return Err(Error::invalid("rank", format!("rank {rank} of {n_ranks} ranks: need rank < n_ranks")));
+        }
+        let engine = match &ctx.kind {
+            ContextKind::Cpu => Engine::Cpu(cpu::init_rank(&root.bytes, n_ranks, rank, connect_timeout())?),
+            ContextKind::Ascend(device) => Engine::Ascend(ascend::init_rank(device, n_ranks, &root.bytes, rank)?),
+        };
+        Ok(Communicator { engine, rank, size: n_ranks, _not_sync: PhantomData })
+    }
+
+    /// This rank's number, `0..size()`.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// Combines `tensor` across ranks with `op`, in place: every rank ends with the same result.
+    /// Asynchronous on `stream` on Ascend (`HcclAllReduce` with send = recv).
+    pub fn all_reduce(&self, stream: &Stream, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        self.check(stream, tensor, "tensor")?;
+        match &self.engine {
+            Engine::Cpu(r) => r.all_reduce(tensor, op),
+            Engine::Ascend(c) => c.all_reduce(stream, tensor, op),
+        }
+    }
+
+    /// Gathers every rank's `input` into `output` (`size() × input.numel()` elements, rank-major,
+    /// same dtype). `HcclAllGather` on Ascend.
+    pub fn all_gather(&self, stream: &Stream, input: &Tensor, output: &mut Tensor) -> Result<()> {
+        self.check(stream, input, "input")?;
+        self.check(stream, output, "output")?;
+        if output.dtype() != input.dtype() {
+            return Err(Error::invalid(
+                "output",
+                format!("dtype must equal input's ({}), got {}", input.dtype(), output.dtype()),
+            ));
+        }
+        let want = input.numel().checked_mul(self.size as usize);
+        if want != Some(output.numel()) {
+            return Err(Error::invalid(
+                "output",
+                format!(
+                    "must hold size × input = {} × {} elements, holds {}",
+                    self.size,
+                    input.numel(),
+                    output.numel()
+                ),
+            ));
+        }
+        match &self.engine {
+            Engine::Cpu(r) => r.all_gather(input, output),
+            Engine::Ascend(c) => c.all_gather(stream, input, output),
+        }
+    }
+
+    /// Copies `tensor` of rank `root` to every rank's `tensor` (`HcclBroadcast`).
+    pub fn broadcast(&self, stream: &Stream, tensor: &mut Tensor, root: u32) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::invalid("root", format!("root rank {root} of {} ranks", self.size)));
+        }
+        self.check(stream, tensor, "tensor")?;
+        match &self.engine {
+            Engine::Cpu(r) => r.broadcast(tensor, root),
+            Engine::Ascend(c) => c.broadcast(stream, tensor, root),
+        }
+    }
+
+    /// The checks every collective makes on a tensor (the same on both backends).
+    fn check(&self, stream: &Stream, t: &Tensor, argument: &'static str) -> Result<()> {
+        t.check_stream(stream, argument)?;
+        match (&self.engine, stream.ascend()) {
+            (Engine::Cpu(_), None) => {}
+            (Engine::Ascend(c), Some((_, d))) if d.same(c.device()) => {}
+            _ => return Err(stream.mismatch("stream", &format!("the communicator is {self:?}"))),
+        }
+        if !t.is_contiguous() {
+            return Err(Error::invalid(argument, "collectives need a contiguous tensor (a flat buffer)"));
+        }
+        Ok(())
+    }
+}
+
+/// `HCCL_CONNECT_TIMEOUT` (seconds), else HCCL's default of 120 s.
+fn connect_timeout() -> Duration {
+    let secs = std::env::var("HCCL_CONNECT_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok());
+    secs.filter(|s| s.is_finite() && *s > 0.0).map_or(Duration::from_secs(120), Duration::from_secs_f64)
+}
+
+/// The names of the `HcclResult` values that are stable across HCCL versions (HCCL.md 3.2).
+pub(crate) fn result_name(result: u32) -> &'static str {
+    const NAMES: [&str; 25] = [
+        "HCCL_SUCCESS",
+        "HCCL_E_PARA",
+        "HCCL_E_PTR",
+        "HCCL_E_MEMORY",
+        "HCCL_E_INTERNAL",
+        "HCCL_E_NOT_SUPPORT",
+        "HCCL_E_NOT_FOUND",
+        "HCCL_E_UNAVAIL",
+        "HCCL_E_SYSCALL",
+        "HCCL_E_TIMEOUT",
+        "HCCL_E_OPEN_FILE_FAILURE",
+        "HCCL_E_TCP_CONNECT",
+        "HCCL_E_ROCE_CONNECT",
+        "HCCL_E_TCP_TRANSFER",
+        "HCCL_E_ROCE_TRANSFER",
+        "HCCL_E_RUNTIME",
+        "HCCL_E_DRV",
+        "HCCL_E_PROFILING",
+        "HCCL_E_CCE",
+        "HCCL_E_NETWORK",
+        "HCCL_E_AGAIN",
+        "HCCL_E_REMOTE",
+        "HCCL_E_SUSPENDING",
+        "HCCL_E_OPRETRY_FAIL",
+        "HCCL_E_OOM",
+    ];
+    match result {
+        1041 => "HCCL_E_IN_STATUS",
+        r => NAMES.get(r as usize).copied().unwrap_or("unknown HcclResult"),
+    }
+}
+
+/// A failed HCCL call (or the CPU engine's equivalent), with the result's name.
+pub(crate) fn hccl_error(call: &'static str, result: u32, message: impl Into<String>) -> Error {
+    let message = message.into();
+    Error::Hccl { call, result, name: result_name(result), message: (!message.is_empty()).then_some(message) }
+}
