@@ -1551,6 +1551,8 @@ fn runtime_threads_each_with_a_stream() {
 fn runtime_threads_overlap_in_every_kind_of_call() {
     const THREADS: usize = 4;
     const ROUNDS: usize = 25;
+    const GLOBAL_FAULTS: [&str; THREADS] =
+        ["aclrtSynchronizeDevice", "aclrtGetDevice", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor"];
     let m = Mock::new();
     let c = m.c;
     let start = std::sync::Barrier::new(THREADS);
@@ -1672,6 +1674,17 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
                             assert!(!c.acl.aclGetRecentErrMsg().is_null());
                             y();
                             assert_eq!(c.acl.aclrtGetDeviceCount(&mut n), 0);
+                            // a process-wide fault, on a function only this thread calls: while
+                            // armed, every thread's calls take the fault table's locked path
+                            mock::fail_next(GLOBAL_FAULTS[k], 507899);
+                            y();
+                            let st = match k {
+                                0 => c.acl.aclrtSynchronizeDevice(),
+                                1 => c.acl.aclrtGetDevice(&mut 0),
+                                2 => c.nnopbase.aclSetAclOpExecutorRepeatable(ptr::null_mut()),
+                                _ => c.nnopbase.aclDestroyAclOpExecutor(ptr::null_mut()),
+                            };
+                            assert_eq!(st, 507899);
                             y();
                             assert!(mock::stats().live_allocations >= m.base.live_allocations);
                         }
