@@ -7,7 +7,9 @@
  * faults, the per-thread current device and the per-thread recent error message.
  *
  * Strictness: every misuse CANN would punish (with a crash, corrupted data or an error) counts a
- * violation and prints one line on stderr; see ascend_mock.h for the counters.
+ * violation and prints one line on stderr; see ascend_mock.h for the counters. What a skipped
+ * queued task should have written is poisoned: reading it is an error, not stale bytes (see
+ * "poison" below).
  */
 #define _POSIX_C_SOURCE 200809L
 

@@ -1546,6 +1546,176 @@ fn runtime_threads_each_with_a_stream() {
     m.expect_violations(0, "");
 }
 
+/// Several threads make every kind of mock call at the same time, many rounds each, on their own
+/// streams and memory: results stay bit-exact, only the deliberate violations count, the counters
+/// balance. Besides checking thread safety, this is the test in which threads overlap inside the
+/// mock (a barrier starts them together; many rounds span many scheduler slices), so that a race
+/// in the mock's C shows under valgrind's helgrind (.ci/run); the other threaded tests finish
+/// each thread within one slice under valgrind.
+#[test]
+fn runtime_threads_overlap_in_every_kind_of_call() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 25;
+    const GLOBAL_FAULTS: [&str; THREADS] =
+        ["aclrtSynchronizeDevice", "aclrtGetDevice", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor"];
+    let m = Mock::new();
+    let c = m.c;
+    let start = std::sync::Barrier::new(THREADS);
+    let shape = [2i64, 3, 2];
+    let spec = f32_spec(&shape);
+    let stat = f32_spec(&[3]);
+    std::thread::scope(|sc| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|k| {
+                let (start, spec, stat) = (&start, &spec, &stat);
+                sc.spawn(move || {
+                    let mut rng = Rng(77 + k as u64);
+                    let (dy, x) = (rng.vec(12, -1.0, 1.0), rng.vec(12, -1.0, 1.0));
+                    let (mean, inv) = ([0.5f32, -0.25, 0.0], [1.0f32, 2.0, 0.5]);
+                    let (want_dy, want_xmu, _) = replica(spec, &dy, spec, &x, &mean, &inv, 3);
+                    let before = mock::thread_stats();
+                    start.wait();
+                    // SAFETY: each thread binds the device and uses only its own objects; host
+                    // buffers outlive the synchronizations that use them.
+                    unsafe {
+                        assert_eq!(c.acl.aclrtSetDevice(0), 0);
+                        let mut s = ptr::null_mut();
+                        assert_eq!(c.acl.aclrtCreateStream(&mut s), 0);
+                        let mut ev: aclrtEvent = ptr::null_mut();
+                        assert_eq!(c.acl.aclrtCreateEvent(&mut ev), 0);
+                        let mut host = [0u8; 8];
+                        assert_eq!(c.acl.aclrtFree(host.as_mut_ptr().cast()), 107000, "a deliberate violation");
+                        assert!(!c.acl.aclGetRecentErrMsg().is_null());
+                        // Valgrind runs one thread at a time: yielding before each call lets it
+                        // switch threads there, so that any call may follow another thread's call
+                        // with no lock handoff in between (what helgrind needs to see a race).
+                        let y = std::thread::yield_now;
+                        let malloc = |bytes: usize| {
+                            let mut p = ptr::null_mut();
+                            y();
+                            let st = c.acl.aclrtMalloc(&mut p, bytes, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST);
+                            assert_eq!(st, 0);
+                            p
+                        };
+                        let tensor = |sp: &Spec, p: *mut c_void| {
+                            y();
+                            let t = c.nnopbase.aclCreateTensor(
+                                sp.shape.as_ptr(),
+                                sp.shape.len() as u64,
+                                sp.dt,
+                                sp.strides.as_ptr(),
+                                0,
+                                ND,
+                                sp.storage_dims.as_ptr(),
+                                sp.storage_dims.len() as u64,
+                                p,
+                            );
+                            assert!(!t.is_null());
+                            t
+                        };
+                        let inputs = [encode(F32, &dy), encode(F32, &x), encode(F32, &mean), encode(F32, &inv)];
+                        for round in 0..ROUNDS {
+                            let mems: Vec<*mut c_void> = [48, 48, 12, 12, 12, 12].into_iter().map(malloc).collect();
+                            for (p, b) in mems.iter().zip(&inputs) {
+                                y();
+                                assert_eq!(c.acl.aclrtMemcpyAsync(*p, b.len(), b.as_ptr().cast(), b.len(), H2D, s), 0);
+                            }
+                            y();
+                            assert_eq!(c.acl.aclrtMemset(mems[4], 12, 0, 12), 0);
+                            let specs = [spec, spec, stat, stat, stat, stat];
+                            let ts: Vec<*mut aclTensor> = (0..6).map(|i| tensor(specs[i], mems[i])).collect();
+                            let (mut size, mut ex) = (0, ptr::null_mut());
+                            y();
+                            let st = bnrb(c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
+                                ts[0],
+                                ts[1],
+                                ts[2],
+                                ts[3],
+                                ptr::null(),
+                                true,
+                                false,
+                                false,
+                                ts[4],
+                                ts[5],
+                                ptr::null_mut(),
+                                ptr::null_mut(),
+                                &mut size,
+                                &mut ex,
+                            );
+                            assert_eq!(st, 0);
+                            let ws = malloc(size as usize);
+                            y();
+                            assert_eq!(bnrb(c).aclnnBatchNormReduceBackward(ws, size, ex, s), 0);
+                            let mut out = [0u8; 24];
+                            let dst: *mut c_void = out.as_mut_ptr().cast();
+                            y();
+                            assert_eq!(c.acl.aclrtMemcpyAsync(dst, 12, mems[4], 12, D2H, s), 0);
+                            y();
+                            assert_eq!(c.acl.aclrtRecordEvent(ev, s), 0);
+                            y();
+                            if round % 2 == 0 {
+                                assert_eq!(c.acl.aclrtSynchronizeEvent(ev), 0);
+                            } else {
+                                assert_eq!(c.acl.aclrtSynchronizeStream(s), 0);
+                            }
+                            y();
+                            assert_eq!(c.acl.aclrtMemcpy(at(dst, 12), 12, mems[5], 12, D2H), 0);
+                            assert_eq!(decode(F32, &out[..12]), want_dy);
+                            assert_eq!(decode(F32, &out[12..]), want_xmu);
+                            y();
+                            assert_eq!(c.acl.aclrtFree(ws), 0);
+                            for t in ts {
+                                y();
+                                assert_eq!(c.nnopbase.aclDestroyTensor(t), 0);
+                            }
+                            for p in mems {
+                                y();
+                                assert_eq!(c.acl.aclrtFree(p), 0);
+                            }
+                            mock::fail_next_on_this_thread("aclrtGetDeviceCount", 507899);
+                            let mut n = 0u32;
+                            y();
+                            assert_eq!(c.acl.aclrtGetDeviceCount(&mut n), 507899);
+                            assert!(!c.acl.aclGetRecentErrMsg().is_null());
+                            y();
+                            assert_eq!(c.acl.aclrtGetDeviceCount(&mut n), 0);
+                            // a process-wide fault, on a function only this thread calls: while
+                            // armed, every thread's calls take the fault table's locked path
+                            mock::fail_next(GLOBAL_FAULTS[k], 507899);
+                            y();
+                            let st = match k {
+                                0 => c.acl.aclrtSynchronizeDevice(),
+                                1 => c.acl.aclrtGetDevice(&mut 0),
+                                2 => c.nnopbase.aclSetAclOpExecutorRepeatable(ptr::null_mut()),
+                                _ => c.nnopbase.aclDestroyAclOpExecutor(ptr::null_mut()),
+                            };
+                            assert_eq!(st, 507899);
+                            y();
+                            assert!(mock::stats().live_allocations >= m.base.live_allocations);
+                        }
+                        assert_eq!(c.acl.aclrtDestroyEvent(ev), 0);
+                        assert_eq!(c.acl.aclrtDestroyStream(s), 0);
+                        assert_eq!(c.acl.aclrtResetDevice(0), 0);
+                    }
+                    let after = mock::thread_stats();
+                    (after.violations - before.violations, after.device_mallocs - before.device_mallocs)
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), (1, 7 * ROUNDS as u64), "(violations, mallocs) of a thread");
+        }
+    });
+    let after = mock::stats();
+    let want = MockStats {
+        device_mallocs: m.base.device_mallocs + (THREADS * ROUNDS * 7) as u64,
+        violations: m.base.violations + THREADS as u64,
+        ..m.base
+    };
+    assert_eq!(after, want);
+    assert!(m.messages().iter().all(|v| v.contains("is not a live device allocation")), "{:#?}", m.messages());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Poison: what a skipped task should have written cannot be read as if it had been (issue 8)
 
