@@ -156,3 +156,39 @@ pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4
     }
     Ok(())
 }
+
+/// Checks that no two elements of an output view share a storage position (a stride of 0, or
+/// strides that interleave, would make the kernel write several results to one element).
+/// Sufficient test: sorted by stride, each dim steps past everything the smaller dims span.
+/// Views that pass in_storage only; size-1 dims never overlap.
+pub(crate) fn distinct_elements(name: &'static str, m: &Meta<'_>) -> Result<()> {
+    if m.shape.contains(&0) {
+        return Ok(());
+    }
+    let mut dims: Vec<(usize, usize)> =
+        m.shape.iter().zip(m.strides).filter(|(&d, _)| d > 1).map(|(&d, &s)| (s, d)).collect();
+    dims.sort_unstable();
+    let mut span = 0usize; // the largest offset the smaller dims reach
+    for (stride, size) in dims {
+        if stride <= span {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "an output view must not overlap itself, but shape {:?} with strides {:?} reaches some \
+                     elements twice",
+                    m.shape, m.strides
+                ),
+            ));
+        }
+        span = span.saturating_add((size - 1).saturating_mul(stride));
+    }
+    Ok(())
+}
+
+/// Checks that `m` has the shape `expected` (that of argument `of`).
+pub(crate) fn same_shape(name: &'static str, m: &Meta<'_>, of: &str, expected: &[usize]) -> Result<()> {
+    if m.shape != expected {
+        return Err(Error::invalid(name, format!("shape must equal {of}'s {expected:?}, got {:?}", m.shape)));
+    }
+    Ok(())
+}
