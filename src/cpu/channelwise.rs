@@ -8,8 +8,9 @@
 //! consecutive channels. Each run is processed in blocks of [`BLOCK`] elements: every input is
 //! widened to f32 into a buffer (slice conversions for f16/bf16, hardware F16C where present),
 //! `f` maps the buffers to an f32 output block, and the block is narrowed (round to nearest even)
-//! into the output. `f` sees whole blocks with the channel pattern of the block, so it can hoist
-//! per-channel constants out of its loop, which then vectorises.
+//! into the output. `f` sees whole blocks with the channel pattern of the block: one channel (it
+//! hoists that channel's constants) or a window of a [`tile`]d per-channel array (consecutive
+//! channels, or short channels-last rows one after the other), so its loop vectorises.
 //!
 //! Large maps run on several threads ([`pool::run`]) when the output is dense (some permutation of
 //! its dims is row-major without gaps): chunks of [`CHUNK`] elements of the output's storage order,
@@ -58,33 +59,31 @@ pub(crate) enum Channels {
     Cyclic { first: usize, period: usize },
 }
 
-/// A stretch of a block with one channel pattern, as [`Channels::runs`] gives it.
+/// Where a block's per-channel values are in an array made by [`tile`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Run {
-    /// Every element of the stretch is in channel `c`.
+pub(crate) enum Window {
+    /// Every element of the block is in channel `c`: use `tiled[c]`.
     Fixed(usize),
-    /// Element `i` of the stretch is in channel `c + i`.
-    Consecutive(usize),
+    /// Element `i` of the block uses `tiled[start + i]`.
+    From(usize),
 }
 
 impl Channels {
-    /// Calls `f(range, run)` for consecutive stretches of a block of `n` elements, each with a
-    /// simple channel pattern (so `f` can hoist or index per-channel constants in a tight loop).
-    pub(crate) fn runs(self, n: usize, mut f: impl FnMut(std::ops::Range<usize>, Run)) {
+    /// The block's per-channel values in a [`tile`]d array: one value, or a window of the block's
+    /// length (consecutive channels, or rows of channels one after the other).
+    pub(crate) fn window(self) -> Window {
         match self {
-            Channels::Fixed(c) => f(0..n, Run::Fixed(c)),
-            Channels::Consecutive(c) => f(0..n, Run::Consecutive(c)),
-            Channels::Cyclic { first, period } => {
-                let (mut i, mut c) = (0, first);
-                while i < n {
-                    let len = (period - c).min(n - i);
-                    f(i..i + len, Run::Consecutive(c));
-                    i += len;
-                    c = 0;
-                }
-            }
+            Channels::Fixed(c) => Window::Fixed(c),
+            Channels::Consecutive(c) => Window::From(c),
+            Channels::Cyclic { first, .. } => Window::From(first),
         }
     }
+}
+
+/// Per-channel values `v` (one per channel) repeated to `v.len() + BLOCK` values, so that every
+/// block's values are one contiguous window (see [`Channels::window`]): `tiled[j] = v[j % C]`.
+pub(crate) fn tile<T: Copy>(v: &[T]) -> Vec<T> {
+    v.iter().cycle().take(v.len() + BLOCK).copied().collect()
 }
 
 /// One dim of the walk (outermost first), with each tensor's stride along it.
@@ -328,16 +327,13 @@ mod tests {
     ) {
         let src = Src { data: SliceRef::F32(x), strides: xs, offset: xo };
         let dst = Dst { data: SliceMut::F32(y), strides: ys, offset: yo };
-        map(shape, [src], dst, threads, &|[x], out, ch| {
-            ch.runs(out.len(), |r, run| {
-                for (i, (o, &v)) in out[r.clone()].iter_mut().zip(&x[r]).enumerate() {
-                    let c = match run {
-                        Run::Fixed(c) => c,
-                        Run::Consecutive(c) => c + i,
-                    };
-                    *o = 10.0 * v + c as f32;
-                }
-            });
+        let c = shape[1];
+        let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>());
+        map(shape, [src], dst, threads, &|[x], out, ch| match ch.window() {
+            Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
+            Window::From(start) => {
+                out.iter_mut().zip(*x).zip(&channel[start..]).for_each(|((o, &v), &c)| *o = 10.0 * v + c)
+            }
         });
     }
 

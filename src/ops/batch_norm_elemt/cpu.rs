@@ -3,11 +3,11 @@
 //! exact product; over any strides through [`channelwise::map`] (runs of one channel for NCHW,
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
-use crate::cpu::channelwise::{self, Channels, Dst, Run, Src};
+use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-/// The per-channel constants, in f32.
+/// The per-channel constants, in f32, [`tile`]d.
 struct Params {
     mean: Vec<f32>,
     scale: Vec<f32>,
@@ -36,7 +36,7 @@ pub(super) fn run(
         Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(i) * f64::from(w)) as f32).collect(),
         None => invstd,
     };
-    let p = Params { mean, scale, bias };
+    let p = Params { mean: tile(&mean), scale: tile(&scale), bias: tile(&bias) };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
     let Some(x) = input.as_host_view() else {
         return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
@@ -53,24 +53,22 @@ pub(super) fn run(
 /// One block: `out = (x − mean)·scale + bias` with its channels' constants. The same f32
 /// operations for every element whatever the pattern, so any walk gives the same bits.
 fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
-    channels.runs(out.len(), |r, run| {
-        let (x, out) = (&x[r.clone()], &mut out[r]);
-        match run {
-            Run::Fixed(c) => {
-                let (m, s, b) = (p.mean[c], p.scale[c], p.bias[c]);
-                for (o, &v) in out.iter_mut().zip(x) {
-                    *o = (v - m) * s + b;
-                }
-            }
-            Run::Consecutive(c) => {
-                let n = out.len();
-                let (m, s, b) = (&p.mean[c..c + n], &p.scale[c..c + n], &p.bias[c..c + n]);
-                for ((((o, &v), &m), &s), &b) in out.iter_mut().zip(x).zip(m).zip(s).zip(b) {
-                    *o = (v - m) * s + b;
-                }
+    match channels.window() {
+        Window::Fixed(c) => {
+            let (m, s, b) = (p.mean[c], p.scale[c], p.bias[c]);
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = (v - m) * s + b;
             }
         }
-    });
+        Window::From(start) => {
+            let n = out.len();
+            let w = start..start + n;
+            let (m, s, b) = (&p.mean[w.clone()], &p.scale[w.clone()], &p.bias[w]);
+            for ((((o, &v), &m), &s), &b) in out.iter_mut().zip(x).zip(m).zip(s).zip(b) {
+                *o = (v - m) * s + b;
+            }
+        }
+    }
 }
 
 /// A validated `[C]` vector, widened to f32 (exact).

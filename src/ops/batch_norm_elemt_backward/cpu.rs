@@ -5,12 +5,12 @@
 //! [`channelwise::map`].
 
 use super::Args;
-use crate::cpu::channelwise::{self, Channels, Dst, Run, Src};
+use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
 use crate::error::{Error, Result};
 use crate::ops::batch_norm_elemt::cpu::per_channel;
 use crate::tensor::Tensor;
 
-/// The per-channel constants, in f64.
+/// The per-channel constants, in f64, [`tile`]d.
 struct Coefficients {
     mean: Vec<f64>,
     /// sumDy/N.
@@ -37,12 +37,9 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
         Some(w) => invstd.iter().zip(w).map(|(i, w)| i * w).collect(),
         None => invstd.clone(),
     };
-    let co = Coefficients {
-        mean,
-        a: sum_dy.iter().map(|s| s / n).collect(),
-        b: invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n).collect(),
-        k,
-    };
+    let a: Vec<f64> = sum_dy.iter().map(|s| s / n).collect();
+    let b: Vec<f64> = invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n).collect();
+    let co = Coefficients { mean: tile(&mean), a: tile(&a), b: tile(&b), k: tile(&k) };
     let (shape, out_strides, out_offset) =
         (grad_input.shape().to_vec(), grad_input.strides().to_vec(), grad_input.offset());
     let (Some(dy), Some(x)) = (args.grad_out.as_host_view(), args.input.as_host_view()) else {
@@ -62,24 +59,20 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
 
 /// One block, the same f64 operations for every element whatever the pattern.
 fn gradient(co: &Coefficients, dy: &[f32], x: &[f32], out: &mut [f32], channels: Channels) {
-    channels.runs(out.len(), |r, run| {
-        let (dy, x, out) = (&dy[r.clone()], &x[r.clone()], &mut out[r]);
-        match run {
-            Run::Fixed(c) => {
-                let (m, a, b, k) = (co.mean[c], co.a[c], co.b[c], co.k[c]);
-                for ((o, &g), &v) in out.iter_mut().zip(dy).zip(x) {
-                    *o = (((f64::from(g) - a) - (f64::from(v) - m) * b) * k) as f32;
-                }
-            }
-            Run::Consecutive(c) => {
-                let n = out.len();
-                let cs = c..c + n;
-                let (m, a, b, k) = (&co.mean[cs.clone()], &co.a[cs.clone()], &co.b[cs.clone()], &co.k[cs]);
-                let coefs = m.iter().zip(a).zip(b).zip(k);
-                for (((o, &g), &v), (((&m, &a), &b), &k)) in out.iter_mut().zip(dy).zip(x).zip(coefs) {
-                    *o = (((f64::from(g) - a) - (f64::from(v) - m) * b) * k) as f32;
-                }
+    match channels.window() {
+        Window::Fixed(c) => {
+            let (m, a, b, k) = (co.mean[c], co.a[c], co.b[c], co.k[c]);
+            for ((o, &g), &v) in out.iter_mut().zip(dy).zip(x) {
+                *o = (((f64::from(g) - a) - (f64::from(v) - m) * b) * k) as f32;
             }
         }
-    });
+        Window::From(start) => {
+            let w = start..start + out.len();
+            let (m, a, b, k) = (&co.mean[w.clone()], &co.a[w.clone()], &co.b[w.clone()], &co.k[w]);
+            let coefs = m.iter().zip(a).zip(b).zip(k);
+            for (((o, &g), &v), (((&m, &a), &b), &k)) in out.iter_mut().zip(dy).zip(x).zip(coefs) {
+                *o = (((f64::from(g) - a) - (f64::from(v) - m) * b) * k) as f32;
+            }
+        }
+    }
 }
