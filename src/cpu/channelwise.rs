@@ -86,6 +86,9 @@ pub(crate) fn tile<T: Copy>(v: &[T]) -> Vec<T> {
     v.iter().cycle().take(v.len() + BLOCK).copied().collect()
 }
 
+/// The map function: `f(inputs, out, channels)` for one block (every slice of one length).
+pub(crate) type BlockFn<'f, const K: usize> = dyn Fn(&[&[f32]; K], &mut [f32], Channels) + Sync + 'f;
+
 /// One dim of the walk (outermost first), with each tensor's stride along it.
 #[derive(Clone, Copy, Debug)]
 struct Dim<const K: usize> {
@@ -106,7 +109,7 @@ pub(crate) fn map<const K: usize>(
     srcs: [Src<'_>; K],
     dst: Dst<'_>,
     threads: usize,
-    f: &(dyn Fn(&[&[f32]; K], &mut [f32], Channels) + Sync),
+    f: &BlockFn<'_, K>,
 ) {
     let numel: usize = shape.iter().product();
     if numel == 0 {
@@ -224,7 +227,7 @@ fn run_range<const K: usize>(
     out: &mut Part<'_>,
     lo: usize,
     hi: usize,
-    f: &(dyn Fn(&[&[f32]; K], &mut [f32], Channels) + Sync),
+    f: &BlockFn<'_, K>,
 ) {
     let rank = dims.len();
     let inner = dims[rank - 1];
@@ -315,6 +318,7 @@ mod tests {
     use crate::dtype::{bf16, f16};
 
     /// y = 10·x + channel over `shape` with the given layouts, on `threads` threads.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         shape: &[usize],
         x: &[f32],
