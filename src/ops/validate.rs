@@ -54,7 +54,6 @@ pub(crate) fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<
 
 /// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` and a
 /// non-zero channel dim 1; returns C.
-#[allow(dead_code)] // until the companion operators land
 pub(crate) fn activation(name: &'static str, m: &Meta<'_>) -> Result<usize> {
     let r = m.shape.len();
     if !(MIN_RANK..=MAX_RANK).contains(&r) {

@@ -24,11 +24,11 @@ pub(super) fn run(
     output: &mut Tensor,
 ) -> Result<()> {
     let c = input.shape()[1];
-    let mean = per_channel(mean, "mean")?;
-    let invstd = per_channel(invstd, "invstd")?;
-    let weight = weight.map(|w| per_channel(w, "weight")).transpose()?;
+    let mean = channel_values(mean, "mean")?;
+    let invstd = channel_values(invstd, "invstd")?;
+    let weight = weight.map(|w| channel_values(w, "weight")).transpose()?;
     let bias = match bias {
-        Some(b) => per_channel(b, "bias")?,
+        Some(b) => channel_values(b, "bias")?,
         None => vec![0.0; c],
     };
     // The product of two f32 values is exact in f64: one rounding.
@@ -72,7 +72,7 @@ fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
 }
 
 /// A validated `[C]` vector, widened to f32 (exact).
-pub(crate) fn per_channel(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
+pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
     let Some(v) = t.as_host_view() else {
         return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
     };

@@ -7,7 +7,7 @@
 use super::Args;
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
 use crate::error::{Error, Result};
-use crate::ops::batch_norm_elemt::cpu::per_channel;
+use crate::ops::batch_norm_elemt::cpu::channel_values;
 use crate::tensor::Tensor;
 
 /// The per-channel constants, in f64, [`tile`]d.
@@ -24,7 +24,7 @@ struct Coefficients {
 /// Runs the validated, non-empty call.
 pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let wide =
-        |t: &Tensor, name| -> Result<Vec<f64>> { Ok(per_channel(t, name)?.into_iter().map(f64::from).collect()) };
+        |t: &Tensor, name| -> Result<Vec<f64>> { Ok(channel_values(t, name)?.into_iter().map(f64::from).collect()) };
     // N: every element of counter (validated to be [W] or [W, 1]), summed in f64: exact for
     // integer counts below 2^53.
     let n: f64 = wide(args.counter, "counter")?.iter().sum();
