@@ -612,6 +612,55 @@ mod mock_only {
         .unwrap();
     }
 
+    /// A fault armed at every CANN function the crate binds (but those that destroy or free,
+    /// whose failure is a reported leak by design) before one `_into` and one allocating call:
+    /// each call either succeeds with the right values or fails, writing nothing; nothing leaks
+    /// and the mock counts no violation (checked by `isolated`).
+    #[test]
+    fn a_fault_at_any_cann_call() {
+        use ascend::mock::clear_faults;
+        use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS};
+        let skip = ["Destroy", "Free", "Finalize", "Reset", "GetRecentErrMsg"];
+        let apis: Vec<&str> = ASCENDCL_SYMBOLS
+            .iter()
+            .chain(NNOPBASE_SYMBOLS)
+            .copied()
+            .chain(["aclnnBatchNormElemtBackwardGetWorkspaceSize", "aclnnBatchNormElemtBackward"])
+            .filter(|a| !skip.iter().any(|k| a.contains(k)))
+            .collect();
+        isolated(|ctx| -> R {
+            let s = ctx.new_stream()?;
+            let case = Case::uniform_dtype(163, &[2, 3, 4], DType::F32);
+            let up = case.upload(&s)?;
+            let mut failed = Vec::new();
+            for api in apis {
+                let mut out = Tensor::zeros(&s, DType::F32, &case.x.shape)?;
+                fail_next_on_this_thread(api, 507899);
+                let r = up.run_into(&s, &mut out);
+                clear_faults();
+                match r {
+                    Ok(()) => check(ctx, &s, api, &out, DType::F32, &case),
+                    Err(e) => {
+                        failed.push(api);
+                        assert!(read(&s, &out).iter().all(|&v| v == 0.0), "{api}: failed ({e}) but wrote gradInput");
+                    }
+                }
+                fail_next_on_this_thread(api, 507899);
+                let r = up.run(&s);
+                clear_faults();
+                if let Ok(out) = r {
+                    check(ctx, &s, api, &out, DType::F32, &case);
+                }
+            }
+            for api in ["aclCreateTensor", "aclnnBatchNormElemtBackwardGetWorkspaceSize", "aclnnBatchNormElemtBackward"]
+            {
+                assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+
     /// Every argument (inputs, output, stream) dropped right after the launch: no violation, and
     /// the allocating result is right.
     #[test]
