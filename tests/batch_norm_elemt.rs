@@ -15,6 +15,9 @@
 //! A misread element, a wrong channel or a skipped weight is off by O(1): far beyond these.
 
 mod common;
+#[cfg(feature = "mock")]
+#[path = "common/raw_mock.rs"]
+mod raw_mock;
 
 use ascend::ops::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_elemt, Workspace};
 use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
@@ -598,6 +601,50 @@ mod mock_only {
             }
             for api in ["aclCreateTensor", "aclnnBatchNormElemtGetWorkspaceSize", "aclnnBatchNormElemt"] {
                 assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// What the safe API cannot express, checked on the mock through the raw bindings: CANN's
+    /// null quirk for this operator (a null input, mean, invstd or output is 161002, not
+    /// 161001), and null weight and bias meaning 1 and 0.
+    #[test]
+    fn raw_null_arguments() {
+        isolated(|_ctx| -> R {
+            let mut raw = raw_mock::Raw::new();
+            let x = raw.f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+            let mean = raw.f32s(&[3], &[0.5, 1.0, 1.5]);
+            let invstd = raw.f32s(&[3], &[2.0, 0.5, 1.0]);
+            let out = raw.f32s(&[2, 3], &[0.0; 6]);
+            let api = raw.c.operator(&ascend::sys::symbols::BATCH_NORM_ELEMT).expect("the mock exports it");
+            let null = std::ptr::null_mut();
+            let phase1 = |x, m, i, o| {
+                let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+                // SAFETY: live handles of this session or null (which the mock checks first); the
+                // out-pointers are valid locals.
+                let st =
+                    unsafe { api.aclnnBatchNormElemtGetWorkspaceSize(x, null, null, m, i, 1e-5, o, &mut ws, &mut ex) };
+                (st, ws, ex)
+            };
+            for (what, (st, _, ex)) in [
+                ("input", phase1(null, mean, invstd, out)),
+                ("mean", phase1(x, null, invstd, out)),
+                ("invstd", phase1(x, mean, null, out)),
+                ("output", phase1(x, mean, invstd, null)),
+            ] {
+                assert_eq!(st, INVALID, "null {what}");
+                assert!(ex.is_null());
+            }
+            let (st, ws, ex) = phase1(x, mean, invstd, out);
+            assert_eq!((st, ws), (0, 0));
+            // SAFETY: the executor is fresh from phase 1; workspace size 0 with null; default stream.
+            assert_eq!(unsafe { api.aclnnBatchNormElemt(null.cast(), 0, ex, null.cast()) }, 0);
+            let got = raw.read_f32(out);
+            let want = [1.0f32, 0.5, 1.5, 7.0, 2.0, 4.5]; // (x − mean)·invstd
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "got {got:?}, want {want:?}");
             }
             Ok(())
         })

@@ -18,6 +18,9 @@
 //! weight is off by far more.
 
 mod common;
+#[cfg(feature = "mock")]
+#[path = "common/raw_mock.rs"]
+mod raw_mock;
 
 use ascend::ops::{
     batch_norm_elemt_backward, batch_norm_elemt_backward_into, prepare_batch_norm_elemt_backward, Workspace,
@@ -656,6 +659,71 @@ mod mock_only {
             {
                 assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
             }
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// What the safe API cannot express, checked on the mock through the raw bindings: a null
+    /// required tensor is 161001 (weight may be null); CANN accepts an int32 counter (torch's) and
+    /// any counter shape, summing every element (so a [W, C] per-channel counts tensor gives
+    /// N = Σ of all W·C counts, the trap the safe API rejects); a bf16 counter is 161002.
+    #[test]
+    fn raw_counters_and_null_arguments() {
+        isolated(|_ctx| -> R {
+            let mut raw = raw_mock::Raw::new();
+            let (dy_v, x_v) = ([1.0f32, -2.0, 0.5, 3.0], [0.0f32, 1.0, 2.0, -1.0]);
+            let (mean_v, invstd_v, sd_v, sdx_v) = ([0.5f32, -0.5], [2.0f32, 0.5], [4.0f32, -8.0], [2.0f32, 6.0]);
+            let dy = raw.f32s(&[2, 2], &dy_v);
+            let x = raw.f32s(&[2, 2], &x_v);
+            let mean = raw.f32s(&[2], &mean_v);
+            let invstd = raw.f32s(&[2], &invstd_v);
+            let sum_dy = raw.f32s(&[2], &sd_v);
+            let sum_dy_xmu = raw.f32s(&[2], &sdx_v);
+            let out = raw.f32s(&[2, 2], &[0.0; 4]);
+            let api = raw.c.operator(&ascend::sys::symbols::BATCH_NORM_ELEMT_BACKWARD).expect("the mock exports it");
+            let null = std::ptr::null_mut();
+            let phase1 = |dy, counter, out| {
+                let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+                // SAFETY: live handles of this session or null (which the mock checks first); the
+                // out-pointers are valid locals.
+                let st = unsafe {
+                    api.aclnnBatchNormElemtBackwardGetWorkspaceSize(
+                        dy, x, mean, invstd, null, sum_dy, sum_dy_xmu, counter, out, &mut ws, &mut ex,
+                    )
+                };
+                (st, ex)
+            };
+            let run = |raw: &raw_mock::Raw, counter, n: f64| {
+                let (st, ex) = phase1(dy, counter, out);
+                assert_eq!(st, 0);
+                // SAFETY: the executor is fresh from phase 1; workspace 0 with null; default stream.
+                assert_eq!(unsafe { api.aclnnBatchNormElemtBackward(null.cast(), 0, ex, null.cast()) }, 0);
+                let got = raw.read_f32(out);
+                for (i, &g) in got.iter().enumerate() {
+                    let c = i % 2;
+                    let (is, m) = (f64::from(invstd_v[c]), f64::from(mean_v[c]));
+                    let a = f64::from(sd_v[c]) / n;
+                    let b = is * is * f64::from(sdx_v[c]) / n;
+                    let want = (f64::from(dy_v[i]) - a - (f64::from(x_v[i]) - m) * b) * is;
+                    assert!((f64::from(g) - want).abs() <= 1e-5 * want.abs().max(1.0), "N = {n}: got {got:?}");
+                }
+            };
+            let counter = raw.f32s(&[2], &[3.0, 5.0]);
+            for (what, (st, ex)) in [
+                ("gradOut", phase1(null, counter, out)),
+                ("counter", phase1(dy, null, out)),
+                ("gradInput", phase1(dy, counter, null)),
+            ] {
+                assert_eq!(st, 161001, "null {what}");
+                assert!(ex.is_null());
+            }
+            let i32_counter = raw.i32s(&[2, 1], &[3, 5]);
+            run(&raw, i32_counter, 8.0);
+            let per_channel = raw.f32s(&[2, 2], &[10.0, 10.0, 10.0, 10.0]);
+            run(&raw, per_channel, 40.0);
+            let bf16_counter = raw.bf16s(&[2], &[3.0, 5.0]);
+            assert_eq!(phase1(dy, bf16_counter, out).0, INVALID);
             Ok(())
         })
         .unwrap();
