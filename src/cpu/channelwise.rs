@@ -117,8 +117,9 @@ pub(crate) fn map<const K: usize>(
     }
     let dims = walk_order(shape, &srcs, dst.strides);
     let dense = is_dense(&dims);
-    let bytes =
-        numel * (srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes());
+    let element_bytes =
+        srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
+    let bytes = numel.saturating_mul(element_bytes);
     let dst_offset = dst.offset;
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
@@ -130,8 +131,7 @@ pub(crate) fn map<const K: usize>(
     pool::run(threads, parts.len(), &|k| {
         let lo = k * CHUNK;
         let hi = numel.min(lo + CHUNK);
-        // A chunk is claimed by one thread only: the lock is never contended (and a panic in
-        // another chunk cannot leave this one half-written).
+        // Each chunk is claimed by exactly one thread, so its lock is never contended.
         let mut part = parts[k].lock().unwrap_or_else(|p| p.into_inner());
         run_range(&dims, &srcs, dst_offset, &mut part, lo, hi, f);
     });
