@@ -157,9 +157,10 @@ pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4
 }
 
 /// Checks that no two elements of an output view share a storage position (a stride of 0, or
-/// strides that interleave, would make the kernel write several results to one element).
-/// Sufficient test: sorted by stride, each dim steps past everything the smaller dims span.
-/// Views that pass in_storage only; size-1 dims never overlap.
+/// strides that interleave, would make the kernel write several results to one element). The
+/// test is the usual sufficient one: taken by increasing stride, each dim of size > 1 must step
+/// past everything the smaller dims span (so a few exotic non-overlapping interleavings are
+/// refused too). Empty views pass.
 pub(crate) fn distinct_elements(name: &'static str, m: &Meta<'_>) -> Result<()> {
     if m.shape.contains(&0) {
         return Ok(());
@@ -173,8 +174,9 @@ pub(crate) fn distinct_elements(name: &'static str, m: &Meta<'_>) -> Result<()> 
             return Err(Error::invalid(
                 name,
                 format!(
-                    "an output view must not overlap itself, but shape {:?} with strides {:?} reaches some \
-                     elements twice",
+                    "an output view must not overlap itself: shape {:?} with strides {:?} may write some \
+                     elements twice (taken by increasing stride, each dim must step past the span of the \
+                     smaller ones)",
                     m.shape, m.strides
                 ),
             ));
