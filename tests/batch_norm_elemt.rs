@@ -3,7 +3,8 @@
 //! `--features mock`, each mock run isolated (serialised, then checked for no leak and no mock
 //! violation).
 //!
-//! Values are checked against an independent f64 reference, `(x − mean)·invstd·weight + bias`
+//! Values are checked against an independent f64 reference, `(x − mean)·|invstd|·weight + bias`
+//! (CANN rebuilds the variance from invstd², so a negative invstd acts as its magnitude)
 //! computed per multi-index through each tensor's strides, with per-element tolerances
 //! `|got − exact| ≤ u_out·|exact| + K·2⁻²⁴·T + tiny(out)`, where `u_out` is half an ulp of the
 //! output dtype (2⁻²⁴ f32, 2⁻¹¹ f16, 2⁻⁸ bf16) and `T = |x − mean|·|invstd·weight|·(1 + eps·invstd²)
@@ -58,6 +59,7 @@ on_both_backends!(
         two_phase,
         two_phase_dropped_unlaunched,
         eps_round_trip,
+        negative_invstd_acts_as_its_magnitude,
     ],
     cross: [tensors_from_the_other_backend],
 );
@@ -102,7 +104,7 @@ impl Case {
         for_each_index(&self.x.shape, |i| {
             let ch = i[1];
             let xmu = self.x.get(i) - mean[ch];
-            let scale = invstd[ch] * weight[ch];
+            let scale = invstd[ch].abs() * weight[ch]; // CANN loses invstd's sign (module docs)
             exp.push(xmu * scale + bias[ch]);
             let round_trip = 1.0 + self.eps * invstd[ch] * invstd[ch];
             terms.push(xmu.abs() * scale.abs() * round_trip + bias[ch].abs());
@@ -500,6 +502,22 @@ fn eps_round_trip(ctx: &Context) -> R {
         let small = Up { eps: 1e-12, ..case.upload(&s)? };
         assert_eq!(bits(&s, &out), bits(&s, &small.run(&s)?), "the CPU does not use eps");
     }
+    Ok(())
+}
+
+/// A negative invstd acts as |invstd| on both backends (CANN normalises by 1/sqrt(1/invstd²)):
+/// the same values as with the magnitudes given.
+fn negative_invstd_acts_as_its_magnitude(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(111, &[2, 3, 4], DType::F32, DType::F32, Some(DType::F32));
+    let negated = Case {
+        invstd: Data::new(DType::F32, &case.invstd.values().iter().map(|v| -v).collect::<Vec<_>>(), &[3]),
+        ..case.clone()
+    };
+    let a = case.upload(&s)?.run(&s)?;
+    let b = negated.upload(&s)?.run(&s)?;
+    check(ctx, &s, "negative invstd", &b, DType::F32, &negated);
+    assert_eq!(bits(&s, &a), bits(&s, &b), "the sign of invstd changes nothing");
     Ok(())
 }
 

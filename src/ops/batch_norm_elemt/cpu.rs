@@ -1,5 +1,5 @@
 //! The CPU kernel of [`batch_norm_elemt`](super::batch_norm_elemt): per element, in f32,
-//! `(x − mean[c])·scale[c] + bias[c]` with `scale[c] = invstd[c]·weight[c]` rounded once from the
+//! `(x − mean[c])·scale[c] + bias[c]` with `scale[c] = |invstd[c]|·weight[c]` rounded once from the
 //! exact product; over any strides through [`channelwise::map`] (runs of one channel for NCHW,
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
@@ -31,10 +31,12 @@ pub(super) fn run(
         Some(b) => channel_values(b, "bias")?,
         None => vec![0.0; c],
     };
-    // The product of two f32 values is exact in f64: one rounding.
-    let scale = match &weight {
-        Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(i) * f64::from(w)) as f32).collect(),
-        None => invstd,
+    // |invstd|: CANN rebuilds the variance from invstd² and normalises by 1/sqrt(var + eps), so a
+    // negative invstd acts as its magnitude there; the CPU gives the same values. The product of
+    // two f32 values is exact in f64: one rounding.
+    let scale: Vec<f32> = match &weight {
+        Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(i.abs()) * f64::from(w)) as f32).collect(),
+        None => invstd.iter().map(|i| i.abs()).collect(),
     };
     let p = Params { mean: tile(&mean), scale: tile(&scale), bias: tile(&bias) };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());

@@ -18,7 +18,8 @@ use crate::tensor::Tensor;
 /// and dtype.
 ///
 /// Per element of channel `c` (dim 1) of `input` `x`, shape `(N, C, ...)`:
-/// `output = (x − mean[c])·invstd[c]·weight[c] + bias[c]`; `weight` defaults to 1 and `bias` to 0.
+/// `output = (x − mean[c])·|invstd[c]|·weight[c] + bias[c]`; `weight` defaults to 1 and `bias` to
+/// 0 (invstd is positive for real statistics; see Numerics for why the magnitude).
 ///
 /// # Arguments
 /// * `input` and `output`: 2 to 8 dims, the same shape, `C = shape[1] ≠ 0`; any strides (the
@@ -40,10 +41,14 @@ use crate::tensor::Tensor;
 /// * Ascend: CANN rebuilds the variance `var = 1/invstd² − eps` and runs inference BatchNorm,
 ///   `(x − mean)/sqrt(var + eps)·weight + bias`. The round trip costs a few f32 ulps of the scale,
 ///   and more when `eps` is large next to `1/invstd²` (the subtraction cancels: the relative error
-///   of the scale grows like `eps·invstd²·2⁻²⁴`). The mock CANN computes exactly this, in f32.
-/// * CPU: `scale[c] = invstd[c]·weight[c]` rounded once to f32 (the product of two f32 values is
-///   exact in f64), then per element in f32 `(x − mean[c])·scale[c] + bias[c]`, rounded once into
-///   the output dtype. Error: at most about `4·2⁻²⁴·|x − mean|·|scale| + 2⁻²⁴·|bias|` before the
+///   of the scale grows like `eps·invstd²·2⁻²⁴`; `eps·invstd² ≤ 1` whenever invstd came from
+///   statistics computed with the same eps). It also loses invstd's sign: **a negative invstd
+///   acts as `|invstd|`** (and an invstd whose square overflows or underflows f32 gives an
+///   infinite or zero scale). The mock CANN computes exactly this, in f32.
+/// * CPU: `scale[c] = |invstd[c]|·weight[c]` (the magnitude, as on Ascend) rounded once to f32 (the
+///   product of two f32 values is exact in f64), then per element in f32
+///   `(x − mean[c])·scale[c] + bias[c]`, rounded once into the output dtype. `eps` is not used
+///   (the round trip cancels it). Error: at most about `4·2⁻²⁴·|x − mean|·|scale| + 2⁻²⁴·|bias|` before the
 ///   final rounding (half an ulp of the output dtype). Deterministic: the same bits on every run
 ///   and for any thread count; runs at memory speed on contiguous and channels-last data.
 ///
