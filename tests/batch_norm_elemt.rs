@@ -60,6 +60,7 @@ on_both_backends!(
         two_phase_dropped_unlaunched,
         eps_round_trip,
         negative_invstd_acts_as_its_magnitude,
+        nan_and_inf_propagate,
     ],
     cross: [tensors_from_the_other_backend],
 );
@@ -170,6 +171,11 @@ fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case
     let (exp, terms) = case.expected();
     let k = k_factor(ctx);
     for (i, ((&g, &e), &t)) in got.iter().zip(&exp).zip(&terms).enumerate() {
+        if !e.is_finite() {
+            // NaN where NaN is expected, the same infinity where one is expected.
+            assert!(e.is_nan() && g.is_nan() || g == e, "{what} ({dtype}) element {i}: got {g:e}, expected {e:e}");
+            continue;
+        }
         let tol = unit_roundoff(dtype) * e.abs() + k * unit_roundoff(DType::F32) * t + tiny(dtype);
         assert!(
             (g - e).abs() <= tol,
@@ -518,6 +524,20 @@ fn negative_invstd_acts_as_its_magnitude(ctx: &Context) -> R {
     let b = negated.upload(&s)?.run(&s)?;
     check(ctx, &s, "negative invstd", &b, DType::F32, &negated);
     assert_eq!(bits(&s, &a), bits(&s, &b), "the sign of invstd changes nothing");
+    Ok(())
+}
+
+/// NaN and ±inf in the input give NaN and the matching infinity, on both backends.
+fn nan_and_inf_propagate(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut case = Case::random(112, &[2, 3, 4], DType::F32, DType::F32, Some(DType::F32));
+    case.weight = Some(Data::new(DType::F32, &[1.5, 0.5, 2.0], &[3]));
+    let mut v = case.x.values();
+    v[1] = f64::NAN;
+    v[6] = f64::INFINITY;
+    v[17] = f64::NEG_INFINITY;
+    case.x = Data::new(DType::F32, &v, &[2, 3, 4]);
+    check(ctx, &s, "NaN and inf", &case.upload(&s)?.run(&s)?, DType::F32, &case);
     Ok(())
 }
 

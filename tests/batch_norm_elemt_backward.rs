@@ -64,6 +64,7 @@ on_both_backends!(
         deterministic,
         two_phase,
         two_phase_dropped_unlaunched,
+        nan_and_inf_propagate,
     ],
     cross: [tensors_from_the_other_backend],
 );
@@ -223,6 +224,11 @@ fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case
     let (exp, terms) = case.expected();
     let u32_ = unit_roundoff(DType::F32);
     for (i, ((&g, &e), &t)) in got.iter().zip(&exp).zip(&terms).enumerate() {
+        if !e.is_finite() {
+            // NaN where NaN is expected, the same infinity where one is expected.
+            assert!(e.is_nan() && g.is_nan() || g == e, "{what} ({dtype}) element {i}: got {g:e}, expected {e:e}");
+            continue;
+        }
         let compute = match ctx.backend() {
             Backend::Cpu => u32_ * e.abs() * f64::from(u8::from(dtype != DType::F32)) + f64::powi(2.0, -40) * t,
             _ if case.computes_in_f16() => 16.0 * unit_roundoff(DType::F16) * t,
@@ -557,6 +563,21 @@ fn two_phase_dropped_unlaunched(ctx: &Context) -> R {
     drop(p);
     s.synchronize()?;
     assert!(read(&s, &out).iter().all(|&v| v == 0.0));
+    Ok(())
+}
+
+/// NaN and ±inf in gradOut or input give NaN and the matching infinity, on both backends.
+fn nan_and_inf_propagate(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut case = Case::uniform_dtype(152, &[2, 3, 4], DType::F32);
+    let mut dy = case.dy.values();
+    dy[1] = f64::NAN;
+    dy[6] = f64::INFINITY;
+    case.dy = Data::new(DType::F32, &dy, &[2, 3, 4]);
+    let mut x = case.x.values();
+    x[9] = f64::NEG_INFINITY;
+    case.x = Data::new(DType::F32, &x, &[2, 3, 4]);
+    check(ctx, &s, "NaN and inf", &case.upload(&s)?.run(&s)?, DType::F32, &case);
     Ok(())
 }
 
