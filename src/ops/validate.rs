@@ -193,3 +193,13 @@ pub(crate) fn same_shape(name: &'static str, m: &Meta<'_>, of: &str, expected: &
     }
     Ok(())
 }
+
+/// Checks that argument `name`'s dtype is a floating-point one (f32, f16, bf16): every DType
+/// today. The match is exhaustive on purpose, so that a new DType (e.g. an integer one) must be
+/// decided on here: `DType::I32 => Err(Error::invalid(name, "..."))`.
+pub(crate) fn float_dtype(name: &'static str, dtype: DType) -> Result<()> {
+    let _ = name; // for the error of a future non-float DType
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+    }
+}

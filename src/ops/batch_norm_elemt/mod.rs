@@ -146,8 +146,14 @@ fn validate_inputs(
     invstd: &Tensor,
     eps: f64,
 ) -> Result<bool> {
-    // Every DType (f32, f16, bf16) is accepted per tensor on Atlas A2/A3: no dtype check yet.
-    // Should DType grow (e.g. an integer type), reject it here for every tensor.
+    // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16).
+    for (name, t) in
+        [("input", Some(input)), ("weight", weight), ("bias", bias), ("mean", Some(mean)), ("invstd", Some(invstd))]
+    {
+        if let Some(t) = t {
+            validate::float_dtype(name, t.dtype())?;
+        }
+    }
     let x = meta(input);
     let c = validate::activation("input", &x)?;
     for (name, t) in [("weight", weight), ("bias", bias), ("mean", Some(mean)), ("invstd", Some(invstd))] {

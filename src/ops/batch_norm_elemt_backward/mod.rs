@@ -157,8 +157,12 @@ impl Args<'_> {
     /// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
     /// (counter's shape, views inside their storage). Returns whether the input is empty.
     fn validate(&self) -> Result<bool> {
-        // gradOut, input, mean, invstd, weight, sumDy and sumDyXmu may each be any DType
-        // (f32/f16/bf16 on Atlas A2/A3). Should DType grow, reject the new types here.
+        // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16), then counter's.
+        for (name, t) in self.floats() {
+            if let Some(t) = t {
+                validate::float_dtype(name, t.dtype())?;
+            }
+        }
         match self.counter.dtype() {
             DType::F32 | DType::F16 => {}
             // DType::I32 plugs in here once the crate has it (CANN accepts int32 counters; the
@@ -202,9 +206,9 @@ impl Args<'_> {
         Ok(validate::in_storage("input", &x)? == 0)
     }
 
-    /// Checks that every input lives where `stream` runs work.
-    fn check_streams(&self, stream: &Stream) -> Result<()> {
-        let all = [
+    /// The floating-point inputs with their aclnn names (weight may be absent).
+    fn floats(&self) -> [(&'static str, Option<&Tensor>); 7] {
+        [
             ("gradOut", Some(self.grad_out)),
             ("input", Some(self.input)),
             ("mean", Some(self.mean)),
@@ -212,9 +216,12 @@ impl Args<'_> {
             ("weight", self.weight),
             ("sumDy", Some(self.sum_dy)),
             ("sumDyXmu", Some(self.sum_dy_xmu)),
-            ("counter", Some(self.counter)),
-        ];
-        for (name, t) in all {
+        ]
+    }
+
+    /// Checks that every input lives where `stream` runs work.
+    fn check_streams(&self, stream: &Stream) -> Result<()> {
+        for (name, t) in self.floats().into_iter().chain([("counter", Some(self.counter))]) {
             if let Some(t) = t {
                 t.check_stream(stream, name)?;
             }
@@ -225,6 +232,7 @@ impl Args<'_> {
 
 /// Validates gradInput against the (validated) input.
 fn validate_output(input: &Tensor, out: &Meta<'_>) -> Result<()> {
+    validate::float_dtype("gradInput", out.dtype)?;
     validate::same_shape("gradInput", out, "input", input.shape())?;
     validate::in_storage("gradInput", out)?;
     validate::distinct_elements("gradInput", out)
