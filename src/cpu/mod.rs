@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::ops::Deref;
 
+pub(crate) mod channelwise;
 pub(crate) mod kernel;
 pub(crate) mod pool;
 
@@ -118,6 +119,11 @@ impl<'a> View<'a> {
         self.geom.meta(self.dtype(), self.data.len())
     }
 
+    /// The whole storage the view lies in (index it with the view's strides and offset).
+    pub(crate) fn storage(&self) -> SliceRef<'a> {
+        self.data
+    }
+
     /// Calls `f` with every element (widened to f32) in row-major order. The view must have been
     /// bounds-checked.
     pub(crate) fn for_each_f32(&self, mut f: impl FnMut(f32)) {
@@ -176,6 +182,11 @@ impl<'a> ViewMut<'a> {
 
     pub(crate) fn meta(&self) -> Meta<'_> {
         self.geom.meta(self.dtype(), self.data.len())
+    }
+
+    /// The whole storage the view lies in (index it with the view's strides and offset).
+    pub(crate) fn into_storage(self) -> SliceMut<'a> {
+        self.data
     }
 
     /// Stores `v` (rounded once) at storage index `i`, which the caller has bounds-checked.

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The machine's cores, asked once (`available_parallelism` reads cgroup files on Linux).
-#[allow(dead_code)] // until the companion operators land
 pub(crate) fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -17,7 +16,6 @@ pub(crate) fn cores() -> usize {
 /// Runs `f(chunk)` for every chunk in `0..n`, on up to `threads` threads (0: every core), the
 /// calling thread included; returns when all have run. Chunks are claimed one at a time, so a
 /// slow thread only delays the chunk it holds.
-#[allow(dead_code)] // until the companion operators land
 pub(crate) fn run(threads: usize, n: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = if threads == 0 { cores() } else { threads }.clamp(1, n.max(1));
     if threads == 1 {

@@ -1,15 +1,23 @@
-//! Operators. One so far: [`batch_norm_reduce_backward`] (`aclnnBatchNormReduceBackward`), the
-//! per-channel reductions of BatchNorm's backward pass and the building block of SyncBatchNorm.
+//! Operators: [`batch_norm_reduce_backward`] (`aclnnBatchNormReduceBackward`), the per-channel
+//! reductions of BatchNorm's backward pass and the building block of SyncBatchNorm, described
+//! below; [`batch_norm_elemt`] (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`]
+//! (`aclnnBatchNormElemtBackward`), SyncBatchNorm's element-wise steps (see their docs).
 //!
 //! Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
 //! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
+mod batch_norm_elemt;
+mod batch_norm_elemt_backward;
 mod batch_norm_reduce_backward;
 mod launch;
 mod prepared;
 pub(crate) mod validate;
 
+pub use batch_norm_elemt::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_elemt};
+pub use batch_norm_elemt_backward::{
+    batch_norm_elemt_backward, batch_norm_elemt_backward_into, prepare_batch_norm_elemt_backward,
+};
 pub use batch_norm_reduce_backward::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward,
     PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,

@@ -54,7 +54,6 @@ pub(crate) fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<
 
 /// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` and a
 /// non-zero channel dim 1; returns C.
-#[allow(dead_code)] // until the companion operators land
 pub(crate) fn activation(name: &'static str, m: &Meta<'_>) -> Result<usize> {
     let r = m.shape.len();
     if !(MIN_RANK..=MAX_RANK).contains(&r) {
@@ -155,4 +154,52 @@ pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4
         }
     }
     Ok(())
+}
+
+/// Checks that no two elements of an output view share a storage position (a stride of 0, or
+/// strides that interleave, would make the kernel write several results to one element). The
+/// test is the usual sufficient one: taken by increasing stride, each dim of size > 1 must step
+/// past everything the smaller dims span (so a few exotic non-overlapping interleavings are
+/// refused too). Empty views pass.
+pub(crate) fn distinct_elements(name: &'static str, m: &Meta<'_>) -> Result<()> {
+    if m.shape.contains(&0) {
+        return Ok(());
+    }
+    let mut dims: Vec<(usize, usize)> =
+        m.shape.iter().zip(m.strides).filter(|(&d, _)| d > 1).map(|(&d, &s)| (s, d)).collect();
+    dims.sort_unstable();
+    let mut span = 0usize; // the largest offset the smaller dims reach
+    for (stride, size) in dims {
+        if stride <= span {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "an output view must not overlap itself: shape {:?} with strides {:?} may write some \
+                     elements twice (taken by increasing stride, each dim must step past the span of the \
+                     smaller ones)",
+                    m.shape, m.strides
+                ),
+            ));
+        }
+        span = span.saturating_add((size - 1).saturating_mul(stride));
+    }
+    Ok(())
+}
+
+/// Checks that `m` has the shape `expected` (that of argument `of`).
+pub(crate) fn same_shape(name: &'static str, m: &Meta<'_>, of: &str, expected: &[usize]) -> Result<()> {
+    if m.shape != expected {
+        return Err(Error::invalid(name, format!("shape must equal {of}'s {expected:?}, got {:?}", m.shape)));
+    }
+    Ok(())
+}
+
+/// Checks that argument `name`'s dtype is a floating-point one (f32, f16, bf16): every DType
+/// today. The match is exhaustive on purpose, so that a new DType (e.g. an integer one) must be
+/// decided on here: `DType::I32 => Err(Error::invalid(name, "..."))`.
+pub(crate) fn float_dtype(name: &'static str, dtype: DType) -> Result<()> {
+    let _ = name; // for the error of a future non-float DType
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+    }
 }

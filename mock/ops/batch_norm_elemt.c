@@ -1,0 +1,194 @@
+/*
+ * Mock aclnnBatchNormElemt: ops-nn's validation and the hardware's compute, emulating Atlas A2/A3
+ * (SocVersion 910B..910E: bf16 accepted).
+ *
+ * Phase 1, as ops-nn's aclnn_batch_norm_elemt.cpp: a NULL input, mean, invstd or output is
+ * 161002 (its CheckNotNull is wired to ACLNN_ERR_PARAM_INVALID, not 161001); weight and bias are
+ * optional (filled with 1 and 0). Then each tensor's dtype must be F32, F16 or BF16 (checked per
+ * tensor: mixed dtypes pass), input has 2..8 dims, output has input's shape and format,
+ * input.shape[1] != 0, weight/bias/mean/invstd are 1-D [C]; private formats are rejected. An empty
+ * input gives workspace 0 and an executor that does nothing.
+ *
+ * The compute follows ops-nn: the variance is rebuilt as var = 1/invstd^2 - eps and inference
+ * BatchNorm runs, y = (x - mean) / sqrt(var + eps) * weight + bias; every step in f32 (as the
+ * NPU computes), every tensor read through its view and widened to f32, the result rounded to
+ * nearest even into output's dtype and written through output's view. Deterministic (the real
+ * op is not by default on A2/A3: its reductions may be ordered differently run to run).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#pragma GCC visibility push(default)
+#include "wrapper.h"
+#pragma GCC visibility pop
+#include "opapi.h"
+
+enum { T_INPUT, T_WEIGHT, T_BIAS, T_MEAN, T_INVSTD, T_OUTPUT, NT };
+static const char *const k_names[NT] = {"input", "weight", "bias", "mean", "invstd", "output"};
+
+/* sqrt in f32, correctly rounded, without libm (the mock links nothing but libc): Newton in
+ * double, then the f32 neighbour whose rounding interval holds x (exact tests: the squares of
+ * f32 midpoints are exact in double). */
+static float sqrt_f32(float x) {
+    if (!(x > 0.0f) || x > 3.4028235e38f) {
+        return x == 0.0f || x > 3.4028235e38f ? x : (x - x) / (x - x); /* 0, inf, or NaN */
+    }
+    double d = x, g;
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    bits = (bits >> 1) + (UINT64_C(1023) << 51);
+    memcpy(&g, &bits, sizeof g);
+    for (int i = 0; i < 6; i++) {
+        g = 0.5 * (g + d / g);
+    }
+    float r = (float)g;
+    uint32_t rb;
+    memcpy(&rb, &r, sizeof rb);
+    float up, down;
+    uint32_t ub = rb + 1, db = rb - 1;
+    memcpy(&up, &ub, sizeof up);
+    memcpy(&down, &db, sizeof down);
+    double mid_up = ((double)r + (double)up) / 2, mid_down = ((double)r + (double)down) / 2;
+    if (d >= mid_up * mid_up) {
+        return up;
+    }
+    if (d < mid_down * mid_down) {
+        return down;
+    }
+    return r;
+}
+
+static int64_t pos_along(const ascend_mock_tensor *t, int64_t c) {
+    return t->offset + c * t->strides[0];
+}
+
+/* ---- the compute (a queued task; runs with the toolkit lock held) ------------------------------------ */
+static int elemt_run(const mock_op *op, mock_op_call *k) {
+    const ascend_mock_tensor *x = &k->t[T_INPUT], *y = &k->t[T_OUTPUT];
+    const ascend_mock_tensor *mean = &k->t[T_MEAN], *invstd = &k->t[T_INVSTD];
+    int has_w = k->args[T_WEIGHT].used, has_b = k->args[T_BIAS].used;
+    float eps = (float)k->scalars[0];
+    int64_t channels = x->dims[1];
+    float *scale = calloc((size_t)channels * 3, sizeof *scale);
+    if (!scale) {
+        ascend_mock_violation("%s: the mock ran out of host memory", op->phase2);
+        return ACL_ERROR_RT_AICORE_EXCEPTION;
+    }
+    float *m = scale + channels, *shift = scale + 2 * channels;
+    for (int64_t c = 0; c < channels; c++) {
+        float s = mock_load(invstd, pos_along(invstd, c));
+        float var = 1.0f / (s * s) - eps; /* the variance rebuilt from invstd */
+        scale[c] = 1.0f / sqrt_f32(var + eps);
+        m[c] = mock_load(mean, pos_along(mean, c));
+        shift[c] = has_b ? mock_load(&k->t[T_BIAS], pos_along(&k->t[T_BIAS], c)) : 0.0f;
+    }
+    const ascend_mock_tensor *w = &k->t[T_WEIGHT];
+    uint64_t rank = x->rank, total = mock_numel(x);
+    int64_t idx[ASCEND_MOCK_MAX_RANK] = {0};
+    int64_t px = x->offset, py = y->offset;
+    for (uint64_t e = 0; e < total; e++) {
+        int64_t c = idx[1];
+        float v = (mock_load(x, px) - m[c]) * scale[c];
+        if (has_w) {
+            v = v * mock_load(w, pos_along(w, c));
+        }
+        mock_store(y, py, v + shift[c]);
+        for (uint64_t d = rank; d-- > 0;) {
+            idx[d]++;
+            px += x->strides[d];
+            py += y->strides[d];
+            if (idx[d] < x->dims[d]) {
+                break;
+            }
+            px -= x->strides[d] * x->dims[d];
+            py -= y->strides[d] * y->dims[d];
+            idx[d] = 0;
+        }
+    }
+    free(scale);
+    return 0;
+}
+
+/* Validation once every given tensor is resolved. */
+static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
+    const ascend_mock_tensor *t[NT];
+    int on[NT];
+    for (int i = 0; i < NT; i++) {
+        t[i] = &call->t[i];
+        on[i] = call->args[i].used;
+    }
+    static const char support[] = "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]";
+    char a[256], b[256];
+    for (int i = 0; i < NT; i++) {
+        if (on[i] && !mock_dtype_float(t[i]->dtype)) {
+            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                                "Tensor %s not implemented for %s, should be in dtype support list %s.", k_names[i],
+                                ascend_mock_dtype_name(t[i]->dtype), support);
+        }
+    }
+    const ascend_mock_tensor *x = t[T_INPUT], *y = t[T_OUTPUT];
+    if (x->rank < 2 || x->rank > 8) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of input should be in [2, 8], but got %llu.",
+                            (unsigned long long)x->rank);
+    }
+    if (y->rank != x->rank || memcmp(y->dims, x->dims, x->rank * sizeof x->dims[0]) != 0) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor output to have shape %s (input's), but got %s.",
+                            mock_shape_text(x, a, sizeof a), mock_shape_text(y, b, sizeof b));
+    }
+    if (y->format != x->format) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format of output %s should be the same as format of input %s.",
+                            ascend_mock_format_name(y->format), ascend_mock_format_name(x->format));
+    }
+    for (int i = 0; i < NT; i++) {
+        if (on[i] && mock_format_private(t[i]->format)) {
+            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                                "Format of %s does not support %s; it should be one of ND, NCHW, NHWC, HWCN, NDHWC, NCDHW.",
+                                k_names[i], ascend_mock_format_name(t[i]->format));
+        }
+    }
+    int64_t channels = x->dims[1];
+    if (channels == 0) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                            "The channel size of input (input.shape[1]) should not be 0, but got shape %s.",
+                            mock_shape_text(x, a, sizeof a));
+    }
+    static const int per_channel[] = {T_WEIGHT, T_BIAS, T_MEAN, T_INVSTD};
+    for (size_t i = 0; i < sizeof per_channel / sizeof per_channel[0]; i++) {
+        const ascend_mock_tensor *v = t[per_channel[i]];
+        if (on[per_channel[i]] && (v->rank != 1 || v->dims[0] != channels)) {
+            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
+                                k_names[per_channel[i]], (long long)channels, mock_shape_text(v, a, sizeof a));
+        }
+    }
+    call->empty = mock_numel(x) == 0;
+    call->ws_size = 0;
+    return ACLNN_SUCCESS;
+}
+
+static const mock_op k_op = {
+    .phase1 = "aclnnBatchNormElemtGetWorkspaceSize",
+    .phase2 = "aclnnBatchNormElemt",
+    .null_code = ACLNN_ERR_PARAM_INVALID, /* ops-nn: CheckNotNull returns 161002 for this op */
+    .check = elemt_check,
+    .run = elemt_run,
+};
+
+aclnnStatus aclnnBatchNormElemtGetWorkspaceSize(const aclTensor *input, const aclTensor *weight, const aclTensor *bias,
+                                                aclTensor *mean, aclTensor *invstd, double eps, aclTensor *output,
+                                                uint64_t *workspaceSize, aclOpExecutor **executor) {
+    const aclTensor *h[NT] = {input, weight, bias, mean, invstd, output};
+    mock_op_call call = {.nargs = NT, .scalars = {eps}};
+    for (int i = 0; i < NT; i++) {
+        call.args[i] = (mock_op_arg){.name = k_names[i], .handle = h[i], .required = i != T_WEIGHT && i != T_BIAS,
+                                     .used = 1, .write = i == T_OUTPUT};
+    }
+    return mock_op_phase1(&k_op, &call, workspaceSize, executor);
+}
+
+aclnnStatus aclnnBatchNormElemt(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                const aclrtStream stream) {
+    return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);
+}

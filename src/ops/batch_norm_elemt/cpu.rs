@@ -1,0 +1,84 @@
+//! The CPU kernel of [`batch_norm_elemt`](super::batch_norm_elemt): per element, in f32,
+//! `(x − mean[c])·scale[c] + bias[c]` with `scale[c] = |invstd[c]|·weight[c]` rounded once from the
+//! exact product; over any strides through [`channelwise::map`] (runs of one channel for NCHW,
+//! rows of consecutive channels for channels-last, several threads for large inputs).
+
+use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// The per-channel constants, in f32, [`tile`]d.
+struct Params {
+    mean: Vec<f32>,
+    scale: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// Runs the validated, non-empty call.
+pub(super) fn run(
+    input: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    mean: &Tensor,
+    invstd: &Tensor,
+    output: &mut Tensor,
+) -> Result<()> {
+    let c = input.shape()[1];
+    let mean = channel_values(mean, "mean")?;
+    let invstd = channel_values(invstd, "invstd")?;
+    let weight = weight.map(|w| channel_values(w, "weight")).transpose()?;
+    let bias = match bias {
+        Some(b) => channel_values(b, "bias")?,
+        None => vec![0.0; c],
+    };
+    // |invstd|: CANN rebuilds the variance from invstd² and normalises by 1/sqrt(var + eps), so a
+    // negative invstd acts as its magnitude there; the CPU gives the same values. The product of
+    // two f32 values is exact in f64: one rounding.
+    let scale: Vec<f32> = match &weight {
+        Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(i.abs()) * f64::from(w)) as f32).collect(),
+        None => invstd.iter().map(|i| i.abs()).collect(),
+    };
+    let p = Params { mean: tile(&mean), scale: tile(&scale), bias: tile(&bias) };
+    let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
+    let Some(x) = input.as_host_view() else {
+        return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
+    };
+    let Some(y) = output.as_host_view_mut() else {
+        return Err(Error::invalid("output", "a device tensor reached the CPU backend"));
+    };
+    let src = Src { data: x.storage(), strides: input.strides(), offset: input.offset() };
+    let dst = Dst { data: y.into_storage(), strides: &out_strides, offset: out_offset };
+    channelwise::map(&shape, [src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels));
+    Ok(())
+}
+
+/// One block: `out = (x − mean)·scale + bias` with its channels' constants. The same f32
+/// operations for every element whatever the pattern, so any walk gives the same bits.
+fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
+    match channels.window() {
+        Window::Fixed(c) => {
+            let (m, s, b) = (p.mean[c], p.scale[c], p.bias[c]);
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = (v - m) * s + b;
+            }
+        }
+        Window::From(start) => {
+            let n = out.len();
+            let w = start..start + n;
+            let (m, s, b) = (&p.mean[w.clone()], &p.scale[w.clone()], &p.bias[w]);
+            for ((((o, &v), &m), &s), &b) in out.iter_mut().zip(x).zip(m).zip(s).zip(b) {
+                *o = (v - m) * s + b;
+            }
+        }
+    }
+}
+
+/// A validated `[C]` vector, widened to f32 (exact).
+pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
+    let Some(v) = t.as_host_view() else {
+        return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+    };
+    let mut out = Vec::with_capacity(t.shape()[0]);
+    v.for_each_f32(|x| out.push(x));
+    Ok(out)
+}

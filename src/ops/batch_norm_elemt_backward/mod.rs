@@ -1,0 +1,270 @@
+//! `aclnnBatchNormElemtBackward` on both backends: the input gradient of BatchNorm from the
+//! (all-reduced) per-channel sums, the last step of SyncBatchNorm's backward pass.
+//!
+//! The public docs are on [`batch_norm_elemt_backward`].
+
+mod cpu;
+
+use ascend_sys::symbols::BATCH_NORM_ELEMT_BACKWARD as OP;
+
+use super::batch_norm_elemt::meta;
+use super::launch::{DeviceCall, DevicePrepared};
+use super::prepared::Prepared;
+use super::validate::{self, Meta};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::tensor::Tensor;
+
+/// The input gradient of BatchNorm from the per-channel sums of the whole (global) batch, into a
+/// new tensor of `input`'s shape and dtype.
+///
+/// Per element of channel `c` (dim 1), with `N = Σ counter` (the global element count per
+/// channel):
+/// `gradInput = (gradOut − sumDy[c]/N − (x − mean[c])·invstd[c]²·sumDyXmu[c]/N)·invstd[c]·weight[c]`;
+/// `weight` defaults to 1. `sumDy` and `sumDyXmu` are the sums of
+/// [`batch_norm_reduce_backward`](super::batch_norm_reduce_backward) added over every rank.
+///
+/// # Arguments
+/// * `input`: 2 to 8 dims, `C = shape[1] ≠ 0`; `grad_out` and `grad_input` have its shape; any
+///   strides (`grad_input` must not overlap itself). An empty input (some dim 0) computes
+///   nothing and succeeds.
+/// * `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu`: shape `[C]`, any stride.
+/// * `counter`: the element count of each rank, shape `[W]` or `[W, 1]` (torch saves `[W, 1]`).
+///   CANN sums **every** element of `counter` whatever its shape, so a per-channel `[W, C]` counts
+///   tensor would silently give a wrong `N`: any other shape is rejected (161002).
+/// * dtypes: `grad_out`, `input`, `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu` and
+///   `grad_input` are each f32, f16 or bf16 (Atlas A2/A3; CANN promotes mixed dtypes to f32);
+///   `counter` is f32 or f16; bf16 is rejected (161002) as CANN rejects it. CANN also accepts an
+///   int32 counter (torch's), which this crate cannot express yet.
+///
+/// Errors have aclnn's status 161002 (`ACLNN_ERR_PARAM_INVALID`) on both backends; a rejected
+/// call writes nothing.
+///
+/// # Numerics
+/// * Ascend: CANN sums `counter` in f32, divides `sumDy` and `sumDyXmu` by it in f32, then
+///   computes in f16 when all of gradOut, input, mean, invstd, weight, sumDy and sumDyXmu are
+///   f16, else in f32, and rounds into gradInput's dtype. The mock CANN does the same (a missing
+///   weight counts as f16 there).
+/// * CPU: `N` and the per-channel coefficients in f64, then per element in f64 from the exact
+///   inputs: `((dy − sumDy/N) − (x − mean)·invstd²·sumDyXmu/N)·invstd·weight`, rounded to f32 and
+///   then (for f16/bf16 outputs) to the output dtype: within an ulp of the output dtype of the
+///   exact value (half an ulp but for double-rounding ties). Deterministic: the same bits on every
+///   run and for any thread count. Deterministic on Ascend too (documented by CANN).
+///
+/// # Calling
+/// Arguments are validated first, on both backends alike; a rejected call allocates nothing. On
+/// Ascend the work is asynchronous on `stream`: read the result with [`Tensor::to_vec`].
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_elemt_backward(
+    stream: &Stream,
+    grad_out: &Tensor,
+    input: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    weight: Option<&Tensor>,
+    sum_dy: &Tensor,
+    sum_dy_xmu: &Tensor,
+    counter: &Tensor,
+) -> Result<Tensor> {
+    let args = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+    args.validate()?;
+    args.check_streams(stream)?;
+    let mut grad_input = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
+    batch_norm_elemt_backward_into(
+        stream,
+        grad_out,
+        input,
+        mean,
+        invstd,
+        weight,
+        sum_dy,
+        sum_dy_xmu,
+        counter,
+        &mut grad_input,
+    )?;
+    Ok(grad_input)
+}
+
+/// [`batch_norm_elemt_backward`] into the caller-owned `grad_input` (input's shape, any of
+/// f32/f16/bf16, any strides that do not overlap themselves).
+///
+/// On Ascend this is `aclnnBatchNormElemtBackwardGetWorkspaceSize` followed by
+/// `aclnnBatchNormElemtBackward` on `stream`, with the stream's cached workspace. The call returns
+/// once the work is enqueued; every tensor may be dropped at once.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_elemt_backward_into(
+    stream: &Stream,
+    grad_out: &Tensor,
+    input: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    weight: Option<&Tensor>,
+    sum_dy: &Tensor,
+    sum_dy_xmu: &Tensor,
+    counter: &Tensor,
+    grad_input: &mut Tensor,
+) -> Result<()> {
+    prepare_batch_norm_elemt_backward(
+        stream, grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, grad_input,
+    )?
+    .launch(stream, None)
+}
+
+/// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
+/// descriptors and the executor (`aclnnBatchNormElemtBackwardGetWorkspaceSize`).
+///
+/// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
+/// phase 2; dropping it unlaunched destroys the executor and writes nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_batch_norm_elemt_backward<'a>(
+    stream: &Stream,
+    grad_out: &'a Tensor,
+    input: &'a Tensor,
+    mean: &'a Tensor,
+    invstd: &'a Tensor,
+    weight: Option<&'a Tensor>,
+    sum_dy: &'a Tensor,
+    sum_dy_xmu: &'a Tensor,
+    counter: &'a Tensor,
+    grad_input: &'a mut Tensor,
+) -> Result<Prepared<'a>> {
+    let args = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+    let empty = args.validate()?;
+    validate_output(input, &meta(grad_input))?;
+    args.check_streams(stream)?;
+    grad_input.check_stream(stream, "gradInput")?;
+    match stream.ascend() {
+        None => Ok(Prepared::cpu(move || if empty { Ok(()) } else { cpu::run(&args, grad_input) })),
+        Some(_) => ascend_prepare(stream, args, grad_input).map(Prepared::ascend),
+    }
+}
+
+/// The inputs of a call.
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    grad_out: &'a Tensor,
+    input: &'a Tensor,
+    mean: &'a Tensor,
+    invstd: &'a Tensor,
+    weight: Option<&'a Tensor>,
+    sum_dy: &'a Tensor,
+    sum_dy_xmu: &'a Tensor,
+    counter: &'a Tensor,
+}
+
+impl Args<'_> {
+    /// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
+    /// (counter's shape, views inside their storage). Returns whether the input is empty.
+    fn validate(&self) -> Result<bool> {
+        // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16), then counter's.
+        for (name, t) in self.floats() {
+            if let Some(t) = t {
+                validate::float_dtype(name, t.dtype())?;
+            }
+        }
+        match self.counter.dtype() {
+            DType::F32 | DType::F16 => {}
+            // DType::I32 plugs in here once the crate has it (CANN accepts int32 counters; the
+            // CPU kernel then sums it exactly, the mock already loads int32).
+            DType::BF16 => {
+                return Err(Error::invalid(
+                    "counter",
+                    "dtype bf16 is not supported (CANN accepts f32, f16 or int32 counters)",
+                ))
+            }
+        }
+        let x = meta(self.input);
+        let c = validate::activation("input", &x)?;
+        validate::same_shape("gradOut", &meta(self.grad_out), "input", self.input.shape())?;
+        let per_channel = [
+            ("mean", Some(self.mean)),
+            ("invstd", Some(self.invstd)),
+            ("weight", self.weight),
+            ("sumDy", Some(self.sum_dy)),
+            ("sumDyXmu", Some(self.sum_dy_xmu)),
+        ];
+        for (name, t) in per_channel {
+            if let Some(t) = t {
+                validate::per_channel(name, &meta(t), c)?;
+            }
+        }
+        let counter = meta(self.counter);
+        if !matches!(counter.shape, [_] | [_, 1]) {
+            return Err(Error::invalid(
+                "counter",
+                format!(
+                    "expected shape [W] or [W, 1] (one element count per rank), got {:?}: CANN sums every \
+                     element of counter into N, so any other shape (e.g. per-channel counts) would give a \
+                     wrong N",
+                    counter.shape
+                ),
+            ));
+        }
+        validate::in_storage("counter", &counter)?;
+        validate::in_storage("gradOut", &meta(self.grad_out))?;
+        Ok(validate::in_storage("input", &x)? == 0)
+    }
+
+    /// The floating-point inputs with their aclnn names (weight may be absent).
+    fn floats(&self) -> [(&'static str, Option<&Tensor>); 7] {
+        [
+            ("gradOut", Some(self.grad_out)),
+            ("input", Some(self.input)),
+            ("mean", Some(self.mean)),
+            ("invstd", Some(self.invstd)),
+            ("weight", self.weight),
+            ("sumDy", Some(self.sum_dy)),
+            ("sumDyXmu", Some(self.sum_dy_xmu)),
+        ]
+    }
+
+    /// Checks that every input lives where `stream` runs work.
+    fn check_streams(&self, stream: &Stream) -> Result<()> {
+        for (name, t) in self.floats().into_iter().chain([("counter", Some(self.counter))]) {
+            if let Some(t) = t {
+                t.check_stream(stream, name)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Validates gradInput against the (validated) input.
+fn validate_output(input: &Tensor, out: &Meta<'_>) -> Result<()> {
+    validate::float_dtype("gradInput", out.dtype)?;
+    validate::same_shape("gradInput", out, "input", input.shape())?;
+    validate::in_storage("gradInput", out)?;
+    validate::distinct_elements("gradInput", out)
+}
+
+/// Phase 1 on Ascend: every tensor described through the shared launch path.
+fn ascend_prepare<'a>(stream: &Stream, args: Args<'a>, grad_input: &'a Tensor) -> Result<DevicePrepared<'a>> {
+    let mut call = DeviceCall::new(stream)?;
+    let grad_out = call.tensor(args.grad_out, "gradOut")?;
+    let input = call.tensor(args.input, "input")?;
+    let mean = call.tensor(args.mean, "mean")?;
+    let invstd = call.tensor(args.invstd, "invstd")?;
+    let weight = call.optional(args.weight, "weight")?;
+    let sum_dy = call.tensor(args.sum_dy, "sumDy")?;
+    let sum_dy_xmu = call.tensor(args.sum_dy_xmu, "sumDyXmu")?;
+    let counter = call.tensor(args.counter, "counter")?;
+    let grad_input = call.tensor(grad_input, "gradInput")?;
+    call.prepare(
+        &OP,
+        |cann, api| {
+            let f = crate::acl::op_fn(&api.aclnnBatchNormElemtBackwardGetWorkspaceSize, OP.phase1)?;
+            crate::acl::phase1(cann, OP.phase1, |size, executor| {
+                // SAFETY: the signature is the header's (wrapper.h, checked against CANN's
+                // headers; counter is non-const there, and CANN only reads it); every non-null
+                // handle is a live descriptor held by `call`, which moves into the prepared call
+                // and outlives the executor; the out-pointers are valid.
+                unsafe {
+                    f(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, grad_input, size, executor)
+                }
+            })
+        },
+        |api| &api.aclnnBatchNormElemtBackward,
+        Vec::new(),
+    )
+}

@@ -1,0 +1,794 @@
+//! Acceptance tests of `ops::batch_norm_elemt_backward` (`aclnnBatchNormElemtBackward`), one body
+//! per case run on both backends: `cpu::<case>` always, `mock::<case>` (Ascend over the mock CANN)
+//! with `--features mock`, each mock run isolated (serialised, then checked for no leak and no
+//! mock violation).
+//!
+//! Values are checked against an independent f64 reference,
+//! `(dy − sumDy/N − (x − mean)·invstd²·sumDyXmu/N)·invstd·weight` with `N = Σ counter`, computed
+//! per multi-index through each tensor's strides, with per-element tolerances
+//! `|got − exact| ≤ u_out·|exact| + K·u_c·T + tiny(out)`, where `u_out` is half an ulp of the output
+//! dtype, `T = (|dy| + |sumDy/N| + |x − mean|·invstd²·|sumDyXmu/N|)·|invstd·weight|` (the terms'
+//! magnitudes) and:
+//! * CPU (f64, rounded to f32 then to the output dtype): `u_out·|exact| + 2⁻²⁴·|exact|` for
+//!   f16/bf16 outputs (the double rounding), no `T` term beyond 2⁻⁴⁰·T;
+//! * mock computing in f32 (as CANN does unless all seven inputs are f16): K = 16, `u_c` = 2⁻²⁴;
+//! * mock computing in f16 (all seven inputs f16): K = 16, `u_c` = 2⁻¹¹ (about ten f16 roundings).
+//!
+//! A misread element, a wrong channel, a wrong N (e.g. from a per-channel counter) or a skipped
+//! weight is off by far more.
+
+mod common;
+#[cfg(feature = "mock")]
+#[path = "common/raw_mock.rs"]
+mod raw_mock;
+
+use ascend::ops::{
+    batch_norm_elemt_backward, batch_norm_elemt_backward_into, prepare_batch_norm_elemt_backward, Workspace,
+};
+use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
+use common::*;
+
+const INVALID: i32 = 161002;
+
+type R = Result<()>;
+
+/// Expands each case `fn name(ctx: &Context) -> R` into `cpu::name` and, with the mock feature,
+/// `mock::name` (isolated). The `cross` cases use both backends at once.
+macro_rules! on_both_backends {
+    (local: [$($name:ident),* $(,)?], cross: [$($cross:ident),* $(,)?] $(,)?) => {
+        mod cpu {
+            $( #[test] fn $name() { super::$name(&ascend::Context::cpu()).unwrap(); } )*
+            $( #[test] fn $cross() { crate::common::on_cpu_touching_mock(|ctx| super::$cross(ctx)).unwrap(); } )*
+        }
+        #[cfg(feature = "mock")]
+        mod mock {
+            $( #[test] fn $name() { crate::common::mock::isolated(|ctx| super::$name(ctx)).unwrap(); } )*
+            $( #[test] fn $cross() { crate::common::mock::isolated(|ctx| super::$cross(ctx)).unwrap(); } )*
+        }
+    };
+}
+
+on_both_backends!(
+    local: [
+        every_dtype_combination,
+        grad_input_dtypes,
+        all_f16,
+        counter_shapes_and_dtypes,
+        layouts,
+        strided_outputs,
+        ranks_2_to_8,
+        large_inputs_use_the_threaded_path,
+        empty_inputs,
+        bad_arguments,
+        bad_counters,
+        deterministic,
+        two_phase,
+        two_phase_dropped_unlaunched,
+        nan_and_inf_propagate,
+    ],
+    cross: [tensors_from_the_other_backend],
+);
+
+// ---------------------------------------------------------------------------------------------
+// Fixture and reference
+
+/// The op's inputs as host data.
+#[derive(Clone, Debug)]
+struct Case {
+    dy: Data,
+    x: Data,
+    mean: Data,
+    invstd: Data,
+    weight: Option<Data>,
+    sum_dy: Data,
+    sum_dy_xmu: Data,
+    counter: Data,
+}
+
+impl Case {
+    /// dy ~ N(0, 1) in `gdt`, x ~ N(0.5, 1) in `xdt`; mean ~ U(0.3, 0.7), invstd ~ U(0.5, 2),
+    /// sumDy ~ N(0, 30), sumDyXmu ~ N(0, 30) in `sdt`; weight ~ N(1, 0.5) in `wdt` (absent for
+    /// None); counter = [40, 25, 35] (N = 100) as `[3]` f32.
+    fn random(seed: u64, shape: &[usize], gdt: DType, xdt: DType, sdt: DType, wdt: Option<DType>) -> Case {
+        let mut rng = Rng::new(seed);
+        let c = shape[1];
+        Case {
+            dy: Data::normal(&mut rng, gdt, shape, 0.0, 1.0),
+            x: Data::normal(&mut rng, xdt, shape, 0.5, 1.0),
+            mean: Data::uniform(&mut rng, sdt, &[c], 0.3, 0.7),
+            invstd: Data::uniform(&mut rng, sdt, &[c], 0.5, 2.0),
+            weight: wdt.map(|d| Data::normal(&mut rng, d, &[c], 1.0, 0.5)),
+            sum_dy: Data::normal(&mut rng, sdt, &[c], 0.0, 30.0),
+            sum_dy_xmu: Data::normal(&mut rng, sdt, &[c], 0.0, 30.0),
+            counter: Data::new(DType::F32, &[40.0, 25.0, 35.0], &[3]),
+        }
+    }
+
+    /// One dtype for everything but the counter.
+    fn uniform_dtype(seed: u64, shape: &[usize], dt: DType) -> Case {
+        Case::random(seed, shape, dt, dt, dt, Some(dt))
+    }
+
+    /// The exact values (row-major) and the bound terms T of each element.
+    fn expected(&self) -> (Vec<f64>, Vec<f64>) {
+        let n: f64 = self.counter.values().iter().sum();
+        let (mean, invstd) = (self.mean.values(), self.invstd.values());
+        let (sum_dy, sum_dy_xmu) = (self.sum_dy.values(), self.sum_dy_xmu.values());
+        let weight = self.weight.as_ref().map_or(vec![1.0; mean.len()], Data::values);
+        let (mut exp, mut terms) = (Vec::new(), Vec::new());
+        for_each_index(&self.x.shape, |i| {
+            let c = i[1];
+            let (a, b) = (sum_dy[c] / n, invstd[c] * invstd[c] * sum_dy_xmu[c] / n);
+            let (g, xmu) = (self.dy.get(i), self.x.get(i) - mean[c]);
+            let k = invstd[c] * weight[c];
+            exp.push((g - a - xmu * b) * k);
+            terms.push((g.abs() + a.abs() + (xmu * b).abs()) * k.abs());
+        });
+        (exp, terms)
+    }
+
+    /// Whether CANN computes this case in f16 (all seven float inputs f16; a missing weight
+    /// does not count).
+    fn computes_in_f16(&self) -> bool {
+        let all = [&self.dy, &self.x, &self.mean, &self.invstd, &self.sum_dy, &self.sum_dy_xmu];
+        all.iter().all(|d| d.dtype == DType::F16) && self.weight.as_ref().is_none_or(|w| w.dtype == DType::F16)
+    }
+
+    fn upload(&self, s: &Stream) -> Result<Up> {
+        Ok(Up {
+            dy: self.dy.tensor(s)?,
+            x: self.x.tensor(s)?,
+            mean: self.mean.tensor(s)?,
+            invstd: self.invstd.tensor(s)?,
+            weight: self.weight.as_ref().map(|w| w.tensor(s)).transpose()?,
+            sum_dy: self.sum_dy.tensor(s)?,
+            sum_dy_xmu: self.sum_dy_xmu.tensor(s)?,
+            counter: self.counter.tensor(s)?,
+        })
+    }
+}
+
+/// Uploaded inputs.
+struct Up {
+    dy: Tensor,
+    x: Tensor,
+    mean: Tensor,
+    invstd: Tensor,
+    weight: Option<Tensor>,
+    sum_dy: Tensor,
+    sum_dy_xmu: Tensor,
+    counter: Tensor,
+}
+
+impl Up {
+    fn run(&self, s: &Stream) -> Result<Tensor> {
+        batch_norm_elemt_backward(
+            s,
+            &self.dy,
+            &self.x,
+            &self.mean,
+            &self.invstd,
+            self.weight.as_ref(),
+            &self.sum_dy,
+            &self.sum_dy_xmu,
+            &self.counter,
+        )
+    }
+
+    fn run_into(&self, s: &Stream, out: &mut Tensor) -> Result<()> {
+        batch_norm_elemt_backward_into(
+            s,
+            &self.dy,
+            &self.x,
+            &self.mean,
+            &self.invstd,
+            self.weight.as_ref(),
+            &self.sum_dy,
+            &self.sum_dy_xmu,
+            &self.counter,
+            out,
+        )
+    }
+
+    fn prepare<'a>(&'a self, s: &Stream, out: &'a mut Tensor) -> Result<ascend::ops::Prepared<'a>> {
+        prepare_batch_norm_elemt_backward(
+            s,
+            &self.dy,
+            &self.x,
+            &self.mean,
+            &self.invstd,
+            self.weight.as_ref(),
+            &self.sum_dy,
+            &self.sum_dy_xmu,
+            &self.counter,
+            out,
+        )
+    }
+
+    /// The three forms (allocating, `_into`, prepare) all rejected with 161002 naming `argument`,
+    /// `out` untouched.
+    fn expect_invalid(&self, s: &Stream, what: &str, argument: &str, out: &mut Tensor) {
+        let before = read(s, out);
+        expect_invalid(what, self.run(s), argument);
+        expect_invalid(what, self.run_into(s, out), argument);
+        expect_invalid(what, self.prepare(s, out).map(|_| ()), argument);
+        assert_eq!(read(s, out), before, "{what}: a rejected call wrote gradInput");
+    }
+}
+
+/// Asserts that `out` has the case's shape, dtype `dtype` and values within tolerance.
+fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case: &Case) {
+    assert_eq!(out.shape(), &case.x.shape[..], "{what}: shape");
+    assert_eq!(out.dtype(), dtype, "{what}: dtype");
+    let got = read(s, out);
+    let (exp, terms) = case.expected();
+    let u32_ = unit_roundoff(DType::F32);
+    for (i, ((&g, &e), &t)) in got.iter().zip(&exp).zip(&terms).enumerate() {
+        if !e.is_finite() {
+            // NaN where NaN is expected, the same infinity where one is expected.
+            assert!(e.is_nan() && g.is_nan() || g == e, "{what} ({dtype}) element {i}: got {g:e}, expected {e:e}");
+            continue;
+        }
+        let compute = match ctx.backend() {
+            Backend::Cpu => u32_ * e.abs() * f64::from(u8::from(dtype != DType::F32)) + f64::powi(2.0, -40) * t,
+            _ if case.computes_in_f16() => 16.0 * unit_roundoff(DType::F16) * t,
+            _ => 16.0 * u32_ * t,
+        };
+        let tol = unit_roundoff(dtype) * e.abs() + compute + tiny(dtype);
+        assert!(
+            (g - e).abs() <= tol,
+            "{what} ({dtype}) element {i}: got {g:e}, expected {e:e} (|diff| {:e} > tol {tol:e})",
+            (g - e).abs()
+        );
+    }
+}
+
+/// Asserts an `InvalidArgument` error with status 161002 naming `argument`.
+fn expect_invalid<T: std::fmt::Debug>(what: &str, r: Result<T>, argument: &str) {
+    match r {
+        Err(Error::InvalidArgument { argument: a, status, message }) => {
+            assert_eq!(status, INVALID, "{what}: status for `{a}`: {message}");
+            assert_eq!(a, argument, "{what}: argument ({message})");
+        }
+        other => panic!("{what}: expected InvalidArgument 161002 naming `{argument}`, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values
+
+/// Every dtype of gradOut, of input, of the per-channel vectors and of weight (or none), each
+/// on its own; the allocating result has input's dtype.
+fn every_dtype_combination(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut seed = 0;
+    for gdt in DTYPES {
+        for xdt in DTYPES {
+            for sdt in DTYPES {
+                for wdt in [None, Some(DType::F32), Some(DType::BF16)] {
+                    seed += 1;
+                    let case = Case::random(seed, &[2, 3, 4], gdt, xdt, sdt, wdt);
+                    let out = case.upload(&s)?.run(&s)?;
+                    check(ctx, &s, &format!("dy {gdt}, x {xdt}, stats {sdt}, weight {wdt:?}"), &out, xdt, &case);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `_into` writes gradInput in any float dtype (CANN casts the result to it).
+fn grad_input_dtypes(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(40, &[2, 3, 5], DType::BF16, DType::BF16, DType::F32, Some(DType::F32));
+    let up = case.upload(&s)?;
+    for dt in DTYPES {
+        let mut out = Tensor::zeros(&s, dt, &case.x.shape)?;
+        up.run_into(&s, &mut out)?;
+        check(ctx, &s, &format!("gradInput {dt}"), &out, dt, &case);
+    }
+    Ok(())
+}
+
+/// All seven float inputs f16 (CANN computes in f16), with and without weight.
+fn all_f16(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::uniform_dtype(41, &[3, 4, 6], DType::F16);
+    check(ctx, &s, "all f16", &case.upload(&s)?.run(&s)?, DType::F16, &case);
+    let no_weight = Case { weight: None, ..case };
+    check(ctx, &s, "all f16, no weight", &no_weight.upload(&s)?.run(&s)?, DType::F16, &no_weight);
+    Ok(())
+}
+
+/// counter as `[W]` or `[W, 1]` (torch's), f32 or f16, strided: the same N = Σ counter.
+fn counter_shapes_and_dtypes(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let base = Case::random(50, &[2, 3, 4], DType::F32, DType::F32, DType::F32, Some(DType::F32));
+    let counts = [40.0, 25.0, 35.0];
+    let counters = [
+        Data::new(DType::F32, &counts, &[3, 1]),
+        Data::new(DType::F16, &counts, &[3]),
+        Data::new(DType::F16, &counts, &[3, 1]),
+        Data::new(DType::F32, &counts, &[3]).spread(3, 2, 1000.0),
+        Data::new(DType::F32, &[100.0], &[1]),
+        Data::new(DType::F32, &[7.0, 93.0], &[2, 1]),
+    ];
+    let reference = base.upload(&s)?.run(&s)?;
+    check(ctx, &s, "counter [3] f32", &reference, DType::F32, &base);
+    for counter in counters {
+        let what = format!("counter {:?} {} strides {:?}", counter.shape, counter.dtype, counter.strides);
+        let case = Case { counter, ..base.clone() };
+        let out = case.upload(&s)?.run(&s)?;
+        check(ctx, &s, &what, &out, DType::F32, &case);
+        assert_eq!(bits(&s, &out), bits(&s, &reference), "{what}: N = 100 whatever the layout");
+    }
+    Ok(())
+}
+
+/// Inputs in every layout (contiguous, channels-last, transposed, spread, strided vectors), with
+/// gradOut and input in different layouts.
+fn layouts(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let base = Case::random(60, &[2, 5, 3, 4], DType::F32, DType::F32, DType::F32, Some(DType::F32));
+    let spread_stats = |c: &Case| Case {
+        mean: c.mean.spread(3, 1, 99.0),
+        invstd: c.invstd.spread(2, 0, 99.0),
+        weight: c.weight.as_ref().map(|w| w.spread(2, 5, 99.0)),
+        sum_dy: c.sum_dy.spread(4, 2, 99.0),
+        sum_dy_xmu: c.sum_dy_xmu.spread(5, 3, 99.0),
+        ..c.clone()
+    };
+    let cl = |c: &Case| Case { dy: c.dy.permuted(&[0, 2, 3, 1]), x: c.x.permuted(&[0, 2, 3, 1]), ..c.clone() };
+    let rank3 = Case::random(61, &[3, 4, 5], DType::BF16, DType::F16, DType::F32, Some(DType::F32));
+    let cases = [
+        ("contiguous", base.clone()),
+        ("channels-last", cl(&base)),
+        ("dy channels-last, x contiguous", Case { dy: base.dy.permuted(&[0, 2, 3, 1]), ..base.clone() }),
+        ("spread", Case { dy: base.dy.spread(2, 3, -5.0), x: base.x.spread(3, 1, 7.0), ..base.clone() }),
+        ("strided stats", spread_stats(&base)),
+        ("transposed rank 3", Case { dy: rank3.dy.permuted(&[2, 1, 0]), x: rank3.x.permuted(&[1, 2, 0]), ..rank3 }),
+    ];
+    for (what, case) in cases {
+        let out = case.upload(&s)?.run(&s)?;
+        assert!(out.is_contiguous(), "{what}: the allocating result is contiguous");
+        check(ctx, &s, what, &out, case.x.dtype, &case);
+    }
+    Ok(())
+}
+
+/// `_into` writes gradInput of any non-overlapping layout; channels-last in, channels-last out.
+fn strided_outputs(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(70, &[2, 3, 4, 5], DType::F16, DType::F16, DType::F32, Some(DType::F32));
+    let cl = Case { dy: case.dy.permuted(&[0, 2, 3, 1]), x: case.x.permuted(&[0, 2, 3, 1]), ..case.clone() };
+    let sentinel = Data::filled(DType::F32, &case.x.shape, 777.0);
+    for (what, c) in [("contiguous inputs", &case), ("channels-last inputs", &cl)] {
+        let up = c.upload(&s)?;
+        for (layout, init) in [
+            ("channels-last", sentinel.permuted(&[0, 2, 3, 1])),
+            ("spread", sentinel.spread(2, 3, 555.0)),
+            ("reversed dims", sentinel.permuted(&[3, 2, 1, 0])),
+        ] {
+            let mut out = init.tensor(&s)?;
+            up.run_into(&s, &mut out)?;
+            check(ctx, &s, &format!("{what} into {layout}"), &out, DType::F32, c);
+        }
+    }
+    Ok(())
+}
+
+/// Ranks 2 to 8 (channels at dim 1 throughout).
+fn ranks_2_to_8(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    for rank in 2..=8 {
+        let shape: Vec<usize> = (0..rank).map(|d| [3, 4, 2, 1, 3, 2, 1, 2][d]).collect();
+        let case = Case::random(80 + rank as u64, &shape, DType::F32, DType::F32, DType::F32, Some(DType::F32));
+        check(ctx, &s, &format!("rank {rank}"), &case.upload(&s)?.run(&s)?, DType::F32, &case);
+    }
+    Ok(())
+}
+
+/// Inputs above the CPU's threading threshold, contiguous f32 and channels-last bf16.
+fn large_inputs_use_the_threaded_path(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    for (dt, cl) in [(DType::F32, false), (DType::BF16, true)] {
+        let case = Case::random(90, &[4, 24, 32, 48], dt, dt, DType::F32, Some(DType::F32));
+        let case = if cl {
+            Case { dy: case.dy.permuted(&[0, 2, 3, 1]), x: case.x.permuted(&[0, 2, 3, 1]), ..case }
+        } else {
+            case
+        };
+        let up = case.upload(&s)?;
+        let out = up.run(&s)?;
+        check(ctx, &s, &format!("large {dt} channels-last {cl}"), &out, dt, &case);
+        assert_eq!(bits(&s, &out), bits(&s, &up.run(&s)?));
+    }
+    Ok(())
+}
+
+/// An empty input (batch 0, or an empty spatial dim) computes nothing and succeeds.
+fn empty_inputs(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    for shape in [[0, 3, 4], [2, 3, 0]] {
+        let case = Case::uniform_dtype(100, &shape, DType::F32);
+        let up = case.upload(&s)?;
+        let out = up.run(&s)?;
+        assert_eq!(out.shape(), &shape[..]);
+        assert!(out.to_vec::<f32>(&s)?.is_empty());
+        let mut into = Tensor::zeros(&s, DType::F32, &shape)?;
+        up.run_into(&s, &mut into)?;
+        let p = up.prepare(&s, &mut into)?;
+        assert_eq!(p.workspace_size(), 0);
+        p.launch(&s, None)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad arguments
+
+/// Every invalid argument is 161002 naming it, in the allocating, `_into` and prepare forms, and
+/// the rejected calls write nothing.
+fn bad_arguments(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::uniform_dtype(110, &[2, 3, 4], DType::F32);
+    let mut out = Data::filled(DType::F32, &[2, 3, 4], 777.0).tensor(&s)?;
+    let t = |shape: &[usize]| Tensor::zeros(&s, DType::F32, shape);
+    let up = || case.upload(&s);
+    let cases: Vec<(&str, Up, &str)> = vec![
+        ("rank 1 input", Up { x: t(&[6])?, dy: t(&[6])?, ..up()? }, "input"),
+        ("rank 9 input", Up { x: t(&[1; 9])?, dy: t(&[1; 9])?, ..up()? }, "input"),
+        ("zero channels", Up { x: t(&[2, 0, 4])?, dy: t(&[2, 0, 4])?, ..up()? }, "input"),
+        ("gradOut of another shape", Up { dy: t(&[2, 3, 5])?, ..up()? }, "gradOut"),
+        ("gradOut of another rank", Up { dy: t(&[6, 4])?, ..up()? }, "gradOut"),
+        ("long mean", Up { mean: t(&[4])?, ..up()? }, "mean"),
+        ("2-D invstd", Up { invstd: t(&[3, 1])?, ..up()? }, "invstd"),
+        ("short weight", Up { weight: Some(t(&[2])?), ..up()? }, "weight"),
+        ("long sumDy", Up { sum_dy: t(&[4])?, ..up()? }, "sumDy"),
+        ("2-D sumDyXmu", Up { sum_dy_xmu: t(&[3, 1])?, ..up()? }, "sumDyXmu"),
+    ];
+    for (what, args, argument) in cases {
+        args.expect_invalid(&s, what, argument, &mut out);
+    }
+    // Bad gradInput: another shape, a view that overlaps itself.
+    let up = up()?;
+    for (what, init) in [
+        ("gradInput of another shape", Data::filled(DType::F32, &[2, 3, 5], 777.0)),
+        ("gradInput with a stride 0", Data::strided(DType::F32, &[777.0; 12], &[2, 3, 4], &[0, 4, 1], 0)),
+        ("gradInput with interleaved strides", Data::strided(DType::F32, &[777.0; 16], &[2, 3, 4], &[1, 4, 2], 0)),
+    ] {
+        let mut out = init.tensor(&s)?;
+        expect_invalid(what, up.run_into(&s, &mut out), "gradInput");
+        expect_invalid(what, up.prepare(&s, &mut out).map(|_| ()), "gradInput");
+        assert_eq!(read(&s, &out), init.values(), "{what}: a rejected call wrote gradInput");
+    }
+    Ok(())
+}
+
+/// counter must be `[W]` or `[W, 1]` of f32 or f16: a per-channel `[W, C]` counts tensor (which
+/// CANN would silently sum into a wrong N), other ranks and bf16 are 161002 naming counter.
+fn bad_counters(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::uniform_dtype(120, &[2, 3, 4], DType::F32);
+    let mut out = Data::filled(DType::F32, &[2, 3, 4], 777.0).tensor(&s)?;
+    let counters = [
+        ("per-channel [W, C]", Data::filled(DType::F32, &[2, 3], 50.0)),
+        ("[W, 2]", Data::filled(DType::F32, &[2, 2], 50.0)),
+        ("[W, 1, 1]", Data::filled(DType::F32, &[2, 1, 1], 50.0)),
+        ("rank 0", Data::filled(DType::F32, &[], 100.0)),
+        ("bf16", Data::new(DType::BF16, &[40.0, 60.0], &[2])),
+    ];
+    for (what, counter) in counters {
+        let up = Case { counter, ..case.clone() }.upload(&s)?;
+        up.expect_invalid(&s, what, "counter", &mut out);
+        if what.starts_with("per-channel") {
+            let err = up.run(&s).unwrap_err().to_string();
+            assert!(err.contains("sums every element"), "the message explains why: {err}");
+        }
+    }
+    Ok(())
+}
+
+/// Tensors of the other backend are rejected, naming the argument.
+fn tensors_from_the_other_backend(ctx: &Context) -> R {
+    let Some(other) = other_backend(ctx) else { return Ok(()) };
+    let s = ctx.new_stream()?;
+    let so = other.new_stream()?;
+    let case = Case::uniform_dtype(130, &[2, 3, 4], DType::F32);
+    let up = || case.upload(&s);
+    let f = case.upload(&so)?;
+    let mut out = Data::filled(DType::F32, &[2, 3, 4], 777.0).tensor(&s)?;
+    let cases: Vec<(&str, Up)> = vec![
+        ("gradOut", Up { dy: f.dy, ..up()? }),
+        ("input", Up { x: f.x, ..up()? }),
+        ("mean", Up { mean: f.mean, ..up()? }),
+        ("invstd", Up { invstd: f.invstd, ..up()? }),
+        ("weight", Up { weight: f.weight, ..up()? }),
+        ("sumDy", Up { sum_dy: f.sum_dy, ..up()? }),
+        ("sumDyXmu", Up { sum_dy_xmu: f.sum_dy_xmu, ..up()? }),
+        ("counter", Up { counter: f.counter, ..up()? }),
+    ];
+    for (argument, args) in cases {
+        args.expect_invalid(&s, argument, argument, &mut out);
+    }
+    let mut foreign_out = Tensor::zeros(&so, DType::F32, &[2, 3, 4])?;
+    expect_invalid("gradInput", up()?.run_into(&s, &mut foreign_out), "gradInput");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Behaviour
+
+/// The same call gives the same bits, through every entry point.
+fn deterministic(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(140, &[3, 5, 7, 9], DType::BF16, DType::BF16, DType::F32, Some(DType::F32));
+    let up = case.upload(&s)?;
+    let a = up.run(&s)?;
+    let b = up.run(&s)?;
+    let mut c = Tensor::zeros(&s, DType::BF16, &case.x.shape)?;
+    up.run_into(&s, &mut c)?;
+    assert_eq!(bits(&s, &a), bits(&s, &b));
+    assert_eq!(bits(&s, &a), bits(&s, &c));
+    Ok(())
+}
+
+/// prepare → workspace_size → launch, with the stream's workspace and with a caller's.
+fn two_phase(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::uniform_dtype(150, &[2, 3, 4], DType::F32);
+    let up = case.upload(&s)?;
+    let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
+    let p = up.prepare(&s, &mut out)?;
+    let size = p.workspace_size();
+    if ctx.backend() == Backend::Cpu {
+        assert_eq!(size, 0);
+    }
+    p.launch(&s, None)?;
+    check(ctx, &s, "launch(None)", &out, DType::F32, &case);
+    let mut out2 = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
+    let ws = Workspace::new(&s, size)?;
+    up.prepare(&s, &mut out2)?.launch(&s, Some(&ws))?;
+    assert_eq!(bits(&s, &out), bits(&s, &out2));
+    Ok(())
+}
+
+/// A prepared call dropped without launch writes nothing.
+fn two_phase_dropped_unlaunched(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let up = Case::uniform_dtype(151, &[2, 3, 4], DType::F32).upload(&s)?;
+    let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
+    let p = up.prepare(&s, &mut out)?;
+    let _ = format!("{p:?}");
+    drop(p);
+    s.synchronize()?;
+    assert!(read(&s, &out).iter().all(|&v| v == 0.0));
+    Ok(())
+}
+
+/// NaN and ±inf in gradOut or input give NaN and the matching infinity, on both backends.
+fn nan_and_inf_propagate(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut case = Case::uniform_dtype(152, &[2, 3, 4], DType::F32);
+    let mut dy = case.dy.values();
+    dy[1] = f64::NAN;
+    dy[6] = f64::INFINITY;
+    case.dy = Data::new(DType::F32, &dy, &[2, 3, 4]);
+    let mut x = case.x.values();
+    x[9] = f64::NEG_INFINITY;
+    case.x = Data::new(DType::F32, &x, &[2, 3, 4]);
+    check(ctx, &s, "NaN and inf", &case.upload(&s)?.run(&s)?, DType::F32, &case);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mock CANN: faults and lifetimes
+
+#[cfg(feature = "mock")]
+mod mock_only {
+    use super::*;
+    use ascend::mock::{fail_next_on_this_thread, stats};
+    use common::mock::isolated;
+
+    fn live() -> [u64; 4] {
+        let s = stats();
+        [s.live_allocations, s.live_tensors, s.live_executors, s.live_streams]
+    }
+
+    /// A fault injected at each CANN call the op makes fails the call with that status (or
+    /// NullHandle for aclCreateTensor), leaks nothing, writes nothing, and the next call works.
+    #[test]
+    fn faults_at_each_cann_call() {
+        isolated(|ctx| -> R {
+            let s = ctx.new_stream()?;
+            let case = Case::uniform_dtype(160, &[2, 3, 4], DType::F32);
+            let up = case.upload(&s)?;
+            let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
+            up.run_into(&s, &mut out)?;
+            let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
+            let base = live();
+            for (api, status) in [
+                ("aclCreateTensor", 0),
+                ("aclnnBatchNormElemtBackwardGetWorkspaceSize", 561103),
+                ("aclnnBatchNormElemtBackward", 361001),
+            ] {
+                fail_next_on_this_thread(api, status);
+                let err = up.run_into(&s, &mut out).unwrap_err();
+                if status == 0 {
+                    assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{err:?}");
+                } else {
+                    assert_eq!(err.status(), Some(status), "{api}: {err:?}");
+                    assert!(err.to_string().contains(api), "{err}");
+                }
+                assert_eq!(live(), base, "{api}: leaked");
+                assert!(read(&s, &out).iter().all(|&v| v == 0.0), "{api}: wrote gradInput");
+                fail_next_on_this_thread(api, status);
+                assert!(up.run(&s).is_err());
+                assert_eq!(live(), base, "{api} (allocating): leaked");
+            }
+            fail_next_on_this_thread("aclrtMalloc", 207001);
+            assert_eq!(up.run(&s).unwrap_err().status(), Some(207001));
+            assert_eq!(live(), base, "aclrtMalloc: leaked");
+            up.run_into(&s, &mut out)?;
+            check(ctx, &s, "after the faults", &out, DType::F32, &case);
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// A fault armed at every CANN function the crate binds (but those that destroy or free,
+    /// whose failure is a reported leak by design) before one `_into` and one allocating call:
+    /// each call either succeeds with the right values or fails, writing nothing; nothing leaks
+    /// and the mock counts no violation (checked by `isolated`).
+    #[test]
+    fn a_fault_at_any_cann_call() {
+        use ascend::mock::clear_faults;
+        use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS};
+        let skip = ["Destroy", "Free", "Finalize", "Reset", "GetRecentErrMsg"];
+        let apis: Vec<&str> = ASCENDCL_SYMBOLS
+            .iter()
+            .chain(NNOPBASE_SYMBOLS)
+            .copied()
+            .chain(["aclnnBatchNormElemtBackwardGetWorkspaceSize", "aclnnBatchNormElemtBackward"])
+            .filter(|a| !skip.iter().any(|k| a.contains(k)))
+            .collect();
+        isolated(|ctx| -> R {
+            let s = ctx.new_stream()?;
+            let case = Case::uniform_dtype(163, &[2, 3, 4], DType::F32);
+            let up = case.upload(&s)?;
+            let mut failed = Vec::new();
+            for api in apis {
+                let mut out = Tensor::zeros(&s, DType::F32, &case.x.shape)?;
+                fail_next_on_this_thread(api, 507899);
+                let r = up.run_into(&s, &mut out);
+                clear_faults();
+                match r {
+                    Ok(()) => check(ctx, &s, api, &out, DType::F32, &case),
+                    Err(e) => {
+                        failed.push(api);
+                        assert!(read(&s, &out).iter().all(|&v| v == 0.0), "{api}: failed ({e}) but wrote gradInput");
+                    }
+                }
+                fail_next_on_this_thread(api, 507899);
+                let r = up.run(&s);
+                clear_faults();
+                if let Ok(out) = r {
+                    check(ctx, &s, api, &out, DType::F32, &case);
+                }
+            }
+            for api in ["aclCreateTensor", "aclnnBatchNormElemtBackwardGetWorkspaceSize", "aclnnBatchNormElemtBackward"]
+            {
+                assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// What the safe API cannot express, checked on the mock through the raw bindings: a null
+    /// required tensor is 161001 (weight may be null); CANN accepts an int32 counter (torch's) and
+    /// any counter shape, summing every element (so a [W, C] per-channel counts tensor gives
+    /// N = Σ of all W·C counts, the trap the safe API rejects); a bf16 counter is 161002.
+    #[test]
+    fn raw_counters_and_null_arguments() {
+        isolated(|_ctx| -> R {
+            let mut raw = raw_mock::Raw::new();
+            let (dy_v, x_v) = ([1.0f32, -2.0, 0.5, 3.0], [0.0f32, 1.0, 2.0, -1.0]);
+            let (mean_v, invstd_v, sd_v, sdx_v) = ([0.5f32, -0.5], [2.0f32, 0.5], [4.0f32, -8.0], [2.0f32, 6.0]);
+            let dy = raw.f32s(&[2, 2], &dy_v);
+            let x = raw.f32s(&[2, 2], &x_v);
+            let mean = raw.f32s(&[2], &mean_v);
+            let invstd = raw.f32s(&[2], &invstd_v);
+            let sum_dy = raw.f32s(&[2], &sd_v);
+            let sum_dy_xmu = raw.f32s(&[2], &sdx_v);
+            let out = raw.f32s(&[2, 2], &[0.0; 4]);
+            let api = raw.c.operator(&ascend::sys::symbols::BATCH_NORM_ELEMT_BACKWARD).expect("the mock exports it");
+            let null = std::ptr::null_mut();
+            let phase1 = |dy, counter, out| {
+                let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+                // SAFETY: live handles of this session or null (which the mock checks first); the
+                // out-pointers are valid locals.
+                let st = unsafe {
+                    api.aclnnBatchNormElemtBackwardGetWorkspaceSize(
+                        dy, x, mean, invstd, null, sum_dy, sum_dy_xmu, counter, out, &mut ws, &mut ex,
+                    )
+                };
+                (st, ex)
+            };
+            let run = |raw: &raw_mock::Raw, counter, n: f64| {
+                let (st, ex) = phase1(dy, counter, out);
+                assert_eq!(st, 0);
+                // SAFETY: the executor is fresh from phase 1; workspace 0 with null; default stream.
+                assert_eq!(unsafe { api.aclnnBatchNormElemtBackward(null.cast(), 0, ex, null.cast()) }, 0);
+                let got = raw.read_f32(out);
+                for (i, &g) in got.iter().enumerate() {
+                    let c = i % 2;
+                    let (is, m) = (f64::from(invstd_v[c]), f64::from(mean_v[c]));
+                    let a = f64::from(sd_v[c]) / n;
+                    let b = is * is * f64::from(sdx_v[c]) / n;
+                    let want = (f64::from(dy_v[i]) - a - (f64::from(x_v[i]) - m) * b) * is;
+                    assert!((f64::from(g) - want).abs() <= 1e-5 * want.abs().max(1.0), "N = {n}: got {got:?}");
+                }
+            };
+            let counter = raw.f32s(&[2], &[3.0, 5.0]);
+            for (what, (st, ex)) in [
+                ("gradOut", phase1(null, counter, out)),
+                ("counter", phase1(dy, null, out)),
+                ("gradInput", phase1(dy, counter, null)),
+            ] {
+                assert_eq!(st, 161001, "null {what}");
+                assert!(ex.is_null());
+            }
+            let i32_counter = raw.i32s(&[2, 1], &[3, 5]);
+            run(&raw, i32_counter, 8.0);
+            let per_channel = raw.f32s(&[2, 2], &[10.0, 10.0, 10.0, 10.0]);
+            run(&raw, per_channel, 40.0);
+            let bf16_counter = raw.bf16s(&[2], &[3.0, 5.0]);
+            assert_eq!(phase1(dy, bf16_counter, out).0, INVALID);
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// Every argument (inputs, output, stream) dropped right after the launch: no violation, and
+    /// the allocating result is right.
+    #[test]
+    fn arguments_dropped_right_after_the_launch() {
+        isolated(|ctx| -> R {
+            let case = Case::random(161, &[2, 3, 4, 5], DType::F16, DType::F16, DType::F32, Some(DType::BF16));
+            let s = ctx.new_stream()?;
+            let up = case.upload(&s)?;
+            let out = up.run(&s)?;
+            drop(up);
+            check(ctx, &s, "inputs dropped", &out, DType::F16, &case);
+
+            let s2 = ctx.new_stream()?;
+            let up = case.upload(&s2)?;
+            let mut out = Tensor::zeros(&s2, DType::F16, &case.x.shape)?;
+            up.run_into(&s2, &mut out)?;
+            drop(up);
+            drop(out);
+            drop(s2);
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// The mock's all-f16 path really computes in f16, as CANN does: its result differs from the
+    /// f32 path's for the same values (one input f32), and both are within their tolerances.
+    #[test]
+    fn f16_compute_differs_from_f32_compute() {
+        isolated(|ctx| -> R {
+            let s = ctx.new_stream()?;
+            let half = Case::uniform_dtype(162, &[4, 3, 40], DType::F16);
+            let mixed = Case { mean: half.mean.cast(DType::F32), ..half.clone() };
+            let a = half.upload(&s)?.run(&s)?;
+            let b = mixed.upload(&s)?.run(&s)?;
+            assert_ne!(bits(&s, &a), bits(&s, &b), "all-f16 inputs compute in f16 on the NPU");
+            check(ctx, &s, "f16 compute", &a, DType::F16, &half);
+            check(ctx, &s, "f32 compute", &b, DType::F16, &mixed);
+            Ok(())
+        })
+        .unwrap();
+    }
+}
