@@ -886,6 +886,7 @@ typedef struct init_all_rank {
     int *cancel;
     HcclComm comm;
     HcclResult code;
+    int cause; /* failed for its own reason (not because another rank did) */
     char why[MSG_MAX];
 } init_all_rank;
 
@@ -905,6 +906,8 @@ static void *init_all_thread(void *arg) {
         }
     }
     if (a->code) {
+        /* the first rank failing for its own reason is the one HcclCommInitAll reports */
+        a->cause = !(a->code == HCCL_E_INTERNAL && __atomic_load_n(a->cancel, __ATOMIC_ACQUIRE));
         __atomic_store_n(a->cancel, 1, __ATOMIC_RELEASE);
     }
     return NULL;
@@ -966,6 +969,7 @@ HcclResult HcclCommInitAll(uint32_t ndev, int32_t *devices, HcclComm *comms) {
             started[i] = 1;
         } else {
             a->code = HCCL_E_INTERNAL;
+            a->cause = 1;
             snprintf(a->why, sizeof a->why, "rank %u: cannot start its thread", i);
             __atomic_store_n(&cancel, 1, __ATOMIC_RELEASE);
         }
@@ -976,8 +980,8 @@ HcclResult HcclCommInitAll(uint32_t ndev, int32_t *devices, HcclComm *comms) {
         }
     }
     const init_all_rank *failed = NULL;
-    for (uint32_t i = 0; i < ndev && !failed; i++) {
-        if (ranks[i].code) {
+    for (uint32_t i = 0; i < ndev; i++) {
+        if (ranks[i].code && (!failed || (ranks[i].cause && !failed->cause))) {
             failed = &ranks[i];
         }
     }
