@@ -726,6 +726,95 @@ fn a_peer_that_destroyed_its_communicator_fails_the_collective() {
     s.expect_clean();
 }
 
+/// While a collective waits for its peer (with the mock's lock released), its stream stays
+/// consistent: another thread synchronizing it waits for it, work queued after it runs after it,
+/// and its output freed meanwhile is a violation that fails it (not a crash).
+#[test]
+fn the_stream_of_a_waiting_collective_stays_consistent() {
+    let mut s = Session::new();
+    let comms = init_all(2);
+    let stream = Mutex::new(0usize);
+    let released = Mutex::new(None::<Instant>);
+    std::thread::scope(|sc| {
+        // rank 0: an all-reduce and a copy after it, then a synchronize that waits for rank 1
+        let a = sc.spawn(|| {
+            let r = Rank::new(0);
+            let buf = r.upload(&encode(Dt::F32, &[1.0, 2.0]));
+            let mut host = [0f32; 2];
+            *stream.lock().unwrap() = r.stream as usize;
+            assert_eq!(all_reduce(buf, buf, 2, Dt::F32, SUM, comms[0], r.stream), SUCCESS);
+            // SAFETY: `host` outlives the stream's synchronization below.
+            let st = unsafe {
+                cann().acl.aclrtMemcpyAsync(
+                    host.as_mut_ptr().cast(),
+                    8,
+                    buf,
+                    8,
+                    aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+                    r.stream,
+                )
+            };
+            assert_eq!(st, 0);
+            assert_eq!(r.sync(), 0, "{}", err_text());
+            assert_eq!(host, [11.0, 22.0], "the copy queued after the collective ran after it");
+            r.free(buf);
+        });
+        // another thread of device 0 synchronizes the same stream meanwhile: it waits
+        let b = sc.spawn(|| {
+            let r = Rank::new(0);
+            std::thread::sleep(Duration::from_millis(150));
+            let h = *stream.lock().unwrap() as aclrtStream;
+            // SAFETY: a live stream of device 0 (rank 0's thread destroys it after joining).
+            assert_eq!(unsafe { cann().acl.aclrtSynchronizeStream(h) }, 0);
+            let waited_for = released.lock().unwrap().expect("returned before rank 1 ran its part");
+            assert!(waited_for.elapsed() < Duration::from_secs(5));
+            drop(r);
+        });
+        // rank 1 arrives late
+        let r = Rank::new(1);
+        std::thread::sleep(Duration::from_millis(400));
+        let buf = r.upload(&encode(Dt::F32, &[10.0, 20.0]));
+        *released.lock().unwrap() = Some(Instant::now());
+        assert_eq!(all_reduce(buf, buf, 2, Dt::F32, SUM, comms[1], r.stream), SUCCESS);
+        assert_eq!(r.sync(), 0, "{}", err_text());
+        r.free(buf);
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    s.expect_violations(0, &[]);
+
+    // the output freed by another thread while the collective waits: two violations, it fails
+    let recv_addr = Mutex::new(0usize);
+    let out = std::thread::scope(|sc| {
+        let a = sc.spawn(|| {
+            let r = Rank::new(0);
+            let send = r.upload(&[0u8; 8]);
+            let recv = r.malloc(8);
+            *recv_addr.lock().unwrap() = recv as usize;
+            assert_eq!(all_reduce(send, recv, 2, Dt::F32, SUM, comms[0], r.stream), SUCCESS);
+            let st = r.sync();
+            r.free(send);
+            (st, err_text())
+        });
+        std::thread::sleep(Duration::from_millis(150));
+        let r = Rank::new(0);
+        let recv = *recv_addr.lock().unwrap() as *mut c_void;
+        r.free(recv); // while rank 0's collective waits for rank 1
+        drop(r);
+        let r = Rank::new(1);
+        let buf = r.upload(&[0u8; 8]);
+        assert_eq!(all_reduce(buf, buf, 2, Dt::F32, SUM, comms[1], r.stream), SUCCESS);
+        assert_eq!(r.sync(), 0, "rank 1's own output is fine: {}", err_text());
+        r.free(buf);
+        a.join().unwrap()
+    });
+    assert_eq!(out.0, TASK_FAILED, "{}", out.1);
+    assert!(out.1.contains("recvBuf was freed while the collective ran"), "{}", out.1);
+    s.expect_violations(2, &["still uses this memory", "freed while the collective ran"]);
+    destroy_all(&comms);
+    s.expect_clean();
+}
+
 #[test]
 fn bad_arguments_are_rejected_as_hccl_does() {
     let mut s = Session::new();
@@ -1043,6 +1132,38 @@ fn collectives_over_2_and_4_processes() {
         drop(r);
         s.expect_clean();
     }
+}
+
+/// A rank whose process exits without running its part: its peers fail at once (no wait for
+/// HCCL_EXEC_TIMEOUT), naming it.
+#[test]
+fn a_peer_process_that_exited_fails_the_collective() {
+    if env::var(ROLE).as_deref() == Ok("exit") {
+        let _s = Session::new();
+        let _r = Rank::new(1);
+        let (st, _c) = init_rank(2, &unhex(&env::var(ROOT).unwrap()), 1);
+        assert_eq!(st, SUCCESS, "{}", err_text());
+        return; // exits without a collective, without destroying its communicator
+    }
+    let mut s = Session::new();
+    let r = Rank::new(0);
+    let ri = root_info();
+    let child =
+        spawn_self("a_peer_process_that_exited_fails_the_collective", &[(ROLE, "exit".into()), (ROOT, hex(&ri))]);
+    let (st, c) = init_rank(2, &ri, 0);
+    assert_eq!(st, SUCCESS, "{}", err_text());
+    expect_success("the child", &child.wait_with_output().unwrap()); // reaped: its pid is gone
+    let buf = r.upload(&[0u8; 16]);
+    let start = Instant::now();
+    assert_eq!(all_reduce(buf, buf, 4, Dt::F32, SUM, c, r.stream), SUCCESS);
+    assert_eq!(r.sync(), TASK_FAILED);
+    let text = err_text();
+    assert!(text.contains("rank 1 (process") && text.contains("exited"), "{text}");
+    assert!(start.elapsed() < Duration::from_secs(3), "no wait for HCCL_EXEC_TIMEOUT");
+    r.free(buf);
+    assert_eq!(destroy(c), SUCCESS);
+    drop(r);
+    s.expect_clean();
 }
 
 /// The timeouts, in a child with `HCCL_CONNECT_TIMEOUT=1` and `HCCL_EXEC_TIMEOUT=1`: a rank that
