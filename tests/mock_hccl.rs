@@ -537,6 +537,32 @@ fn all_gather_and_broadcast_over_1_2_4_8_thread_ranks() {
     }
 }
 
+/// Reductions run in rank order, in f32, rounded once: inputs chosen so that another order, or
+/// rounding to f16/bf16 at each step, gives another result.
+#[test]
+fn reductions_are_in_rank_order_and_rounded_once() {
+    let mut s = Session::new();
+    let comms = init_all(4);
+    let cases: [(Dt, [f64; 4], f64); 3] = [
+        (Dt::F32, [1e8, -1e8, 1.0, 1.0], 2.0),      // reversed order: 0
+        (Dt::F16, [2048.0, 1.0, 1.0, 1.0], 2052.0), // 2051 rounds to even; per step: 2048
+        (Dt::BF16, [256.0, 1.0, 1.0, 1.0], 260.0),  // 259 rounds to even; per step: 256
+    ];
+    on_ranks(&comms, |rank, c, r| {
+        for (dt, inputs, want) in cases {
+            let per_rank: Vec<Vec<f64>> = inputs.iter().map(|&x| vec![x; 3]).collect();
+            assert_eq!(reduce(dt, SUM, &per_rank), vec![want; 3], "the reference itself");
+            let buf = r.upload(&encode(dt, &per_rank[rank as usize]));
+            assert_eq!(all_reduce(buf, buf, 3, dt, SUM, c, r.stream), SUCCESS);
+            assert_eq!(r.sync(), 0, "{}", err_text());
+            assert_eq!(decode(dt, &r.download(buf, 3 * dt.size())), vec![want; 3], "{dt:?} on rank {rank}");
+            r.free(buf);
+        }
+    });
+    destroy_all(&comms);
+    s.expect_clean();
+}
+
 /// A collective larger than the shared segment's slot (1 MiB per rank) moves in several rounds.
 #[test]
 fn large_collectives_move_in_several_rounds() {
