@@ -611,6 +611,11 @@ int ascend_mock_mem_live_locked(uint64_t alloc_id) {
     return htab_get(&g_alloc_by_id, alloc_id) != NULL;
 }
 
+int ascend_mock_mem_device_locked(uint64_t alloc_id) {
+    const alloc *a = htab_get(&g_alloc_by_id, alloc_id);
+    return a ? a->device : -1;
+}
+
 /* ---- poison: device bytes a skipped task should have written --------------------------------------
  *
  * When a queued task is skipped (a range it uses was freed, its kernel failed, or it would read

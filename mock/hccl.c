@@ -1408,12 +1408,18 @@ static void coll_drop(void *payload) {
 }
 
 /* ---- collectives: the calls ------------------------------------------------------------------------------ */
-/* Checks that [p, p + bytes) lies in one live device allocation, aligned for the dtype. */
-static HcclResult check_buffer(const char *api, const char *name, const void *p, uint64_t bytes, uint64_t es,
-                               uint64_t *alloc_id) {
+/* Checks that [p, p + bytes) lies in one live allocation of the communicator's device, aligned
+ * for the dtype. */
+static HcclResult check_buffer(const char *api, const comm *c, const char *name, const void *p, uint64_t bytes,
+                               uint64_t es, uint64_t *alloc_id) {
     if (!ascend_mock_mem_find_locked(p, bytes, alloc_id, NULL, NULL)) {
         return hviolate(HCCL_E_PARA, api, "%s [%p, +%llu) is not inside one live device allocation", name, p,
                         (unsigned long long)bytes);
+    }
+    int dev = ascend_mock_mem_device_locked(*alloc_id);
+    if (dev != c->device) {
+        return hviolate(HCCL_E_PARA, api, "%s %p is memory of device %d, but the communicator (rank %u) is on device %d",
+                        name, p, dev, c->rank, c->device);
     }
     uint64_t align = es < 8 ? es : 8;
     if ((uintptr_t)p % align) {
@@ -1489,10 +1495,10 @@ static HcclResult collective(const char *api, uint32_t kind, void *send, void *r
     uint64_t recv_bytes = (!r && kind == COLL_ALL_GATHER) ? bytes * c->nranks : bytes;
     uint64_t send_id = 0, recv_id = 0;
     if (!r) {
-        r = check_buffer(api, kind == COLL_BROADCAST ? "buf" : "sendBuf", send, bytes, es, &send_id);
+        r = check_buffer(api, c, kind == COLL_BROADCAST ? "buf" : "sendBuf", send, bytes, es, &send_id);
     }
     if (!r && kind != COLL_BROADCAST) {
-        r = check_buffer(api, "recvBuf", recv, recv_bytes, es, &recv_id);
+        r = check_buffer(api, c, "recvBuf", recv, recv_bytes, es, &recv_id);
     }
     if (!r) {
         coll_task *k = calloc(1, sizeof *k);

@@ -123,6 +123,9 @@ const char *ascend_mock_state_text(int state);
 int ascend_mock_mem_find_locked(const void *p, uint64_t len, uint64_t *alloc_id, uintptr_t *base, uint64_t *size);
 /* Whether the allocation with this id is still alive. */
 int ascend_mock_mem_live_locked(uint64_t alloc_id);
+/* The device the allocation with this id was made on (the current device of the aclrtMalloc
+ * call), or -1 when it is not alive. */
+int ascend_mock_mem_device_locked(uint64_t alloc_id);
 
 /* Runtime preconditions of a call that uses the device: aclInit done and a device set on the
  * calling thread. Returns 0, or the ACL error (after counting a violation and setting the

@@ -888,9 +888,13 @@ fn bad_arguments_are_rejected_as_hccl_does() {
     assert_eq!(all_reduce(odd, odd, 4, Dt::F32, SUM, c, st), E_PARA);
     assert!(err_text().contains("aligned"));
     s.expect_violations(4, &["not aligned", "recvBuf"]);
-    // the calling thread's device is not the communicator's
+    // the calling thread's device is not the communicator's; memory of another device
     assert_eq!(all_reduce(buf, buf, 4, Dt::F32, SUM, comms[1], st), E_PARA);
     s.expect_violations(1, &["belongs to device 1"]);
+    let elsewhere = std::thread::spawn(|| Rank::new(1).malloc(16) as usize).join().unwrap() as *mut c_void;
+    assert_eq!(all_reduce(elsewhere, buf, 4, Dt::F32, SUM, c, st), E_PARA);
+    s.expect_violations(1, &["memory of device 1"]);
+    r.free(elsewhere);
     assert_eq!(mock::live_events_and_queued_tasks().1, 0);
 
     // communicator arguments
