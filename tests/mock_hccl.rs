@@ -315,6 +315,7 @@ enum Dt {
     F16,
     BF16,
     I32,
+    I16,
     I8,
     I64,
 }
@@ -326,6 +327,7 @@ impl Dt {
             Dt::F16 => HcclDataType::HCCL_DATA_TYPE_FP16,
             Dt::BF16 => HcclDataType::HCCL_DATA_TYPE_BFP16,
             Dt::I32 => HcclDataType::HCCL_DATA_TYPE_INT32,
+            Dt::I16 => HcclDataType::HCCL_DATA_TYPE_INT16,
             Dt::I8 => HcclDataType::HCCL_DATA_TYPE_INT8,
             Dt::I64 => HcclDataType::HCCL_DATA_TYPE_INT64,
         }
@@ -334,7 +336,7 @@ impl Dt {
     fn size(self) -> usize {
         match self {
             Dt::F32 | Dt::I32 => 4,
-            Dt::F16 | Dt::BF16 => 2,
+            Dt::F16 | Dt::BF16 | Dt::I16 => 2,
             Dt::I8 => 1,
             Dt::I64 => 8,
         }
@@ -353,6 +355,7 @@ fn encode(dt: Dt, v: &[f64]) -> Vec<u8> {
             Dt::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
             Dt::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
             Dt::I32 => out.extend_from_slice(&(x as i32).to_le_bytes()),
+            Dt::I16 => out.extend_from_slice(&(x as i16).to_le_bytes()),
             Dt::I8 => out.extend_from_slice(&(x as i8).to_le_bytes()),
             Dt::I64 => out.extend_from_slice(&(x as i64).to_le_bytes()),
         }
@@ -367,6 +370,7 @@ fn decode(dt: Dt, b: &[u8]) -> Vec<f64> {
             Dt::F16 => f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
             Dt::BF16 => bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
             Dt::I32 => i32::from_le_bytes(c.try_into().unwrap()) as f64,
+            Dt::I16 => i16::from_le_bytes(c.try_into().unwrap()) as f64,
             Dt::I8 => i8::from_le_bytes(c.try_into().unwrap()) as f64,
             Dt::I64 => i64::from_le_bytes(c.try_into().unwrap()) as f64,
         })
@@ -380,6 +384,7 @@ fn quantize(dt: Dt, x: f64) -> f64 {
         Dt::F16 => f16::from_f64(x).to_f64(),
         Dt::BF16 => bf16::from_f64(x).to_f64(),
         Dt::I32 => x as i32 as f64,
+        Dt::I16 => x as i16 as f64,
         Dt::I8 => x as i8 as f64,
         Dt::I64 => x as i64 as f64,
     }
@@ -427,6 +432,7 @@ fn reduce(dt: Dt, op: HcclReduceOp, inputs: &[Vec<f64>]) -> Vec<f64> {
                 match dt {
                     Dt::I8 => a as i8 as f64,
                     Dt::I32 => a as i32 as f64,
+                    Dt::I16 => a as i16 as f64,
                     _ => a as f64,
                 }
             }
@@ -442,9 +448,10 @@ const MIN: HcclReduceOp = HcclReduceOp::HCCL_REDUCE_MIN;
 /// The all-reduce cases every group size runs: (dtype, op).
 fn reduce_cases() -> Vec<(Dt, HcclReduceOp)> {
     let mut cases = Vec::new();
-    for dt in [Dt::F32, Dt::F16, Dt::BF16, Dt::I32, Dt::I8, Dt::I64] {
+    for dt in [Dt::F32, Dt::F16, Dt::BF16, Dt::I32, Dt::I16, Dt::I8, Dt::I64] {
         for op in [SUM, PROD, MAX, MIN] {
-            if !(dt == Dt::BF16 && op == PROD) {
+            // the A2 table: no PROD for bf16 and int16
+            if !(matches!(dt, Dt::BF16 | Dt::I16) && op == PROD) {
                 cases.push((dt, op));
             }
         }
