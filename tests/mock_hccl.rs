@@ -4,7 +4,7 @@
 //! buffers freed too early, bad arguments), each an error and, where it is a misuse, a violation.
 //!
 //! The mock reads `ASCEND_MOCK_DEVICE_COUNT` at `aclInit`: every test calls [`init`] first, which
-//! sets it to 8 before the first mock call of the process. The mock's counters are process-wide,
+//! sets it to 8 before the first mock call of the process (and the HCCL timeouts to 60 s). The mock's counters are process-wide,
 //! so every test holds `SERIAL` and compares exact deltas. Multi-process tests re-run this binary
 //! with `MOCK_HCCL_ROLE` naming the child's part (and the root info hex-encoded in
 //! `MOCK_HCCL_ROOT`); the timeout tests run in a child too, with 1-second timeouts.
@@ -60,6 +60,13 @@ fn init() {
     static INIT: OnceLock<i32> = OnceLock::new();
     let st = *INIT.get_or_init(|| {
         env::set_var("ASCEND_MOCK_DEVICE_COUNT", DEVICES.to_string());
+        // Generous waits (children inherit them), so that a slow machine or valgrind never turns
+        // a slow peer into a timeout; the timeout tests set 1 s in their child.
+        for var in ["HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT"] {
+            if env::var_os(var).is_none() {
+                env::set_var(var, "60");
+            }
+        }
         // SAFETY: aclInit with a null config path is the documented default initialisation.
         unsafe { cann().acl.aclInit(ptr::null()) }
     });
