@@ -2,9 +2,10 @@
 //!
 //! Without the `mock` feature it does nothing. With it, it compiles the mock CANN toolkit (the C
 //! sources in `mock/`) with the `cc` crate's compiler into `$OUT_DIR/mock-cann/lib64/`
-//! (`libascendcl.so`, `libnnopbase.so`, `libopapi.so`; the latter two link to the first, found
-//! next to them through `$ORIGIN`), and exports that toolkit root to the crate as the compile-time
-//! variable `ASCEND_MOCK_TOOLKIT_DIR` (read by `ascend::mock::toolkit_dir`).
+//! (`libascendcl.so`, `libnnopbase.so`, `libopapi.so`, `libhccl.so`; the last three link to the
+//! first, found next to them through `$ORIGIN`), and exports that toolkit root to the crate as the
+//! compile-time variable `ASCEND_MOCK_TOOLKIT_DIR` (read by `ascend::mock::toolkit_dir`).
+//! `libhccl.so` is `mock/hccl.c`, a strict HCCL whose ranks are threads or processes.
 //!
 //! `libopapi.so` is `mock/opapi.c` (the two phases every operator shares) and every file of
 //! `mock/ops/` (one per operator: its validation and compute). The mock's list of API names
@@ -24,18 +25,18 @@ mod mock {
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
-    // The HCCL lists are not used here (the mock has no HCCL yet).
     #[allow(dead_code)]
     mod symbols {
         include!("ascend-sys/src/symbols.rs");
     }
-    use symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS};
+    use symbols::{ASCENDCL_SYMBOLS, HCCL_OPTIONAL_SYMBOLS, HCCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS};
 
     /// Sources and headers of the mock, relative to the crate root (plus every file of mock/ops/).
-    const SOURCES: [&str; 7] = [
+    const SOURCES: [&str; 8] = [
         "mock/acl.c",
         "mock/nnopbase.c",
         "mock/opapi.c",
+        "mock/hccl.c",
         "mock/opapi.h",
         "mock/mock_internal.h",
         "mock/ascend_mock.h",
@@ -61,6 +62,7 @@ mod mock {
             .chain(NNOPBASE_SYMBOLS)
             .copied()
             .chain(OPERATORS.iter().flat_map(|o| [o.phase1, o.name]))
+            .chain(HCCL_SYMBOLS.iter().chain(HCCL_OPTIONAL_SYMBOLS).copied())
             .filter(|n| *n != "aclGetRecentErrMsg")
             .map(|n| format!("    \"{n}\""))
             .collect();
@@ -119,6 +121,7 @@ mod mock {
             ("libascendcl.so", vec![manifest.join("mock/acl.c")], false),
             ("libnnopbase.so", vec![manifest.join("mock/nnopbase.c")], true),
             ("libopapi.so", opapi, true),
+            ("libhccl.so", vec![manifest.join("mock/hccl.c")], true),
         ];
 
         let compiler = cc::Build::new().get_compiler();
@@ -136,6 +139,9 @@ mod mock {
                 .args(&sources);
             if links_acl {
                 cmd.arg(format!("-L{}", lib64.display())).arg("-lascendcl").arg("-Wl,-rpath,$ORIGIN");
+            }
+            if name == "libhccl.so" {
+                cmd.arg("-lrt"); // shm_open on glibc before 2.34
             }
             run(cmd, &target);
         }

@@ -53,6 +53,9 @@ enum {
 /* ---- locks, diagnostics ------------------------------------------------------------------------ */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER; /* leaf: nothing is locked inside it */
+/* Signalled (with g_lock) when a stream stops running a task that releases g_lock, or when a
+ * thread stops pinning a stream: see "waiting tasks" below. */
+static pthread_cond_t g_idle = PTHREAD_COND_INITIALIZER;
 
 static uint64_t g_violations;
 static char g_violation_ring[VIOLATION_RING][MESSAGE_MAX];
@@ -610,6 +613,11 @@ int ascend_mock_mem_live_locked(uint64_t alloc_id) {
     return htab_get(&g_alloc_by_id, alloc_id) != NULL;
 }
 
+int ascend_mock_mem_device_locked(uint64_t alloc_id) {
+    const alloc *a = htab_get(&g_alloc_by_id, alloc_id);
+    return a ? a->device : -1;
+}
+
 /* ---- poison: device bytes a skipped task should have written --------------------------------------
  *
  * When a queued task is skipped (a range it uses was freed, its kernel failed, or it would read
@@ -890,7 +898,7 @@ static void range_poison(const ascend_mock_range *r, poison_cause *cause) {
 }
 
 /* ---- devices, streams, events, tasks ------------------------------------------------------------- */
-enum { TASK_COPY, TASK_OP, TASK_EVENT };
+enum { TASK_COPY, TASK_OP, TASK_EVENT, TASK_WAIT };
 
 typedef struct task task;
 struct task {
@@ -904,8 +912,9 @@ struct task {
     void *dst;
     const void *src;
     size_t count;
-    /* TASK_OP */
+    /* TASK_OP, TASK_WAIT */
     ascend_mock_run_fn run;
+    ascend_mock_wait_fn wait;
     ascend_mock_drop_fn drop;
     void *payload;
     /* TASK_EVENT */
@@ -918,6 +927,8 @@ struct stream {
     uint64_t handle; /* 0 for a default stream */
     int device;
     task *head, *tail;
+    task *running; /* the head while a TASK_WAIT body runs with g_lock released */
+    int pins;      /* threads waiting (g_lock released) for the running task of this stream to end */
     stream *prev, *next; /* g_streams: every stream, default ones included */
     char name[64];
 };
@@ -970,6 +981,14 @@ static int device_check(const char *api) {
                        "no device context on this thread: call aclrtSetDevice on this thread first");
     }
     return 0;
+}
+
+int ascend_mock_current_device_locked(void) {
+    return g_initialized ? current_device() : -1;
+}
+
+int ascend_mock_initialized_locked(void) {
+    return g_initialized;
 }
 
 int ascend_mock_runtime_ready_locked(const char *api) {
@@ -1083,10 +1102,12 @@ static void poison_writes(const char *what, const char *where, uint64_t seq, con
     }
 }
 
-/* Runs one task (already unlinked from its stream). Returns 0 or the status to report; then, when
- * `why` is still empty, says there why the task failed. A task is skipped (not run) when a range
- * it uses was freed (a violation) or a range it reads holds poisoned bytes (an error, not a new
- * violation); a skipped or failed task poisons its write ranges, a task that ran clears them. */
+/* Runs one task (the head of its stream, marked running). Returns 0 or the status to report;
+ * then, when `why` is still empty, says there why the task failed. A task is skipped (not run)
+ * when a range it uses was freed (a violation) or a range it reads holds poisoned bytes (an
+ * error, not a new violation); a skipped or failed task poisons its write ranges, a task that ran
+ * clears them. A TASK_WAIT body is called even when the task is skipped (so that it can tell its
+ * peers) and may release g_lock (see "waiting tasks" below). */
 static int run_task(stream *s, task *t, char *why, size_t cap) {
     int status = 0;
     char reason[MESSAGE_MAX];
@@ -1110,7 +1131,15 @@ static int run_task(stream *s, task *t, char *why, size_t cap) {
             status = t->kind == TASK_COPY ? ACL_ERROR_RT_DEVICE_MEM_ERROR : ACL_ERROR_RT_AICORE_EXCEPTION;
         }
     }
-    if (!status) {
+    if (t->kind == TASK_WAIT) {
+        char failed[MESSAGE_MAX - 16];
+        failed[0] = '\0';
+        int st = t->wait(t->payload, status, status ? reason : NULL, failed, sizeof failed);
+        if (!status && st) {
+            status = st;
+            snprintf(reason, sizeof reason, "%s", failed[0] ? failed : "it failed (see the ascend mock violation)");
+        }
+    } else if (!status) {
         switch (t->kind) {
         case TASK_COPY:
             memmove(t->dst, t->src, t->count);
@@ -1150,18 +1179,63 @@ static int run_task(stream *s, task *t, char *why, size_t cap) {
     if (t->drop) {
         t->drop(t->payload);
     }
-    free(t);
-    g_queued_tasks--;
     return status;
 }
 
+/* ---- waiting tasks --------------------------------------------------------------------------------
+ *
+ * A TASK_WAIT (a collective of libhccl.so) waits for other threads or processes, so its body
+ * releases g_lock while it waits (else the peers in this process could never enqueue or
+ * synchronize). While it runs, the task stays at the head of its queue and s->running points to
+ * it, so:
+ *   - the queue stays in order: another thread draining s (a synchronize, an event wait, a
+ *     destroy) first waits on g_idle until s->running is NULL, then re-checks what it was doing;
+ *   - the stream is never freed under it: freeing a stream waits until no task of it runs and no
+ *     thread pins it (a thread waiting in wait_not_running pins it);
+ *   - the running task stays visible to hazard checks and to aclrtFree's "still queued" check;
+ *   - the body touches device memory only while it holds g_lock, and re-checks that its ranges
+ *     are alive each time it takes g_lock back (aclrtFree may run while it waits).
+ * Every wait of a body is bounded (HCCL_EXEC_TIMEOUT), so nothing waits on g_idle forever. */
+
+/* Waits until no other thread runs a task of s. Returns 1 when it waited (g_lock was released, so
+ * the caller re-checks its state), 0 when s was idle. */
+static int wait_not_running(stream *s) {
+    if (!s->running) {
+        return 0;
+    }
+    s->pins++;
+    while (s->running) {
+        pthread_cond_wait(&g_idle, &g_lock);
+    }
+    s->pins--;
+    pthread_cond_broadcast(&g_idle);
+    return 1;
+}
+
+/* Runs the head task of s (after waiting for another thread's running one: then it returns 0
+ * without running anything, and the caller re-checks). */
 static int run_head(stream *s, char *why, size_t cap) {
+    if (wait_not_running(s)) {
+        return 0;
+    }
     task *t = s->head;
+    if (!t) {
+        return 0;
+    }
+    s->running = t;
+    int status = run_task(s, t, why, cap);
+    /* t is still the head: nothing removes the head of a running stream */
     s->head = t->next;
     if (!s->head) {
         s->tail = NULL;
     }
-    return run_task(s, t, why, cap);
+    s->running = NULL;
+    if (t->kind == TASK_WAIT) {
+        pthread_cond_broadcast(&g_idle);
+    }
+    free(t);
+    g_queued_tasks--;
+    return status;
 }
 
 /* Runs every task queued on s; returns the first failure's status (its reason in why, if given). */
@@ -1174,6 +1248,23 @@ static int drain(stream *s, char *why, size_t cap) {
         }
     }
     return status;
+}
+
+/* Runs every task of s and waits until no other thread uses s: after it, s may be freed. */
+static int stream_quiesce(stream *s, char *why, size_t cap) {
+    int status = 0;
+    for (;;) {
+        int st = drain(s, why, cap);
+        if (st && !status) {
+            status = st;
+        }
+        if (!s->head && !s->running && !s->pins) {
+            return status;
+        }
+        if (s->running || s->pins) {
+            pthread_cond_wait(&g_idle, &g_lock);
+        }
+    }
 }
 
 #define WHY_MAX (MESSAGE_MAX - 128)
@@ -1194,8 +1285,8 @@ static void enqueue(stream *s, task *t) {
     g_queued_tasks++;
 }
 
-void ascend_mock_enqueue_locked(const char *what, aclrtStream h, const ascend_mock_range *ranges, size_t nranges,
-                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, void *payload) {
+static void enqueue_task(const char *what, aclrtStream h, const ascend_mock_range *ranges, size_t nranges, int kind,
+                         ascend_mock_run_fn run, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop, void *payload) {
     stream *s;
     if (nranges > ASCEND_MOCK_MAX_RANGES || stream_resolve(what, h, &s) != 0) {
         ascend_mock_violation("%s: internal: task rejected by the queue", what);
@@ -1208,21 +1299,39 @@ void ascend_mock_enqueue_locked(const char *what, aclrtStream h, const ascend_mo
     }
     hazard_check(what, s, ranges, nranges);
     task *t = xcalloc(1, sizeof *t);
-    t->kind = TASK_OP;
+    t->kind = kind;
     t->what = what;
     t->nranges = nranges;
     memcpy(t->ranges, ranges, nranges * sizeof *ranges);
     t->run = run;
+    t->wait = wait;
     t->drop = drop;
     t->payload = payload;
     enqueue(s, t);
+}
+
+void ascend_mock_enqueue_locked(const char *what, aclrtStream h, const ascend_mock_range *ranges, size_t nranges,
+                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, void *payload) {
+    enqueue_task(what, h, ranges, nranges, TASK_OP, run, NULL, drop, payload);
+}
+
+void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream h, const ascend_mock_range *ranges,
+                                        size_t nranges, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop,
+                                        void *payload) {
+    enqueue_task(what, h, ranges, nranges, TASK_WAIT, NULL, wait, drop, payload);
+}
+
+static uint64_t g_live_comms;
+
+void ascend_mock_count_comms_locked(int delta) {
+    g_live_comms = (uint64_t)((int64_t)g_live_comms + delta);
 }
 
 /* ---- init / finalize -------------------------------------------------------------------------------- */
 static void release_device(int dev) {
     device *d = &g_devices[dev];
     if (d->default_stream) {
-        drain(d->default_stream, NULL, 0);
+        stream_quiesce(d->default_stream, NULL, 0);
         stream_unlink(d->default_stream);
         free(d->default_stream);
         d->default_stream = NULL;
@@ -1451,8 +1560,9 @@ aclError aclrtDestroyStream(aclrtStream h) {
     }
     if (!r) {
         char why[WHY_MAX] = "";
-        int sst = drain(s, why, sizeof why);
+        /* no new use through the handle from here; then wait out the threads still using it */
         ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_STREAM, s->handle);
+        int sst = stream_quiesce(s, why, sizeof why);
         stream_unlink(s);
         if (sst) {
             r = sync_failed(api, sst, s->name, why);
@@ -1773,15 +1883,20 @@ static int event_resolve(const char *api, aclrtEvent h, event **out) {
     return 0;
 }
 
-/* Runs the tasks of the stream the event was last recorded on, up to its marker. */
-static int event_wait(const char *api, event *e) {
+/* Runs the tasks of the stream the event was last recorded on, up to its marker. The event is
+ * looked up again after each task: a task may release g_lock (another thread may destroy it). */
+static int event_wait(const char *api, uint64_t handle) {
     int r = 0;
     char why[WHY_MAX] = "";
-    while (e->completed_seq < e->recorded_seq && e->recorded_on && e->recorded_on->head) {
+    for (;;) {
+        event *e = event_get(handle);
+        if (!e || e->completed_seq >= e->recorded_seq || !e->recorded_on || !e->recorded_on->head) {
+            break;
+        }
         stream *s = e->recorded_on;
         int st = run_head(s, why, sizeof why);
         if (st && !r) {
-            r = sync_failed(api, st, s->name, why);
+            r = sync_failed(api, st, s->name, why); /* s is alive: g_lock is held since run_head */
         }
     }
     return r;
@@ -1874,7 +1989,7 @@ aclError aclrtSynchronizeEvent(aclrtEvent eh) {
         r = event_resolve(api, eh, &e);
     }
     if (!r) {
-        r = event_wait(api, e);
+        r = event_wait(api, e->handle);
     }
     ascend_mock_unlock();
     return r;
@@ -1898,7 +2013,7 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
     }
     if (!r) {
         /* The mock device is in order: running the recorded work now is a valid schedule. */
-        r = event_wait(api, e);
+        r = event_wait(api, e->handle);
     }
     ascend_mock_unlock();
     return r;
@@ -1918,6 +2033,7 @@ void ascend_mock_get_stats(ascend_mock_stats *out) {
     out->device_mallocs = g_device_mallocs;
     out->queued_tasks = g_queued_tasks;
     out->poisoned_bytes = g_poisoned_bytes;
+    out->live_comms = g_live_comms;
     ascend_mock_unlock();
     out->violations = ascend_mock_violation_count();
 }

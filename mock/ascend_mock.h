@@ -21,7 +21,7 @@ extern "C" {
 #define ASCEND_MOCK_GARBAGE_BYTE 0xA5
 
 /* Process-wide counters. The live_* fields count objects alive now; device_mallocs and violations
- * are totals since the library was loaded. The layout is fixed (nine uint64_t; fields are only
+ * are totals since the library was loaded. The layout is fixed (ten uint64_t; fields are only
  * ever appended). */
 typedef struct ascend_mock_stats {
     uint64_t live_allocations; /* aclrtMalloc blocks not yet freed */
@@ -34,6 +34,7 @@ typedef struct ascend_mock_stats {
     uint64_t queued_tasks;     /* tasks enqueued on streams and not yet run */
     uint64_t poisoned_bytes;   /* device bytes of live allocations that a skipped task should have
                                   written and nothing wrote since: reading them is an error */
+    uint64_t live_comms;       /* HCCL communicators (libhccl.so) made and not yet destroyed */
 } ascend_mock_stats;
 
 /* Fills *out with the current counters. */

@@ -89,6 +89,17 @@ typedef struct ascend_mock_range {
  * poisoned, as for a skipped task). */
 typedef int (*ascend_mock_run_fn)(void *payload);
 typedef void (*ascend_mock_drop_fn)(void *payload);
+/* The body of a waiting task (a collective): called with the lock held when the task reaches the
+ * head of its stream, even when the queue skips it (skip_status != 0, with its reason: a range
+ * was freed or a read range is poisoned; the body must not touch device memory then, only tell
+ * whoever waits for it, and its return value is ignored). It may release the lock
+ * (ascend_mock_unlock) while it waits for other threads or processes, and must take it back
+ * before returning; while the lock is released it must not touch device memory, and after taking
+ * it back it must check that its ranges are still alive (ascend_mock_mem_live_locked). The queue
+ * keeps the task at the head of its stream meanwhile (see "waiting tasks" in acl.c). Returns 0,
+ * or the status the synchronizing call reports, with the reason in why (its write ranges then
+ * become poisoned). Every wait must be bounded. */
+typedef int (*ascend_mock_wait_fn)(void *payload, int skip_status, const char *skip_reason, char *why, size_t cap);
 
 void ascend_mock_lock(void);
 void ascend_mock_unlock(void);
@@ -112,11 +123,18 @@ const char *ascend_mock_state_text(int state);
 int ascend_mock_mem_find_locked(const void *p, uint64_t len, uint64_t *alloc_id, uintptr_t *base, uint64_t *size);
 /* Whether the allocation with this id is still alive. */
 int ascend_mock_mem_live_locked(uint64_t alloc_id);
+/* The device the allocation with this id was made on (the current device of the aclrtMalloc
+ * call), or -1 when it is not alive. */
+int ascend_mock_mem_device_locked(uint64_t alloc_id);
 
 /* Runtime preconditions of a call that uses the device: aclInit done and a device set on the
  * calling thread. Returns 0, or the ACL error (after counting a violation and setting the
  * error text). */
 int ascend_mock_runtime_ready_locked(const char *api);
+/* Whether aclInit was called (and aclFinalize not since). */
+int ascend_mock_initialized_locked(void);
+/* The calling thread's current device, or -1 (no aclInit, or no device set on this thread). */
+int ascend_mock_current_device_locked(void);
 /* Checks a stream handle (NULL = the default stream of the thread's device) for `api`.
  * Returns 0, or the ACL error (after counting a violation and setting the error text). */
 int ascend_mock_stream_check_locked(const char *api, aclrtStream stream);
@@ -125,6 +143,15 @@ int ascend_mock_stream_check_locked(const char *api, aclrtStream stream);
  * owns payload from here on: drop(payload) is called after the task ran or was skipped. */
 void ascend_mock_enqueue_locked(const char *what, aclrtStream stream, const ascend_mock_range *ranges, size_t nranges,
                                 ascend_mock_run_fn run, ascend_mock_drop_fn drop, void *payload);
+
+/* As ascend_mock_enqueue_locked, for a task whose body may release the lock (see
+ * ascend_mock_wait_fn). */
+void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream stream, const ascend_mock_range *ranges,
+                                        size_t nranges, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop,
+                                        void *payload);
+
+/* Live HCCL communicators (kept by libhccl.so, reported in ascend_mock_stats.live_comms). */
+void ascend_mock_count_comms_locked(int delta);
 
 /* Element size of a dtype in bytes, or 0 for an unknown or sub-byte dtype. */
 uint64_t ascend_mock_dtype_size(aclDataType dtype);

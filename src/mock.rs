@@ -1,8 +1,8 @@
 //! The mock CANN toolkit (feature `mock`): a strict fake of CANN over host memory, for tests and CI.
 //!
 //! The crate's build script compiles the C sources in `mock/` into a toolkit layout
-//! ([`toolkit_dir`]`/lib64/` holds `libascendcl.so`, `libnnopbase.so` and `libopapi.so`), exporting
-//! the same symbols as CANN. Load it like a real toolkit, e.g.
+//! ([`toolkit_dir`]`/lib64/` holds `libascendcl.so`, `libnnopbase.so`, `libopapi.so` and
+//! `libhccl.so`), exporting the same symbols as CANN. Load it like a real toolkit, e.g.
 //! `ascend_sys::load_from(ascend::mock::toolkit_dir())`, and the whole Ascend code path runs:
 //! device memory is host memory the mock tracks, streams are queues that run at synchronization,
 //! phase 1 validates as ops-nn does and phase 2 computes as the hardware does (f32 accumulation).
@@ -20,6 +20,16 @@
 //!
 //! Environment: `ASCEND_MOCK_DEVICE_COUNT` (read by `aclInit`, default 1, 0..=64) sets how many
 //! devices the mock has.
+//!
+//! HCCL: the mock's `libhccl.so` joins the ranks of a communicator, threads of one process or
+//! separate processes, through a POSIX shared-memory segment named by the root info. Collectives
+//! are queued on the mock streams like any task and exchange data when each rank's stream is
+//! synchronized; the n-th collective of every rank must match (kind, count, dtype, op, root), or
+//! it fails on every rank with a violation. Waits are bounded: `HCCL_CONNECT_TIMEOUT` (seconds,
+//! default 5 in the mock) for `HcclCommInitRootInfo`, `HCCL_EXEC_TIMEOUT` (seconds, default 10) for
+//! a collective whose peer never runs its part (the synchronize then fails with
+//! `ACL_ERROR_RT_TASK_TIMEOUT`, 107020). `ASCEND_MOCK_HCCL_CHUNK` (bytes, default 1 MiB) is how
+//! much each rank moves through shared memory per round.
 
 use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
@@ -29,7 +39,7 @@ use std::sync::OnceLock;
 /// that was never written is recognisable.
 pub const GARBAGE_BYTE: u8 = 0xA5;
 
-/// The root of the mock toolkit built for this crate (its `lib64/` holds the three libraries).
+/// The root of the mock toolkit built for this crate (its `lib64/` holds the four libraries).
 ///
 /// Pass it to `ascend_sys::load_from` (or to the `Context` constructor that takes a toolkit
 /// directory) to run on the mock.
@@ -68,6 +78,8 @@ pub struct MockStats {
     /// and poisons what it should have written in turn. Writing the bytes or freeing their
     /// allocation clears them.
     pub poisoned_bytes: u64,
+    /// HCCL communicators (`libhccl.so` of the mock) made and not yet destroyed.
+    pub live_comms: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -93,6 +105,7 @@ struct RawStats {
     violations: u64,
     queued_tasks: u64,
     poisoned_bytes: u64,
+    live_comms: u64,
 }
 
 struct Api {
@@ -156,6 +169,7 @@ pub fn stats() -> MockStats {
         device_mallocs: raw.device_mallocs,
         violations: raw.violations,
         poisoned_bytes: raw.poisoned_bytes,
+        live_comms: raw.live_comms,
     }
 }
 
