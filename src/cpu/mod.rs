@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::ops::Deref;
 
+pub(crate) mod host;
 pub(crate) mod kernel;
 pub(crate) mod pool;
 

@@ -5,15 +5,22 @@
 //! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
+mod batch_norm_gather_stats_with_counts;
 mod batch_norm_reduce_backward;
+mod batch_norm_stats;
 mod launch;
 mod prepared;
 pub(crate) mod validate;
 
+pub use batch_norm_gather_stats_with_counts::{
+    batch_norm_gather_stats_with_counts, batch_norm_gather_stats_with_counts_into,
+    prepare_batch_norm_gather_stats_with_counts,
+};
 pub use batch_norm_reduce_backward::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward,
     PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,
 };
+pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats};
 pub use launch::Workspace;
 pub use prepared::Prepared;
 pub use validate::{MAX_RANK, MIN_RANK};

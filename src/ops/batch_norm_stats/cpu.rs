@@ -1,0 +1,810 @@
+//! The CPU kernel of `aclnnBatchNormStats`: per channel (dim 1), the element count, the mean and
+//! Σ(x − mean)², from which the operator takes `mean` and `invstd = 1/sqrt(Σ(x − mean)²/n + eps)`.
+//!
+//! # Numerics
+//! Two-pass, but over cache-resident blocks so that main memory is read once:
+//! - A *block* is at most [`BLOCK`] elements of one channel (or, channels-last, at most
+//!   [`ROWS_PER_BLOCK`] values of each lane). Pass 1 sums it in f32 lanes (≤ 256 values per lane)
+//!   folded to f64 and takes the block mean `m_b` (rounded to f32). Pass 2, on the block still in
+//!   cache, sums `d = x − m_b` and `d²` the same way. So the block gives its count `n_b`, its
+//!   mean `m_b + Σd/n_b` and `M2_b = Σd² − (Σd)²/n_b` without cancellation: the deviations are
+//!   taken from a mean of the block itself, as a global two-pass takes them from the global mean.
+//! - Blocks are merged in f64 with Chan et al.'s pairwise update
+//!   (`M2 = M2_a + M2_b + δ²·n_a·n_b/n`, `δ = mean_b − mean_a`), exact to f64 rounding.
+//! - NaN or ±Inf in a channel make its plain sum non-finite: the mean is then that sum / n (as a
+//!   one-block Σx/n gives) and invstd NaN.
+//!
+//! # Determinism
+//! The work is cut into items whose boundaries depend only on the shape and strides (a channel's
+//! run of blocks, or a tile of channels-last rows); each item writes its own partial moments and
+//! partials are merged per channel in item order after the join. Any thread count gives the same
+//! bits. The portable, AVX2 and AVX-512 builds of the two block primitives do the same
+//! operations in the same order per lane (no fused multiply-add), so they give the same bits too.
+
+use std::sync::OnceLock;
+
+use half::slice::HalfFloatSliceExt;
+
+use crate::cpu::pool;
+use crate::dtype::{Element, SliceRef};
+
+/// f32 lanes of a block of one channel.
+const LANES: usize = 32;
+/// Most elements of one channel per block (256 per lane).
+const BLOCK: usize = 8192;
+/// Blocks per work item of the channel-major path.
+const ITEM_BLOCKS: usize = 8;
+/// Shortest contiguous run read in place (shorter ones are copied into a block buffer).
+const MIN_RUN: usize = 16;
+/// Rows per block of the channels-last path (each lane sums at most this many values in f32).
+const ROWS_PER_BLOCK: usize = 256;
+/// Widest chunk of lanes of the channels-last path.
+const MAX_ROW_LANES: usize = 256;
+/// Fewest lanes of a super-row (a contiguous `[R, C]` matrix re-cut into wider rows).
+const MIN_ROW_LANES: usize = 64;
+/// Widest super-row.
+const MAX_SUPER_ROW: usize = 1024;
+/// About this many elements per work item of the channels-last path.
+const ROW_TILE_ELEMS: usize = 1 << 18;
+/// Fewest input bytes each thread must get before another thread is used.
+pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Most reduction dims (rank ≤ 8, channel excluded).
+const MAX_DIMS: usize = 7;
+
+/// A validated input view: rank 2..=8, channel = dim 1, every element inside `data`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Input<'a> {
+    pub data: SliceRef<'a>,
+    pub shape: &'a [usize],
+    pub strides: &'a [usize],
+    pub offset: usize,
+}
+
+/// The moments of a set of values, in f64: count, mean, Σ(x − mean)², and the plain sum (which
+/// tells whether a NaN or an infinity was met).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Moments {
+    pub n: f64,
+    pub mean: f64,
+    pub m2: f64,
+    pub sum: f64,
+}
+
+impl Moments {
+    /// The moments of a block from its two passes: `n` values, their f32-lane `sum`, the
+    /// `shift` subtracted in pass 2, and the sums of `d = x − shift` and of `d²`.
+    fn from_block(n: usize, sum: f64, shift: f32, sum_d: f64, sum_d2: f64) -> Moments {
+        let n = n as f64;
+        let m2 = sum_d2 - sum_d * sum_d / n;
+        // Rounding may leave a hair below zero; NaN stays NaN.
+        let m2 = if m2 < 0.0 { 0.0 } else { m2 };
+        Moments { n, mean: f64::from(shift) + sum_d / n, m2, sum }
+    }
+
+    /// Both sets together (Chan et al.'s pairwise update).
+    fn merge(self, b: Moments) -> Moments {
+        if b.n == 0.0 {
+            return self;
+        }
+        if self.n == 0.0 {
+            return b;
+        }
+        let n = self.n + b.n;
+        let delta = b.mean - self.mean;
+        Moments {
+            n,
+            mean: self.mean + delta * (b.n / n),
+            m2: self.m2 + b.m2 + delta * delta * (self.n * (b.n / n)),
+            sum: self.sum + b.sum,
+        }
+    }
+
+    /// The operator's outputs: `(mean, invstd)` with the biased variance; no element gives
+    /// `(0, NaN)`; a NaN or infinity gives `(Σx/n, NaN)`.
+    pub(crate) fn mean_invstd(&self, eps: f64) -> (f64, f64) {
+        if self.n == 0.0 {
+            return (0.0, f64::NAN);
+        }
+        if !self.sum.is_finite() {
+            return (self.sum / self.n, f64::NAN);
+        }
+        (self.mean, 1.0 / (self.m2 / self.n + eps).sqrt())
+    }
+}
+
+/// Per-channel moments of `input`, on up to `threads` threads (0: every core, but one thread per
+/// [`MIN_BYTES_PER_THREAD`] bytes at most). Bit-identical for any `threads`.
+pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Vec<Moments> {
+    channel_moments_with(Isa::detect(), input, threads, MIN_BYTES_PER_THREAD)
+}
+
+fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Vec<Moments> {
+    fn widen_f32(s: &[f32], d: &mut [f32]) {
+        d.copy_from_slice(s);
+    }
+    fn widen_f16(s: &[half::f16], d: &mut [f32]) {
+        s.convert_to_f32_slice(d);
+    }
+    fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
+        s.convert_to_f32_slice(d);
+    }
+    match input.data {
+        SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some).run(threads, min_bytes),
+        SliceRef::F16(s) => Kernel::new(isa, input, s, widen_f16, |_| None).run(threads, min_bytes),
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None).run(threads, min_bytes),
+    }
+}
+
+/// One reduction dim: size and stride.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Dim {
+    n: usize,
+    s: usize,
+}
+
+/// Walks positions of a set of dims in row-major order, tracking the storage index.
+#[derive(Clone, Debug)]
+struct Odometer<'a> {
+    dims: &'a [Dim],
+    idx: [usize; MAX_DIMS],
+    pos: usize,
+}
+
+impl<'a> Odometer<'a> {
+    /// Starts at flat position `p` (row-major over `dims`) from storage index `base`.
+    fn new(dims: &'a [Dim], mut p: usize, mut base: usize) -> Self {
+        let mut idx = [0; MAX_DIMS];
+        for (k, d) in dims.iter().enumerate().rev() {
+            idx[k] = p % d.n;
+            p /= d.n;
+            base += idx[k] * d.s;
+        }
+        Odometer { dims, idx, pos: base }
+    }
+
+    fn advance(&mut self) {
+        for (k, d) in self.dims.iter().enumerate().rev() {
+            self.idx[k] += 1;
+            self.pos += d.s;
+            if self.idx[k] < d.n {
+                return;
+            }
+            self.idx[k] = 0;
+            self.pos -= d.s * d.n;
+        }
+    }
+}
+
+/// The two ways of walking the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Channel by channel: blocks of positions of one channel.
+    ChannelMajor,
+    /// Channels-last rows of `w` lanes, lane j ↔ channel j mod C. `flat`: the `[R, C]` matrix is
+    /// contiguous and re-cut into super-rows of `w` (a multiple of C) lanes; else one row per
+    /// position, `w == C`.
+    Rows { w: usize, flat: bool },
+}
+
+struct Kernel<'a, T> {
+    isa: Isa,
+    data: &'a [T],
+    widen: fn(&[T], &mut [f32]),
+    direct: fn(&'a [T]) -> Option<&'a [f32]>,
+    c: usize,
+    cs: usize,
+    offset: usize,
+    dims: [Dim; MAX_DIMS],
+    nd: usize,
+    /// Positions per channel.
+    r: usize,
+    /// Whether the input has no element.
+    empty: bool,
+}
+
+impl<'a, T: Element> Kernel<'a, T> {
+    fn new(
+        isa: Isa,
+        input: Input<'a>,
+        data: &'a [T],
+        widen: fn(&[T], &mut [f32]),
+        direct: fn(&'a [T]) -> Option<&'a [f32]>,
+    ) -> Self {
+        let (shape, strides) = (input.shape, input.strides);
+        let mut dims = [Dim::default(); MAX_DIMS];
+        let mut nd = 0;
+        for k in (0..shape.len().min(MAX_DIMS + 1)).filter(|&k| k != 1) {
+            if shape[k] > 1 {
+                dims[nd] = Dim { n: shape[k], s: strides[k] };
+                nd += 1;
+            }
+        }
+        // Stable insertion sort, stride descending; then merge neighbours that are contiguous.
+        for i in 1..nd {
+            let mut j = i;
+            while j > 0 && dims[j - 1].s < dims[j].s {
+                dims.swap(j - 1, j);
+                j -= 1;
+            }
+        }
+        let mut m = 0;
+        for i in 0..nd {
+            let d = dims[i];
+            if m > 0 && d.s.checked_mul(d.n) == Some(dims[m - 1].s) {
+                dims[m - 1] = Dim { n: dims[m - 1].n * d.n, s: d.s };
+                continue;
+            }
+            dims[m] = d;
+            m += 1;
+        }
+        let r = dims[..m].iter().map(|d| d.n).product();
+        Kernel {
+            isa,
+            data,
+            widen,
+            direct,
+            c: shape.get(1).copied().unwrap_or(0),
+            cs: strides.get(1).copied().unwrap_or(0),
+            offset: input.offset,
+            dims,
+            nd: m,
+            r,
+            empty: shape.contains(&0),
+        }
+    }
+
+    fn dims(&self) -> &[Dim] {
+        &self.dims[..self.nd]
+    }
+
+    fn path(&self) -> Path {
+        if self.c > 1 && self.cs == 1 {
+            let flat = match self.dims() {
+                [] => true,
+                [d] => d.s == self.c,
+                _ => false,
+            };
+            let base = lcm8(self.c);
+            if flat && base <= MAX_SUPER_ROW {
+                return Path::Rows { w: base * MIN_ROW_LANES.div_ceil(base), flat: true };
+            }
+            if self.c >= 16 {
+                return Path::Rows { w: self.c, flat: false };
+            }
+        }
+        Path::ChannelMajor
+    }
+
+    fn run(&self, threads: usize, min_bytes: usize) -> Vec<Moments> {
+        if self.c == 0 || self.empty {
+            return vec![Moments::default(); self.c];
+        }
+        let threads = if threads == 0 { pool::cores() } else { threads };
+        let bytes = self.r.saturating_mul(self.c).saturating_mul(std::mem::size_of::<T>());
+        let threads = threads.min((bytes / min_bytes.max(1)).max(1));
+        match self.path() {
+            Path::ChannelMajor => self.channel_major(threads),
+            Path::Rows { w, flat } => self.rows(threads, w, flat),
+        }
+    }
+
+    /// Channel-major path. Positions of a channel are cut into blocks that never split a
+    /// contiguous inner run shorter than a block (long runs are cut into equal segments); an
+    /// item is up to [`ITEM_BLOCKS`] consecutive blocks of one channel.
+    fn channel_major(&self, threads: usize) -> Vec<Moments> {
+        let dims = self.dims();
+        let (l, inner_contiguous) = match dims.last() {
+            Some(d) => (d.n, d.s == 1),
+            None => (1, true),
+        };
+        let nruns = self.r / l;
+        // Block b covers positions [start, start + len).
+        let (nseg, seg, per) = if l > BLOCK {
+            let seg = l.div_ceil(l.div_ceil(BLOCK)).next_multiple_of(LANES);
+            (l.div_ceil(seg), seg, 1)
+        } else {
+            (1, l, (BLOCK / l).max(1))
+        };
+        let nb = if nseg > 1 { nruns * nseg } else { nruns.div_ceil(per) };
+        let block = |b: usize| -> (usize, usize) {
+            if nseg > 1 {
+                let (run, s) = (b / nseg, b % nseg);
+                (run * l + s * seg, seg.min(l - s * seg))
+            } else {
+                (b * per * l, per.min(nruns - b * per) * l)
+            }
+        };
+        let ipc = nb.div_ceil(ITEM_BLOCKS);
+        let parts: Vec<OnceLock<Moments>> = (0..self.c * ipc).map(|_| OnceLock::new()).collect();
+        let in_place = inner_contiguous && l >= MIN_RUN;
+        let (outer, _) = dims.split_at(dims.len().saturating_sub(1));
+        let all_f32 = (self.direct)(self.data);
+        pool::run(threads, parts.len(), &|item| {
+            let (ch, k) = (item / ipc, item % ipc);
+            let base = self.offset + ch * self.cs;
+            let mut buf: Vec<f32> = Vec::new();
+            let mut segs: Vec<(usize, usize)> = Vec::new();
+            let mut acc = Moments::default();
+            for b in k * ITEM_BLOCKS..nb.min((k + 1) * ITEM_BLOCKS) {
+                let (start, len) = block(b);
+                let m = if in_place {
+                    // Whole runs (or one piece of a run), each contiguous in storage: read in
+                    // place (f32) or widened into the buffer run by run, with the same lanes.
+                    segs.clear();
+                    let mut o = Odometer::new(outer, start / l, base);
+                    let (mut p, mut left) = (start % l, len);
+                    while left > 0 {
+                        let take = left.min(l - p);
+                        segs.push((o.pos + p, take));
+                        left -= take;
+                        p = 0;
+                        o.advance();
+                    }
+                    match all_f32 {
+                        Some(d) => {
+                            let slices: Vec<&[f32]> = segs.iter().map(|&(s, n)| &d[s..s + n]).collect();
+                            runs_block(self.isa, &slices)
+                        }
+                        None => {
+                            buf.resize(len, 0.0);
+                            let mut done = 0;
+                            for &(s, n) in &segs {
+                                (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
+                                done += n;
+                            }
+                            let mut rest = &buf[..];
+                            let slices: Vec<&[f32]> = segs
+                                .iter()
+                                .map(|&(_, n)| {
+                                    let (a, r) = rest.split_at(n);
+                                    rest = r;
+                                    a
+                                })
+                                .collect();
+                            runs_block(self.isa, &slices)
+                        }
+                    }
+                } else {
+                    buf.resize(len, 0.0);
+                    let mut o = Odometer::new(dims, start, base);
+                    for v in buf.iter_mut() {
+                        *v = self.data[o.pos].to_f32();
+                        o.advance();
+                    }
+                    runs_block(self.isa, &[&buf])
+                };
+                acc = acc.merge(m);
+            }
+            // Each item is run exactly once.
+            let _ = parts[item].set(acc);
+        });
+        (0..self.c)
+            .map(|ch| {
+                parts[ch * ipc..(ch + 1) * ipc]
+                    .iter()
+                    .fold(Moments::default(), |a, p| a.merge(p.get().copied().unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    /// Channels-last path: rows of `w` lanes (see [`Path::Rows`]); items are (row tile, chunk
+    /// of lanes), tile-major; each writes one partial per lane.
+    fn rows(&self, threads: usize, w: usize, flat: bool) -> Vec<Moments> {
+        let c = self.c;
+        let total = self.r * c;
+        let nrows = if flat { total.div_ceil(w) } else { self.r };
+        let nchunks = w.div_ceil(MAX_ROW_LANES);
+        let cw = w.div_ceil(nchunks).next_multiple_of(8).min(w);
+        let nchunks = w.div_ceil(cw);
+        let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
+        let ntiles = nrows.div_ceil(tile_rows);
+        let parts: Vec<OnceLock<Vec<Moments>>> = (0..ntiles * nchunks).map(|_| OnceLock::new()).collect();
+        let dims = self.dims();
+        // The f32 data, read in place when the matrix is contiguous.
+        let direct = if flat { (self.direct)(self.data) } else { None };
+        pool::run(threads, parts.len(), &|item| {
+            let (t, k) = (item / nchunks, item % nchunks);
+            let (l0, lanes) = (k * cw, cw.min(w - k * cw));
+            let mut out = vec![Moments::default(); lanes];
+            let mut scratch = RowScratch::new(lanes);
+            let mut buf: Vec<f32> = Vec::new();
+            let r1 = nrows.min((t + 1) * tile_rows);
+            let mut r0 = t * tile_rows;
+            let mut odo = Odometer::new(dims, r0, self.offset + l0);
+            while r0 < r1 {
+                let rb = r1.min(r0 + ROWS_PER_BLOCK);
+                // Valid lanes of row r of this chunk (only the last super-row may be partial).
+                let valid = |r: usize| if flat { (total - r * w).min(w).saturating_sub(l0).min(lanes) } else { lanes };
+                let last = valid(rb - 1);
+                let full = if last < lanes { rb - 1 - r0 } else { rb - r0 };
+                let last = if last < lanes { last } else { 0 };
+                match direct {
+                    Some(d) => {
+                        let start = self.offset + r0 * w + l0;
+                        rows_block(self.isa, &d[start..], w, lanes, full, last, &mut scratch, &mut out);
+                    }
+                    None => {
+                        buf.resize((rb - r0) * lanes, 0.0);
+                        for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
+                            let r = r0 + i;
+                            let n = valid(r);
+                            let start = if flat { self.offset + r * w + l0 } else { odo.pos };
+                            (self.widen)(&self.data[start..start + n], &mut row[..n]);
+                            if !flat {
+                                odo.advance();
+                            }
+                        }
+                        rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                    }
+                }
+                r0 = rb;
+            }
+            let _ = parts[item].set(out);
+        });
+        // Channel ch: its lanes ch, ch + C, ... of each tile, in order.
+        (0..c)
+            .map(|ch| {
+                let mut acc = Moments::default();
+                for t in 0..ntiles {
+                    for j in (ch..w).step_by(c) {
+                        if let Some(p) = parts[t * nchunks + j / cw].get() {
+                            acc = acc.merge(p[j % cw]);
+                        }
+                    }
+                }
+                acc
+            })
+            .collect()
+    }
+}
+
+/// lcm(c, 8).
+fn lcm8(c: usize) -> usize {
+    let g = 8 >> (c.trailing_zeros().min(3));
+    c.saturating_mul(g)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The block primitives and their instruction sets
+
+/// The instruction set the block primitives are compiled for, detected at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    #[cfg(test)]
+    fn supported() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                v.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+}
+
+/// The moments of one block of one channel, given as contiguous slices.
+fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
+    match isa {
+        Isa::Portable => runs_core(slices),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        Isa::Avx2 => unsafe { runs_avx2(slices) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { runs_avx512(slices) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn runs_avx2(slices: &[&[f32]]) -> Moments {
+    runs_core(slices)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn runs_avx512(slices: &[&[f32]]) -> Moments {
+    runs_core(slices)
+}
+
+/// Folds f32 lanes into f64, in lane order.
+#[inline(always)]
+fn fold(a: &[f32]) -> f64 {
+    a.iter().fold(0.0, |s, &v| s + f64::from(v))
+}
+
+/// Pass 1 (Σx in 32 f32 lanes: element i of each slice to lane i mod 32), the block mean as the
+/// shift, pass 2 (Σd, Σd² with d = x − shift, same lanes); at most [`BLOCK`] values.
+#[inline(always)]
+fn runs_core(slices: &[&[f32]]) -> Moments {
+    let mut acc = [0f32; LANES];
+    let mut n = 0;
+    for s in slices {
+        let chunks = s.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for ch in chunks {
+            for (a, &v) in acc.iter_mut().zip(ch) {
+                *a += v;
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(rem) {
+            *a += v;
+        }
+        n += s.len();
+    }
+    if n == 0 {
+        return Moments::default();
+    }
+    let sum = fold(&acc);
+    let shift = (sum / n as f64) as f32;
+    let mut sd = [0f32; LANES];
+    let mut sq = [0f32; LANES];
+    for s in slices {
+        let chunks = s.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for ch in chunks {
+            for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(ch) {
+                let d = v - shift;
+                *a += d;
+                *q += d * d;
+            }
+        }
+        for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(rem) {
+            let d = v - shift;
+            *a += d;
+            *q += d * d;
+        }
+    }
+    Moments::from_block(n, sum, shift, fold(&sd), fold(&sq))
+}
+
+/// Per-lane accumulators of [`rows_block`].
+struct RowScratch {
+    acc: Vec<f32>,
+    shift: Vec<f32>,
+    sd: Vec<f32>,
+    sq: Vec<f32>,
+}
+
+impl RowScratch {
+    fn new(lanes: usize) -> Self {
+        RowScratch { acc: vec![0.0; lanes], shift: vec![0.0; lanes], sd: vec![0.0; lanes], sq: vec![0.0; lanes] }
+    }
+}
+
+/// One block of rows: `full` rows of `lanes` values at `m[r·stride..]`, then (if `last > 0`) a
+/// row with only its first `last` values. Lane j's moments are merged into `out[j]`.
+#[allow(clippy::too_many_arguments)]
+fn rows_block(
+    isa: Isa,
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    match isa {
+        Isa::Portable => rows_core(m, stride, lanes, full, last, s, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { rows_avx512(m, stride, lanes, full, last, s, out) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn rows_avx2(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    rows_core(m, stride, lanes, full, last, s, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn rows_avx512(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    rows_core(m, stride, lanes, full, last, s, out)
+}
+
+#[inline(always)]
+fn rows_core(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    let (acc, shift, sd, sq) = (&mut s.acc[..lanes], &mut s.shift[..lanes], &mut s.sd[..lanes], &mut s.sq[..lanes]);
+    acc.fill(0.0);
+    sd.fill(0.0);
+    sq.fill(0.0);
+    let row = |r: usize, len: usize| &m[r * stride..r * stride + len];
+    for r in 0..full {
+        for (a, &v) in acc.iter_mut().zip(row(r, lanes)) {
+            *a += v;
+        }
+    }
+    if last > 0 {
+        for (a, &v) in acc.iter_mut().zip(row(full, last)) {
+            *a += v;
+        }
+    }
+    let count = |j: usize| full + usize::from(j < last);
+    for (j, (sh, &a)) in shift.iter_mut().zip(acc.iter()).enumerate() {
+        let n = count(j);
+        *sh = if n == 0 { 0.0 } else { (f64::from(a) / n as f64) as f32 };
+    }
+    for r in 0..full {
+        for (((a, q), &sh), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(shift.iter()).zip(row(r, lanes)) {
+            let d = v - sh;
+            *a += d;
+            *q += d * d;
+        }
+    }
+    if last > 0 {
+        for (((a, q), &sh), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(shift.iter()).zip(row(full, last)) {
+            let d = v - sh;
+            *a += d;
+            *q += d * d;
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().take(lanes) {
+        let n = count(j);
+        if n > 0 {
+            *o = o.merge(Moments::from_block(n, f64::from(acc[j]), shift[j], f64::from(sd[j]), f64::from(sq[j])));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::f16;
+
+    /// Row-major strides.
+    fn strides(shape: &[usize]) -> Vec<usize> {
+        crate::layout::contiguous_strides(shape)
+    }
+
+    /// f64 two-pass over every index, for comparison.
+    fn exact(data: &[f32], shape: &[usize], st: &[usize], off: usize) -> Vec<(f64, f64)> {
+        let c = shape[1];
+        let mut vals: Vec<Vec<f64>> = vec![Vec::new(); c];
+        let mut idx = vec![0usize; shape.len()];
+        let n: usize = shape.iter().product();
+        for _ in 0..n {
+            let pos = off + idx.iter().zip(st).map(|(i, s)| i * s).sum::<usize>();
+            vals[idx[1]].push(f64::from(data[pos]));
+            for k in (0..shape.len()).rev() {
+                idx[k] += 1;
+                if idx[k] < shape[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        vals.iter()
+            .map(|v| {
+                let m = v.iter().sum::<f64>() / v.len() as f64;
+                (m, v.iter().map(|x| (x - m) * (x - m)).sum::<f64>())
+            })
+            .collect()
+    }
+
+    fn data(n: usize, seed: u64, mean: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                mean + ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+            })
+            .collect()
+    }
+
+    /// Every path (runs in place, copied blocks, super-rows, rows, gathered), every instruction
+    /// set and several thread counts: the same bits, close to f64.
+    #[test]
+    fn paths_isas_and_threads_agree_and_are_accurate() {
+        let cases: Vec<(Vec<usize>, Vec<usize>)> = vec![
+            (vec![4, 3, 100, 101], strides(&[4, 3, 100, 101])),     // runs, long
+            (vec![64, 5, 7, 7], strides(&[64, 5, 7, 7])),           // short runs, copied
+            (vec![3, 2, 20000], strides(&[3, 2, 20000])),           // runs cut in segments
+            (vec![40, 3, 30, 31], vec![3 * 30 * 31, 1, 31 * 3, 3]), // channels-last, C = 3 (super-rows)
+            (vec![50, 40, 33], vec![40 * 33, 1, 40]),               // channels-last, C = 40
+            (vec![20, 24, 9, 9], vec![24 * 9 * 9 * 2, 1, 9 * 24 * 2, 24 * 2]), // spread rows
+            (vec![33, 5, 17], vec![1, 33 * 17, 33]),                // transposed: gathered
+            (vec![1, 7], vec![7, 1]),
+        ];
+        for (shape, st) in cases {
+            let len = 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
+            let d = data(len, shape.iter().sum::<usize>() as u64, 1000.0);
+            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: 0 };
+            let want = exact(&d, &shape, &st, 0);
+            let base = channel_moments_with(Isa::Portable, input, 1, 1);
+            for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
+                assert!((m.mean - em).abs() <= 1e-9 * em.abs(), "{shape:?} ch {ch}: mean {} vs {em}", m.mean);
+                assert!((m.m2 - em2).abs() <= 1e-5 * em2, "{shape:?} ch {ch}: m2 {} vs {em2}", m.m2);
+            }
+            for isa in Isa::supported() {
+                for threads in [1, 2, 3, 7] {
+                    let got = channel_moments_with(isa, input, threads, 1);
+                    assert_eq!(got, base, "{shape:?} {isa:?} threads {threads}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_matches_its_f32_widening() {
+        let shape = [6, 3, 50, 9];
+        let st = strides(&shape);
+        let d = data(shape.iter().product(), 9, 2.0);
+        let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
+        let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2);
+        let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn empty_and_non_finite() {
+        let shape = [0, 2, 3];
+        let m = channel_moments(Input { data: SliceRef::F32(&[]), shape: &shape, strides: &[6, 3, 1], offset: 0 }, 1);
+        assert_eq!(m.len(), 2);
+        assert!(m.iter().all(|m| m.mean_invstd(1e-5).0 == 0.0 && m.mean_invstd(1e-5).1.is_nan()));
+        let d = [1.0, f32::INFINITY, 2.0, 3.0];
+        let m = channel_moments(Input { data: SliceRef::F32(&d), shape: &[2, 2], strides: &[2, 1], offset: 0 }, 1);
+        let (mean, inv) = m[0].mean_invstd(0.0);
+        assert_eq!(mean, 1.5);
+        assert_eq!(inv, 1.0 / 0.25f64.sqrt());
+        let (mean, inv) = m[1].mean_invstd(0.0);
+        assert_eq!(mean, f64::INFINITY);
+        assert!(inv.is_nan());
+    }
+}
