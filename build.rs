@@ -132,6 +132,8 @@ mod mock {
             if links_acl {
                 cmd.arg(format!("-L{}", lib64.display())).arg("-lascendcl").arg("-Wl,-rpath,$ORIGIN");
             }
+            // libm: the operators' kernels take square roots.
+            cmd.arg("-lm");
             run(cmd, &target);
         }
         println!("cargo:rustc-env=ASCEND_MOCK_TOOLKIT_DIR={}", root.display());
