@@ -2,17 +2,23 @@
 //! Σ(x − mean)², from which the operator takes `mean` and `invstd = 1/sqrt(Σ(x − mean)²/n + eps)`.
 //!
 //! # Numerics
-//! Two-pass, but over cache-resident blocks so that main memory is read once:
+//! Deviations are always taken from a mean of the data itself, never `Σx² − n·mean²`, and main
+//! memory is read once:
 //! - A *block* is at most [`BLOCK`] elements of one channel (or, channels-last, at most
-//!   [`ROWS_PER_BLOCK`] values of each lane). Pass 1 sums it in f32 lanes (≤ 256 values per lane)
-//!   folded to f64 and takes the block mean `m_b` (rounded to f32). Pass 2, on the block still in
-//!   cache, sums `d = x − m_b` and `d²` the same way. So the block gives its count `n_b`, its
-//!   mean `m_b + Σd/n_b` and `M2_b = Σd² − (Σd)²/n_b` without cancellation: the deviations are
-//!   taken from a mean of the block itself, as a global two-pass takes them from the global mean.
+//!   [`ROWS_PER_BLOCK`] values of each lane), small enough to stay in L1/L2. It is summed in one
+//!   pass as `Σd` and `Σd²` with `d = x − k`, in f32 lanes (at most 256 values per lane) folded
+//!   to f64, where the shift `k` is the mean of the block's first [`SHIFT_SAMPLE`] values (of
+//!   each lane's first [`SHIFT_ROWS`] rows). The block's moments are then `n_b`, its mean
+//!   `k + Σd/n_b` and `M2_b = Σd² − (Σd)²/n_b`.
+//! - That subtraction cancels only when `k` is far from the block mean; the block is accepted
+//!   when `(Σd)²/n_b ≤ ¾·Σd²` (at most two bits of the lane sums lost) and every sum is finite.
+//!   Otherwise (sorted or drifting data, NaN, ±Inf) the block, still in cache, is summed
+//!   *two-pass*: pass 1 takes its mean `m_b`, pass 2 sums `x − m_b` and its square. So every
+//!   block is as accurate as a two-pass sum (within a factor 4 of its error bound).
 //! - Blocks are merged in f64 with Chan et al.'s pairwise update
 //!   (`M2 = M2_a + M2_b + δ²·n_a·n_b/n`, `δ = mean_b − mean_a`), exact to f64 rounding.
-//! - NaN or ±Inf in a channel make its plain sum non-finite: the mean is then that sum / n (as a
-//!   one-block Σx/n gives) and invstd NaN.
+//! - NaN or ±Inf in a channel make its plain sum non-finite: the mean is then that sum / n (as
+//!   `Σx/n` gives) and invstd NaN.
 //!
 //! # Determinism
 //! The work is cut into items whose boundaries depend only on the shape and strides (a channel's
@@ -23,19 +29,20 @@
 
 use std::sync::OnceLock;
 
-use half::slice::HalfFloatSliceExt;
-
 use crate::cpu::pool;
 use crate::dtype::{Element, SliceRef};
 
 /// f32 lanes of a block of one channel.
 const LANES: usize = 32;
-/// Most elements of one channel per block (256 per lane).
-const BLOCK: usize = 8192;
+/// Most elements of one channel per block (64 per lane; a block of f32 and its copy stay in L1).
+const BLOCK: usize = 2048;
 /// Blocks per work item of the channel-major path.
 const ITEM_BLOCKS: usize = 8;
-/// Shortest contiguous run read in place (shorter ones are copied into a block buffer).
+/// Shortest contiguous inner run copied run by run (shorter ones are gathered element by element).
 const MIN_RUN: usize = 16;
+/// Shortest f32 run read in place (shorter ones are copied into one block buffer, so that the
+/// lanes stay full).
+const DIRECT_RUN: usize = 256;
 /// Rows per block of the channels-last path (each lane sums at most this many values in f32).
 const ROWS_PER_BLOCK: usize = 256;
 /// Widest chunk of lanes of the channels-last path.
@@ -122,16 +129,49 @@ fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: u
     fn widen_f32(s: &[f32], d: &mut [f32]) {
         d.copy_from_slice(s);
     }
-    fn widen_f16(s: &[half::f16], d: &mut [f32]) {
-        s.convert_to_f32_slice(d);
-    }
-    fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
-        s.convert_to_f32_slice(d);
-    }
     match input.data {
         SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some).run(threads, min_bytes),
         SliceRef::F16(s) => Kernel::new(isa, input, s, widen_f16, |_| None).run(threads, min_bytes),
         SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None).run(threads, min_bytes),
+    }
+}
+
+/// Widens f16 values (exactly) into `d[..s.len()]`: F16C 8 at a time when the CPU has it.
+fn widen_f16(s: &[half::f16], d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: AVX and F16C detected just above.
+        return unsafe { widen_f16_f16c(s, d) };
+    }
+    for (d, s) in d.iter_mut().zip(s) {
+        *d = s.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+fn widen_f16_f16c(s: &[half::f16], d: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = s.len().min(d.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so 8 f16 (16 bytes) are readable from s[i..] and 8 f32 writable at
+        // d[i..]; both accesses are unaligned ones.
+        unsafe {
+            let h = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for (d, s) in d[i..n].iter_mut().zip(&s[i..n]) {
+        *d = s.to_f32();
+    }
+}
+
+/// Widens bf16 values (exactly: the top half of an f32) into `d[..s.len()]`.
+fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
+    for (d, s) in d.iter_mut().zip(s) {
+        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
     }
 }
 
@@ -328,8 +368,8 @@ impl<'a, T: Element> Kernel<'a, T> {
             for b in k * ITEM_BLOCKS..nb.min((k + 1) * ITEM_BLOCKS) {
                 let (start, len) = block(b);
                 let m = if in_place {
-                    // Whole runs (or one piece of a run), each contiguous in storage: read in
-                    // place (f32) or widened into the buffer run by run, with the same lanes.
+                    // Whole runs (or one piece of a run), each contiguous in storage: long f32
+                    // runs are read in place, the others copied (widened) into one buffer.
                     segs.clear();
                     let mut o = Odometer::new(outer, start / l, base);
                     let (mut p, mut left) = (start % l, len);
@@ -340,7 +380,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                         p = 0;
                         o.advance();
                     }
-                    match all_f32 {
+                    match all_f32.filter(|_| l >= DIRECT_RUN) {
                         Some(d) => {
                             let slices: Vec<&[f32]> = segs.iter().map(|&(s, n)| &d[s..s + n]).collect();
                             runs_block(self.isa, &slices)
@@ -352,16 +392,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                                 (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
                                 done += n;
                             }
-                            let mut rest = &buf[..];
-                            let slices: Vec<&[f32]> = segs
-                                .iter()
-                                .map(|&(_, n)| {
-                                    let (a, r) = rest.split_at(n);
-                                    rest = r;
-                                    a
-                                })
-                                .collect();
-                            runs_block(self.isa, &slices)
+                            runs_block(self.isa, &[&buf])
                         }
                     }
                 } else {
@@ -511,7 +542,7 @@ impl Isa {
 /// The moments of one block of one channel, given as contiguous slices.
 fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
     match isa {
-        Isa::Portable => runs_core(slices),
+        Isa::Portable => runs_any(slices),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
         Isa::Avx2 => unsafe { runs_avx2(slices) },
@@ -524,13 +555,158 @@ fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn runs_avx2(slices: &[&[f32]]) -> Moments {
-    runs_core(slices)
+    runs_any(slices)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn runs_avx512(slices: &[&[f32]]) -> Moments {
-    runs_core(slices)
+    runs_any(slices)
+}
+
+/// Values the shift of the one-pass path is taken from (the mean of a block's first ones).
+const SHIFT_SAMPLE: usize = 64;
+/// Rows the shift of the one-pass rows path is taken from.
+const SHIFT_ROWS: usize = 16;
+
+/// Whether a one-pass block is as good as a two-pass one: every sum finite, and the shift close
+/// enough to the block mean that `Σd² − (Σd)²/n` keeps at least a quarter of `Σd²`
+/// (`(Σd)²/n ≤ ¾·Σd²`): at most two bits of the f32 lane sums' accuracy are lost.
+#[inline(always)]
+fn one_pass_ok(n: usize, shift: f32, sum_d: f64, sum_d2: f64) -> bool {
+    shift.is_finite() && sum_d.is_finite() && sum_d2.is_finite() && sum_d * sum_d / n as f64 <= 0.75 * sum_d2
+}
+
+/// A block of one channel: one pass when [`one_pass_ok`], else the two passes of [`runs_core`].
+#[inline(always)]
+fn runs_any(slices: &[&[f32]]) -> Moments {
+    runs_one_pass(slices).unwrap_or_else(|| runs_core(slices))
+}
+
+/// One pass over a block with the mean of its first [`SHIFT_SAMPLE`] values as the shift: Σd and
+/// Σd² (d = x − shift) in the lanes of [`runs_core`]; `None` when not [`one_pass_ok`].
+#[inline(always)]
+fn runs_one_pass(slices: &[&[f32]]) -> Option<Moments> {
+    let (mut k_sum, mut k_n) = (0f32, 0usize);
+    for s in slices {
+        for &v in s.iter().take(SHIFT_SAMPLE - k_n) {
+            k_sum += v;
+        }
+        k_n += s.len().min(SHIFT_SAMPLE - k_n);
+        if k_n == SHIFT_SAMPLE {
+            break;
+        }
+    }
+    if k_n == 0 {
+        return Some(Moments::default());
+    }
+    let shift = k_sum / k_n as f32;
+    let mut sd = [0f32; LANES];
+    let mut sq = [0f32; LANES];
+    let mut n = 0;
+    for s in slices {
+        let chunks = s.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for ch in chunks {
+            for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(ch) {
+                let d = v - shift;
+                *a += d;
+                *q += d * d;
+            }
+        }
+        for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(rem) {
+            let d = v - shift;
+            *a += d;
+            *q += d * d;
+        }
+        n += s.len();
+    }
+    let (sum_d, sum_d2) = (fold(&sd), fold(&sq));
+    if !one_pass_ok(n, shift, sum_d, sum_d2) {
+        return None;
+    }
+    Some(Moments::from_block(n, n as f64 * f64::from(shift) + sum_d, shift, sum_d, sum_d2))
+}
+
+/// Lanes of a register tile of the one-pass rows path.
+const TILE: usize = 32;
+
+/// A block of rows: one pass when every lane is [`one_pass_ok`], else the two passes of
+/// [`rows_core`].
+#[inline(always)]
+fn rows_any(m: &[f32], stride: usize, lanes: usize, full: usize, last: usize, s: &mut RowScratch, out: &mut [Moments]) {
+    if !rows_one_pass(m, stride, lanes, full, last, s, out) {
+        rows_core(m, stride, lanes, full, last, s, out)
+    }
+}
+
+/// One pass over a block of whole rows, lane j shifted by the mean of its first [`SHIFT_ROWS`]
+/// values, accumulated [`TILE`] lanes at a time in registers; merges into `out` and returns
+/// true when every lane is [`one_pass_ok`], else leaves `out` alone and returns false.
+#[inline(always)]
+fn rows_one_pass(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) -> bool {
+    if last != 0 || full == 0 {
+        return false;
+    }
+    let (shift, sd, sq) = (&mut s.shift[..lanes], &mut s.sd[..lanes], &mut s.sq[..lanes]);
+    let row = |r: usize| &m[r * stride..r * stride + lanes];
+    let k_rows = full.min(SHIFT_ROWS);
+    shift.fill(0.0);
+    for r in 0..k_rows {
+        for (k, &v) in shift.iter_mut().zip(row(r)) {
+            *k += v;
+        }
+    }
+    for k in shift.iter_mut() {
+        *k /= k_rows as f32;
+    }
+    let mut j0 = 0;
+    while j0 + TILE <= lanes {
+        let mut k = [0f32; TILE];
+        k.copy_from_slice(&shift[j0..j0 + TILE]);
+        let mut a = [0f32; TILE];
+        let mut q = [0f32; TILE];
+        for r in 0..full {
+            let x = &m[r * stride + j0..r * stride + j0 + TILE];
+            for (((a, q), &k), &v) in a.iter_mut().zip(q.iter_mut()).zip(k.iter()).zip(x) {
+                let d = v - k;
+                *a += d;
+                *q += d * d;
+            }
+        }
+        sd[j0..j0 + TILE].copy_from_slice(&a);
+        sq[j0..j0 + TILE].copy_from_slice(&q);
+        j0 += TILE;
+    }
+    if j0 < lanes {
+        let (sd, sq, shift) = (&mut sd[j0..], &mut sq[j0..], &shift[j0..]);
+        sd.fill(0.0);
+        sq.fill(0.0);
+        for r in 0..full {
+            for (((a, q), &k), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(shift).zip(&row(r)[j0..]) {
+                let d = v - k;
+                *a += d;
+                *q += d * d;
+            }
+        }
+    }
+    if !(0..lanes).all(|j| one_pass_ok(full, shift[j], f64::from(sd[j]), f64::from(sq[j]))) {
+        return false;
+    }
+    let n = full as f64;
+    for (j, o) in out.iter_mut().enumerate().take(lanes) {
+        let (k, a, q) = (shift[j], f64::from(sd[j]), f64::from(sq[j]));
+        *o = o.merge(Moments::from_block(full, n * f64::from(k) + a, k, a, q));
+    }
+    true
 }
 
 /// Folds f32 lanes into f64, in lane order.
@@ -612,7 +788,7 @@ fn rows_block(
     out: &mut [Moments],
 ) {
     match isa {
-        Isa::Portable => rows_core(m, stride, lanes, full, last, s, out),
+        Isa::Portable => rows_any(m, stride, lanes, full, last, s, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
         Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
@@ -633,7 +809,7 @@ fn rows_avx2(
     s: &mut RowScratch,
     out: &mut [Moments],
 ) {
-    rows_core(m, stride, lanes, full, last, s, out)
+    rows_any(m, stride, lanes, full, last, s, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -647,7 +823,7 @@ fn rows_avx512(
     s: &mut RowScratch,
     out: &mut [Moments],
 ) {
-    rows_core(m, stride, lanes, full, last, s, out)
+    rows_any(m, stride, lanes, full, last, s, out)
 }
 
 #[inline(always)]
@@ -781,7 +957,7 @@ mod tests {
     }
 
     #[test]
-    fn f16_matches_its_f32_widening() {
+    fn f16_is_its_f32_widening() {
         let shape = [6, 3, 50, 9];
         let st = strides(&shape);
         let d = data(shape.iter().product(), 9, 2.0);
@@ -789,7 +965,27 @@ mod tests {
         let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
         let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2);
         let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2);
-        assert_eq!(a, b);
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!(a.n, b.n);
+            assert!((a.mean - b.mean).abs() <= 1e-12 * b.mean.abs(), "{a:?} vs {b:?}");
+            assert!((a.m2 - b.m2).abs() <= 1e-6 * b.m2, "{a:?} vs {b:?}");
+        }
+    }
+
+    /// A block whose first values are far from its mean is redone two-pass, and stays accurate.
+    #[test]
+    fn a_bad_shift_falls_back_to_two_passes() {
+        let mut d = data(2000, 3, 1000.0);
+        d[..64].iter_mut().for_each(|v| *v = 0.0);
+        assert_eq!(runs_one_pass(&[&d]), None, "the shift is 1000 away from the block mean");
+        let shape = [1, 1, 2000];
+        let want = exact(&d, &shape, &[2000, 2000, 1], 0)[0];
+        let got = runs_any(&[&d]);
+        assert!((got.mean - want.0).abs() <= 1e-9 * want.0, "{got:?} vs {want:?}");
+        assert!((got.m2 - want.1).abs() <= 1e-6 * want.1, "{got:?} vs {want:?}");
+        // a good shift is accepted
+        let d = data(2000, 4, 1000.0);
+        assert!(runs_one_pass(&[&d]).is_some());
     }
 
     #[test]
