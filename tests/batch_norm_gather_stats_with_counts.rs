@@ -498,3 +498,120 @@ mod faults {
         .unwrap();
     }
 }
+
+/// The mock operator called through the raw bindings, for what the safe API never passes.
+#[cfg(feature = "mock")]
+mod raw {
+    use std::ffi::c_void;
+    use std::ptr;
+
+    use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
+
+    /// Device tensors made through `aclCreateTensor`, destroyed and freed on drop.
+    pub struct Raw {
+        pub c: &'static Cann,
+        tensors: Vec<(*mut aclTensor, *mut c_void)>,
+    }
+
+    impl Raw {
+        pub fn new() -> Raw {
+            drop(ascend::mock::context(0).expect("the mock context (initialises ACL)"));
+            let c = ascend_sys::load_from(ascend::mock::toolkit_dir()).expect("the mock loads");
+            // SAFETY: device 0 exists on the mock.
+            assert_eq!(unsafe { c.acl.aclrtSetDevice(0) }, 0);
+            Raw { c, tensors: Vec::new() }
+        }
+
+        /// A contiguous ND tensor of `shape` over fresh device memory.
+        pub fn tensor(&mut self, dt: aclDataType, shape: &[i64]) -> *mut aclTensor {
+            let n = shape.iter().product::<i64>().max(1) as usize;
+            let mut strides = vec![1i64; shape.len()];
+            for k in (0..shape.len().saturating_sub(1)).rev() {
+                strides[k] = strides[k + 1] * shape[k + 1];
+            }
+            let mut p = ptr::null_mut();
+            let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
+            // SAFETY: `p` is a valid out-pointer.
+            assert_eq!(unsafe { self.c.acl.aclrtMalloc(&mut p, n * 4, policy) }, 0);
+            // SAFETY: the arrays live for the call and their lengths are passed; `p` holds `n`
+            // elements of at most 4 bytes, the whole storage.
+            let t = unsafe {
+                self.c.nnopbase.aclCreateTensor(
+                    shape.as_ptr(),
+                    shape.len() as u64,
+                    dt,
+                    strides.as_ptr(),
+                    0,
+                    aclFormat::ACL_FORMAT_ND,
+                    shape.as_ptr(),
+                    shape.len() as u64,
+                    p,
+                )
+            };
+            assert!(!t.is_null(), "aclCreateTensor {shape:?}");
+            self.tensors.push((t, p));
+            t
+        }
+
+        /// Destroys an executor that phase 1 made and that is not launched.
+        pub fn discard(&self, ex: *mut aclOpExecutor) {
+            // SAFETY: a live, unlaunched executor from phase 1.
+            unsafe {
+                assert_eq!(self.c.nnopbase.aclSetAclOpExecutorRepeatable(ex), 0);
+                assert_eq!(self.c.nnopbase.aclDestroyAclOpExecutor(ex), 0);
+            }
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            for (t, p) in self.tensors.drain(..) {
+                // SAFETY: live handles made by `tensor`, no work queued on them.
+                unsafe {
+                    self.c.nnopbase.aclDestroyTensor(t);
+                    self.c.acl.aclrtFree(p);
+                }
+            }
+        }
+    }
+}
+
+/// The mock's own checks of what the safe API never passes: runningMean without runningVar
+/// (CANN would write through the null runningVar: a violation and 161002), runningVar without
+/// runningMean (CANN silently skips it: a violation, success), int32 counts (161002).
+#[cfg(feature = "mock")]
+#[test]
+fn mock_checks_the_running_pair_and_counts_dtype() {
+    use ascend_sys::aclDataType;
+    let _serial = common::mock::lock();
+    let mut r = raw::Raw::new();
+    let api = r.c.operator(&ascend_sys::symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS).expect("exported");
+    let f = aclDataType::ACL_FLOAT;
+    let input = r.tensor(f, &[2, 3]);
+    let (mean, invstd) = (r.tensor(f, &[1, 3]), r.tensor(f, &[1, 3]));
+    let (counts, counts_i32) = (r.tensor(f, &[1]), r.tensor(aclDataType::ACL_INT32, &[1]));
+    let (rm, rv, mo, io) = (r.tensor(f, &[3]), r.tensor(f, &[3]), r.tensor(f, &[3]), r.tensor(f, &[3]));
+    let call = |rm: *mut ascend_sys::aclTensor, rv: *mut ascend_sys::aclTensor, counts: *mut ascend_sys::aclTensor| {
+        let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+        // SAFETY: live handles (or null where the operator allows it); valid out-pointers.
+        let st = unsafe {
+            api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
+                input, mean, invstd, rm, rv, 0.1, 1e-5, counts, mo, io, &mut ws, &mut ex,
+            )
+        };
+        (st, ex)
+    };
+    let violations = || ascend::mock::stats().violations;
+    let v0 = violations();
+    assert_eq!(call(rm, std::ptr::null_mut(), counts).0, INVALID);
+    assert_eq!(violations(), v0 + 1, "runningMean alone is a violation");
+    assert_eq!(call(rm, rv, counts_i32).0, INVALID, "int32 counts");
+    assert_eq!(violations(), v0 + 1);
+    let (st, ex) = call(std::ptr::null_mut(), rv, counts);
+    assert_eq!(st, 0, "CANN accepts runningVar alone");
+    assert_eq!(violations(), v0 + 2, "runningVar alone is a violation");
+    r.discard(ex);
+    let (st, ex) = call(rm, rv, counts);
+    assert_eq!((st, violations()), (0, v0 + 2));
+    r.discard(ex);
+}

@@ -325,3 +325,109 @@ mod faults {
         .unwrap();
     }
 }
+
+/// The mock operator called through the raw bindings, for what the safe API never passes.
+#[cfg(feature = "mock")]
+mod raw {
+    use std::ffi::c_void;
+    use std::ptr;
+
+    use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
+
+    /// Device tensors made through `aclCreateTensor`, destroyed and freed on drop.
+    pub struct Raw {
+        pub c: &'static Cann,
+        tensors: Vec<(*mut aclTensor, *mut c_void)>,
+    }
+
+    impl Raw {
+        pub fn new() -> Raw {
+            drop(ascend::mock::context(0).expect("the mock context (initialises ACL)"));
+            let c = ascend_sys::load_from(ascend::mock::toolkit_dir()).expect("the mock loads");
+            // SAFETY: device 0 exists on the mock.
+            assert_eq!(unsafe { c.acl.aclrtSetDevice(0) }, 0);
+            Raw { c, tensors: Vec::new() }
+        }
+
+        /// A contiguous ND tensor of `shape` over fresh device memory.
+        pub fn tensor(&mut self, dt: aclDataType, shape: &[i64]) -> *mut aclTensor {
+            let n = shape.iter().product::<i64>().max(1) as usize;
+            let mut strides = vec![1i64; shape.len()];
+            for k in (0..shape.len().saturating_sub(1)).rev() {
+                strides[k] = strides[k + 1] * shape[k + 1];
+            }
+            let mut p = ptr::null_mut();
+            let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
+            // SAFETY: `p` is a valid out-pointer.
+            assert_eq!(unsafe { self.c.acl.aclrtMalloc(&mut p, n * 4, policy) }, 0);
+            // SAFETY: the arrays live for the call and their lengths are passed; `p` holds `n`
+            // elements of at most 4 bytes, the whole storage.
+            let t = unsafe {
+                self.c.nnopbase.aclCreateTensor(
+                    shape.as_ptr(),
+                    shape.len() as u64,
+                    dt,
+                    strides.as_ptr(),
+                    0,
+                    aclFormat::ACL_FORMAT_ND,
+                    shape.as_ptr(),
+                    shape.len() as u64,
+                    p,
+                )
+            };
+            assert!(!t.is_null(), "aclCreateTensor {shape:?}");
+            self.tensors.push((t, p));
+            t
+        }
+
+        /// Destroys an executor that phase 1 made and that is not launched.
+        pub fn discard(&self, ex: *mut aclOpExecutor) {
+            // SAFETY: a live, unlaunched executor from phase 1.
+            unsafe {
+                assert_eq!(self.c.nnopbase.aclSetAclOpExecutorRepeatable(ex), 0);
+                assert_eq!(self.c.nnopbase.aclDestroyAclOpExecutor(ex), 0);
+            }
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            for (t, p) in self.tensors.drain(..) {
+                // SAFETY: live handles made by `tensor`, no work queued on them.
+                unsafe {
+                    self.c.nnopbase.aclDestroyTensor(t);
+                    self.c.acl.aclrtFree(p);
+                }
+            }
+        }
+    }
+}
+
+/// The mock's own dtype checks (Atlas A2/A3), which the safe API never reaches: bf16 input and
+/// non-f32 mean/invstd are 161002.
+#[cfg(feature = "mock")]
+#[test]
+fn mock_checks_dtypes_as_a2_a3() {
+    use ascend_sys::aclDataType as Dt;
+    let _serial = common::mock::lock();
+    let mut r = raw::Raw::new();
+    let api = r.c.operator(&ascend_sys::symbols::BATCH_NORM_STATS).expect("exported");
+    let x = [Dt::ACL_FLOAT, Dt::ACL_FLOAT16, Dt::ACL_BF16].map(|d| r.tensor(d, &[4, 3]));
+    let m = [Dt::ACL_FLOAT, Dt::ACL_FLOAT16].map(|d| r.tensor(d, &[3]));
+    let v = r.tensor(Dt::ACL_FLOAT, &[3]);
+    let call = |x: *mut ascend_sys::aclTensor, m: *mut ascend_sys::aclTensor| {
+        let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+        // SAFETY: live handles; valid out-pointers.
+        let st = unsafe { api.aclnnBatchNormStatsGetWorkspaceSize(x, 1e-5, m, v, &mut ws, &mut ex) };
+        (st, ex)
+    };
+    let v0 = ascend::mock::stats().violations;
+    assert_eq!(call(x[2], m[0]).0, INVALID, "bf16 input (Ascend 950 only)");
+    assert_eq!(call(x[0], m[1]).0, INVALID, "f16 mean");
+    for input in [x[0], x[1]] {
+        let (st, ex) = call(input, m[0]);
+        assert_eq!(st, 0);
+        r.discard(ex);
+    }
+    assert_eq!(ascend::mock::stats().violations, v0);
+}

@@ -1,7 +1,11 @@
-//! Operators. One so far: [`batch_norm_reduce_backward`] (`aclnnBatchNormReduceBackward`), the
-//! per-channel reductions of BatchNorm's backward pass and the building block of SyncBatchNorm.
+//! Operators: [`batch_norm_reduce_backward`] (`aclnnBatchNormReduceBackward`), the per-channel
+//! reductions of BatchNorm's backward pass and the building block of SyncBatchNorm, and its
+//! companions [`batch_norm_stats`] (`aclnnBatchNormStats`: per-channel mean and invstd) and
+//! [`batch_norm_gather_stats_with_counts`] (`aclnnBatchNormGatherStatsWithCounts`: the global
+//! statistics from every rank's, and the running statistics).
 //!
-//! Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+//! For `batch_norm_reduce_backward`, per channel `c` (dim 1) of gradOut `dy` and input `x`, shape
+//! `(N, C, ...)`:
 //! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 

@@ -36,9 +36,16 @@ struct Plan {
     ranks: usize,
 }
 
-/// Combines per-rank statistics into the global mean and invstd (see the [module](self) docs)
-/// and returns them as new tensors of shape `[C]`: f16 when `input` and `mean` are both f16,
-/// else f32 (op-plugin's rule).
+/// Combines per-rank statistics into the global mean and invstd and returns them as new tensors
+/// of shape `[C]`: f16 when `input` and `mean` are both f16, else f32 (op-plugin's rule).
+///
+/// With `W` ranks, rank `j` holding `n_j = counts[j]` elements per channel, per channel:
+/// `var_j = 1/invstd_j² − eps`, `N = Σ n_j`, `mean = Σ n_j·mean_j / N`,
+/// `var_n = Σ n_j·var_j + Σ n_j·(mean_j − mean)²`, `invstd = 1/sqrt(var_n/N + eps)`, and in place
+/// `running_mean ← (1 − momentum)·running_mean + momentum·mean`,
+/// `running_var ← (1 − momentum)·running_var + momentum·var_n/(N − 1)` (the unbiased variance,
+/// as PyTorch does; that CANN's closed kernel uses `N − 1` too is **unconfirmed**, and the mock
+/// assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
 ///
 /// - `input`: the local activation `(N, C, ...)`, rank 2..=8; only its dtype and C are used.
 /// - `mean`, `invstd`: `[W, C]`, one row per rank (as `batch_norm_stats` gave them on each rank).
