@@ -130,9 +130,11 @@ fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: u
         d.copy_from_slice(s);
     }
     match input.data {
-        SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some).run(threads, min_bytes),
-        SliceRef::F16(s) => Kernel::new(isa, input, s, widen_f16, |_| None).run(threads, min_bytes),
-        SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None).run(threads, min_bytes),
+        SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some, None).run(threads, min_bytes),
+        SliceRef::F16(s) => {
+            Kernel::new(isa, input, s, widen_f16, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes)
+        }
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None, None).run(threads, min_bytes),
     }
 }
 
@@ -226,11 +228,16 @@ enum Path {
     Rows { w: usize, flat: bool },
 }
 
+/// A one pass over contiguous runs of `T` that converts as it reads (see [`runs_one_pass_f16`]).
+type FusedRuns<T> = fn(Isa, &[&[T]]) -> Option<Moments>;
+
 struct Kernel<'a, T> {
     isa: Isa,
     data: &'a [T],
     widen: fn(&[T], &mut [f32]),
     direct: fn(&'a [T]) -> Option<&'a [f32]>,
+    /// A one pass over runs of `T` converting as it reads, when there is one.
+    fused: Option<FusedRuns<T>>,
     c: usize,
     cs: usize,
     offset: usize,
@@ -249,6 +256,7 @@ impl<'a, T: Element> Kernel<'a, T> {
         data: &'a [T],
         widen: fn(&[T], &mut [f32]),
         direct: fn(&'a [T]) -> Option<&'a [f32]>,
+        fused: Option<FusedRuns<T>>,
     ) -> Self {
         let (shape, strides) = (input.shape, input.strides);
         let mut dims = [Dim::default(); MAX_DIMS];
@@ -283,6 +291,7 @@ impl<'a, T: Element> Kernel<'a, T> {
             data,
             widen,
             direct,
+            fused,
             c: shape.get(1).copied().unwrap_or(0),
             cs: strides.get(1).copied().unwrap_or(0),
             offset: input.offset,
@@ -386,13 +395,22 @@ impl<'a, T: Element> Kernel<'a, T> {
                             runs_block(self.isa, &slices)
                         }
                         None => {
-                            buf.resize(len, 0.0);
-                            let mut done = 0;
-                            for &(s, n) in &segs {
-                                (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
-                                done += n;
+                            let fused = self.fused.filter(|_| l >= DIRECT_RUN).and_then(|f| {
+                                let runs: Vec<&[T]> = segs.iter().map(|&(s, n)| &self.data[s..s + n]).collect();
+                                f(self.isa, &runs)
+                            });
+                            match fused {
+                                Some(m) => m,
+                                None => {
+                                    buf.resize(len, 0.0);
+                                    let mut done = 0;
+                                    for &(s, n) in &segs {
+                                        (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
+                                        done += n;
+                                    }
+                                    runs_block(self.isa, &[&buf])
+                                }
                             }
-                            runs_block(self.isa, &[&buf])
                         }
                     }
                 } else {
@@ -512,11 +530,9 @@ impl Isa {
     fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                return Isa::Avx2;
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
+                return if has!("avx512f") { Isa::Avx512 } else { Isa::Avx2 };
             }
         }
         Isa::Portable
@@ -528,11 +544,12 @@ impl Isa {
         let mut v = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
                 v.push(Isa::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
+                if has!("avx512f") {
+                    v.push(Isa::Avx512);
+                }
             }
         }
         v
@@ -547,7 +564,7 @@ fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
         Isa::Avx2 => unsafe { runs_avx2(slices) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F.
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
         Isa::Avx512 => unsafe { runs_avx512(slices) },
     }
 }
@@ -559,7 +576,7 @@ fn runs_avx2(slices: &[&[f32]]) -> Moments {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx2")]
 fn runs_avx512(slices: &[&[f32]]) -> Moments {
     runs_any(slices)
 }
@@ -587,10 +604,21 @@ fn runs_any(slices: &[&[f32]]) -> Moments {
 /// Σd² (d = x − shift) in the lanes of [`runs_core`]; `None` when not [`one_pass_ok`].
 #[inline(always)]
 fn runs_one_pass(slices: &[&[f32]]) -> Option<Moments> {
+    runs_one_pass_with(slices, |v| v, |c, t| t.copy_from_slice(c))
+}
+
+/// [`runs_one_pass`] over slices of any element type: `one` widens one value, `chunk` widens
+/// [`LANES`] of them (both exactly, so every instruction set gives the same bits).
+#[inline(always)]
+fn runs_one_pass_with<T: Copy>(
+    slices: &[&[T]],
+    one: impl Fn(T) -> f32,
+    chunk: impl Fn(&[T], &mut [f32; LANES]),
+) -> Option<Moments> {
     let (mut k_sum, mut k_n) = (0f32, 0usize);
     for s in slices {
         for &v in s.iter().take(SHIFT_SAMPLE - k_n) {
-            k_sum += v;
+            k_sum += one(v);
         }
         k_n += s.len().min(SHIFT_SAMPLE - k_n);
         if k_n == SHIFT_SAMPLE {
@@ -603,19 +631,21 @@ fn runs_one_pass(slices: &[&[f32]]) -> Option<Moments> {
     let shift = k_sum / k_n as f32;
     let mut sd = [0f32; LANES];
     let mut sq = [0f32; LANES];
+    let mut x = [0f32; LANES];
     let mut n = 0;
     for s in slices {
         let chunks = s.chunks_exact(LANES);
         let rem = chunks.remainder();
         for ch in chunks {
-            for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(ch) {
+            chunk(ch, &mut x);
+            for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(&x) {
                 let d = v - shift;
                 *a += d;
                 *q += d * d;
             }
         }
         for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(rem) {
-            let d = v - shift;
+            let d = one(v) - shift;
             *a += d;
             *q += d * d;
         }
@@ -626,6 +656,53 @@ fn runs_one_pass(slices: &[&[f32]]) -> Option<Moments> {
         return None;
     }
     Some(Moments::from_block(n, n as f64 * f64::from(shift) + sum_d, shift, sum_d, sum_d2))
+}
+
+/// One pass over f16 runs, converting as it reads (so the loads of main memory overlap the
+/// sums); `None` when not [`one_pass_ok`] (the caller then widens the block and sums it again).
+fn runs_one_pass_f16(isa: Isa, slices: &[&[half::f16]]) -> Option<Moments> {
+    match isa {
+        Isa::Portable => runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
+            for (t, c) in t.iter_mut().zip(c) {
+                *t = c.to_f32();
+            }
+        }),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2 and F16C.
+        Isa::Avx2 => unsafe { runs_f16_avx2(slices) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F, AVX2 and F16C.
+        Isa::Avx512 => unsafe { runs_f16_avx512(slices) },
+    }
+}
+
+/// 32 f16 to f32 with F16C (exact).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cvt32_f16c(c: &[half::f16], t: &mut [f32; LANES]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let c = &c[..LANES];
+    for k in 0..LANES / 8 {
+        // SAFETY: `c` holds 32 f16, so 8 (16 bytes) are readable at 8·k; `t` holds 32 f32, so 8
+        // are writable at 8·k; the accesses are unaligned ones. Only inlined into functions
+        // compiled with F16C (and AVX).
+        unsafe {
+            let h = _mm_loadu_si128(c.as_ptr().add(8 * k).cast::<__m128i>());
+            _mm256_storeu_ps(t.as_mut_ptr().add(8 * k), _mm256_cvtph_ps(h));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn runs_f16_avx2(slices: &[&[half::f16]]) -> Option<Moments> {
+    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn runs_f16_avx512(slices: &[&[half::f16]]) -> Option<Moments> {
+    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
 }
 
 /// Lanes of a register tile of the one-pass rows path.
@@ -793,7 +870,7 @@ fn rows_block(
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
         Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F.
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
         Isa::Avx512 => unsafe { rows_avx512(m, stride, lanes, full, last, s, out) },
     }
 }
@@ -813,7 +890,7 @@ fn rows_avx2(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx2")]
 fn rows_avx512(
     m: &[f32],
     stride: usize,
@@ -965,6 +1042,12 @@ mod tests {
         let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
         let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2);
         let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2);
+        // the fused f16 pass (runs of 450 ≥ DIRECT_RUN) gives the same bits on every instruction set
+        let input = Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 };
+        let base = channel_moments_with(Isa::Portable, input, 1, 1);
+        for isa in Isa::supported() {
+            assert_eq!(channel_moments_with(isa, input, 3, 1), base, "{isa:?}");
+        }
         for (a, b) in a.iter().zip(&b) {
             assert_eq!(a.n, b.n);
             assert!((a.mean - b.mean).abs() <= 1e-12 * b.mean.abs(), "{a:?} vs {b:?}");
