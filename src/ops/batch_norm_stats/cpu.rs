@@ -474,6 +474,14 @@ impl<'a, T: Element> Kernel<'a, T> {
                     }
                     None => {
                         buf.resize((rb - r0) * lanes, 0.0);
+                        if flat && lanes == w {
+                            // Whole super-rows: one contiguous stretch, widened at once.
+                            let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
+                            (self.widen)(&self.data[start..start + n], &mut buf[..n]);
+                            rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                            r0 = rb;
+                            continue;
+                        }
                         for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
                             let r = r0 + i;
                             let n = valid(r);
