@@ -16,7 +16,10 @@ pub(crate) fn storage(t: &Tensor) -> Option<SliceRef<'_>> {
 /// Writes `values[i]` (rounded once into the tensor's dtype) to element `i` of a validated rank-1
 /// host tensor (argument `name`, for errors).
 pub(crate) fn write_vector(t: &mut Tensor, name: &'static str, values: impl IntoIterator<Item = f64>) -> Result<()> {
-    let (offset, stride, len) = (t.offset(), t.strides()[0], t.shape()[0]);
+    let (offset, stride, len) = match (t.shape(), t.strides()) {
+        ([len], [stride]) => (t.offset(), *stride, *len),
+        _ => return Err(Error::invalid(name, format!("expected a rank-1 tensor, got shape {:?}", t.shape()))),
+    };
     let Some(mut view) = t.as_host_view_mut() else {
         return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
     };

@@ -361,7 +361,11 @@ fn cpu_launch(
         host::write_vector(mean_all, "meanAll", std::iter::repeat_n(0.0, c))?;
         return host::write_vector(invstd_all, "invstdAll", std::iter::repeat_n(f64::NAN, c));
     }
-    let g = combine(c, &host::values(mean), &host::values(invstd), &host::values(counts), eps);
+    let (m, i, n) = (host::values(mean), host::values(invstd), host::values(counts));
+    if m.len() != plan.ranks * c || i.len() != m.len() || n.len() != plan.ranks {
+        return Err(Error::invalid("mean", "a device tensor reached the CPU backend"));
+    }
+    let g = combine(c, &m, &i, &n, eps);
     host::write_vector(mean_all, "meanAll", g.iter().map(|g| g.mean))?;
     host::write_vector(invstd_all, "invstdAll", g.iter().map(|g| g.invstd))?;
     if let Some((rm, rv)) = running {
