@@ -389,15 +389,24 @@ impl<'a, T: Element> Kernel<'a, T> {
                         p = 0;
                         o.advance();
                     }
+                    // Blocks group whole runs (or cut one long run), so runs of at least
+                    // DIRECT_RUN give at most BLOCK / DIRECT_RUN segments.
+                    debug_assert!(l < DIRECT_RUN || segs.len() <= BLOCK / DIRECT_RUN);
                     match all_f32.filter(|_| l >= DIRECT_RUN) {
                         Some(d) => {
-                            let slices: Vec<&[f32]> = segs.iter().map(|&(s, n)| &d[s..s + n]).collect();
-                            runs_block(self.isa, &slices)
+                            let mut slices: [&[f32]; BLOCK / DIRECT_RUN] = [&[]; BLOCK / DIRECT_RUN];
+                            for (slot, &(s, n)) in slices.iter_mut().zip(&segs) {
+                                *slot = &d[s..s + n];
+                            }
+                            runs_block(self.isa, &slices[..segs.len().min(BLOCK / DIRECT_RUN)])
                         }
                         None => {
                             let fused = self.fused.filter(|_| l >= DIRECT_RUN).and_then(|f| {
-                                let runs: Vec<&[T]> = segs.iter().map(|&(s, n)| &self.data[s..s + n]).collect();
-                                f(self.isa, &runs)
+                                let mut runs: [&[T]; BLOCK / DIRECT_RUN] = [&[]; BLOCK / DIRECT_RUN];
+                                for (slot, &(s, n)) in runs.iter_mut().zip(&segs) {
+                                    *slot = &self.data[s..s + n];
+                                }
+                                f(self.isa, &runs[..segs.len().min(BLOCK / DIRECT_RUN)])
                             });
                             match fused {
                                 Some(m) => m,
