@@ -617,7 +617,8 @@ fn runs_any(slices: &[&[f32]]) -> Moments {
     runs_one_pass(slices).unwrap_or_else(|| runs_core(slices))
 }
 
-/// One pass over a block with the mean of its first [`SHIFT_SAMPLE`] values as the shift: Σd and
+/// One pass over a block with the mean of its first [`SHIFT_SAMPLE`] values (of the first
+/// non-empty slice) as the shift: Σd and
 /// Σd² (d = x − shift) in the lanes of [`runs_core`]; `None` when not [`one_pass_ok`].
 #[inline(always)]
 fn runs_one_pass(slices: &[&[f32]]) -> Option<Moments> {
@@ -632,20 +633,23 @@ fn runs_one_pass_with<T: Copy>(
     one: impl Fn(T) -> f32,
     chunk: impl Fn(&[T], &mut [f32; LANES]),
 ) -> Option<Moments> {
-    let (mut k_sum, mut k_n) = (0f32, 0usize);
-    for s in slices {
-        for &v in s.iter().take(SHIFT_SAMPLE - k_n) {
-            k_sum += one(v);
-        }
-        k_n += s.len().min(SHIFT_SAMPLE - k_n);
-        if k_n == SHIFT_SAMPLE {
-            break;
-        }
-    }
-    if k_n == 0 {
+    // The shift: the mean of the first slice's first values, in 8 independent partial sums.
+    let Some(first) = slices.iter().find(|s| !s.is_empty()) else {
         return Some(Moments::default());
+    };
+    let sample = &first[..first.len().min(SHIFT_SAMPLE)];
+    let mut k_acc = [0f32; 8];
+    let chunks = sample.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in k_acc.iter_mut().zip(c) {
+            *a += one(v);
+        }
     }
-    let shift = k_sum / k_n as f32;
+    for (a, &v) in k_acc.iter_mut().zip(rem) {
+        *a += one(v);
+    }
+    let shift = k_acc.iter().sum::<f32>() / sample.len() as f32;
     let mut sd = [0f32; LANES];
     let mut sq = [0f32; LANES];
     let mut x = [0f32; LANES];
