@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::ops::Deref;
 
 pub(crate) mod channelwise;
+pub(crate) mod host;
 pub(crate) mod kernel;
 pub(crate) mod pool;
 

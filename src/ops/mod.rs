@@ -1,15 +1,22 @@
-//! Operators: [`batch_norm_reduce_backward`] (`aclnnBatchNormReduceBackward`), the per-channel
-//! reductions of BatchNorm's backward pass and the building block of SyncBatchNorm, described
-//! below; [`batch_norm_elemt`] (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`]
-//! (`aclnnBatchNormElemtBackward`), SyncBatchNorm's element-wise steps (see their docs).
+//! Operators, one folder each, on the shared launch path: [`batch_norm_reduce_backward`]
+//! (`aclnnBatchNormReduceBackward`), the per-channel reductions of BatchNorm's backward pass and
+//! the building block of SyncBatchNorm, described below; and its companions
+//! [`batch_norm_stats`] (`aclnnBatchNormStats`: per-channel mean and invstd),
+//! [`batch_norm_gather_stats_with_counts`] (`aclnnBatchNormGatherStatsWithCounts`: the global
+//! statistics from every rank's, and the running statistics), [`batch_norm_elemt`]
+//! (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`] (`aclnnBatchNormElemtBackward`),
+//! SyncBatchNorm's element-wise steps (see their docs).
 //!
-//! Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+//! For `batch_norm_reduce_backward`, per channel `c` (dim 1) of gradOut `dy` and input `x`, shape
+//! `(N, C, ...)`:
 //! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
 mod batch_norm_elemt;
 mod batch_norm_elemt_backward;
+mod batch_norm_gather_stats_with_counts;
 mod batch_norm_reduce_backward;
+mod batch_norm_stats;
 mod launch;
 mod prepared;
 pub(crate) mod validate;
@@ -18,10 +25,15 @@ pub use batch_norm_elemt::{batch_norm_elemt, batch_norm_elemt_into, prepare_batc
 pub use batch_norm_elemt_backward::{
     batch_norm_elemt_backward, batch_norm_elemt_backward_into, prepare_batch_norm_elemt_backward,
 };
+pub use batch_norm_gather_stats_with_counts::{
+    batch_norm_gather_stats_with_counts, batch_norm_gather_stats_with_counts_into,
+    prepare_batch_norm_gather_stats_with_counts,
+};
 pub use batch_norm_reduce_backward::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward,
     PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,
 };
+pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats};
 pub use launch::Workspace;
 pub use prepared::Prepared;
 pub use validate::{MAX_RANK, MIN_RANK};

@@ -68,6 +68,38 @@ pub(crate) fn activation(name: &'static str, m: &Meta<'_>) -> Result<usize> {
     Ok(m.shape[1])
 }
 
+/// Checks that an argument has rank `rank`.
+pub(crate) fn rank(name: &'static str, m: &Meta<'_>, rank: usize) -> Result<()> {
+    if m.shape.len() != rank {
+        return Err(Error::invalid(name, format!("expected {rank} dims, got shape {:?}", m.shape)));
+    }
+    Ok(())
+}
+
+/// Checks that an argument's dtype is one of `allowed`; `note` ends the message (e.g. what to
+/// do instead).
+pub(crate) fn dtype_in(name: &'static str, m: &Meta<'_>, allowed: &[DType], note: &str) -> Result<()> {
+    if allowed.contains(&m.dtype) {
+        return Ok(());
+    }
+    let list: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+    let sep = if note.is_empty() { "" } else { "; " };
+    Err(Error::invalid(
+        name,
+        format!("dtype {} is not supported (expected one of {}){sep}{note}", m.dtype, list.join(", ")),
+    ))
+}
+
+/// Checks a per-channel vector the operator writes: shape `[c]`, inside its storage, and no
+/// stride 0 over several channels (every channel would land on one element).
+pub(crate) fn per_channel_output(name: &'static str, m: &Meta<'_>, c: usize) -> Result<()> {
+    per_channel(name, m, c)?;
+    if c > 1 && m.strides[0] == 0 {
+        return Err(Error::invalid(name, "stride 0 would write every channel to one element"));
+    }
+    Ok(())
+}
+
 /// Validates the inputs.
 pub(crate) fn inputs(
     grad_out: &Meta<'_>,

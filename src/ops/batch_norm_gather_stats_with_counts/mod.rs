@@ -1,0 +1,447 @@
+//! `aclnnBatchNormGatherStatsWithCounts` on both backends: combines the per-rank mean and invstd
+//! of SyncBatchNorm (one row per rank, as gathered from every rank) into the global mean and
+//! invstd, weighting each rank by its element count, and updates the running statistics in
+//! place.
+//!
+//! With `W` ranks, rank `j` holding `n_j = counts[j]` elements per channel, per channel:
+//! `var_j = 1/invstd_j² − eps`, `N = Σ n_j`, `mean = Σ n_j·mean_j / N`,
+//! `var_n = Σ n_j·var_j + Σ n_j·(mean_j − mean)²`, `invstd = 1/sqrt(var_n/N + eps)`;
+//! `running_mean ← (1 − momentum)·running_mean + momentum·mean` and
+//! `running_var ← (1 − momentum)·running_var + momentum·var_n/(N − 1)` (the unbiased variance,
+//! as PyTorch's CUDA kernel does; that CANN's closed kernel uses `N − 1` too is unconfirmed, the
+//! mock assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
+
+use ascend_sys::symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS as OP;
+
+use super::launch::{DeviceCall, DevicePrepared};
+use super::prepared::Prepared;
+use super::validate::{self, Meta};
+use crate::cpu::host;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::tensor::Tensor;
+
+/// The dtypes every tensor argument may have (Atlas A2/A3; the training series lacks bf16 and
+/// CANN rejects it there).
+const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+const COUNTS_NOTE: &str = "CANN takes counts as a float tensor only (not int32): pass integer counts as f32";
+
+/// What validation established.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Channels (input dim 1).
+    channels: usize,
+    /// Ranks (rows of mean and invstd).
+    ranks: usize,
+}
+
+/// Combines per-rank statistics into the global mean and invstd and returns them as new tensors
+/// of shape `[C]`: f16 when `input` and `mean` are both f16, else f32 (op-plugin's rule).
+///
+/// With `W` ranks, rank `j` holding `n_j = counts[j]` elements per channel, per channel:
+/// `var_j = 1/invstd_j² − eps`, `N = Σ n_j`, `mean = Σ n_j·mean_j / N`,
+/// `var_n = Σ n_j·var_j + Σ n_j·(mean_j − mean)²`, `invstd = 1/sqrt(var_n/N + eps)`, and in place
+/// `running_mean ← (1 − momentum)·running_mean + momentum·mean`,
+/// `running_var ← (1 − momentum)·running_var + momentum·var_n/(N − 1)` (the unbiased variance,
+/// as PyTorch does; that CANN's closed kernel uses `N − 1` too is **unconfirmed**, and the mock
+/// assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
+///
+/// - `input`: the local activation `(N, C, ...)`, rank 2..=8; only its dtype and C are used.
+/// - `mean`, `invstd`: `[W, C]`, one row per rank (as `batch_norm_stats` gave them on each rank).
+/// - `counts`: `[W]`, the elements per channel of each rank, as a **float** tensor (CANN has no
+///   int32 counts here: integer counts are passed as f32, exact up to 2^24).
+/// - `running_mean`, `running_var`: `[C]`, updated in place; pass **both or neither** (a call
+///   with only one is rejected with 161002 on both backends: CANN tests only runningMean before
+///   writing both, so it would write through a missing runningVar or silently skip it).
+///
+/// Every tensor may be f32, f16 or bf16 and any strided view. `W = 0` (or `C = 0`) gives mean 0
+/// and invstd NaN and leaves the running statistics untouched. A rank with count 0 still enters
+/// the sums (0·its values): NaN or infinite statistics of an empty rank propagate, as in
+/// PyTorch, so leave such ranks out (torch's SyncBatchNorm masks ranks whose count is < 1).
+/// NaN and Inf propagate as IEEE arithmetic does (N = 1 makes the unbiased variance x/0).
+///
+/// A rejected call returns [`Error::InvalidArgument`] (161002) and writes nothing; the running
+/// statistics are then untouched too. On Ascend the work is asynchronous on `stream`.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_gather_stats_with_counts(
+    stream: &Stream,
+    input: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    running_mean: Option<&mut Tensor>,
+    running_var: Option<&mut Tensor>,
+    momentum: f64,
+    eps: f64,
+    counts: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let plan = validate_inputs(
+        &meta(input),
+        &meta(mean),
+        &meta(invstd),
+        running_mean.as_deref().map(meta).as_ref(),
+        running_var.as_deref().map(meta).as_ref(),
+        &meta(counts),
+    )?;
+    check_streams(stream, [input, mean, invstd, counts], running_mean.as_deref(), running_var.as_deref())?;
+    let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+    let mut mean_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
+    let mut invstd_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
+    batch_norm_gather_stats_with_counts_into(
+        stream,
+        input,
+        mean,
+        invstd,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+        counts,
+        &mut mean_all,
+        &mut invstd_all,
+    )?;
+    Ok((mean_all, invstd_all))
+}
+
+/// [`batch_norm_gather_stats_with_counts`] into caller-owned outputs `mean_all` and
+/// `invstd_all`: shape `[C]` (any stride but 0), any of f32/f16/bf16.
+///
+/// On Ascend this is `aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize` followed by
+/// `aclnnBatchNormGatherStatsWithCounts` on `stream`, with the stream's cached workspace; it
+/// returns once the work is enqueued.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_gather_stats_with_counts_into(
+    stream: &Stream,
+    input: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    running_mean: Option<&mut Tensor>,
+    running_var: Option<&mut Tensor>,
+    momentum: f64,
+    eps: f64,
+    counts: &Tensor,
+    mean_all: &mut Tensor,
+    invstd_all: &mut Tensor,
+) -> Result<()> {
+    prepare_batch_norm_gather_stats_with_counts(
+        stream,
+        input,
+        mean,
+        invstd,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+        counts,
+        mean_all,
+        invstd_all,
+    )?
+    .launch(stream, None)
+}
+
+/// Phase 1 of the two-phase API of [`batch_norm_gather_stats_with_counts_into`]: validates the
+/// arguments and, on Ascend, creates the descriptors and the executor
+/// (`aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize`). The result borrows every tensor
+/// until it is launched ([`Prepared::launch`]) or dropped (which writes nothing).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
+    stream: &Stream,
+    input: &'a Tensor,
+    mean: &'a Tensor,
+    invstd: &'a Tensor,
+    running_mean: Option<&'a mut Tensor>,
+    running_var: Option<&'a mut Tensor>,
+    momentum: f64,
+    eps: f64,
+    counts: &'a Tensor,
+    mean_all: &'a mut Tensor,
+    invstd_all: &'a mut Tensor,
+) -> Result<Prepared<'a>> {
+    let plan = validate_call(
+        [&meta(input), &meta(mean), &meta(invstd)],
+        running_mean.as_deref().map(meta).as_ref(),
+        running_var.as_deref().map(meta).as_ref(),
+        &meta(counts),
+        [&meta(mean_all), &meta(invstd_all)],
+    )?;
+    check_streams(stream, [input, mean, invstd, counts], running_mean.as_deref(), running_var.as_deref())?;
+    mean_all.check_stream(stream, "meanAll")?;
+    invstd_all.check_stream(stream, "invstdAll")?;
+    let running = running_mean.zip(running_var);
+    match stream.ascend() {
+        None => Ok(Prepared::cpu(move || {
+            cpu_launch(plan, [mean, invstd, counts], running, momentum, eps, mean_all, invstd_all)
+        })),
+        Some(_) => {
+            let running = running.map(|(m, v)| (&*m, &*v));
+            let tensors = [input, mean, invstd, counts, mean_all, invstd_all];
+            ascend_prepare(stream, tensors, running, momentum, eps).map(Prepared::ascend)
+        }
+    }
+}
+
+fn meta(t: &Tensor) -> Meta<'_> {
+    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
+}
+
+/// Rejects runningMean without runningVar and the reverse (161002).
+fn running_pair(running_mean: bool, running_var: bool) -> Result<()> {
+    match (running_mean, running_var) {
+        (true, false) => Err(Error::invalid(
+            "runningVar",
+            "runningMean was given without runningVar: CANN checks only runningMean before writing both running \
+             statistics (it would write through the missing runningVar); pass both or neither",
+        )),
+        (false, true) => Err(Error::invalid(
+            "runningMean",
+            "runningVar was given without runningMean: CANN checks only runningMean before writing both running \
+             statistics (it would silently leave runningVar unchanged); pass both or neither",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Validates the inputs in CANN's order (running pair, dtypes, shapes, views); returns the plan.
+fn validate_inputs(
+    input: &Meta<'_>,
+    mean: &Meta<'_>,
+    invstd: &Meta<'_>,
+    running_mean: Option<&Meta<'_>>,
+    running_var: Option<&Meta<'_>>,
+    counts: &Meta<'_>,
+) -> Result<Plan> {
+    running_pair(running_mean.is_some(), running_var.is_some())?;
+    input_dtypes(input, mean, invstd, running_mean, running_var, counts)?;
+    input_shapes(input, mean, invstd, running_mean, running_var, counts)
+}
+
+fn input_dtypes(
+    input: &Meta<'_>,
+    mean: &Meta<'_>,
+    invstd: &Meta<'_>,
+    running_mean: Option<&Meta<'_>>,
+    running_var: Option<&Meta<'_>>,
+    counts: &Meta<'_>,
+) -> Result<()> {
+    for (name, m) in [("input", input), ("mean", mean), ("invstd", invstd)] {
+        validate::dtype_in(name, m, &FLOAT_DTYPES, "")?;
+    }
+    for (name, m) in [("runningMean", running_mean), ("runningVar", running_var)] {
+        if let Some(m) = m {
+            validate::dtype_in(name, m, &FLOAT_DTYPES, "")?;
+        }
+    }
+    validate::dtype_in("counts", counts, &FLOAT_DTYPES, COUNTS_NOTE)
+}
+
+fn input_shapes(
+    input: &Meta<'_>,
+    mean: &Meta<'_>,
+    invstd: &Meta<'_>,
+    running_mean: Option<&Meta<'_>>,
+    running_var: Option<&Meta<'_>>,
+    counts: &Meta<'_>,
+) -> Result<Plan> {
+    let r = input.shape.len();
+    if !(validate::MIN_RANK..=validate::MAX_RANK).contains(&r) {
+        return Err(Error::invalid(
+            "input",
+            format!("rank must be {}..={}, got {r} (shape {:?})", validate::MIN_RANK, validate::MAX_RANK, input.shape),
+        ));
+    }
+    let c = input.shape[1];
+    validate::rank("mean", mean, 2)?;
+    validate::rank("invstd", invstd, 2)?;
+    validate::rank("counts", counts, 1)?;
+    let w = mean.shape[0];
+    for (name, m) in [("mean", mean), ("invstd", invstd)] {
+        if m.shape != [w, c] {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "expected shape [{w}, {c}] ([ranks, C], C = input.shape[1], ranks = mean.shape[0]), got {:?}",
+                    m.shape
+                ),
+            ));
+        }
+    }
+    if counts.shape != [w] {
+        return Err(Error::invalid(
+            "counts",
+            format!("expected shape [{w}] (one count per rank, ranks = mean.shape[0]), got {:?}", counts.shape),
+        ));
+    }
+    for (name, m) in [("runningMean", running_mean), ("runningVar", running_var)] {
+        if let Some(m) = m {
+            validate::per_channel_output(name, m, c)?;
+        }
+    }
+    for (name, m) in [("input", input), ("mean", mean), ("invstd", invstd), ("counts", counts)] {
+        validate::in_storage(name, m)?;
+    }
+    Ok(Plan { channels: c, ranks: w })
+}
+
+/// Validates a whole call in CANN's order: the running pair, every dtype (outputs included),
+/// then shapes and views.
+fn validate_call(
+    [input, mean, invstd]: [&Meta<'_>; 3],
+    running_mean: Option<&Meta<'_>>,
+    running_var: Option<&Meta<'_>>,
+    counts: &Meta<'_>,
+    [mean_all, invstd_all]: [&Meta<'_>; 2],
+) -> Result<Plan> {
+    running_pair(running_mean.is_some(), running_var.is_some())?;
+    input_dtypes(input, mean, invstd, running_mean, running_var, counts)?;
+    validate::dtype_in("meanAll", mean_all, &FLOAT_DTYPES, "")?;
+    validate::dtype_in("invstdAll", invstd_all, &FLOAT_DTYPES, "")?;
+    let plan = input_shapes(input, mean, invstd, running_mean, running_var, counts)?;
+    validate::per_channel_output("meanAll", mean_all, plan.channels)?;
+    validate::per_channel_output("invstdAll", invstd_all, plan.channels)?;
+    Ok(plan)
+}
+
+/// Checks that every tensor lives where `stream` runs work.
+fn check_streams(
+    stream: &Stream,
+    [input, mean, invstd, counts]: [&Tensor; 4],
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+) -> Result<()> {
+    for (name, t) in [("input", input), ("mean", mean), ("invstd", invstd), ("counts", counts)] {
+        t.check_stream(stream, name)?;
+    }
+    for (name, t) in [("runningMean", running_mean), ("runningVar", running_var)] {
+        if let Some(t) = t {
+            t.check_stream(stream, name)?;
+        }
+    }
+    Ok(())
+}
+
+/// The global statistics of one channel, in f64.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Global {
+    mean: f64,
+    invstd: f64,
+    /// The unbiased variance var_n/(N − 1), for running_var.
+    unbiased_var: f64,
+}
+
+/// The operator's math in f64 over host values: `mean`, `invstd` row-major `[W, C]`, `counts`
+/// `[W]`. Two passes per channel: the weighted mean, then the spread around it.
+fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> Vec<Global> {
+    let n: f64 = counts.iter().sum();
+    (0..c)
+        .map(|ch| {
+            let rows = || counts.iter().enumerate().map(move |(j, &nj)| (nj, mean[j * c + ch], invstd[j * c + ch]));
+            let m = rows().map(|(nj, mj, _)| nj * mj).sum::<f64>() / n;
+            let var_n: f64 = rows()
+                .map(|(nj, mj, ij)| {
+                    let var_j = 1.0 / (ij * ij) - eps;
+                    nj * var_j + nj * (mj - m) * (mj - m)
+                })
+                .sum();
+            Global { mean: m, invstd: 1.0 / (var_n / n + eps).sqrt(), unbiased_var: var_n / (n - 1.0) }
+        })
+        .collect()
+}
+
+fn cpu_launch(
+    plan: Plan,
+    [mean, invstd, counts]: [&Tensor; 3],
+    running: Option<(&mut Tensor, &mut Tensor)>,
+    momentum: f64,
+    eps: f64,
+    mean_all: &mut Tensor,
+    invstd_all: &mut Tensor,
+) -> Result<()> {
+    let c = plan.channels;
+    if plan.ranks == 0 || c == 0 {
+        host::write_vector(mean_all, "meanAll", std::iter::repeat_n(0.0, c))?;
+        return host::write_vector(invstd_all, "invstdAll", std::iter::repeat_n(f64::NAN, c));
+    }
+    let (m, i, n) = (host::values(mean), host::values(invstd), host::values(counts));
+    if m.len() != plan.ranks * c || i.len() != m.len() || n.len() != plan.ranks {
+        return Err(Error::invalid("mean", "a device tensor reached the CPU backend"));
+    }
+    let g = combine(c, &m, &i, &n, eps);
+    host::write_vector(mean_all, "meanAll", g.iter().map(|g| g.mean))?;
+    host::write_vector(invstd_all, "invstdAll", g.iter().map(|g| g.invstd))?;
+    if let Some((rm, rv)) = running {
+        let (old_m, old_v) = (host::values(rm), host::values(rv));
+        let keep = 1.0 - momentum;
+        host::write_vector(rm, "runningMean", g.iter().zip(old_m).map(|(g, r)| keep * r + momentum * g.mean))?;
+        host::write_vector(rv, "runningVar", g.iter().zip(old_v).map(|(g, r)| keep * r + momentum * g.unbiased_var))?;
+    }
+    Ok(())
+}
+
+/// Phase 1 on Ascend. For an empty `mean` CANN's executor itself fills meanAll with 0 and
+/// invstdAll with NaN, so nothing is left for the launch to fill.
+fn ascend_prepare<'a>(
+    stream: &Stream,
+    [input, mean, invstd, counts, mean_all, invstd_all]: [&'a Tensor; 6],
+    running: Option<(&'a Tensor, &'a Tensor)>,
+    momentum: f64,
+    eps: f64,
+) -> Result<DevicePrepared<'a>> {
+    let mut call = DeviceCall::new(stream)?;
+    let input = call.tensor(input, "input")?.cast_const();
+    let mean = call.tensor(mean, "mean")?.cast_const();
+    let invstd = call.tensor(invstd, "invstd")?.cast_const();
+    let running_mean = call.optional(running.map(|r| r.0), "runningMean")?;
+    let running_var = call.optional(running.map(|r| r.1), "runningVar")?;
+    let counts = call.tensor(counts, "counts")?.cast_const();
+    let mean_all = call.tensor(mean_all, "meanAll")?;
+    let invstd_all = call.tensor(invstd_all, "invstdAll")?;
+    call.prepare(
+        &OP,
+        |cann, api| {
+            let f = crate::acl::op_fn(&api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize, OP.phase1)?;
+            crate::acl::phase1(cann, OP.phase1, |size, executor| {
+                // SAFETY: the signature is the header's (wrapper.h); every non-null handle is a
+                // live descriptor held by `call`, which moves into the prepared call and outlives
+                // the executor; runningMean and runningVar are both null or both live (validated);
+                // the out-pointers are valid for the call.
+                unsafe {
+                    f(
+                        input,
+                        mean,
+                        invstd,
+                        running_mean,
+                        running_var,
+                        momentum,
+                        eps,
+                        counts,
+                        mean_all,
+                        invstd_all,
+                        size,
+                        executor,
+                    )
+                }
+            })
+        },
+        |api| &api.aclnnBatchNormGatherStatsWithCounts,
+        Vec::new(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks whose union is known: [1, 2, 3] and [4, 5] (biased variances 2/3 and 1/4).
+    #[test]
+    fn combine_matches_the_union() {
+        let eps = 1e-5;
+        let inv = |var: f64| 1.0 / (var + eps).sqrt();
+        let g = combine(1, &[2.0, 4.5], &[inv(2.0 / 3.0), inv(0.25)], &[3.0, 2.0], eps);
+        let all = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let m = all.iter().sum::<f64>() / 5.0;
+        let ss: f64 = all.iter().map(|x| (x - m) * (x - m)).sum();
+        assert!((g[0].mean - m).abs() < 1e-12);
+        assert!((g[0].invstd - 1.0 / (ss / 5.0 + eps).sqrt()).abs() < 1e-9);
+        assert!((g[0].unbiased_var - ss / 4.0).abs() < 1e-9);
+    }
+}

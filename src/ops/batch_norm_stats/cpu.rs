@@ -1,0 +1,1110 @@
+//! The CPU kernel of `aclnnBatchNormStats`: per channel (dim 1), the element count, the mean and
+//! Σ(x − mean)², from which the operator takes `mean` and `invstd = 1/sqrt(Σ(x − mean)²/n + eps)`.
+//!
+//! # Numerics
+//! Deviations are always taken from a mean of the data itself, never `Σx² − n·mean²`, and main
+//! memory is read once:
+//! - A *block* is at most [`BLOCK`] elements of one channel (or, channels-last, at most
+//!   [`ROWS_PER_BLOCK`] values of each lane), small enough to stay in L1/L2. It is summed in one
+//!   pass as `Σd` and `Σd²` with `d = x − k`, in f32 lanes (at most 256 values per lane) folded
+//!   to f64, where the shift `k` is the mean of the block's first [`SHIFT_SAMPLE`] values (of
+//!   each lane's first [`SHIFT_ROWS`] rows). The block's moments are then `n_b`, its mean
+//!   `k + Σd/n_b` and `M2_b = Σd² − (Σd)²/n_b`.
+//! - That subtraction cancels only when `k` is far from the block mean; the block is accepted
+//!   when `(Σd)²/n_b ≤ ¾·Σd²` (at most two bits of the lane sums lost) and every sum is finite.
+//!   Otherwise (sorted or drifting data, NaN, ±Inf) the block, still in cache, is summed
+//!   *two-pass*: pass 1 takes its mean `m_b`, pass 2 sums `x − m_b` and its square. So every
+//!   block is as accurate as a two-pass sum (within a factor 4 of its error bound).
+//! - Blocks are merged in f64 with Chan et al.'s pairwise update
+//!   (`M2 = M2_a + M2_b + δ²·n_a·n_b/n`, `δ = mean_b − mean_a`), exact to f64 rounding.
+//! - NaN or ±Inf in a channel make its plain sum non-finite: the mean is then that sum / n (as
+//!   `Σx/n` gives) and invstd NaN.
+//!
+//! # Determinism
+//! The work is cut into items whose boundaries depend only on the shape and strides (a channel's
+//! run of blocks, or a tile of channels-last rows); each item writes its own partial moments and
+//! partials are merged per channel in item order after the join. Any thread count gives the same
+//! bits. The portable, AVX2 and AVX-512 builds of the two block primitives do the same
+//! operations in the same order per lane (no fused multiply-add), so they give the same bits too.
+
+use std::sync::OnceLock;
+
+use crate::cpu::pool;
+use crate::dtype::{Element, SliceRef};
+
+/// f32 lanes of a block of one channel.
+const LANES: usize = 32;
+/// Most elements of one channel per block (64 per lane; a block of f32 and its copy stay in L1).
+const BLOCK: usize = 2048;
+/// Blocks per work item of the channel-major path.
+const ITEM_BLOCKS: usize = 8;
+/// Shortest contiguous inner run copied run by run (shorter ones are gathered element by element).
+const MIN_RUN: usize = 16;
+/// Shortest f32 run read in place (shorter ones are copied into one block buffer, so that the
+/// lanes stay full).
+const DIRECT_RUN: usize = 256;
+/// Rows per block of the channels-last path (each lane sums at most this many values in f32).
+const ROWS_PER_BLOCK: usize = 256;
+/// Widest chunk of lanes of the channels-last path.
+const MAX_ROW_LANES: usize = 256;
+/// Fewest lanes of a super-row (a contiguous `[R, C]` matrix re-cut into wider rows).
+const MIN_ROW_LANES: usize = 64;
+/// Widest super-row.
+const MAX_SUPER_ROW: usize = 1024;
+/// About this many elements per work item of the channels-last path.
+const ROW_TILE_ELEMS: usize = 1 << 18;
+/// Fewest input bytes each thread must get before another thread is used.
+pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Most reduction dims (rank ≤ 8, channel excluded).
+const MAX_DIMS: usize = 7;
+
+/// A validated input view: rank 2..=8, channel = dim 1, every element inside `data`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Input<'a> {
+    pub data: SliceRef<'a>,
+    pub shape: &'a [usize],
+    pub strides: &'a [usize],
+    pub offset: usize,
+}
+
+/// The moments of a set of values, in f64: count, mean, Σ(x − mean)², and the plain sum (which
+/// tells whether a NaN or an infinity was met).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Moments {
+    pub n: f64,
+    pub mean: f64,
+    pub m2: f64,
+    pub sum: f64,
+}
+
+impl Moments {
+    /// The moments of a block from its two passes: `n` values, their f32-lane `sum`, the
+    /// `shift` subtracted in pass 2, and the sums of `d = x − shift` and of `d²`.
+    fn from_block(n: usize, sum: f64, shift: f32, sum_d: f64, sum_d2: f64) -> Moments {
+        let n = n as f64;
+        let m2 = sum_d2 - sum_d * sum_d / n;
+        // Rounding may leave a hair below zero; NaN stays NaN.
+        let m2 = if m2 < 0.0 { 0.0 } else { m2 };
+        Moments { n, mean: f64::from(shift) + sum_d / n, m2, sum }
+    }
+
+    /// Both sets together (Chan et al.'s pairwise update).
+    fn merge(self, b: Moments) -> Moments {
+        if b.n == 0.0 {
+            return self;
+        }
+        if self.n == 0.0 {
+            return b;
+        }
+        let n = self.n + b.n;
+        let delta = b.mean - self.mean;
+        Moments {
+            n,
+            mean: self.mean + delta * (b.n / n),
+            m2: self.m2 + b.m2 + delta * delta * (self.n * (b.n / n)),
+            sum: self.sum + b.sum,
+        }
+    }
+
+    /// The operator's outputs: `(mean, invstd)` with the biased variance; no element gives
+    /// `(0, NaN)`; a NaN or infinity gives `(Σx/n, NaN)`.
+    pub(crate) fn mean_invstd(&self, eps: f64) -> (f64, f64) {
+        if self.n == 0.0 {
+            return (0.0, f64::NAN);
+        }
+        if !self.sum.is_finite() {
+            return (self.sum / self.n, f64::NAN);
+        }
+        (self.mean, 1.0 / (self.m2 / self.n + eps).sqrt())
+    }
+}
+
+/// Per-channel moments of `input`, on up to `threads` threads (0: every core, but one thread per
+/// [`MIN_BYTES_PER_THREAD`] bytes at most). Bit-identical for any `threads`.
+pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Vec<Moments> {
+    channel_moments_with(Isa::detect(), input, threads, MIN_BYTES_PER_THREAD)
+}
+
+fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Vec<Moments> {
+    fn widen_f32(s: &[f32], d: &mut [f32]) {
+        d.copy_from_slice(s);
+    }
+    match input.data {
+        SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some, None).run(threads, min_bytes),
+        SliceRef::F16(s) => {
+            Kernel::new(isa, input, s, widen_f16, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes)
+        }
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None, None).run(threads, min_bytes),
+    }
+}
+
+/// Widens f16 values (exactly) into `d[..s.len()]`: F16C 8 at a time when the CPU has it.
+fn widen_f16(s: &[half::f16], d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: AVX and F16C detected just above.
+        return unsafe { widen_f16_f16c(s, d) };
+    }
+    for (d, s) in d.iter_mut().zip(s) {
+        *d = s.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+fn widen_f16_f16c(s: &[half::f16], d: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = s.len().min(d.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n, so 8 f16 (16 bytes) are readable from s[i..] and 8 f32 writable at
+        // d[i..]; both accesses are unaligned ones.
+        unsafe {
+            let h = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for (d, s) in d[i..n].iter_mut().zip(&s[i..n]) {
+        *d = s.to_f32();
+    }
+}
+
+/// Widens bf16 values (exactly: the top half of an f32) into `d[..s.len()]`.
+fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
+    for (d, s) in d.iter_mut().zip(s) {
+        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+    }
+}
+
+/// One reduction dim: size and stride.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Dim {
+    n: usize,
+    s: usize,
+}
+
+/// Walks positions of a set of dims in row-major order, tracking the storage index.
+#[derive(Clone, Debug)]
+struct Odometer<'a> {
+    dims: &'a [Dim],
+    idx: [usize; MAX_DIMS],
+    pos: usize,
+}
+
+impl<'a> Odometer<'a> {
+    /// Starts at flat position `p` (row-major over `dims`) from storage index `base`.
+    fn new(dims: &'a [Dim], mut p: usize, mut base: usize) -> Self {
+        let mut idx = [0; MAX_DIMS];
+        for (k, d) in dims.iter().enumerate().rev() {
+            idx[k] = p % d.n;
+            p /= d.n;
+            base += idx[k] * d.s;
+        }
+        Odometer { dims, idx, pos: base }
+    }
+
+    fn advance(&mut self) {
+        for (k, d) in self.dims.iter().enumerate().rev() {
+            self.idx[k] += 1;
+            self.pos += d.s;
+            if self.idx[k] < d.n {
+                return;
+            }
+            self.idx[k] = 0;
+            self.pos -= d.s * d.n;
+        }
+    }
+}
+
+/// The two ways of walking the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Channel by channel: blocks of positions of one channel.
+    ChannelMajor,
+    /// Channels-last rows of `w` lanes, lane j ↔ channel j mod C. `flat`: the `[R, C]` matrix is
+    /// contiguous and re-cut into super-rows of `w` (a multiple of C) lanes; else one row per
+    /// position, `w == C`.
+    Rows { w: usize, flat: bool },
+}
+
+/// A one pass over contiguous runs of `T` that converts as it reads (see [`runs_one_pass_f16`]).
+type FusedRuns<T> = fn(Isa, &[&[T]]) -> Option<Moments>;
+
+struct Kernel<'a, T> {
+    isa: Isa,
+    data: &'a [T],
+    widen: fn(&[T], &mut [f32]),
+    direct: fn(&'a [T]) -> Option<&'a [f32]>,
+    /// A one pass over runs of `T` converting as it reads, when there is one.
+    fused: Option<FusedRuns<T>>,
+    c: usize,
+    cs: usize,
+    offset: usize,
+    dims: [Dim; MAX_DIMS],
+    nd: usize,
+    /// Positions per channel.
+    r: usize,
+    /// Whether the input has no element.
+    empty: bool,
+}
+
+impl<'a, T: Element> Kernel<'a, T> {
+    fn new(
+        isa: Isa,
+        input: Input<'a>,
+        data: &'a [T],
+        widen: fn(&[T], &mut [f32]),
+        direct: fn(&'a [T]) -> Option<&'a [f32]>,
+        fused: Option<FusedRuns<T>>,
+    ) -> Self {
+        let (shape, strides) = (input.shape, input.strides);
+        let mut dims = [Dim::default(); MAX_DIMS];
+        let mut nd = 0;
+        for k in (0..shape.len().min(MAX_DIMS + 1)).filter(|&k| k != 1) {
+            if shape[k] > 1 {
+                dims[nd] = Dim { n: shape[k], s: strides[k] };
+                nd += 1;
+            }
+        }
+        // Stable insertion sort, stride descending; then merge neighbours that are contiguous.
+        for i in 1..nd {
+            let mut j = i;
+            while j > 0 && dims[j - 1].s < dims[j].s {
+                dims.swap(j - 1, j);
+                j -= 1;
+            }
+        }
+        let mut m = 0;
+        for i in 0..nd {
+            let d = dims[i];
+            if m > 0 && d.s.checked_mul(d.n) == Some(dims[m - 1].s) {
+                dims[m - 1] = Dim { n: dims[m - 1].n * d.n, s: d.s };
+                continue;
+            }
+            dims[m] = d;
+            m += 1;
+        }
+        let r = dims[..m].iter().map(|d| d.n).product();
+        Kernel {
+            isa,
+            data,
+            widen,
+            direct,
+            fused,
+            c: shape.get(1).copied().unwrap_or(0),
+            cs: strides.get(1).copied().unwrap_or(0),
+            offset: input.offset,
+            dims,
+            nd: m,
+            r,
+            empty: shape.contains(&0),
+        }
+    }
+
+    fn dims(&self) -> &[Dim] {
+        &self.dims[..self.nd]
+    }
+
+    fn path(&self) -> Path {
+        if self.c > 1 && self.cs == 1 {
+            let flat = match self.dims() {
+                [] => true,
+                [d] => d.s == self.c,
+                _ => false,
+            };
+            let base = lcm8(self.c);
+            if flat && base <= MAX_SUPER_ROW {
+                return Path::Rows { w: base * MIN_ROW_LANES.div_ceil(base), flat: true };
+            }
+            if self.c >= 16 {
+                return Path::Rows { w: self.c, flat: false };
+            }
+        }
+        Path::ChannelMajor
+    }
+
+    fn run(&self, threads: usize, min_bytes: usize) -> Vec<Moments> {
+        if self.c == 0 || self.empty {
+            return vec![Moments::default(); self.c];
+        }
+        let threads = if threads == 0 { pool::cores() } else { threads };
+        let bytes = self.r.saturating_mul(self.c).saturating_mul(std::mem::size_of::<T>());
+        let threads = threads.min((bytes / min_bytes.max(1)).max(1));
+        match self.path() {
+            Path::ChannelMajor => self.channel_major(threads),
+            Path::Rows { w, flat } => self.rows(threads, w, flat),
+        }
+    }
+
+    /// Channel-major path. Positions of a channel are cut into blocks that never split a
+    /// contiguous inner run shorter than a block (long runs are cut into equal segments); an
+    /// item is up to [`ITEM_BLOCKS`] consecutive blocks of one channel.
+    fn channel_major(&self, threads: usize) -> Vec<Moments> {
+        let dims = self.dims();
+        let (l, inner_contiguous) = match dims.last() {
+            Some(d) => (d.n, d.s == 1),
+            None => (1, true),
+        };
+        let nruns = self.r / l;
+        // Block b covers positions [start, start + len).
+        let (nseg, seg, per) = if l > BLOCK {
+            let seg = l.div_ceil(l.div_ceil(BLOCK)).next_multiple_of(LANES);
+            (l.div_ceil(seg), seg, 1)
+        } else {
+            (1, l, (BLOCK / l).max(1))
+        };
+        let nb = if nseg > 1 { nruns * nseg } else { nruns.div_ceil(per) };
+        let block = |b: usize| -> (usize, usize) {
+            if nseg > 1 {
+                let (run, s) = (b / nseg, b % nseg);
+                (run * l + s * seg, seg.min(l - s * seg))
+            } else {
+                (b * per * l, per.min(nruns - b * per) * l)
+            }
+        };
+        let ipc = nb.div_ceil(ITEM_BLOCKS);
+        let parts: Vec<OnceLock<Moments>> = (0..self.c * ipc).map(|_| OnceLock::new()).collect();
+        let in_place = inner_contiguous && l >= MIN_RUN;
+        let (outer, _) = dims.split_at(dims.len().saturating_sub(1));
+        let all_f32 = (self.direct)(self.data);
+        pool::run(threads, parts.len(), &|item| {
+            let (ch, k) = (item / ipc, item % ipc);
+            let base = self.offset + ch * self.cs;
+            let mut buf: Vec<f32> = Vec::new();
+            let mut segs: Vec<(usize, usize)> = Vec::new();
+            let mut acc = Moments::default();
+            for b in k * ITEM_BLOCKS..nb.min((k + 1) * ITEM_BLOCKS) {
+                let (start, len) = block(b);
+                let m = if in_place {
+                    // Whole runs (or one piece of a run), each contiguous in storage: long f32
+                    // runs are read in place, the others copied (widened) into one buffer.
+                    segs.clear();
+                    let mut o = Odometer::new(outer, start / l, base);
+                    let (mut p, mut left) = (start % l, len);
+                    while left > 0 {
+                        let take = left.min(l - p);
+                        segs.push((o.pos + p, take));
+                        left -= take;
+                        p = 0;
+                        o.advance();
+                    }
+                    // Blocks group whole runs (or cut one long run), so runs of at least
+                    // DIRECT_RUN give at most BLOCK / DIRECT_RUN segments.
+                    debug_assert!(l < DIRECT_RUN || segs.len() <= BLOCK / DIRECT_RUN);
+                    match all_f32.filter(|_| l >= DIRECT_RUN) {
+                        Some(d) => {
+                            let mut slices: [&[f32]; BLOCK / DIRECT_RUN] = [&[]; BLOCK / DIRECT_RUN];
+                            for (slot, &(s, n)) in slices.iter_mut().zip(&segs) {
+                                *slot = &d[s..s + n];
+                            }
+                            runs_block(self.isa, &slices[..segs.len().min(BLOCK / DIRECT_RUN)])
+                        }
+                        None => {
+                            let fused = self.fused.filter(|_| l >= DIRECT_RUN).and_then(|f| {
+                                let mut runs: [&[T]; BLOCK / DIRECT_RUN] = [&[]; BLOCK / DIRECT_RUN];
+                                for (slot, &(s, n)) in runs.iter_mut().zip(&segs) {
+                                    *slot = &self.data[s..s + n];
+                                }
+                                f(self.isa, &runs[..segs.len().min(BLOCK / DIRECT_RUN)])
+                            });
+                            match fused {
+                                Some(m) => m,
+                                None => {
+                                    buf.resize(len, 0.0);
+                                    let mut done = 0;
+                                    for &(s, n) in &segs {
+                                        (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
+                                        done += n;
+                                    }
+                                    runs_block(self.isa, &[&buf])
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    buf.resize(len, 0.0);
+                    let mut o = Odometer::new(dims, start, base);
+                    for v in buf.iter_mut() {
+                        *v = self.data[o.pos].to_f32();
+                        o.advance();
+                    }
+                    runs_block(self.isa, &[&buf])
+                };
+                acc = acc.merge(m);
+            }
+            // Each item is run exactly once.
+            let _ = parts[item].set(acc);
+        });
+        (0..self.c)
+            .map(|ch| {
+                parts[ch * ipc..(ch + 1) * ipc]
+                    .iter()
+                    .fold(Moments::default(), |a, p| a.merge(p.get().copied().unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    /// Channels-last path: rows of `w` lanes (see [`Path::Rows`]); items are (row tile, chunk
+    /// of lanes), tile-major; each writes one partial per lane.
+    fn rows(&self, threads: usize, w: usize, flat: bool) -> Vec<Moments> {
+        let c = self.c;
+        let total = self.r * c;
+        let nrows = if flat { total.div_ceil(w) } else { self.r };
+        let nchunks = w.div_ceil(MAX_ROW_LANES);
+        let cw = w.div_ceil(nchunks).next_multiple_of(8).min(w);
+        let nchunks = w.div_ceil(cw);
+        let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
+        let ntiles = nrows.div_ceil(tile_rows);
+        let parts: Vec<OnceLock<Vec<Moments>>> = (0..ntiles * nchunks).map(|_| OnceLock::new()).collect();
+        let dims = self.dims();
+        // The f32 data, read in place when the matrix is contiguous.
+        let direct = if flat { (self.direct)(self.data) } else { None };
+        pool::run(threads, parts.len(), &|item| {
+            let (t, k) = (item / nchunks, item % nchunks);
+            let (l0, lanes) = (k * cw, cw.min(w - k * cw));
+            let mut out = vec![Moments::default(); lanes];
+            let mut scratch = RowScratch::new(lanes);
+            let mut buf: Vec<f32> = Vec::new();
+            let r1 = nrows.min((t + 1) * tile_rows);
+            let mut r0 = t * tile_rows;
+            let mut odo = Odometer::new(dims, r0, self.offset + l0);
+            while r0 < r1 {
+                let rb = r1.min(r0 + ROWS_PER_BLOCK);
+                // Valid lanes of row r of this chunk (only the last super-row may be partial).
+                let valid = |r: usize| if flat { (total - r * w).min(w).saturating_sub(l0).min(lanes) } else { lanes };
+                let last = valid(rb - 1);
+                let full = if last < lanes { rb - 1 - r0 } else { rb - r0 };
+                let last = if last < lanes { last } else { 0 };
+                match direct {
+                    Some(d) => {
+                        let start = self.offset + r0 * w + l0;
+                        rows_block(self.isa, &d[start..], w, lanes, full, last, &mut scratch, &mut out);
+                    }
+                    None => {
+                        buf.resize((rb - r0) * lanes, 0.0);
+                        if flat && lanes == w {
+                            // Whole super-rows: one contiguous stretch, widened at once.
+                            let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
+                            (self.widen)(&self.data[start..start + n], &mut buf[..n]);
+                            rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                            r0 = rb;
+                            continue;
+                        }
+                        for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
+                            let r = r0 + i;
+                            let n = valid(r);
+                            let start = if flat { self.offset + r * w + l0 } else { odo.pos };
+                            (self.widen)(&self.data[start..start + n], &mut row[..n]);
+                            if !flat {
+                                odo.advance();
+                            }
+                        }
+                        rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                    }
+                }
+                r0 = rb;
+            }
+            let _ = parts[item].set(out);
+        });
+        // Channel ch: its lanes ch, ch + C, ... of each tile, in order.
+        (0..c)
+            .map(|ch| {
+                let mut acc = Moments::default();
+                for t in 0..ntiles {
+                    for j in (ch..w).step_by(c) {
+                        if let Some(p) = parts[t * nchunks + j / cw].get() {
+                            acc = acc.merge(p[j % cw]);
+                        }
+                    }
+                }
+                acc
+            })
+            .collect()
+    }
+}
+
+/// lcm(c, 8).
+fn lcm8(c: usize) -> usize {
+    let g = 8 >> (c.trailing_zeros().min(3));
+    c.saturating_mul(g)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The block primitives and their instruction sets
+
+/// The instruction set the block primitives are compiled for, detected at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
+                return if has!("avx512f") { Isa::Avx512 } else { Isa::Avx2 };
+            }
+        }
+        Isa::Portable
+    }
+
+    #[cfg(test)]
+    fn supported() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
+                v.push(Isa::Avx2);
+                if has!("avx512f") {
+                    v.push(Isa::Avx512);
+                }
+            }
+        }
+        v
+    }
+}
+
+/// The moments of one block of one channel, given as contiguous slices.
+fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
+    match isa {
+        Isa::Portable => runs_any(slices),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        Isa::Avx2 => unsafe { runs_avx2(slices) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
+        Isa::Avx512 => unsafe { runs_avx512(slices) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn runs_avx2(slices: &[&[f32]]) -> Moments {
+    runs_any(slices)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+fn runs_avx512(slices: &[&[f32]]) -> Moments {
+    runs_any(slices)
+}
+
+/// Values the shift of the one-pass path is taken from (the mean of a block's first ones).
+const SHIFT_SAMPLE: usize = 64;
+/// Rows the shift of the one-pass rows path is taken from.
+const SHIFT_ROWS: usize = 16;
+
+/// Whether a one-pass block is as good as a two-pass one: every sum finite, and the shift close
+/// enough to the block mean that `Σd² − (Σd)²/n` keeps at least a quarter of `Σd²`
+/// (`(Σd)²/n ≤ ¾·Σd²`): at most two bits of the f32 lane sums' accuracy are lost.
+#[inline(always)]
+fn one_pass_ok(n: usize, shift: f32, sum_d: f64, sum_d2: f64) -> bool {
+    shift.is_finite() && sum_d.is_finite() && sum_d2.is_finite() && sum_d * sum_d / n as f64 <= 0.75 * sum_d2
+}
+
+/// A block of one channel: one pass when [`one_pass_ok`], else the two passes of [`runs_core`].
+#[inline(always)]
+fn runs_any(slices: &[&[f32]]) -> Moments {
+    runs_one_pass(slices).unwrap_or_else(|| runs_core(slices))
+}
+
+/// One pass over a block with the mean of its first [`SHIFT_SAMPLE`] values (of the first
+/// non-empty slice) as the shift: Σd and
+/// Σd² (d = x − shift) in the lanes of [`runs_core`]; `None` when not [`one_pass_ok`].
+#[inline(always)]
+fn runs_one_pass(slices: &[&[f32]]) -> Option<Moments> {
+    runs_one_pass_with(slices, |v| v, |c, t| t.copy_from_slice(c))
+}
+
+/// [`runs_one_pass`] over slices of any element type: `one` widens one value, `chunk` widens
+/// [`LANES`] of them (both exactly, so every instruction set gives the same bits).
+#[inline(always)]
+fn runs_one_pass_with<T: Copy>(
+    slices: &[&[T]],
+    one: impl Fn(T) -> f32,
+    chunk: impl Fn(&[T], &mut [f32; LANES]),
+) -> Option<Moments> {
+    // The shift: the mean of the first slice's first values, in 8 independent partial sums.
+    let Some(first) = slices.iter().find(|s| !s.is_empty()) else {
+        return Some(Moments::default());
+    };
+    let sample = &first[..first.len().min(SHIFT_SAMPLE)];
+    let mut k_acc = [0f32; 8];
+    let chunks = sample.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in k_acc.iter_mut().zip(c) {
+            *a += one(v);
+        }
+    }
+    for (a, &v) in k_acc.iter_mut().zip(rem) {
+        *a += one(v);
+    }
+    let shift = k_acc.iter().sum::<f32>() / sample.len() as f32;
+    let mut sd = [0f32; LANES];
+    let mut sq = [0f32; LANES];
+    let mut x = [0f32; LANES];
+    let mut n = 0;
+    for s in slices {
+        let chunks = s.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for ch in chunks {
+            chunk(ch, &mut x);
+            for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(&x) {
+                let d = v - shift;
+                *a += d;
+                *q += d * d;
+            }
+        }
+        for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(rem) {
+            let d = one(v) - shift;
+            *a += d;
+            *q += d * d;
+        }
+        n += s.len();
+    }
+    let (sum_d, sum_d2) = (fold(&sd), fold(&sq));
+    if !one_pass_ok(n, shift, sum_d, sum_d2) {
+        return None;
+    }
+    Some(Moments::from_block(n, n as f64 * f64::from(shift) + sum_d, shift, sum_d, sum_d2))
+}
+
+/// One pass over f16 runs, converting as it reads (so the loads of main memory overlap the
+/// sums); `None` when not [`one_pass_ok`] (the caller then widens the block and sums it again).
+fn runs_one_pass_f16(isa: Isa, slices: &[&[half::f16]]) -> Option<Moments> {
+    match isa {
+        Isa::Portable => runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
+            for (t, c) in t.iter_mut().zip(c) {
+                *t = c.to_f32();
+            }
+        }),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2 and F16C.
+        Isa::Avx2 => unsafe { runs_f16_avx2(slices) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F, AVX2 and F16C.
+        Isa::Avx512 => unsafe { runs_f16_avx512(slices) },
+    }
+}
+
+/// 32 f16 to f32 with F16C (exact).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cvt32_f16c(c: &[half::f16], t: &mut [f32; LANES]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let c = &c[..LANES];
+    for k in 0..LANES / 8 {
+        // SAFETY: `c` holds 32 f16, so 8 (16 bytes) are readable at 8·k; `t` holds 32 f32, so 8
+        // are writable at 8·k; the accesses are unaligned ones. Only inlined into functions
+        // compiled with F16C (and AVX).
+        unsafe {
+            let h = _mm_loadu_si128(c.as_ptr().add(8 * k).cast::<__m128i>());
+            _mm256_storeu_ps(t.as_mut_ptr().add(8 * k), _mm256_cvtph_ps(h));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn runs_f16_avx2(slices: &[&[half::f16]]) -> Option<Moments> {
+    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn runs_f16_avx512(slices: &[&[half::f16]]) -> Option<Moments> {
+    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
+}
+
+/// Lanes of a register tile of the one-pass rows path.
+const TILE: usize = 32;
+
+/// A block of rows: one pass when every lane is [`one_pass_ok`], else the two passes of
+/// [`rows_core`].
+#[inline(always)]
+fn rows_any(m: &[f32], stride: usize, lanes: usize, full: usize, last: usize, s: &mut RowScratch, out: &mut [Moments]) {
+    if !rows_one_pass(m, stride, lanes, full, last, s, out) {
+        rows_core(m, stride, lanes, full, last, s, out)
+    }
+}
+
+/// One pass over a block of whole rows, lane j shifted by the mean of its first [`SHIFT_ROWS`]
+/// values, accumulated [`TILE`] lanes at a time in registers; merges into `out` and returns
+/// true when every lane is [`one_pass_ok`], else leaves `out` alone and returns false.
+#[inline(always)]
+fn rows_one_pass(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) -> bool {
+    if last != 0 || full == 0 {
+        return false;
+    }
+    let (shift, sd, sq) = (&mut s.shift[..lanes], &mut s.sd[..lanes], &mut s.sq[..lanes]);
+    let row = |r: usize| &m[r * stride..r * stride + lanes];
+    let k_rows = full.min(SHIFT_ROWS);
+    shift.fill(0.0);
+    for r in 0..k_rows {
+        for (k, &v) in shift.iter_mut().zip(row(r)) {
+            *k += v;
+        }
+    }
+    for k in shift.iter_mut() {
+        *k /= k_rows as f32;
+    }
+    let mut j0 = 0;
+    while j0 + TILE <= lanes {
+        let mut k = [0f32; TILE];
+        k.copy_from_slice(&shift[j0..j0 + TILE]);
+        let mut a = [0f32; TILE];
+        let mut q = [0f32; TILE];
+        for r in 0..full {
+            let x = &m[r * stride + j0..r * stride + j0 + TILE];
+            for (((a, q), &k), &v) in a.iter_mut().zip(q.iter_mut()).zip(k.iter()).zip(x) {
+                let d = v - k;
+                *a += d;
+                *q += d * d;
+            }
+        }
+        sd[j0..j0 + TILE].copy_from_slice(&a);
+        sq[j0..j0 + TILE].copy_from_slice(&q);
+        j0 += TILE;
+    }
+    if j0 < lanes {
+        let (sd, sq, shift) = (&mut sd[j0..], &mut sq[j0..], &shift[j0..]);
+        sd.fill(0.0);
+        sq.fill(0.0);
+        for r in 0..full {
+            for (((a, q), &k), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(shift).zip(&row(r)[j0..]) {
+                let d = v - k;
+                *a += d;
+                *q += d * d;
+            }
+        }
+    }
+    if !(0..lanes).all(|j| one_pass_ok(full, shift[j], f64::from(sd[j]), f64::from(sq[j]))) {
+        return false;
+    }
+    let n = full as f64;
+    for (j, o) in out.iter_mut().enumerate().take(lanes) {
+        let (k, a, q) = (shift[j], f64::from(sd[j]), f64::from(sq[j]));
+        *o = o.merge(Moments::from_block(full, n * f64::from(k) + a, k, a, q));
+    }
+    true
+}
+
+/// Folds f32 lanes into f64, in lane order.
+#[inline(always)]
+fn fold(a: &[f32]) -> f64 {
+    a.iter().fold(0.0, |s, &v| s + f64::from(v))
+}
+
+/// Pass 1 (Σx in 32 f32 lanes: element i of each slice to lane i mod 32), the block mean as the
+/// shift, pass 2 (Σd, Σd² with d = x − shift, same lanes); at most [`BLOCK`] values.
+#[inline(always)]
+fn runs_core(slices: &[&[f32]]) -> Moments {
+    let mut acc = [0f32; LANES];
+    let mut n = 0;
+    for s in slices {
+        let chunks = s.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for ch in chunks {
+            for (a, &v) in acc.iter_mut().zip(ch) {
+                *a += v;
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(rem) {
+            *a += v;
+        }
+        n += s.len();
+    }
+    if n == 0 {
+        return Moments::default();
+    }
+    let sum = fold(&acc);
+    let shift = (sum / n as f64) as f32;
+    let mut sd = [0f32; LANES];
+    let mut sq = [0f32; LANES];
+    for s in slices {
+        let chunks = s.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for ch in chunks {
+            for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(ch) {
+                let d = v - shift;
+                *a += d;
+                *q += d * d;
+            }
+        }
+        for ((a, q), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(rem) {
+            let d = v - shift;
+            *a += d;
+            *q += d * d;
+        }
+    }
+    Moments::from_block(n, sum, shift, fold(&sd), fold(&sq))
+}
+
+/// Per-lane accumulators of [`rows_block`].
+struct RowScratch {
+    acc: Vec<f32>,
+    shift: Vec<f32>,
+    sd: Vec<f32>,
+    sq: Vec<f32>,
+}
+
+impl RowScratch {
+    fn new(lanes: usize) -> Self {
+        RowScratch { acc: vec![0.0; lanes], shift: vec![0.0; lanes], sd: vec![0.0; lanes], sq: vec![0.0; lanes] }
+    }
+}
+
+/// One block of rows: `full` rows of `lanes` values at `m[r·stride..]`, then (if `last > 0`) a
+/// row with only its first `last` values. Lane j's moments are merged into `out[j]`.
+#[allow(clippy::too_many_arguments)]
+fn rows_block(
+    isa: Isa,
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    match isa {
+        Isa::Portable => rows_any(m, stride, lanes, full, last, s, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
+        Isa::Avx512 => unsafe { rows_avx512(m, stride, lanes, full, last, s, out) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn rows_avx2(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    rows_any(m, stride, lanes, full, last, s, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+fn rows_avx512(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    rows_any(m, stride, lanes, full, last, s, out)
+}
+
+#[inline(always)]
+fn rows_core(
+    m: &[f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+    s: &mut RowScratch,
+    out: &mut [Moments],
+) {
+    let (acc, shift, sd, sq) = (&mut s.acc[..lanes], &mut s.shift[..lanes], &mut s.sd[..lanes], &mut s.sq[..lanes]);
+    acc.fill(0.0);
+    sd.fill(0.0);
+    sq.fill(0.0);
+    let row = |r: usize, len: usize| &m[r * stride..r * stride + len];
+    for r in 0..full {
+        for (a, &v) in acc.iter_mut().zip(row(r, lanes)) {
+            *a += v;
+        }
+    }
+    if last > 0 {
+        for (a, &v) in acc.iter_mut().zip(row(full, last)) {
+            *a += v;
+        }
+    }
+    let count = |j: usize| full + usize::from(j < last);
+    for (j, (sh, &a)) in shift.iter_mut().zip(acc.iter()).enumerate() {
+        let n = count(j);
+        *sh = if n == 0 { 0.0 } else { (f64::from(a) / n as f64) as f32 };
+    }
+    for r in 0..full {
+        for (((a, q), &sh), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(shift.iter()).zip(row(r, lanes)) {
+            let d = v - sh;
+            *a += d;
+            *q += d * d;
+        }
+    }
+    if last > 0 {
+        for (((a, q), &sh), &v) in sd.iter_mut().zip(sq.iter_mut()).zip(shift.iter()).zip(row(full, last)) {
+            let d = v - sh;
+            *a += d;
+            *q += d * d;
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().take(lanes) {
+        let n = count(j);
+        if n > 0 {
+            *o = o.merge(Moments::from_block(n, f64::from(acc[j]), shift[j], f64::from(sd[j]), f64::from(sq[j])));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::f16;
+
+    /// Row-major strides.
+    fn strides(shape: &[usize]) -> Vec<usize> {
+        crate::layout::contiguous_strides(shape)
+    }
+
+    /// f64 two-pass over every index, for comparison.
+    fn exact(data: &[f32], shape: &[usize], st: &[usize], off: usize) -> Vec<(f64, f64)> {
+        let c = shape[1];
+        let mut vals: Vec<Vec<f64>> = vec![Vec::new(); c];
+        let mut idx = vec![0usize; shape.len()];
+        let n: usize = shape.iter().product();
+        for _ in 0..n {
+            let pos = off + idx.iter().zip(st).map(|(i, s)| i * s).sum::<usize>();
+            vals[idx[1]].push(f64::from(data[pos]));
+            for k in (0..shape.len()).rev() {
+                idx[k] += 1;
+                if idx[k] < shape[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        vals.iter()
+            .map(|v| {
+                let m = v.iter().sum::<f64>() / v.len() as f64;
+                (m, v.iter().map(|x| (x - m) * (x - m)).sum::<f64>())
+            })
+            .collect()
+    }
+
+    fn data(n: usize, seed: u64, mean: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                mean + ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+            })
+            .collect()
+    }
+
+    /// Every path (runs in place, copied blocks, super-rows, rows, gathered), every instruction
+    /// set and several thread counts: the same bits, close to f64.
+    #[test]
+    fn paths_isas_and_threads_agree_and_are_accurate() {
+        let cases: Vec<(Vec<usize>, Vec<usize>)> = vec![
+            (vec![4, 3, 100, 101], strides(&[4, 3, 100, 101])),     // runs, long
+            (vec![64, 5, 7, 7], strides(&[64, 5, 7, 7])),           // short runs, copied
+            (vec![3, 2, 20000], strides(&[3, 2, 20000])),           // runs cut in segments
+            (vec![40, 3, 30, 31], vec![3 * 30 * 31, 1, 31 * 3, 3]), // channels-last, C = 3 (super-rows)
+            (vec![50, 40, 33], vec![40 * 33, 1, 40]),               // channels-last, C = 40
+            (vec![20, 24, 9, 9], vec![24 * 9 * 9 * 2, 1, 9 * 24 * 2, 24 * 2]), // spread rows
+            (vec![33, 5, 17], vec![1, 33 * 17, 33]),                // transposed: gathered
+            (vec![1, 7], vec![7, 1]),
+        ];
+        for (shape, st) in cases {
+            let len = 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
+            let d = data(len, shape.iter().sum::<usize>() as u64, 1000.0);
+            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: 0 };
+            let want = exact(&d, &shape, &st, 0);
+            let base = channel_moments_with(Isa::Portable, input, 1, 1);
+            for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
+                assert!((m.mean - em).abs() <= 1e-9 * em.abs(), "{shape:?} ch {ch}: mean {} vs {em}", m.mean);
+                assert!((m.m2 - em2).abs() <= 1e-5 * em2, "{shape:?} ch {ch}: m2 {} vs {em2}", m.m2);
+            }
+            for isa in Isa::supported() {
+                for threads in [1, 2, 3, 7] {
+                    let got = channel_moments_with(isa, input, threads, 1);
+                    assert_eq!(got, base, "{shape:?} {isa:?} threads {threads}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_is_its_f32_widening() {
+        let shape = [6, 3, 50, 9];
+        let st = strides(&shape);
+        let d = data(shape.iter().product(), 9, 2.0);
+        let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
+        let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2);
+        let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2);
+        // the fused f16 pass (runs of 450 ≥ DIRECT_RUN) gives the same bits on every instruction set
+        let input = Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 };
+        let base = channel_moments_with(Isa::Portable, input, 1, 1);
+        for isa in Isa::supported() {
+            assert_eq!(channel_moments_with(isa, input, 3, 1), base, "{isa:?}");
+        }
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!(a.n, b.n);
+            assert!((a.mean - b.mean).abs() <= 1e-12 * b.mean.abs(), "{a:?} vs {b:?}");
+            assert!((a.m2 - b.m2).abs() <= 1e-6 * b.m2, "{a:?} vs {b:?}");
+        }
+    }
+
+    /// A block whose first values are far from its mean is redone two-pass, and stays accurate.
+    #[test]
+    fn a_bad_shift_falls_back_to_two_passes() {
+        let mut d = data(2000, 3, 1000.0);
+        d[..64].iter_mut().for_each(|v| *v = 0.0);
+        assert_eq!(runs_one_pass(&[&d]), None, "the shift is 1000 away from the block mean");
+        let shape = [1, 1, 2000];
+        let want = exact(&d, &shape, &[2000, 2000, 1], 0)[0];
+        let got = runs_any(&[&d]);
+        assert!((got.mean - want.0).abs() <= 1e-9 * want.0, "{got:?} vs {want:?}");
+        assert!((got.m2 - want.1).abs() <= 1e-6 * want.1, "{got:?} vs {want:?}");
+        // a good shift is accepted
+        let d = data(2000, 4, 1000.0);
+        assert!(runs_one_pass(&[&d]).is_some());
+    }
+
+    #[test]
+    fn empty_and_non_finite() {
+        let shape = [0, 2, 3];
+        let m = channel_moments(Input { data: SliceRef::F32(&[]), shape: &shape, strides: &[6, 3, 1], offset: 0 }, 1);
+        assert_eq!(m.len(), 2);
+        assert!(m.iter().all(|m| m.mean_invstd(1e-5).0 == 0.0 && m.mean_invstd(1e-5).1.is_nan()));
+        let d = [1.0, f32::INFINITY, 2.0, 3.0];
+        let m = channel_moments(Input { data: SliceRef::F32(&d), shape: &[2, 2], strides: &[2, 1], offset: 0 }, 1);
+        let (mean, inv) = m[0].mean_invstd(0.0);
+        assert_eq!(mean, 1.5);
+        assert_eq!(inv, 1.0 / 0.25f64.sqrt());
+        let (mean, inv) = m[1].mean_invstd(0.0);
+        assert_eq!(mean, f64::INFINITY);
+        assert!(inv.is_nan());
+    }
+}

@@ -1,0 +1,617 @@
+//! `ops::batch_norm_gather_stats_with_counts` (aclnnBatchNormGatherStatsWithCounts) on both
+//! backends: `cpu::<case>` always, `mock::<case>` (Ascend over the mock CANN, isolated: no leak,
+//! no violation) with `--features mock`.
+//!
+//! Values are checked against an independent f64 reference (PyTorch's combine, written out
+//! below). The mock computes in f32 as the NPU does, the CPU in f64; both are held to (u = 2^-24,
+//! u_out the output dtype's unit roundoff, W ranks):
+//! - meanAll: `2·u_out·|m| + 4·(W + 2)·u·Σ n_j·|mean_j| / N`;
+//! - invstdAll: relative `2·u_out + 4·(W + 6)·u` (the spread is summed without cancellation);
+//! - runningMean / runningVar: `2·u_out·|r|` plus the same terms scaled by momentum.
+
+mod common;
+
+use ascend::ops::{
+    batch_norm_gather_stats_with_counts, batch_norm_gather_stats_with_counts_into, batch_norm_stats,
+    prepare_batch_norm_gather_stats_with_counts, Workspace,
+};
+use ascend::{Context, DType, Result, Stream, Tensor};
+use common::*;
+
+const INVALID: i32 = 161002;
+
+type R = Result<()>;
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod cpu {
+            $( #[test] fn $name() { super::$name(&ascend::Context::cpu()).unwrap(); } )*
+        }
+        #[cfg(feature = "mock")]
+        mod mock {
+            $( #[test] fn $name() { crate::common::mock::isolated(|ctx| super::$name(ctx)).unwrap(); } )*
+        }
+    };
+}
+
+on_both_backends!(
+    two_ranks_exact,
+    values_every_dtype_combination,
+    into_strided_outputs_and_running_dtypes,
+    chained_with_batch_norm_stats,
+    without_running_stats,
+    no_rank,
+    rejected_calls_write_nothing,
+    deterministic,
+    two_phase_with_and_without_workspace,
+    drop_everything_after_launch,
+);
+
+/// Host data of one call.
+#[derive(Clone, Debug)]
+struct Case {
+    input: Data,
+    mean: Data,
+    invstd: Data,
+    counts: Data,
+    running_mean: Data,
+    running_var: Data,
+    momentum: f64,
+    eps: f64,
+}
+
+/// Expected values in f64.
+struct Expected {
+    mean: Vec<f64>,
+    invstd: Vec<f64>,
+    running_mean: Vec<f64>,
+    running_var: Vec<f64>,
+    /// Σ n_j·|mean_j| / N per channel.
+    cond_mean: Vec<f64>,
+}
+
+impl Case {
+    /// W ranks, C channels: mean_j ~ U(-1, 1), invstd_j ~ U(0.5, 2), counts integers in
+    /// [1, 300]; `input` in `dt_in`, the statistics in `dt_stats`.
+    fn random(seed: u64, w: usize, c: usize, dt_in: DType, dt_stats: DType) -> Case {
+        let mut rng = Rng::new(seed);
+        let counts: Vec<f64> = (0..w).map(|_| (1.0 + 300.0 * rng.unit()).floor()).collect();
+        Case {
+            input: Data::normal(&mut rng, dt_in, &[2, c, 3], 0.0, 1.0),
+            mean: Data::uniform(&mut rng, dt_stats, &[w, c], -1.0, 1.0),
+            invstd: Data::uniform(&mut rng, dt_stats, &[w, c], 0.5, 2.0),
+            counts: Data::new(dt_stats, &counts, &[w]),
+            running_mean: Data::uniform(&mut rng, dt_stats, &[c], -0.5, 0.5),
+            running_var: Data::uniform(&mut rng, dt_stats, &[c], 0.5, 1.5),
+            momentum: 0.1,
+            eps: 1e-5,
+        }
+    }
+
+    fn expected(&self) -> Expected {
+        let (w, c) = (self.mean.shape[0], self.mean.shape[1]);
+        let counts = self.counts.values();
+        let n: f64 = counts.iter().sum();
+        let (rm, rv) = (self.running_mean.values(), self.running_var.values());
+        let mut e =
+            Expected { mean: vec![], invstd: vec![], running_mean: vec![], running_var: vec![], cond_mean: vec![] };
+        for ch in 0..c {
+            let mj = |j: usize| self.mean.get(&[j, ch]);
+            let m = (0..w).map(|j| counts[j] * mj(j)).sum::<f64>() / n;
+            let var_n: f64 = (0..w)
+                .map(|j| {
+                    let inv = self.invstd.get(&[j, ch]);
+                    counts[j] * (1.0 / (inv * inv) - self.eps) + counts[j] * (mj(j) - m).powi(2)
+                })
+                .sum();
+            e.mean.push(m);
+            e.invstd.push(1.0 / (var_n / n + self.eps).sqrt());
+            e.running_mean.push((1.0 - self.momentum) * rm[ch] + self.momentum * m);
+            e.running_var.push((1.0 - self.momentum) * rv[ch] + self.momentum * var_n / (n - 1.0));
+            e.cond_mean.push((0..w).map(|j| counts[j] * mj(j).abs()).sum::<f64>() / n);
+        }
+        e
+    }
+
+    fn upload(&self, s: &Stream) -> Result<Up> {
+        Ok(Up {
+            input: self.input.tensor(s)?,
+            mean: self.mean.tensor(s)?,
+            invstd: self.invstd.tensor(s)?,
+            counts: self.counts.tensor(s)?,
+            running_mean: self.running_mean.tensor(s)?,
+            running_var: self.running_var.tensor(s)?,
+        })
+    }
+}
+
+struct Up {
+    input: Tensor,
+    mean: Tensor,
+    invstd: Tensor,
+    counts: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+}
+
+impl Up {
+    fn run(&mut self, s: &Stream, case: &Case, running: bool) -> Result<(Tensor, Tensor)> {
+        let (rm, rv) = if running { (Some(&mut self.running_mean), Some(&mut self.running_var)) } else { (None, None) };
+        batch_norm_gather_stats_with_counts(
+            s,
+            &self.input,
+            &self.mean,
+            &self.invstd,
+            rm,
+            rv,
+            case.momentum,
+            case.eps,
+            &self.counts,
+        )
+    }
+
+    fn run_into(&mut self, s: &Stream, case: &Case, mean_all: &mut Tensor, invstd_all: &mut Tensor) -> R {
+        batch_norm_gather_stats_with_counts_into(
+            s,
+            &self.input,
+            &self.mean,
+            &self.invstd,
+            Some(&mut self.running_mean),
+            Some(&mut self.running_var),
+            case.momentum,
+            case.eps,
+            &self.counts,
+            mean_all,
+            invstd_all,
+        )
+    }
+}
+
+fn check_values(what: &str, w: usize, dtype: DType, got: &[f64], exp: &[f64], abs: &[f64], rel: f64) {
+    let u_out = unit_roundoff(dtype);
+    assert_eq!(got.len(), exp.len(), "{what}: length");
+    for c in 0..exp.len() {
+        let tol =
+            2.0 * u_out * exp[c].abs() + rel * exp[c].abs() + 4.0 * (w as f64 + 2.0) * 6e-8 * abs[c] + tiny(dtype);
+        assert!((got[c] - exp[c]).abs() <= tol, "{what}[{c}] ({dtype}): {} vs {} (tol {tol:e})", got[c], exp[c]);
+    }
+}
+
+/// Checks the global outputs and, when `running`, the updated running statistics.
+fn check_all(s: &Stream, what: &str, case: &Case, up: &Up, outs: (&Tensor, &Tensor), running: bool) {
+    let e = case.expected();
+    let w = case.mean.shape[0];
+    let rel = 4.0 * (w as f64 + 6.0) * unit_roundoff(DType::F32);
+    let zeros = vec![0.0; e.mean.len()];
+    check_values(&format!("{what} meanAll"), w, outs.0.dtype(), &read(s, outs.0), &e.mean, &e.cond_mean, 0.0);
+    check_values(&format!("{what} invstdAll"), w, outs.1.dtype(), &read(s, outs.1), &e.invstd, &zeros, rel);
+    let (rm, rv) = (read(s, &up.running_mean), read(s, &up.running_var));
+    if running {
+        let (dm, dv) = (case.running_mean.dtype, case.running_var.dtype);
+        check_values(&format!("{what} runningMean"), w, dm, &rm, &e.running_mean, &e.cond_mean, 0.0);
+        check_values(&format!("{what} runningVar"), w, dv, &rv, &e.running_var, &zeros, rel);
+    } else {
+        assert_eq!(rm, case.running_mean.values(), "{what}: runningMean must stay untouched");
+        assert_eq!(rv, case.running_var.values(), "{what}: runningVar must stay untouched");
+    }
+}
+
+/// Ranks [1, 2, 3] and [4, 5] (biased variances 2/3 and 1/4, eps 0): the union has mean 3,
+/// biased variance 2, unbiased 2.5.
+fn two_ranks_exact(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let input = Tensor::zeros(&s, DType::F32, &[1, 1])?;
+    let mean = Tensor::from_slice(&s, &[2f32, 4.5], &[2, 1])?;
+    let inv = |v: f64| (1.0 / v.sqrt()) as f32;
+    let invstd = Tensor::from_slice(&s, &[inv(2.0 / 3.0), inv(0.25)], &[2, 1])?;
+    let counts = Tensor::from_slice(&s, &[3f32, 2.], &[2])?;
+    let mut rm = Tensor::from_slice(&s, &[1f32], &[1])?;
+    let mut rv = Tensor::from_slice(&s, &[1f32], &[1])?;
+    let (m, i) = batch_norm_gather_stats_with_counts(
+        &s,
+        &input,
+        &mean,
+        &invstd,
+        Some(&mut rm),
+        Some(&mut rv),
+        0.5,
+        0.0,
+        &counts,
+    )?;
+    let close = |got: f32, want: f64| assert!(ulps(got, want as f32) <= 4, "{got} vs {want}");
+    close(m.to_vec::<f32>(&s)?[0], 3.0);
+    close(i.to_vec::<f32>(&s)?[0], 1.0 / 2f64.sqrt());
+    close(rm.to_vec::<f32>(&s)?[0], 0.5 + 1.5);
+    close(rv.to_vec::<f32>(&s)?[0], 0.5 + 1.25);
+    Ok(())
+}
+
+/// Every dtype of input × statistics; the allocating API's dtype is f16 iff input and mean are.
+fn values_every_dtype_combination(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    for (i, dt_in) in DTYPES.into_iter().enumerate() {
+        for (k, dt_stats) in DTYPES.into_iter().enumerate() {
+            let case = Case::random((i * 3 + k) as u64, 2 + i + k, 3 + k, dt_in, dt_stats);
+            let mut up = case.upload(&s)?;
+            let (m, v) = up.run(&s, &case, true)?;
+            let want = allocating_dtype(dt_in, dt_stats);
+            assert_eq!((m.dtype(), v.dtype()), (want, want), "{dt_in}/{dt_stats}");
+            assert_eq!(m.shape(), [case.mean.shape[1]]);
+            check_all(&s, &format!("{dt_in}/{dt_stats}"), &case, &up, (&m, &v), true);
+        }
+    }
+    Ok(())
+}
+
+/// `_into` with bf16/f16 strided outputs and f16 strided running statistics.
+fn into_strided_outputs_and_running_dtypes(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut case = Case::random(20, 5, 4, DType::F32, DType::F32);
+    case.running_mean = case.running_mean.cast(DType::F16).spread(2, 1, 9.0);
+    case.running_var = case.running_var.cast(DType::BF16).spread(3, 0, 9.0);
+    case.mean = case.mean.permuted(&[1, 0]);
+    let mut up = case.upload(&s)?;
+    let mut m = Data::filled(DType::BF16, &[4], 9.0).spread(2, 1, 7.0).tensor(&s)?;
+    let mut v = Data::filled(DType::F16, &[4], 9.0).spread(3, 2, 7.0).tensor(&s)?;
+    up.run_into(&s, &case, &mut m, &mut v)?;
+    check_all(&s, "strided", &case, &up, (&m, &v), true);
+    Ok(())
+}
+
+/// Per-rank stats of slices of one activation, gathered, equal the stats of the whole.
+fn chained_with_batch_norm_stats(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let c = 3;
+    let sizes = [4usize, 1, 7];
+    let whole = Data::normal(&mut Rng::new(21), DType::F32, &[12, c, 10], 2.0, 1.5);
+    let vals = whole.values();
+    let (mut means, mut invstds, mut counts) = (vec![], vec![], vec![]);
+    let mut start = 0;
+    for &n in &sizes {
+        let part = Data::new(DType::F32, &vals[start * c * 10..(start + n) * c * 10], &[n, c, 10]);
+        let (m, i) = batch_norm_stats(&s, &part.tensor(&s)?, 1e-5)?;
+        means.extend(m.to_vec::<f32>(&s)?);
+        invstds.extend(i.to_vec::<f32>(&s)?);
+        counts.push((n * 10) as f32);
+        start += n;
+    }
+    let w = sizes.len();
+    let input = whole.tensor(&s)?;
+    let mean = Tensor::from_slice(&s, &means, &[w, c])?;
+    let invstd = Tensor::from_slice(&s, &invstds, &[w, c])?;
+    let counts = Tensor::from_slice(&s, &counts, &[w])?;
+    let (gm, gi) = batch_norm_gather_stats_with_counts(&s, &input, &mean, &invstd, None, None, 0.1, 1e-5, &counts)?;
+    let (wm, wi) = batch_norm_stats(&s, &input, 1e-5)?;
+    for (a, b) in read(&s, &gm).iter().zip(read(&s, &wm)) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "mean {a} vs {b}");
+    }
+    for (a, b) in read(&s, &gi).iter().zip(read(&s, &wi)) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "invstd {a} vs {b}");
+    }
+    Ok(())
+}
+
+fn without_running_stats(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(22, 4, 6, DType::F16, DType::F16);
+    let mut up = case.upload(&s)?;
+    let (m, v) = up.run(&s, &case, false)?;
+    assert_eq!(m.dtype(), DType::F16);
+    check_all(&s, "no running", &case, &up, (&m, &v), false);
+    Ok(())
+}
+
+/// W = 0: meanAll 0, invstdAll NaN, the running statistics untouched.
+fn no_rank(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let mut case = Case::random(23, 1, 3, DType::F32, DType::F32);
+    case.mean = Data::new(DType::F32, &[], &[0, 3]);
+    case.invstd = Data::new(DType::F32, &[], &[0, 3]);
+    case.counts = Data::new(DType::F32, &[], &[0]);
+    let mut up = case.upload(&s)?;
+    let (m, v) = up.run(&s, &case, true)?;
+    assert_eq!(read(&s, &m), [0.0; 3]);
+    assert!(read(&s, &v).iter().all(|x| x.is_nan()));
+    assert_eq!(read(&s, &up.running_mean), case.running_mean.values());
+    assert_eq!(read(&s, &up.running_var), case.running_var.values());
+    Ok(())
+}
+
+fn rejected_calls_write_nothing(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(24, 3, 4, DType::F32, DType::F32);
+    let mut up = case.upload(&s)?;
+    let mut m = Data::filled(DType::F32, &[4], 42.0).tensor(&s)?;
+    let mut v = Data::filled(DType::F32, &[4], 42.0).tensor(&s)?;
+    let untouched = |up: &Up, m: &Tensor, v: &Tensor, what: &str| {
+        assert_eq!(read(&s, &up.running_mean), case.running_mean.values(), "{what}: runningMean written");
+        assert_eq!(read(&s, &up.running_var), case.running_var.values(), "{what}: runningVar written");
+        assert!(read(&s, m).iter().chain(&read(&s, v)).all(|&x| x == 42.0), "{what}: an output written");
+    };
+    // one running statistic without the other
+    for (with_mean, needle) in [(true, "without runningVar"), (false, "without runningMean")] {
+        let Up { input, mean, invstd, counts, running_mean, running_var } = &mut up;
+        let (rm, rv) = if with_mean { (Some(running_mean), None) } else { (None, Some(running_var)) };
+        let err = batch_norm_gather_stats_with_counts_into(
+            &s, input, mean, invstd, rm, rv, 0.1, 1e-5, counts, &mut m, &mut v,
+        )
+        .unwrap_err();
+        assert_eq!(err.status(), Some(INVALID), "{err}");
+        assert!(err.to_string().contains(needle) && err.to_string().contains("both or neither"), "{err}");
+        untouched(&up, &m, &v, needle);
+        let Up { input, mean, invstd, counts, running_mean, running_var } = &mut up;
+        let (rm, rv) = if with_mean { (Some(running_mean), None) } else { (None, Some(running_var)) };
+        let err = batch_norm_gather_stats_with_counts(&s, input, mean, invstd, rm, rv, 0.1, 1e-5, counts);
+        assert_eq!(status_of(err), INVALID);
+        untouched(&up, &m, &v, needle);
+    }
+    // bad shapes, each replacing one argument
+    let t = |shape: &[usize]| Data::filled(DType::F32, shape, 1.0).tensor(&s);
+    let bad: Vec<(&str, usize, Tensor)> = vec![
+        ("input rank 1", 0, t(&[4])?),
+        ("input rank 9", 0, t(&[1, 4, 1, 1, 1, 1, 1, 1, 1])?),
+        ("input C 5", 0, t(&[2, 5])?),
+        ("mean rank 1", 1, t(&[12])?),
+        ("mean [3, 5]", 1, t(&[3, 5])?),
+        ("invstd [2, 4]", 2, t(&[2, 4])?),
+        ("invstd rank 3", 2, t(&[3, 4, 1])?),
+        ("counts [4]", 3, t(&[4])?),
+        ("counts [3, 1]", 3, t(&[3, 1])?),
+        ("runningMean [5]", 4, t(&[5])?),
+        ("runningVar [1, 4]", 5, t(&[1, 4])?),
+        ("meanAll [3]", 6, t(&[3])?),
+        ("invstdAll stride 0", 7, Tensor::from_slice_strided(&s, &[42f32], &[4], &[0], 0)?),
+    ];
+    for (what, slot, mut b) in bad {
+        let Up { input, mean, invstd, counts, running_mean, running_var } = &mut up;
+        let mut args: (&Tensor, &Tensor, &Tensor, &Tensor) = (input, mean, invstd, counts);
+        let (mut rm, mut rv): (&mut Tensor, &mut Tensor) = (running_mean, running_var);
+        let (mut mo, mut vo): (&mut Tensor, &mut Tensor) = (&mut m, &mut v);
+        match slot {
+            0 => args.0 = &b,
+            1 => args.1 = &b,
+            2 => args.2 = &b,
+            3 => args.3 = &b,
+            4 => rm = &mut b,
+            5 => rv = &mut b,
+            6 => mo = &mut b,
+            _ => vo = &mut b,
+        }
+        let r = batch_norm_gather_stats_with_counts_into(
+            &s,
+            args.0,
+            args.1,
+            args.2,
+            Some(rm),
+            Some(rv),
+            0.1,
+            1e-5,
+            args.3,
+            mo,
+            vo,
+        );
+        assert_eq!(status_of(r), INVALID, "{what}");
+        untouched(&up, &m, &v, what);
+    }
+    Ok(())
+}
+
+fn deterministic(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(25, 8, 64, DType::F32, DType::F32);
+    let mut up = case.upload(&s)?;
+    let (m1, v1) = up.run(&s, &case, false)?;
+    let (m2, v2) = up.run(&s, &case, false)?;
+    assert_eq!(bits(&s, &m1), bits(&s, &m2));
+    assert_eq!(bits(&s, &v1), bits(&s, &v2));
+    Ok(())
+}
+
+fn two_phase_with_and_without_workspace(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(26, 3, 5, DType::F32, DType::F32);
+    let mut up = case.upload(&s)?;
+    let (want_m, want_v) = up.run(&s, &case, false)?;
+    let mut m = Tensor::zeros(&s, DType::F32, &[5])?;
+    let mut v = Tensor::zeros(&s, DType::F32, &[5])?;
+    let p = prepare_batch_norm_gather_stats_with_counts(
+        &s, &up.input, &up.mean, &up.invstd, None, None, 0.1, 1e-5, &up.counts, &mut m, &mut v,
+    )?;
+    let ws = Workspace::new(&s, p.workspace_size())?;
+    if ctx.backend() == ascend::Backend::Ascend {
+        assert!(p.workspace_size() > 0, "the mock asks for a workspace");
+    }
+    p.launch(&s, Some(&ws))?;
+    assert_eq!(bits(&s, &m), bits(&s, &want_m));
+    assert_eq!(bits(&s, &v), bits(&s, &want_v));
+    let mut m2 = Tensor::zeros(&s, DType::F32, &[5])?;
+    let mut v2 = Tensor::zeros(&s, DType::F32, &[5])?;
+    prepare_batch_norm_gather_stats_with_counts(
+        &s, &up.input, &up.mean, &up.invstd, None, None, 0.1, 1e-5, &up.counts, &mut m2, &mut v2,
+    )?
+    .launch(&s, None)?;
+    assert_eq!(bits(&s, &v2), bits(&s, &want_v));
+    // dropped unlaunched: nothing written, running statistics included
+    let Up { input, mean, invstd, counts, running_mean, running_var } = &mut up;
+    drop(prepare_batch_norm_gather_stats_with_counts(
+        &s,
+        input,
+        mean,
+        invstd,
+        Some(running_mean),
+        Some(running_var),
+        0.1,
+        1e-5,
+        counts,
+        &mut m2,
+        &mut v2,
+    )?);
+    assert_eq!(read(&s, &up.running_mean), case.running_mean.values());
+    Ok(())
+}
+
+fn drop_everything_after_launch(ctx: &Context) -> R {
+    let s = ctx.new_stream()?;
+    let case = Case::random(27, 4, 3, DType::F32, DType::BF16);
+    let mut up = case.upload(&s)?;
+    let mut m = Tensor::zeros(&s, DType::F32, &[3])?;
+    let mut v = Tensor::zeros(&s, DType::F32, &[3])?;
+    up.run_into(&s, &case, &mut m, &mut v)?;
+    drop((up, m, v));
+    s.synchronize()
+}
+
+#[cfg(feature = "mock")]
+mod faults {
+    use super::*;
+    use ascend::mock::fail_next_on_this_thread;
+
+    /// A fault at each CANN call fails the call with that status, leaks nothing (checked by
+    /// `isolated`) and leaves the running statistics and outputs untouched.
+    #[test]
+    fn each_cann_call_fails_cleanly() {
+        common::mock::isolated(|ctx| -> R {
+            let s = ctx.new_stream()?;
+            let case = Case::random(28, 3, 4, DType::F32, DType::F32);
+            let mut up = case.upload(&s)?;
+            let mut m = Data::filled(DType::F32, &[4], 42.0).tensor(&s)?;
+            let mut v = Data::filled(DType::F32, &[4], 42.0).tensor(&s)?;
+            for (api, code, status) in [
+                ("aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize", 161002, Some(161002)),
+                ("aclnnBatchNormGatherStatsWithCounts", 361001, Some(361001)),
+                ("aclCreateTensor", 161001, None),
+            ] {
+                fail_next_on_this_thread(api, code);
+                let err = up.run_into(&s, &case, &mut m, &mut v).unwrap_err();
+                assert_eq!(err.status(), status, "{api}: {err}");
+                assert!(err.to_string().contains(api), "{api}: {err}");
+                assert!(read(&s, &m).iter().all(|&x| x == 42.0), "{api}: wrote meanAll");
+                assert_eq!(read(&s, &up.running_mean), case.running_mean.values(), "{api}: wrote runningMean");
+                fail_next_on_this_thread(api, code);
+                let err = up.run(&s, &case, true).unwrap_err();
+                assert_eq!(err.status(), status, "{api} (allocating): {err}");
+            }
+            fail_next_on_this_thread("aclrtMalloc", 207001);
+            assert_eq!(status_of(up.run(&s, &case, true)), 207001);
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+/// The mock operator called through the raw bindings, for what the safe API never passes.
+#[cfg(feature = "mock")]
+mod raw {
+    use std::ffi::c_void;
+    use std::ptr;
+
+    use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
+
+    /// Device tensors made through `aclCreateTensor`, destroyed and freed on drop.
+    pub struct Raw {
+        pub c: &'static Cann,
+        tensors: Vec<(*mut aclTensor, *mut c_void)>,
+    }
+
+    impl Raw {
+        pub fn new() -> Raw {
+            drop(ascend::mock::context(0).expect("the mock context (initialises ACL)"));
+            let c = ascend_sys::load_from(ascend::mock::toolkit_dir()).expect("the mock loads");
+            // SAFETY: device 0 exists on the mock.
+            assert_eq!(unsafe { c.acl.aclrtSetDevice(0) }, 0);
+            Raw { c, tensors: Vec::new() }
+        }
+
+        /// A contiguous ND tensor of `shape` over fresh device memory.
+        pub fn tensor(&mut self, dt: aclDataType, shape: &[i64]) -> *mut aclTensor {
+            let n = shape.iter().product::<i64>().max(1) as usize;
+            let mut strides = vec![1i64; shape.len()];
+            for k in (0..shape.len().saturating_sub(1)).rev() {
+                strides[k] = strides[k + 1] * shape[k + 1];
+            }
+            let mut p = ptr::null_mut();
+            let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
+            // SAFETY: `p` is a valid out-pointer.
+            assert_eq!(unsafe { self.c.acl.aclrtMalloc(&mut p, n * 4, policy) }, 0);
+            // SAFETY: the arrays live for the call and their lengths are passed; `p` holds `n`
+            // elements of at most 4 bytes, the whole storage.
+            let t = unsafe {
+                self.c.nnopbase.aclCreateTensor(
+                    shape.as_ptr(),
+                    shape.len() as u64,
+                    dt,
+                    strides.as_ptr(),
+                    0,
+                    aclFormat::ACL_FORMAT_ND,
+                    shape.as_ptr(),
+                    shape.len() as u64,
+                    p,
+                )
+            };
+            assert!(!t.is_null(), "aclCreateTensor {shape:?}");
+            self.tensors.push((t, p));
+            t
+        }
+
+        /// Destroys an executor that phase 1 made and that is not launched.
+        pub fn discard(&self, ex: *mut aclOpExecutor) {
+            // SAFETY: a live, unlaunched executor from phase 1.
+            unsafe {
+                assert_eq!(self.c.nnopbase.aclSetAclOpExecutorRepeatable(ex), 0);
+                assert_eq!(self.c.nnopbase.aclDestroyAclOpExecutor(ex), 0);
+            }
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            for (t, p) in self.tensors.drain(..) {
+                // SAFETY: live handles made by `tensor`, no work queued on them.
+                unsafe {
+                    self.c.nnopbase.aclDestroyTensor(t);
+                    self.c.acl.aclrtFree(p);
+                }
+            }
+        }
+    }
+}
+
+/// The mock's own checks of what the safe API never passes: runningMean without runningVar
+/// (CANN would write through the null runningVar: a violation and 161002), runningVar without
+/// runningMean (CANN silently skips it: a violation, success), int32 counts (161002).
+#[cfg(feature = "mock")]
+#[test]
+fn mock_checks_the_running_pair_and_counts_dtype() {
+    use ascend_sys::aclDataType;
+    let _serial = common::mock::lock();
+    let mut r = raw::Raw::new();
+    let api = r.c.operator(&ascend_sys::symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS).expect("exported");
+    let f = aclDataType::ACL_FLOAT;
+    let input = r.tensor(f, &[2, 3]);
+    let (mean, invstd) = (r.tensor(f, &[1, 3]), r.tensor(f, &[1, 3]));
+    let (counts, counts_i32) = (r.tensor(f, &[1]), r.tensor(aclDataType::ACL_INT32, &[1]));
+    let (rm, rv, mo, io) = (r.tensor(f, &[3]), r.tensor(f, &[3]), r.tensor(f, &[3]), r.tensor(f, &[3]));
+    let call = |rm: *mut ascend_sys::aclTensor, rv: *mut ascend_sys::aclTensor, counts: *mut ascend_sys::aclTensor| {
+        let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+        // SAFETY: live handles (or null where the operator allows it); valid out-pointers.
+        let st = unsafe {
+            api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
+                input, mean, invstd, rm, rv, 0.1, 1e-5, counts, mo, io, &mut ws, &mut ex,
+            )
+        };
+        (st, ex)
+    };
+    let violations = || ascend::mock::stats().violations;
+    let v0 = violations();
+    assert_eq!(call(rm, std::ptr::null_mut(), counts).0, INVALID);
+    assert_eq!(violations(), v0 + 1, "runningMean alone is a violation");
+    assert_eq!(call(rm, rv, counts_i32).0, INVALID, "int32 counts");
+    assert_eq!(violations(), v0 + 1);
+    let (st, ex) = call(std::ptr::null_mut(), rv, counts);
+    assert_eq!(st, 0, "CANN accepts runningVar alone");
+    assert_eq!(violations(), v0 + 2, "runningVar alone is a violation");
+    r.discard(ex);
+    let (st, ex) = call(rm, rv, counts);
+    assert_eq!((st, violations()), (0, v0 + 2));
+    r.discard(ex);
+}
