@@ -37,6 +37,7 @@ mod layout;
 pub mod mock;
 pub mod ops;
 mod stream;
+pub mod sync_batch_norm;
 mod tensor;
 
 pub use context::{Backend, Context, BACKEND_ENV};

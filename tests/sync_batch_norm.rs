@@ -1,0 +1,282 @@
+//! SyncBatchNorm end to end. The chain of the five BatchNorm operators on one device
+//! (stats → gather_stats_with_counts → elemt → reduce_backward → elemt_backward) equals
+//! BatchNorm's forward and backward over the batch computed in f64; and `sync_batch_norm` over
+//! 1..8 ranks (CPU contexts as threads), with any split of N, equals the same single-device
+//! result to f32 accuracy, for f32, f16 and bf16 inputs.
+
+mod common;
+
+use ascend::hccl::Communicator;
+use ascend::ops::{self, OutputMask};
+use ascend::sync_batch_norm;
+use ascend::{Context, DType, Stream, Tensor};
+use common::{round_to, Data, Rng};
+
+/// BatchNorm over a whole batch in f64: forward output, backward gradients, running stats.
+struct Reference {
+    y: Vec<f64>,
+    dx: Vec<f64>,
+    dw: Vec<f64>,
+    db: Vec<f64>,
+    running_mean: Vec<f64>,
+    running_var: Vec<f64>,
+}
+
+/// x, dy: contiguous (N, C, S) values; w, b: [C].
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    x: &[f64],
+    dy: &[f64],
+    shape: [usize; 3],
+    w: &[f64],
+    b: &[f64],
+    rm: &[f64],
+    rv: &[f64],
+    momentum: f64,
+    eps: f64,
+) -> Reference {
+    let [n, c, s] = shape;
+    let m = (n * s) as f64;
+    let idx = |i: usize, ch: usize, k: usize| (i * c + ch) * s + k;
+    let mut r = Reference {
+        y: vec![0.0; x.len()],
+        dx: vec![0.0; x.len()],
+        dw: vec![0.0; c],
+        db: vec![0.0; c],
+        running_mean: vec![0.0; c],
+        running_var: vec![0.0; c],
+    };
+    for ch in 0..c {
+        let vals = || (0..n).flat_map(move |i| (0..s).map(move |k| idx(i, ch, k)));
+        let mu = vals().map(|j| x[j]).sum::<f64>() / m;
+        let var = vals().map(|j| (x[j] - mu).powi(2)).sum::<f64>() / m;
+        let invstd = 1.0 / (var + eps).sqrt();
+        let sum_dy: f64 = vals().map(|j| dy[j]).sum();
+        let sum_dy_xmu: f64 = vals().map(|j| dy[j] * (x[j] - mu)).sum();
+        for j in vals() {
+            r.y[j] = (x[j] - mu) * invstd * w[ch] + b[ch];
+            r.dx[j] = w[ch] * invstd * (dy[j] - sum_dy / m - (x[j] - mu) * invstd * invstd * sum_dy_xmu / m);
+        }
+        r.dw[ch] = sum_dy_xmu * invstd;
+        r.db[ch] = sum_dy;
+        r.running_mean[ch] = (1.0 - momentum) * rm[ch] + momentum * mu;
+        r.running_var[ch] = (1.0 - momentum) * rv[ch] + momentum * var * m / (m - 1.0);
+    }
+    r
+}
+
+fn read(s: &Stream, t: &Tensor) -> Vec<f64> {
+    t.to_vec::<f32>(s).unwrap().into_iter().map(f64::from).collect()
+}
+
+fn assert_close(what: &str, got: &[f64], exp: &[f64], tol: f64) {
+    assert_eq!(got.len(), exp.len(), "{what}: length");
+    let scale = exp.iter().fold(1.0f64, |a, v| a.max(v.abs()));
+    for (i, (g, e)) in got.iter().zip(exp).enumerate() {
+        assert!((g - e).abs() <= tol * scale, "{what}[{i}]: got {g}, expected {e} (tolerance {tol} × {scale})");
+    }
+}
+
+/// Tolerance relative to the largest expected magnitude, per input dtype: the outputs are
+/// rounded to the input's dtype, and the mock (like the NPU) computes in f32 with one-pass sums.
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 2e-4,
+        DType::F16 => 4e-3,
+        _ => 3e-2,
+    }
+}
+
+/// Eight mock devices (the mock reads the count at aclInit): every test calls this first.
+fn setup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "8"));
+}
+
+const EPS: f64 = 1e-5;
+const MOMENTUM: f64 = 0.1;
+
+struct Case {
+    dtype: DType,
+    shape: [usize; 3],
+    x: Data,
+    dy: Data,
+    w: Vec<f64>,
+    b: Vec<f64>,
+    rm: Vec<f64>,
+    rv: Vec<f64>,
+}
+
+impl Case {
+    fn new(seed: u64, dtype: DType, shape: [usize; 3]) -> Case {
+        let mut rng = Rng::new(seed);
+        let c = shape[1];
+        let x = Data::normal(&mut rng, dtype, &shape, 0.5, 1.5);
+        let dy = Data::normal(&mut rng, dtype, &shape, 0.0, 1.0);
+        let w = (0..c).map(|_| round_to(DType::F32, rng.uniform(0.5, 1.5))).collect();
+        let b = (0..c).map(|_| round_to(DType::F32, rng.uniform(-1.0, 1.0))).collect();
+        let rm = (0..c).map(|_| round_to(DType::F32, rng.uniform(-0.5, 0.5))).collect();
+        let rv = (0..c).map(|_| round_to(DType::F32, rng.uniform(0.5, 2.0))).collect();
+        Case { dtype, shape, x, dy, w, b, rm, rv }
+    }
+
+    fn reference(&self) -> Reference {
+        reference(&self.x.values(), &self.dy.values(), self.shape, &self.w, &self.b, &self.rm, &self.rv, MOMENTUM, EPS)
+    }
+
+    /// Rows `rows` of dim 0 of `d`, as a tensor of the case's dtype.
+    fn rows(&self, s: &Stream, d: &Data, rows: std::ops::Range<usize>) -> Tensor {
+        let [_, c, k] = self.shape;
+        let v: Vec<f64> = d.values()[rows.start * c * k..rows.end * c * k].to_vec();
+        Data::new(self.dtype, &v, &[rows.len(), c, k]).tensor(s).unwrap()
+    }
+
+    fn vector(s: &Stream, v: &[f64]) -> Tensor {
+        let f: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+        Tensor::from_slice(s, &f, &[v.len()]).unwrap()
+    }
+}
+
+/// The five operators chained on one device equal BatchNorm's forward and backward in f64.
+#[test]
+fn the_operator_chain_on_one_device_is_batch_norm() {
+    setup();
+    for ctx in common::backends() {
+        for dtype in [DType::F32, DType::F16] {
+            let case = Case::new(7, dtype, [6, 3, 20]);
+            let exp = case.reference();
+            let s = ctx.new_stream().unwrap();
+            let x = case.rows(&s, &case.x, 0..6);
+            let dy = case.rows(&s, &case.dy, 0..6);
+            let (w, b) = (Case::vector(&s, &case.w), Case::vector(&s, &case.b));
+            let (mut rm, mut rv) = (Case::vector(&s, &case.rm), Case::vector(&s, &case.rv));
+            let (mean, invstd) = ops::batch_norm_stats(&s, &x, EPS).unwrap();
+            let to_row = |t: &Tensor| Tensor::from_slice(&s, &t.to_vec::<f32>(&s).unwrap(), &[1, 3]).unwrap();
+            let (mean_all, invstd_all) = (to_row(&mean), to_row(&invstd));
+            let counts = Tensor::from_slice(&s, &[120f32], &[1]).unwrap();
+            let (gm, gi) = ops::batch_norm_gather_stats_with_counts(
+                &s,
+                &x,
+                &mean_all,
+                &invstd_all,
+                Some(&mut rm),
+                Some(&mut rv),
+                MOMENTUM,
+                EPS,
+                &counts,
+            )
+            .unwrap();
+            let y = ops::batch_norm_elemt(&s, &x, Some(&w), Some(&b), &gm, &gi, EPS).unwrap();
+            let r = ops::batch_norm_reduce_backward(&s, &dy, &x, &gm, &gi, Some(&w), OutputMask::ALL).unwrap();
+            let (sum_dy, sum_dy_xmu) = (r.sum_dy.unwrap(), r.sum_dy_xmu.unwrap());
+            let dx =
+                ops::batch_norm_elemt_backward(&s, &dy, &x, &gm, &gi, Some(&w), &sum_dy, &sum_dy_xmu, &counts).unwrap();
+            let tol = tolerance(dtype);
+            let what = |n: &str| format!("{:?} {dtype} {n}", ctx.backend());
+            assert_close(&what("y"), &read(&s, &y), &exp.y, tol);
+            assert_close(&what("dx"), &read(&s, &dx), &exp.dx, tol);
+            assert_close(&what("dw"), &read(&s, &r.grad_weight.unwrap()), &exp.dw, tol);
+            assert_close(&what("db"), &read(&s, &r.grad_bias.unwrap()), &exp.db, tol);
+            assert_close(&what("running_mean"), &read(&s, &rm), &exp.running_mean, tol);
+            assert_close(&what("running_var"), &read(&s, &rv), &exp.running_var, tol);
+        }
+    }
+}
+
+/// `sync_batch_norm` over `ranks` ranks (one thread each) with rank r holding rows
+/// `splits[r]..splits[r+1]`: every rank's output and input gradient equal the single-device
+/// BatchNorm's rows, the weight and bias gradients summed over ranks equal the global ones, and
+/// every rank's running statistics equal the global update.
+fn sync_case(ctxs: &[Context], dtype: DType, splits: &[usize], seed: u64) {
+    let n = *splits.last().unwrap();
+    let case = Case::new(seed, dtype, [n, 4, 6]);
+    let exp = case.reference();
+    let comms = Communicator::init_all(ctxs).unwrap();
+    let [_, c, k] = case.shape;
+    let results: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(ctxs)
+            .map(|(comm, ctx)| {
+                let case = &case;
+                sc.spawn(move || {
+                    let r = comm.rank() as usize;
+                    let s = ctx.new_stream().unwrap();
+                    let rows = splits[r]..splits[r + 1];
+                    let x = case.rows(&s, &case.x, rows.clone());
+                    let dy = case.rows(&s, &case.dy, rows.clone());
+                    let (w, b) = (Case::vector(&s, &case.w), Case::vector(&s, &case.b));
+                    let (mut rm, mut rv) = (Case::vector(&s, &case.rm), Case::vector(&s, &case.rv));
+                    let (y, saved) = sync_batch_norm::forward(
+                        &comm,
+                        &s,
+                        &x,
+                        Some(&w),
+                        Some(&b),
+                        Some(&mut rm),
+                        Some(&mut rv),
+                        MOMENTUM,
+                        EPS,
+                    )
+                    .unwrap();
+                    let (dx, dw, db) =
+                        sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&w), OutputMask::ALL).unwrap();
+                    (
+                        rows,
+                        read(&s, &y),
+                        read(&s, &dx.unwrap()),
+                        read(&s, &dw.unwrap()),
+                        read(&s, &db.unwrap()),
+                        read(&s, &rm),
+                        read(&s, &rv),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+    });
+    let tol = tolerance(dtype);
+    let what = format!("{:?} {dtype} splits {splits:?}", ctxs[0].backend());
+    let (mut dw, mut db) = (vec![0.0; c], vec![0.0; c]);
+    for (rows, y, dx, w, b, rm, rv) in results {
+        let span = rows.start * c * k..rows.end * c * k;
+        assert_close(&format!("{what} y{rows:?}"), &y, &exp.y[span.clone()], tol);
+        assert_close(&format!("{what} dx{rows:?}"), &dx, &exp.dx[span], tol);
+        assert_close(&format!("{what} running_mean"), &rm, &exp.running_mean, tol);
+        assert_close(&format!("{what} running_var"), &rv, &exp.running_var, tol);
+        dw.iter_mut().zip(&w).for_each(|(a, v)| *a += v);
+        db.iter_mut().zip(&b).for_each(|(a, v)| *a += v);
+    }
+    assert_close(&format!("{what} Σ grad_weight"), &dw, &exp.dw, tol);
+    assert_close(&format!("{what} Σ grad_bias"), &db, &exp.db, tol);
+}
+
+#[test]
+fn sync_batch_norm_on_cpu_ranks_equals_batch_norm_over_the_global_batch() {
+    setup();
+    let splits: [&[usize]; 5] = [&[0, 5], &[0, 2, 5], &[0, 1, 1, 3, 5], &[0, 3, 3, 4, 5], &[0, 1, 2, 2, 3, 3, 4, 5, 6]];
+    for (i, split) in splits.into_iter().enumerate() {
+        let ranks = split.len() - 1;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            sync_case(&vec![Context::cpu(); ranks], dtype, split, 100 + i as u64);
+        }
+    }
+}
+
+#[cfg(feature = "mock")]
+#[test]
+fn sync_batch_norm_on_mock_devices_equals_batch_norm_over_the_global_batch() {
+    setup();
+    let before = ascend::mock::stats();
+    let splits: [&[usize]; 3] = [&[0, 2, 5], &[0, 1, 1, 3, 5], &[0, 1, 2, 3, 4, 5, 6, 7, 8]];
+    for (i, split) in splits.into_iter().enumerate() {
+        let ranks = split.len() - 1;
+        let ctxs: Vec<Context> = (0..ranks as i32).map(|d| ascend::mock::context(d).unwrap()).collect();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            sync_case(&ctxs, dtype, split, 200 + i as u64);
+        }
+    }
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!((after.live_comms, after.live_allocations), (before.live_comms, before.live_allocations));
+}
