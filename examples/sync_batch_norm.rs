@@ -1,0 +1,174 @@
+//! A SyncBatchNorm layer's forward and backward over N ranks, checked against BatchNorm over the
+//! whole global batch (computed here in f64).
+//!
+//! ```sh
+//! cargo run --example sync_batch_norm                       # 4 ranks as threads: Ascend devices 0..3 if present, else CPU
+//! cargo run --example sync_batch_norm --features mock -- --mock   # 4 ranks on mock Ascend devices
+//! cargo run --example sync_batch_norm -- --ranks 8          # any number of ranks
+//! ```
+//!
+//! One process per device (a real server, or the mock with `--features mock -- --mock`): start
+//! one process per rank with `ASCEND_RANK` (0..n), `ASCEND_WORLD_SIZE` (n) and
+//! `ASCEND_ROOT_INFO_FILE` (a path all ranks see). Rank 0 writes HCCL's root info there; the
+//! others wait for the file, then all join (`Communicator::init_rank`):
+//!
+//! ```sh
+//! rm -f /tmp/syncbn.root     # a stale file from an earlier run would mislead the other ranks
+//! for r in 0 1 2 3 4 5 6 7; do
+//!   ASCEND_RANK=$r ASCEND_WORLD_SIZE=8 ASCEND_ROOT_INFO_FILE=/tmp/syncbn.root \
+//!     target/release/examples/sync_batch_norm &
+//! done; wait
+//! ```
+//! Across servers, copy the root file to every server (or pass it any other way: it is 4108
+//! bytes) and give each process its global rank; the device is `ASCEND_DEVICE` (default: the
+//! rank modulo 8).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ascend::hccl::{Communicator, RootInfo};
+use ascend::ops::OutputMask;
+use ascend::{sync_batch_norm, Context, Result, Stream, Tensor};
+
+const C: usize = 8;
+const S: usize = 16;
+const ROWS_PER_RANK: usize = 3;
+const EPS: f64 = 1e-5;
+
+/// Deterministic data of the global batch (every rank makes all of it, uses its own rows).
+fn global(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n * C * S)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 1.5) as f32
+        })
+        .collect()
+}
+
+/// BatchNorm over the global batch in f64: (y, dx).
+fn reference(x: &[f32], dy: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
+    let m = (n * S) as f64;
+    let (mut y, mut dx) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    for c in 0..C {
+        let idx: Vec<usize> = (0..n).flat_map(|i| (0..S).map(move |k| (i * C + c) * S + k)).collect();
+        let mu = idx.iter().map(|&j| f64::from(x[j])).sum::<f64>() / m;
+        let var = idx.iter().map(|&j| (f64::from(x[j]) - mu).powi(2)).sum::<f64>() / m;
+        let inv = 1.0 / (var + EPS).sqrt();
+        let sdy: f64 = idx.iter().map(|&j| f64::from(dy[j])).sum();
+        let sdyx: f64 = idx.iter().map(|&j| f64::from(dy[j]) * (f64::from(x[j]) - mu)).sum();
+        for &j in &idx {
+            let xm = f64::from(x[j]) - mu;
+            y[j] = xm * inv;
+            dx[j] = inv * (f64::from(dy[j]) - sdy / m - xm * inv * inv * sdyx / m);
+        }
+    }
+    (y, dx)
+}
+
+/// One rank's step: forward + backward on its rows; returns the largest error against f64.
+fn rank_step(comm: &Communicator, s: &Stream, n_ranks: usize) -> Result<f64> {
+    let n = n_ranks * ROWS_PER_RANK;
+    let (gx, gdy) = (global(n, 1), global(n, 2));
+    let rows = comm.rank() as usize * ROWS_PER_RANK * C * S..(comm.rank() as usize + 1) * ROWS_PER_RANK * C * S;
+    let x = Tensor::from_slice(s, &gx[rows.clone()], &[ROWS_PER_RANK, C, S])?;
+    let dy = Tensor::from_slice(s, &gdy[rows.clone()], &[ROWS_PER_RANK, C, S])?;
+    let (mut running_mean, mut running_var) =
+        (Tensor::zeros(s, ascend::DType::F32, &[C])?, { Tensor::from_slice(s, &[1f32; C], &[C])? });
+    let (y, saved) =
+        sync_batch_norm::forward(comm, s, &x, None, None, Some(&mut running_mean), Some(&mut running_var), 0.1, EPS)?;
+    let (dx, _, _) = sync_batch_norm::backward(comm, s, &dy, &saved, None, OutputMask::ALL)?;
+    let (ry, rdx) = reference(&gx, &gdy, n);
+    let y: Vec<f32> = y.to_vec(s)?;
+    let dx: Vec<f32> = dx.map(|t| t.to_vec(s)).transpose()?.unwrap_or_default();
+    let err =
+        |got: &[f32], exp: &[f64]| got.iter().zip(exp).map(|(g, e)| (f64::from(*g) - e).abs()).fold(0.0, f64::max);
+    Ok(err(&y, &ry[rows.clone()]).max(err(&dx, &rdx[rows])))
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |f: &str| args.iter().position(|a| a == f);
+    let n_ranks: usize = flag("--ranks").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(4);
+    let use_mock = flag("--mock").is_some();
+    if use_mock && std::env::var_os("ASCEND_MOCK_DEVICE_COUNT").is_none() {
+        // The mock reads its device count at aclInit, which has not run yet.
+        std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", n_ranks.max(8).to_string());
+    }
+    let device_context = |device: i32| -> Result<Context> {
+        #[cfg(feature = "mock")]
+        if use_mock {
+            return ascend::mock::context(device);
+        }
+        let _ = use_mock;
+        Context::ascend(device)
+    };
+
+    if let Ok(rank) = std::env::var("ASCEND_RANK") {
+        // One process per device.
+        let rank: u32 = rank.parse().map_err(|_| ascend::Error::Config("ASCEND_RANK must be a number".into()))?;
+        let world: u32 = std::env::var("ASCEND_WORLD_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ascend::Error::Config("set ASCEND_WORLD_SIZE".into()))?;
+        let file = std::env::var("ASCEND_ROOT_INFO_FILE")
+            .map_err(|_| ascend::Error::Config("set ASCEND_ROOT_INFO_FILE".into()))?;
+        let device = std::env::var("ASCEND_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(rank as i32 % 8);
+        let ctx = device_context(device)?;
+        let root = exchange_root_info(&ctx, rank, Path::new(&file))?;
+        let comm = Communicator::init_rank(&ctx, world, &root, rank)?;
+        let err = rank_step(&comm, &ctx.new_stream()?, world as usize)?;
+        println!(
+            "rank {rank}/{world} on {:?}: max |error| vs BatchNorm over the global batch = {err:.2e}",
+            ctx.backend()
+        );
+        return Ok(());
+    }
+
+    // Ranks as threads of this process.
+    let ctxs: Vec<Context> = match (0..n_ranks as i32).map(device_context).collect::<Result<Vec<_>>>() {
+        Ok(c) => c,
+        Err(e) if use_mock => return Err(e),
+        Err(_) => vec![Context::cpu(); n_ranks], // no Ascend devices here
+    };
+    println!("{n_ranks} ranks on {:?}", ctxs[0].backend());
+    let comms = Communicator::init_all(&ctxs)?;
+    let errors: Vec<Result<f64>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(&ctxs)
+            .map(|(comm, ctx)| sc.spawn(move || rank_step(&comm, &ctx.new_stream()?, n_ranks)))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    });
+    for (rank, e) in errors.into_iter().enumerate() {
+        println!("rank {rank}: max |error| vs BatchNorm over the global batch = {:.2e}", e?);
+    }
+    Ok(())
+}
+
+/// Rank 0 makes the root info and writes it to `file` (atomically); the others wait for it.
+fn exchange_root_info(ctx: &Context, rank: u32, file: &Path) -> Result<RootInfo> {
+    let io = |e: std::io::Error| ascend::Error::Config(format!("{}: {e}", file.display()));
+    if rank == 0 {
+        let root = RootInfo::new(ctx)?;
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, root.as_bytes()).map_err(io)?;
+        std::fs::rename(&tmp, file).map_err(io)?;
+        return Ok(root);
+    }
+    let start = Instant::now();
+    loop {
+        if let Ok(bytes) = std::fs::read(file) {
+            if bytes.len() == ascend::hccl::ROOT_INFO_BYTES {
+                return RootInfo::from_bytes(&bytes);
+            }
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(ascend::Error::Config(format!("no root info appeared in {}", file.display())));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
