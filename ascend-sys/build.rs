@@ -30,7 +30,7 @@ mod generate {
 
     include!("src/symbols.rs");
 
-    /// The functions each library exports (API.md section 5.1), bound as one loader struct each
+    /// The functions each library exports (docs/cann/API.md section 5.1), bound as one loader struct each
     /// (file, struct, functions, every function required when the library loads). The op
     /// libraries' functions are optional: each operator is checked when it is first used.
     fn libraries() -> Vec<(&'static str, &'static str, Vec<&'static str>, bool)> {

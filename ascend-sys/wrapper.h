@@ -4,7 +4,7 @@
  * With ASCEND_SYS_USE_CANN_HEADERS defined (the bindgen generator defines it when
  * $ASCEND_TOOLKIT_HOME or $ASCEND_HOME_PATH holds the CANN headers), this file includes
  * the toolkit's own headers. Otherwise it declares the same items itself, written from
- * the public facts in shared/cann/API.md, identical in ABI:
+ * the public facts in docs/cann/API.md, identical in ABI:
  *   - enums are plain C enums (int-sized), with CANN's values;
  *   - handles are opaque structs / void pointers;
  *   - aclError is int, aclnnStatus is int32_t, bool is the 1-byte C/C++ bool.
@@ -51,7 +51,7 @@ typedef struct aclOpExecutor aclOpExecutor;
 typedef struct aclTensor aclTensor;
 typedef int32_t aclnnStatus;
 
-/* ---- enums (values: API.md section 2.2, 2.3, 3) ------------------------------------------ */
+/* ---- enums (values: docs/cann/API.md section 2.2, 2.3, 3) ------------------------------------------ */
 typedef enum {
     ACL_DT_UNDEFINED = -1,
     ACL_FLOAT = 0,
@@ -177,7 +177,7 @@ aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(
 aclnnStatus aclnnBatchNormReduceBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
                                          const aclrtStream stream);
 
-/* ---- libopapi.so / libopapi_math.so: aclnnop/aclnn_batch_norm_stats.h (SYNCBN.md 2) ----------- */
+/* ---- libopapi.so / libopapi_math.so: aclnnop/aclnn_batch_norm_stats.h (docs/cann/SYNCBN.md 2) ----------- */
 aclnnStatus aclnnBatchNormStatsGetWorkspaceSize(const aclTensor *input, double eps, aclTensor *mean, aclTensor *invstd,
                                                 uint64_t *workspaceSize, aclOpExecutor **executor);
 aclnnStatus aclnnBatchNormStats(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
@@ -210,7 +210,7 @@ aclnnStatus aclnnBatchNormElemtBackward(void *workspace, uint64_t workspaceSize,
                                         const aclrtStream stream);
 
 /* ---- libhccl.so (+ libhcomm.so on CANN 9.x): hccl/hccl_types.h, hccl/hccl.h, hccl/hccl_comm.h ------
- * (HCCL.md 2-3). hccl_types.h declares the root-info size as a C++ `const uint32_t`; C needs a
+ * (docs/cann/HCCL.md 2-3). hccl_types.h declares the root-info size as a C++ `const uint32_t`; C needs a
  * literal array bound, so this file spells it out (4108 bytes, alignment 1). HcclResult values past
  * HCCL_E_OOM (and HCCL_E_RESERVED) moved between versions: only the stable ones are named. */
 typedef void *HcclComm;

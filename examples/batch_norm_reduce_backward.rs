@@ -1,4 +1,4 @@
-//! The documentation's sample of `aclnnBatchNormReduceBackward` (API.md §1.5), on
+//! The documentation's sample of `aclnnBatchNormReduceBackward` (docs/cann/API.md §1.5), on
 //! `Context::auto()`: Ascend device 0 when CANN and a device are present, else the CPU.
 //!
 //! ```text

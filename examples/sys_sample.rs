@@ -1,6 +1,6 @@
 //! The documentation's sample of `aclnnBatchNormReduceBackward` (ops-nn
 //! `examples/test_aclnn_batch_norm_reduce_backward.cpp`), written against the raw `ascend-sys`
-//! calls in the same order (API.md section 1.5), running on the mock CANN toolkit.
+//! calls in the same order (docs/cann/API.md section 1.5), running on the mock CANN toolkit.
 //!
 //! ```text
 //! cargo run --features mock --example sys_sample

@@ -28,7 +28,7 @@
 #include "mock_internal.h"
 #pragma GCC visibility pop
 
-/* ---- status codes (API.md section 4) --------------------------------------------------------- */
+/* ---- status codes (docs/cann/API.md section 4) --------------------------------------------------------- */
 enum {
     ACL_OK = 0,
     ACL_ERROR_INVALID_PARAM = 100000,

@@ -178,7 +178,7 @@ static const char *op_name(int op) {
     return (op >= 0 && op < 4) ? names[op] : "an unknown HcclReduceOp";
 }
 
-/* The reductions of the Atlas A2 table (HCCL.md 4.3): int8/16/32/64, fp16/32, bf16; no prod for
+/* The reductions of the Atlas A2 table (docs/cann/HCCL.md 4.3): int8/16/32/64, fp16/32, bf16; no prod for
  * int16 and bf16. */
 static int reduce_dtype_supported(int dt) {
     return dt == HCCL_DATA_TYPE_INT8 || dt == HCCL_DATA_TYPE_INT16 || dt == HCCL_DATA_TYPE_INT32 ||

@@ -1,4 +1,4 @@
-//! The public API contract of DESIGN.md, written out as a user would: if this compiles and
+//! The public API contract of docs/DESIGN.md, written out as a user would: if this compiles and
 //! passes, the names, signatures and trait bounds the acceptance tests rely on are all there.
 
 use ascend::ops::{

@@ -1,7 +1,7 @@
 //! Tests of the mock CANN toolkit through the raw `ascend-sys` bindings (issue 3):
 //!
 //! * each kind of misuse counts a violation (and returns CANN's error) — see the `violation_*` tests;
-//! * each ops-nn unit case of SEMANTICS.md section 3.2 gets the status ops-nn expects, with
+//! * each ops-nn unit case of docs/cann/SEMANTICS.md section 3.2 gets the status ops-nn expects, with
 //!   `aclGetRecentErrMsg` text — the `ut_*` tests;
 //! * the compute matches a bit-exact replica of the hardware's algorithm and an f64 reference, for
 //!   f32/f16/bf16 and strided views — the `values_*` tests;
@@ -523,7 +523,7 @@ fn values_doc_example() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ops-nn unit cases (SEMANTICS.md 3.2): GetWorkspaceSize status and message
+// ops-nn unit cases (docs/cann/SEMANTICS.md 3.2): GetWorkspaceSize status and message
 
 #[test]
 fn ut_dtypes_f32_f16_bf16_ok() {

@@ -1,4 +1,4 @@
-//! Acceptance tests of the public API (DESIGN.md "Public API contract"), one body per case run
+//! Acceptance tests of the public API (docs/DESIGN.md "Public API contract"), one body per case run
 //! on both backends: `cpu::<case>` always, `mock::<case>` (Ascend over the mock CANN) with
 //! `--features mock`. Each mock run holds a lock and checks afterwards that the case left no
 //! live device allocation, tensor descriptor, executor or stream behind and counted no
@@ -6,8 +6,8 @@
 //!
 //! Values are checked against the independent f64 reference of `common` with the tolerances
 //! stated there (`common::tolerance`: one rounding into the output dtype plus f32 reduction
-//! noise scaled with √R and the terms' magnitudes), or exactly where SEMANTICS.md §5 gives exact
-//! values. Cases T01–T34 are SEMANTICS.md §5.
+//! noise scaled with √R and the terms' magnitudes), or exactly where docs/cann/SEMANTICS.md §5 gives exact
+//! values. Cases T01–T34 are docs/cann/SEMANTICS.md §5.
 
 mod common;
 
@@ -44,7 +44,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     local: [
-        // SEMANTICS.md §5
+        // docs/cann/SEMANTICS.md §5
         t01_doc_example,
         t02_ones_exact,
         t03_contiguous_exact,
@@ -140,7 +140,7 @@ fn f32s(s: &Stream, t: &Option<Tensor>) -> Result<Vec<f32>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SEMANTICS.md §5
+// docs/cann/SEMANTICS.md §5
 
 /// T01: the documentation's example, exact.
 fn t01_doc_example(ctx: &Context) -> R {
@@ -1403,7 +1403,7 @@ fn auto_honours_ascend_backend() {
     }
 }
 
-/// Compile-time properties of the public types (DESIGN.md "Public API contract").
+/// Compile-time properties of the public types (docs/DESIGN.md "Public API contract").
 #[test]
 fn static_properties() {
     fn clone_send_sync<T: Clone + Send + Sync>() {}

@@ -147,7 +147,7 @@ impl Cann {
             }
         }
         // SAFETY: the functions are resolved with the signatures bindgen derived from wrapper.h,
-        // whose declarations are checked against HCCL's public headers (HCCL.md section 2); every
+        // whose declarations are checked against HCCL's public headers (docs/cann/HCCL.md section 2); every
         // required one was just found, the optional ones are `Err` fields when absent.
         let hccl = unsafe { Hccl::from_library(lib) }.map_err(|e| fail(None, e.to_string()))?;
         Ok(Box::leak(Box::new(hccl)))
@@ -292,7 +292,7 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
             tried: vec![(nn_path.display().to_string(), why)],
         })?;
         // SAFETY: each struct's symbols are resolved with the signatures bindgen derived from
-        // wrapper.h, whose declarations are checked against CANN's public headers (API.md).
+        // wrapper.h, whose declarations are checked against CANN's public headers (docs/cann/API.md).
         let acl = unsafe { AscendCl::from_library(acl_lib) }.map_err(|e| missing(&acl_path, e))?;
         // SAFETY: as above.
         let nnopbase = unsafe { NnOpBase::from_library(nn_lib) }.map_err(|e| missing(&nn_path, e))?;

@@ -1,4 +1,4 @@
-//! Status codes returned by CANN, by name (API.md section 4), and [`name`] to look one up.
+//! Status codes returned by CANN, by name (docs/cann/API.md section 4), and [`name`] to look one up.
 //!
 //! aclnn calls return `aclnnStatus` (`int32_t`), runtime calls `aclError` (`int`); both share
 //! one number space, so one table serves both.

@@ -69,7 +69,7 @@ pub const BATCH_NORM_ELEMT_BACKWARD: Operator = Operator {
     package: "nn",
 };
 
-/// Every operator bound, each in its package (SYNCBN.md section 1).
+/// Every operator bound, each in its package (docs/cann/SYNCBN.md section 1).
 pub const OPERATORS: &[Operator] = &[
     BATCH_NORM_REDUCE_BACKWARD,
     BATCH_NORM_STATS,

@@ -1,4 +1,4 @@
-//! The committed bindings against the facts in shared/cann/API.md: every enum value, and the
+//! The committed bindings against the facts in docs/cann/API.md: every enum value, and the
 //! sizes of the scalar and handle types the safe layer relies on.
 
 use std::mem::size_of;
@@ -151,7 +151,7 @@ fn missing_toolkit_is_a_typed_error_not_a_panic() {
     }
 }
 
-/// HCCL's types against HCCL.md section 3: the 4108-byte root info, and the enum values.
+/// HCCL's types against docs/cann/HCCL.md section 3: the 4108-byte root info, and the enum values.
 #[test]
 fn hccl_types_match_hccl_md() {
     assert_eq!(size_of::<HcclRootInfo>(), 4108);

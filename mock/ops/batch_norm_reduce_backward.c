@@ -1,9 +1,9 @@
 /*
  * Mock aclnnBatchNormReduceBackward: ops-nn's validation and the hardware's compute.
  *
- * Phase 1 validates the arguments exactly as ops-nn does (SEMANTICS.md 3.1, API.md 7): null checks
+ * Phase 1 validates the arguments exactly as ops-nn does (docs/cann/SEMANTICS.md 3.1, docs/cann/API.md 7): null checks
  * first (161001), then dtype, format, rank, channel and output-shape checks (161002); empty inputs
- * succeed with a no-op executor. The compute follows the hardware (SEMANTICS.md 0.2): every input
+ * succeed with a no-op executor. The compute follows the hardware (docs/cann/SEMANTICS.md 0.2): every input
  * read through its view and cast to f32; per channel, sum dy and dy*x in f32 (sequential inside
  * blocks of 256 elements of the channel, block sums added in order), kept in the workspace; then
  * sumDyXmu = sum(dy*x) - mean*sum(dy), gradWeight = sumDyXmu*invstd, gradBias = sum(dy), each cast

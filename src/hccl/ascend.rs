@@ -25,7 +25,7 @@ fn check(hccl: &Hccl, call: &'static str, r: HcclResult) -> Result<()> {
     }
     let text = hccl.HcclGetErrorString.as_ref().ok().and_then(|f| {
         // SAFETY: HcclGetErrorString takes a code and returns null or a static NUL-terminated
-        // string (HCCL.md 4.7); it is copied out at once.
+        // string (docs/cann/HCCL.md 4.7); it is copied out at once.
         let p = unsafe { f(r) };
         // SAFETY: as above, non-null means a valid C string.
         (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
@@ -81,7 +81,7 @@ pub(super) fn init_all(devices: &[Arc<Device>]) -> Result<Vec<Comm>> {
     let mut ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
     let mut raw: Vec<HcclComm> = vec![std::ptr::null_mut(); devices.len()];
     first.bind()?;
-    // SAFETY: `ids` holds `n` device ids and `raw` room for `n` handles (HCCL.md 4.5.2).
+    // SAFETY: `ids` holds `n` device ids and `raw` room for `n` handles (docs/cann/HCCL.md 4.5.2).
     check(hccl, "HcclCommInitAll", unsafe { init(ids.len() as u32, ids.as_mut_ptr(), raw.as_mut_ptr()) })?;
     Ok(raw.into_iter().zip(devices).map(|(raw, d)| Comm::new(raw, d.clone(), hccl)).collect())
 }

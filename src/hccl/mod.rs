@@ -243,7 +243,7 @@ fn connect_timeout() -> Duration {
     secs.filter(|s| s.is_finite() && *s > 0.0).map_or(Duration::from_secs(120), Duration::from_secs_f64)
 }
 
-/// The names of the `HcclResult` values that are stable across HCCL versions (HCCL.md 3.2).
+/// The names of the `HcclResult` values that are stable across HCCL versions (docs/cann/HCCL.md 3.2).
 pub(crate) fn result_name(result: u32) -> &'static str {
     const NAMES: [&str; 25] = [
         "HCCL_SUCCESS",
