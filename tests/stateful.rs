@@ -4,7 +4,8 @@
 //! refilled and read, streams (each on a fresh `Context`) made and dropped on two mock devices,
 //! launches of `batch_norm_reduce_backward` (allocating, `_into`, two-phase with and without a
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
-//! launches at once on two threads sharing their inputs (and a workspace), and an injected fault
+//! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
+//! communicator of the two mock devices (one thread per rank), and an injected fault
 //! before any step (at any CANN function the crate binds). Every step runs on the mock and on a
 //! CPU twin of the same program, and after every step:
 //! - the mock counted no violation (no memory freed, raced or misused);
@@ -26,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
+use ascend::hccl::{Communicator, ReduceOp};
 use ascend::ops::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward, OutputMask,
     ReduceBackward, ReduceBackwardOut, Workspace,
@@ -154,6 +156,13 @@ enum Step {
     },
     Launch(Launch),
     Parallel(Launch, Launch),
+    /// An all-reduce of slot `a` (rank 0) and slot `b` (rank 1) over a communicator of mock
+    /// devices 0 and 1, one thread per rank, each synchronising its rank's stream.
+    AllReduce {
+        a: usize,
+        b: usize,
+        max: bool,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -217,6 +226,11 @@ fn step() -> impl Strategy<Value = Step> {
         1 => stream.prop_map(|stream| Step::Sync { stream }),
         6 => launch().prop_map(Step::Launch),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
+        // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
+        2 => (any::<bool>(), 0..3usize, any::<bool>()).prop_map(|(big, i, max)| {
+            let (a, b) = if big { (i, 3) } else { (BIG + i, 8) };
+            Step::AllReduce { a, b, max }
+        }),
     ];
     let apis = fault_apis().len();
     prop_oneof![
@@ -242,7 +256,11 @@ fn program() -> impl Strategy<Value = Program> {
     let init = proptest::collection::vec((dt(), layout(), any::<u64>(), 0..STREAM_SLOTS), TENSOR_SLOTS).prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(slot, (dt, layout, seed, stream))| Step::Upload { slot, stream: stream % 2, dt, layout, seed })
+            .map(|(slot, (dt, layout, seed, stream))| {
+                // Slots 3 and 8 on stream 2, which is on device 1 in half the programs.
+                let stream = if slot == 3 || slot == 8 { 2 } else { stream % 2 };
+                Step::Upload { slot, stream, dt, layout, seed }
+            })
             .collect::<Vec<_>>()
     });
     let devices = (0..DEVICES).prop_map(|d| [0, 0, d]);
@@ -268,6 +286,9 @@ struct World {
     cpu: Stream,
     slots: [Option<Slot>; TENSOR_SLOTS],
     apis: Vec<&'static str>,
+    /// A communicator of mock devices 0 and 1 with a stream per rank, made at the first
+    /// all-reduce step.
+    comms: Option<Vec<(Communicator, Stream)>>,
 }
 
 type Outcome = std::result::Result<(), TestCaseError>;
@@ -380,6 +401,7 @@ impl World {
             cpu: Context::cpu().new_stream().expect("cpu stream"),
             slots: Default::default(),
             apis: fault_apis(),
+            comms: None,
         }
     }
 
@@ -489,6 +511,7 @@ impl World {
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
             Step::Parallel(a, b) => return self.launch_parallel(a, b, faulted),
+            Step::AllReduce { a, b, max } => return self.all_reduce(*a, *b, *max, faulted),
             Step::Fault { api, step } => {
                 ascend::mock::fail_next_on_this_thread(self.apis[*api], FAULT_STATUS);
                 let r = self.run(step, true);
@@ -684,6 +707,74 @@ impl World {
         ra.and(rb)
     }
 
+    /// An all-reduce over two ranks (devices 0 and 1) of slots `a` and `b`, when they make a
+    /// valid collective (same dtype and element count, contiguous, on devices 0 and 1).
+    fn all_reduce(&mut self, a: usize, b: usize, max: bool, faulted: bool) -> Outcome {
+        let valid = |t: &Slot, d: u8| t.device == d && t.mock.is_contiguous();
+        let (Some(ta), Some(tb)) = (&self.slots[a], &self.slots[b]) else { return Ok(()) };
+        if a == b
+            || !valid(ta, 0)
+            || !valid(tb, 1)
+            || ta.mock.dtype() != tb.mock.dtype()
+            || ta.mock.numel() != tb.mock.numel()
+        {
+            return Ok(());
+        }
+        if self.comms.is_none() {
+            let ctxs = [ascend::mock::context(0), ascend::mock::context(1)];
+            let made = ctxs.into_iter().collect::<Result<Vec<_>>>().and_then(|ctxs| {
+                let comms = Communicator::init_all(&ctxs)?;
+                let streams = ctxs.iter().map(|c| c.new_stream()).collect::<Result<Vec<_>>>()?;
+                Ok(comms.into_iter().zip(streams).collect())
+            });
+            match made {
+                Ok(c) => self.comms = Some(c),
+                Err(e) if !faulted => return Err(fail(format!("communicator: {e:?}"))),
+                Err(_) => return Ok(()),
+            }
+        }
+        let op = if max { ReduceOp::Max } else { ReduceOp::Sum };
+        let (mut sa, mut sb) = (self.slots[a].take().expect("checked"), self.slots[b].take().expect("checked"));
+        let comms = self.comms.as_mut().expect("made above");
+        let results: Vec<Result<()>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = comms
+                .iter_mut()
+                .zip([&mut sa.mock, &mut sb.mock])
+                .map(|((comm, stream), t)| {
+                    sc.spawn(move || {
+                        comm.all_reduce(stream, t, op)?;
+                        stream.synchronize() // a collective completes when every rank's stream runs it
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        });
+        let outcome = match (&results[0], &results[1]) {
+            (Ok(()), Ok(())) => {
+                COLLECTIVES.fetch_add(1, Relaxed);
+                let va = sa.cpu.to_vec::<f32>(&self.cpu).map_err(|e| fail(format!("{e:?}")))?;
+                let vb = sb.cpu.to_vec::<f32>(&self.cpu).map_err(|e| fail(format!("{e:?}")))?;
+                let r: Vec<f32> = va.iter().zip(&vb).map(|(x, y)| if max { x.max(*y) } else { x + y }).collect();
+                sa.cpu.copy_from_slice(&self.cpu, &r).map_err(|e| fail(format!("{e:?}")))?;
+                sb.cpu.copy_from_slice(&self.cpu, &r).map_err(|e| fail(format!("{e:?}")))?;
+                let known = sa.known && sb.known;
+                sa.known = known;
+                sb.known = known;
+                Ok(())
+            }
+            _ if faulted => {
+                fault_error();
+                sa.known = false;
+                sb.known = false;
+                Ok(())
+            }
+            (ra, rb) => Err(fail(format!("all-reduce failed: {ra:?}, {rb:?}"))),
+        };
+        self.slots[a] = Some(sa);
+        self.slots[b] = Some(sb);
+        outcome
+    }
+
     /// Reads every known tensor on a fresh stream of its device and compares it with its twin.
     fn final_check(&self) -> Outcome {
         let streams: Vec<Stream> = (0..DEVICES)
@@ -758,6 +849,8 @@ static COMPARED: AtomicUsize = AtomicUsize::new(0);
 static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
 /// Parallel steps that ran both launches on two threads.
 static PARALLEL: AtomicUsize = AtomicUsize::new(0);
+/// All-reduce steps that ran on both ranks.
+static COLLECTIVES: AtomicUsize = AtomicUsize::new(0);
 
 fn fault_error() {
     FAULT_ERRORS.fetch_add(1, Relaxed);
@@ -816,7 +909,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
     println!(
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
-         {} reads compared bit for bit",
+         {} all-reduces over two devices; {} reads compared bit for bit",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         FAULTED.load(Relaxed),
@@ -825,6 +918,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         REJECTED.load(Relaxed),
         CROSSED.load(Relaxed),
         PARALLEL.load(Relaxed),
+        COLLECTIVES.load(Relaxed),
         COMPARED.load(Relaxed),
     );
     if let Err(e) = result {
