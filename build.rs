@@ -143,8 +143,6 @@ mod mock {
             if name == "libhccl.so" {
                 cmd.arg("-lrt"); // shm_open on glibc before 2.34
             }
-            // libm: the operators' kernels take square roots.
-            cmd.arg("-lm");
             run(cmd, &target);
         }
         println!("cargo:rustc-env=ASCEND_MOCK_TOOLKIT_DIR={}", root.display());

@@ -166,6 +166,39 @@ const char *mock_shape_text(const ascend_mock_tensor *t, char *buf, size_t cap) 
     return buf;
 }
 
+/* ---- arithmetic ---------------------------------------------------------------------------------------- */
+/* sqrt in f32, correctly rounded, without libm (the mock links nothing but libc): Newton in
+ * double, then the f32 neighbour whose rounding interval holds x (exact tests: the squares of
+ * f32 midpoints are exact in double). */
+float mock_sqrt_f32(float x) {
+    if (!(x > 0.0f) || x > 3.4028235e38f) {
+        return x == 0.0f || x > 3.4028235e38f ? x : (x - x) / (x - x); /* 0, inf, or NaN */
+    }
+    double d = x, g;
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    bits = (bits >> 1) + (UINT64_C(1023) << 51);
+    memcpy(&g, &bits, sizeof g);
+    for (int i = 0; i < 6; i++) {
+        g = 0.5 * (g + d / g);
+    }
+    float r = (float)g;
+    uint32_t rb;
+    memcpy(&rb, &r, sizeof rb);
+    float up, down;
+    uint32_t ub = rb + 1, db = rb - 1;
+    memcpy(&up, &ub, sizeof up);
+    memcpy(&down, &db, sizeof down);
+    double mid_up = ((double)r + (double)up) / 2, mid_down = ((double)r + (double)down) / 2;
+    if (d >= mid_up * mid_up) {
+        return up;
+    }
+    if (d < mid_down * mid_down) {
+        return down;
+    }
+    return r;
+}
+
 /* ---- checks ---------------------------------------------------------------------------------------- */
 int mock_dtype_float(aclDataType dt) {
     return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_BF16;

@@ -87,6 +87,8 @@ float mock_load(const ascend_mock_tensor *t, int64_t pos);
 /* Stores `v` at storage position `pos`, rounding to nearest even for F16/BF16. */
 void mock_store(const ascend_mock_tensor *t, int64_t pos, float v);
 const char *mock_shape_text(const ascend_mock_tensor *t, char *buf, size_t cap);
+/* sqrt in f32, correctly rounded (the mock links nothing but libc). */
+float mock_sqrt_f32(float x);
 float mock_f16_to_f32(uint16_t h);
 uint16_t mock_f32_to_f16(float f);
 float mock_bf16_to_f32(uint16_t b);

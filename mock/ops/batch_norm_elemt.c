@@ -29,37 +29,6 @@
 enum { T_INPUT, T_WEIGHT, T_BIAS, T_MEAN, T_INVSTD, T_OUTPUT, NT };
 static const char *const k_names[NT] = {"input", "weight", "bias", "mean", "invstd", "output"};
 
-/* sqrt in f32, correctly rounded, without libm (the mock links nothing but libc): Newton in
- * double, then the f32 neighbour whose rounding interval holds x (exact tests: the squares of
- * f32 midpoints are exact in double). */
-static float sqrt_f32(float x) {
-    if (!(x > 0.0f) || x > 3.4028235e38f) {
-        return x == 0.0f || x > 3.4028235e38f ? x : (x - x) / (x - x); /* 0, inf, or NaN */
-    }
-    double d = x, g;
-    uint64_t bits;
-    memcpy(&bits, &d, sizeof bits);
-    bits = (bits >> 1) + (UINT64_C(1023) << 51);
-    memcpy(&g, &bits, sizeof g);
-    for (int i = 0; i < 6; i++) {
-        g = 0.5 * (g + d / g);
-    }
-    float r = (float)g;
-    uint32_t rb;
-    memcpy(&rb, &r, sizeof rb);
-    float up, down;
-    uint32_t ub = rb + 1, db = rb - 1;
-    memcpy(&up, &ub, sizeof up);
-    memcpy(&down, &db, sizeof down);
-    double mid_up = ((double)r + (double)up) / 2, mid_down = ((double)r + (double)down) / 2;
-    if (d >= mid_up * mid_up) {
-        return up;
-    }
-    if (d < mid_down * mid_down) {
-        return down;
-    }
-    return r;
-}
 
 static int64_t pos_along(const ascend_mock_tensor *t, int64_t c) {
     return t->offset + c * t->strides[0];
@@ -81,7 +50,7 @@ static int elemt_run(const mock_op *op, mock_op_call *k) {
     for (int64_t c = 0; c < channels; c++) {
         float s = mock_load(invstd, pos_along(invstd, c));
         float var = 1.0f / (s * s) - eps; /* the variance rebuilt from invstd */
-        scale[c] = 1.0f / sqrt_f32(var + eps);
+        scale[c] = 1.0f / mock_sqrt_f32(var + eps);
         m[c] = mock_load(mean, pos_along(mean, c));
         shift[c] = has_b ? mock_load(&k->t[T_BIAS], pos_along(&k->t[T_BIAS], c)) : 0.0f;
     }
