@@ -695,13 +695,26 @@ fn runs_one_pass_with<T: Copy>(
     // of the concatenation to sum i mod 8).
     let mut k_acc = [0f32; 8];
     let mut k_n = 0;
-    for s in slices {
-        for &v in s.iter().take(SHIFT_SAMPLE - k_n) {
-            k_acc[k_n % 8] += one(v);
-            k_n += 1;
+    match slices.first() {
+        // The common case, vectorised: the first slice holds the whole sample.
+        Some(first) if first.len() >= SHIFT_SAMPLE => {
+            for c in first[..SHIFT_SAMPLE].chunks_exact(8) {
+                for (a, &v) in k_acc.iter_mut().zip(c) {
+                    *a += one(v);
+                }
+            }
+            k_n = SHIFT_SAMPLE;
         }
-        if k_n == SHIFT_SAMPLE {
-            break;
+        _ => {
+            for s in slices {
+                for &v in s.iter().take(SHIFT_SAMPLE - k_n) {
+                    k_acc[k_n % 8] += one(v);
+                    k_n += 1;
+                }
+                if k_n == SHIFT_SAMPLE {
+                    break;
+                }
+            }
         }
     }
     if k_n == 0 {
