@@ -535,6 +535,11 @@ impl<'a, T: Element> Kernel<'a, T> {
                 let last = valid(rb - 1);
                 let full = if last < lanes { rb - 1 - r0 } else { rb - r0 };
                 let last = if last < lanes { last } else { 0 };
+                if full == 0 && last == 0 {
+                    // A chunk of lanes past the end of a short last super-row: nothing to read.
+                    r0 = rb;
+                    continue;
+                }
                 match direct {
                     Some(d) => {
                         let start = self.offset + r0 * w + l0;
@@ -554,7 +559,9 @@ impl<'a, T: Element> Kernel<'a, T> {
                             let r = r0 + i;
                             let n = valid(r);
                             let start = if flat { self.offset + r * w + l0 } else { odo.pos };
-                            (self.widen)(&self.data[start..start + n], &mut row[..n]);
+                            if n > 0 {
+                                (self.widen)(&self.data[start..start + n], &mut row[..n]);
+                            }
                             if !flat {
                                 odo.advance();
                             }
@@ -1143,6 +1150,9 @@ mod tests {
             (vec![20, 24, 9, 9], vec![24 * 9 * 9 * 2, 1, 9 * 24 * 2, 24 * 2]), // spread rows
             (vec![33, 5, 17], vec![1, 33 * 17, 33]),                // transposed: gathered
             (vec![1, 7], vec![7, 1]),
+            (vec![1, 300], vec![300, 1]), // one short super-row, empty chunks
+            (vec![3, 300], vec![300, 1]),
+            (vec![5, 1000], vec![1000, 1]), // super-rows in four chunks
         ];
         for (shape, st) in cases {
             let len = 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
@@ -1159,6 +1169,57 @@ mod tests {
                     let got = channel_moments_with(isa, input, threads, 1);
                     assert_eq!(got, base, "{shape:?} {isa:?} threads {threads}");
                 }
+            }
+        }
+    }
+
+    /// Random shapes, storage orders, spreads and offsets: every path against f64, every
+    /// instruction set and thread count giving the same bits.
+    #[test]
+    fn random_layouts() {
+        let mut seed = 0x5eed_u64;
+        let mut next = |m: usize| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % m
+        };
+        for case in 0..300 {
+            let rank = 2 + next(4);
+            let mut shape: Vec<usize> = (0..rank).map(|_| 1 + next(6)).collect();
+            shape[1] = match next(4) {
+                0 => 1,
+                1 => 3,
+                2 => 17 + next(30),
+                _ => 1 + next(8),
+            };
+            if next(5) == 0 {
+                shape[rank - 1] = 40 + next(300);
+            }
+            // storage order: a random permutation of the dims, then a spread and an offset
+            let mut order: Vec<usize> = (0..rank).collect();
+            for i in (1..rank).rev() {
+                order.swap(i, next(i + 1));
+            }
+            let spread = 1 + next(2);
+            let mut st = vec![0; rank];
+            let mut acc = spread;
+            for &k in order.iter().rev() {
+                st[k] = acc;
+                acc *= shape[k];
+            }
+            let off = next(4);
+            let len = off + 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
+            let d = data(len, case, if next(2) == 0 { 0.0 } else { 500.0 });
+            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: off };
+            let want = exact(&d, &shape, &st, off);
+            let base = channel_moments_with(Isa::Portable, input, 1, 1);
+            for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
+                let what = format!("case {case} {shape:?} {st:?} +{off} ch {ch}");
+                let scale = em.abs() + (em2 / m.n).sqrt();
+                assert!((m.mean - em).abs() <= 1e-7 * scale, "{what}: mean {} vs {em}", m.mean);
+                assert!((m.m2 - em2).abs() <= 1e-5 * em2 + 1e-9, "{what}: m2 {} vs {em2}", m.m2);
+            }
+            for isa in Isa::supported() {
+                assert_eq!(channel_moments_with(isa, input, 1 + next(3), 1), base, "case {case} {isa:?}");
             }
         }
     }
