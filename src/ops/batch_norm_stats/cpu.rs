@@ -35,7 +35,7 @@
 //! own partial moments and partials are merged per channel in item order after the join. Any
 //! thread count gives the same bits. The portable, AVX2 and AVX-512 builds of the block
 //! primitives do the same operations in the same order per lane (no fused multiply-add), so they
-//! give the same bits too.
+//! give the same bits too, and an f16 input gives exactly the bits of its f32 widening.
 
 use std::sync::OnceLock;
 
@@ -1220,6 +1220,15 @@ mod tests {
             }
             for isa in Isa::supported() {
                 assert_eq!(channel_moments_with(isa, input, 1 + next(3), 1), base, "case {case} {isa:?}");
+            }
+            // f16 (converted as read, or widened into buffers) gives its f32 widening's bits
+            let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
+            let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+            let hi = Input { data: SliceRef::F16(&h), ..input };
+            let wi = Input { data: SliceRef::F32(&w), ..input };
+            for isa in Isa::supported() {
+                let a = channel_moments_with(isa, hi, 2, 1);
+                assert_eq!(a, channel_moments_with(isa, wi, 1, 1), "case {case} {shape:?} {st:?} f16 {isa:?}");
             }
         }
     }
