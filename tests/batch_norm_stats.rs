@@ -131,7 +131,12 @@ fn values_every_layout(ctx: &Context) -> R {
     run_and_check(ctx, "spread", &x.spread(3, 5, 77.0), 1e-5)?;
     let t = Data::normal(&mut Rng::new(7), DType::F32, &[9, 4, 33], 0.0, 1.0);
     run_and_check(ctx, "transposed", &t.permuted(&[2, 1, 0]), 1e-5)?;
-    run_and_check(ctx, "channel outermost", &t.permuted(&[1, 0, 2]), 1e-5)
+    run_and_check(ctx, "channel outermost", &t.permuted(&[1, 0, 2]), 1e-5)?;
+    // a broadcast view: every sample is the same storage (stride 0 over N)
+    let storage: Vec<f64> = (0..40).map(|i| f64::from(i * 7 % 13) - 4.0).collect();
+    run_and_check(ctx, "broadcast N", &Data::strided(DType::F32, &storage, &[6, 20, 2], &[0, 2, 1], 0), 1e-5)?;
+    let wide: Vec<f64> = (0..300).map(|i| f64::from(i % 17) * 0.25).collect();
+    run_and_check(ctx, "[1, 300]", &Data::new(DType::F16, &wide, &[1, 300]), 1e-5)
 }
 
 /// x = 1000 + N(0, 1): a one-pass Σx² − n·mean² would cancel; both backends are two-pass.
