@@ -34,6 +34,7 @@ use std::sync::{Mutex, OnceLock};
 use crate::dtype::Element;
 
 mod lanes;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -78,8 +79,11 @@ const ROW_TILE_ELEMS: usize = 1 << 18;
 const GATHER_CHANNELS: usize = 16;
 /// Reduction positions per gather tile (one block per channel).
 const GATHER_POSITIONS: usize = 512;
-/// Fewest bytes of dy + x each thread must get before another thread is spawned.
-const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Fewest bytes of dy + x each thread must get before another thread is woken.
+const MIN_BYTES_PER_THREAD: usize = 256 << 10;
+/// About this many bytes of dy + x per chunk of work the threads claim (small enough that a
+/// thread arriving late, or slowed by other load on its core, delays the call by little).
+const CHUNK_BYTES: usize = 256 << 10;
 /// Most reduction dims (rank ≤ 8, channel excluded).
 const MAX_DIMS: usize = 7;
 
@@ -131,12 +135,18 @@ fn channel_sums_with<T: Element>(
     };
     let bytes = c.saturating_mul(geo.r).saturating_mul(2 * std::mem::size_of::<T>());
     let threads = threads.min((bytes / min_bytes_per_thread.max(1)).max(1));
-    let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads };
+    let chunks = if threads > 1 { (bytes / CHUNK_BYTES).max(2 * threads) } else { 1 };
+    let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads, chunks };
     if with_xmu {
         k.run::<true>()
     } else {
         k.run::<false>()
     }
+}
+
+/// The name of the instruction set [`channel_sums`] uses.
+pub(crate) fn isa_name() -> &'static str {
+    Isa::detect().name()
 }
 
 /// One reduction dim: size and the two views' strides.
@@ -281,6 +291,8 @@ struct Kernel<'a, T> {
     x: &'a [T],
     mean: &'a [f32],
     threads: usize,
+    /// Most pieces the items are cut into for the threads to claim.
+    chunks: usize,
 }
 
 impl<T: Element> Kernel<'_, T> {
@@ -335,6 +347,7 @@ impl<T: Element> Kernel<'_, T> {
         parallel(
             n_items,
             self.threads,
+            self.chunks,
             |i| i,
             pd,
             pm,
@@ -400,7 +413,7 @@ impl<T: Element> Kernel<'_, T> {
         let n_parts = ntiles * w;
         let mut parts = vec![0.0; if XMU { 2 * n_parts } else { n_parts }];
         let (pd, pm) = parts.split_at_mut(n_parts);
-        parallel(n_items, self.threads, off, pd, pm, |items, pd, pm| {
+        parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
             let mut acc = vec![0f32; if XMU { 2 * cw } else { cw }];
             let (acc_d, acc_m) = acc.split_at_mut(cw);
@@ -487,7 +500,7 @@ impl<T: Element> Kernel<'_, T> {
         let (d_chan_inner, x_chan_inner) = (g.csd < inner.sd, g.csx < inner.sx);
         // Buffer rows are padded so that channel rows do not alias in L1.
         let row = GATHER_POSITIONS + 16;
-        parallel(n_items, self.threads, off, pd, pm, |items, pd, pm| {
+        parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
             let mut bufd = vec![T::default(); cb * row];
             let mut bufx = vec![T::default(); if XMU { cb * row } else { 0 }];
@@ -578,26 +591,26 @@ fn lcm8(c: usize) -> usize {
     c.saturating_mul(g)
 }
 
-/// Runs `work` over items `0..n_items` on up to `threads` threads (the caller's thread included),
-/// each range of items `n·t/threads .. n·(t+1)/threads` with the partials `off(start)..off(end)`
-/// of `pd` (and of `pm` unless it is empty). `off` is non-decreasing with `off(n_items) ==
-/// pd.len()`. Which thread runs a range never changes a result; if a thread cannot be spawned,
-/// the caller runs its range.
-fn parallel<O, W>(n_items: usize, threads: usize, off: O, pd: &mut [f64], pm: &mut [f64], work: W)
+/// Runs `work` over items `0..n_items` cut into at most `chunks` ranges `n·k/chunks ..
+/// n·(k+1)/chunks`, on up to `threads` threads (the caller's included, see [`pool`]); each range
+/// gets the partials `off(start)..off(end)` of `pd` (and of `pm` unless it is empty). `off` is
+/// non-decreasing with `off(n_items) == pd.len()`. Which thread runs a range never changes a
+/// result.
+fn parallel<O, W>(n_items: usize, threads: usize, chunks: usize, off: O, pd: &mut [f64], pm: &mut [f64], work: W)
 where
     O: Fn(usize) -> usize,
     W: Fn(Range<usize>, &mut [f64], &mut [f64]) + Sync,
 {
-    let threads = threads.clamp(1, n_items.max(1));
-    if threads == 1 {
+    let chunks = chunks.clamp(1, n_items.max(1));
+    if threads <= 1 || chunks == 1 {
         work(0..n_items, pd, pm);
         return;
     }
-    type Job<'a> = Mutex<Option<(Range<usize>, &'a mut [f64], &'a mut [f64])>>;
+    type Chunk<'a> = Mutex<Option<(Range<usize>, &'a mut [f64], &'a mut [f64])>>;
     let (mut rest_d, mut rest_m) = (pd, pm);
-    let jobs: Vec<Job<'_>> = (0..threads)
+    let jobs: Vec<Chunk<'_>> = (0..chunks)
         .map(|t| {
-            let (i0, i1) = (n_items * t / threads, n_items * (t + 1) / threads);
+            let (i0, i1) = (n_items * t / chunks, n_items * (t + 1) / chunks);
             let len = off(i1) - off(i0);
             let (d, rd) = std::mem::take(&mut rest_d).split_at_mut(len);
             rest_d = rd;
@@ -607,18 +620,12 @@ where
             Mutex::new(Some((i0..i1, d, m)))
         })
         .collect();
-    // Whoever takes a job first runs it (a poisoned lock still holds valid data).
-    let run = |job: &Job<'_>| {
-        let taken = job.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Each chunk is claimed once by the pool; the lock is never contended (a poisoned one still
+    // holds valid data).
+    pool::run(threads, chunks, &|k| {
+        let taken = jobs[k].lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((r, d, m)) = taken {
             work(r, d, m);
         }
-    };
-    std::thread::scope(|s| {
-        for job in &jobs[1..] {
-            // A failed spawn leaves the job for the loop below.
-            let _ = std::thread::Builder::new().spawn_scoped(s, || run(job));
-        }
-        jobs.iter().for_each(run);
     });
 }

@@ -40,8 +40,23 @@ pub(super) enum Isa {
 }
 
 impl Isa {
-    /// The best instruction set this CPU supports.
+    /// The best instruction set this CPU supports, detected once; the environment variable
+    /// `ASCEND_CPU_ISA` = `avx2` or `portable` (read once) forces a lesser one, for
+    /// benchmarks and A/B tests (a set the CPU lacks is never chosen).
     pub(super) fn detect() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let best = Isa::best();
+            match std::env::var("ASCEND_CPU_ISA").as_deref() {
+                Ok("portable") => Isa::Portable,
+                #[cfg(target_arch = "x86_64")]
+                Ok("avx2") if best == Isa::Avx512 => Isa::Avx2,
+                _ => best,
+            }
+        })
+    }
+
+    fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
@@ -53,6 +68,17 @@ impl Isa {
             }
         }
         Isa::Portable
+    }
+
+    /// The instruction set's name, as `ASCEND_CPU_ISA` spells it.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512",
+        }
     }
 
     /// Every instruction set this CPU supports, portable first (the tests compare them all).

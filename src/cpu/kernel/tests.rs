@@ -336,6 +336,7 @@ fn parallel_covers_every_item_once() {
         parallel(
             n,
             threads,
+            threads,
             |i| 2 * i,
             &mut pd,
             &mut [],
@@ -523,4 +524,44 @@ fn isa_throughput() {
             one::<bf16>("bf16", shape, cl);
         }
     }
+}
+
+/// The pool runs every chunk once, from several callers at a time, and a panicking chunk is
+/// re-raised on its caller without hanging it or the pool.
+#[test]
+fn pool_chunks_concurrency_and_panics() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let helpers = pool::helpers();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            s.spawn(move || {
+                for round in 0..200 {
+                    let n = 1 + (t * 7 + round) % 40;
+                    let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                    pool::run(8, n, &|k| {
+                        hits[k].fetch_add(1, Ordering::Relaxed);
+                    });
+                    assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n {n}");
+                }
+            });
+        }
+    });
+    for _ in 0..20 {
+        let r = std::panic::catch_unwind(|| {
+            pool::run(2, 64, &|k| {
+                if k == 40 {
+                    panic!("chunk {k}");
+                }
+                std::hint::black_box(k);
+            })
+        });
+        assert!(r.is_err());
+    }
+    // Still usable afterwards, with the same helpers.
+    let sum = AtomicUsize::new(0);
+    pool::run(2, 100, &|k| {
+        sum.fetch_add(k, Ordering::Relaxed);
+    });
+    assert_eq!(sum.into_inner(), 4950);
+    assert_eq!(pool::helpers(), helpers);
 }
