@@ -13,16 +13,19 @@
 //!   partials to fixed slots, so results are bit-identical for any thread count).
 //! - One job at a time: a caller that finds the pool busy (another thread is using it) runs all
 //!   chunks itself.
-//! - Idle helpers block on a condition variable (no spinning). They are never joined: they sleep
-//!   until the process exits.
+//! - An idle helper polls for the next job for [`SPIN`] (100 µs), then blocks on a condition
+//!   variable; the caller likewise polls briefly for helpers still in their last chunk before it
+//!   blocks. Only blocked helpers are notified (a wake-up costs tens of µs on a VM, as much as a
+//!   mid-size call). Helpers are never joined: they sleep until the process exits.
 //! - A panic in a chunk, on a helper, is caught there (the helper lives on) and re-raised on the
 //!   caller after every helper has let go of the job; a panic on the caller also waits for the
 //!   helpers before it unwinds further. Nobody hangs.
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 /// One call's work: chunks `0..n`, each run once by `run`.
 struct Job<'a> {
@@ -62,14 +65,19 @@ struct State {
     epoch: u64,
     /// Helpers that may still join the current job.
     seats: usize,
-    /// Helpers holding the current job's pointer.
-    active: usize,
+    /// Helpers blocked on `work`.
+    sleepers: usize,
     /// A caller owns the pool (from publishing until every helper has let go).
     busy: bool,
 }
 
 struct Pool {
     state: Mutex<State>,
+    /// `State::epoch`, readable without the lock by spinning helpers.
+    published: AtomicU64,
+    /// Helpers holding the current job's pointer: raised under the lock while the job is on
+    /// offer, lowered (Release) when a helper lets go.
+    active: AtomicUsize,
     /// Signalled when a job is published.
     work: Condvar,
     /// Signalled when the last active helper lets go of a job.
@@ -77,6 +85,12 @@ struct Pool {
     /// Helper threads started.
     helpers: AtomicUsize,
 }
+
+/// How long a helper keeps polling for the next job before it blocks, and a caller polls for
+/// the helpers to finish before it blocks. Waking a blocked thread costs tens of µs on a VM
+/// (as much as the work of a mid-size call); a bounded poll keeps back-to-back calls (a
+/// training step's channels, a benchmark) fast and costs an idle core at most this long.
+const SPIN: Duration = Duration::from_micros(100);
 
 impl Pool {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -87,6 +101,13 @@ impl Pool {
     fn helper(&self) {
         let mut seen = 0u64;
         loop {
+            // Poll for a new job for a while before blocking.
+            let t0 = Instant::now();
+            while self.published.load(Ordering::Acquire) == seen && t0.elapsed() < SPIN {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            }
             let job = {
                 let mut s = self.lock();
                 loop {
@@ -94,10 +115,16 @@ impl Pool {
                         Some(job) if s.epoch != seen && s.seats > 0 => {
                             seen = s.epoch;
                             s.seats -= 1;
-                            s.active += 1;
+                            self.active.fetch_add(1, Ordering::Relaxed);
                             break job;
                         }
-                        _ => s = self.work.wait(s).unwrap_or_else(|e| e.into_inner()),
+                        // Seen or gone: that job needs no more help.
+                        _ if s.epoch != seen => seen = s.epoch,
+                        _ => {
+                            s.sleepers += 1;
+                            s = self.work.wait(s).unwrap_or_else(|e| e.into_inner());
+                            s.sleepers -= 1;
+                        }
                     }
                 }
             };
@@ -110,9 +137,9 @@ impl Pool {
                 let mut slot = job.panic.lock().unwrap_or_else(|e| e.into_inner());
                 slot.get_or_insert(p);
             }
-            let mut s = self.lock();
-            s.active -= 1;
-            if s.active == 0 {
+            if self.active.fetch_sub(1, Ordering::Release) == 1 {
+                // Under the lock, so a caller between its check and its wait cannot miss it.
+                let _s = self.lock();
                 self.done.notify_all();
             }
         }
@@ -124,7 +151,9 @@ fn pool() -> &'static Pool {
     static POOL: OnceLock<&'static Pool> = OnceLock::new();
     POOL.get_or_init(|| {
         let pool: &'static Pool = Box::leak(Box::new(Pool {
-            state: Mutex::new(State { job: None, epoch: 0, seats: 0, active: 0, busy: false }),
+            state: Mutex::new(State { job: None, epoch: 0, seats: 0, sleepers: 0, busy: false }),
+            published: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
             work: Condvar::new(),
             done: Condvar::new(),
             helpers: AtomicUsize::new(0),
@@ -157,7 +186,7 @@ pub(super) fn run(threads: usize, n: usize, f: &(dyn Fn(usize) + Sync)) {
     }
     let pool = pool();
     let seats = seats.min(pool.helpers.load(Ordering::Relaxed));
-    {
+    let wake = {
         let mut s = pool.lock();
         if seats == 0 || s.busy {
             drop(s);
@@ -170,21 +199,33 @@ pub(super) fn run(threads: usize, n: usize, f: &(dyn Fn(usize) + Sync)) {
         let ptr = JobPtr((&job as *const Job<'_>).cast::<Job<'static>>());
         s.job = Some(ptr);
         s.epoch = s.epoch.wrapping_add(1);
+        pool.published.store(s.epoch, Ordering::Release);
         s.seats = seats;
         s.busy = true;
-    }
-    for _ in 0..seats {
+        // Spinning helpers see `published`; only blocked ones need a (costly) wake-up.
+        seats.min(s.sleepers)
+    };
+    for _ in 0..wake {
         pool.work.notify_one();
     }
     /// Withdraws the job and waits for the helpers that hold it (also on unwind).
     struct Retract(&'static Pool);
     impl Drop for Retract {
         fn drop(&mut self) {
-            let mut s = self.0.lock();
+            let pool = self.0;
+            let mut s = pool.lock();
             s.job = None;
             s.seats = 0;
-            while s.active > 0 {
-                s = self.0.done.wait(s).unwrap_or_else(|e| e.into_inner());
+            if pool.active.load(Ordering::Acquire) > 0 {
+                drop(s);
+                let t0 = Instant::now();
+                while pool.active.load(Ordering::Acquire) > 0 && t0.elapsed() < SPIN {
+                    std::hint::spin_loop();
+                }
+                s = pool.lock();
+                while pool.active.load(Ordering::Acquire) > 0 {
+                    s = pool.done.wait(s).unwrap_or_else(|e| e.into_inner());
+                }
             }
             s.busy = false;
         }
