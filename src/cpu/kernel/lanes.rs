@@ -105,6 +105,7 @@ pub(super) type Run = (usize, usize, usize);
 /// Σ dy and (when `XMU`) Σ dy·(x − mean) over `runs`, one block: f32 lanes, folded to f64.
 pub(super) fn sum_runs<T: Element, const XMU: bool>(
     isa: Isa,
+    pf: bool,
     dy: &[T],
     x: &[T],
     runs: impl IntoIterator<Item = Run>,
@@ -115,16 +116,16 @@ pub(super) fn sum_runs<T: Element, const XMU: bool>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::sum_runs::<T, XMU>(dy, x, runs, mean) },
+        Isa::Avx2 => unsafe { avx2::sum_runs::<T, XMU>(pf, dy, x, runs, mean) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
         Isa::Avx512 => unsafe {
             if T::DTYPE == DType::F16 {
                 // Faster than the 512-bit loop for f16 (see the module docs); same bits.
-                avx2::sum_runs::<T, XMU>(dy, x, runs, mean)
+                avx2::sum_runs::<T, XMU>(pf, dy, x, runs, mean)
             } else {
-                avx512::sum_runs::<T, XMU>(dy, x, runs, mean)
+                avx512::sum_runs::<T, XMU>(pf, dy, x, runs, mean)
             }
         },
     }
@@ -145,6 +146,7 @@ pub(super) enum Rows<'r> {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn acc_rows<T: Element, const XMU: bool>(
     isa: Isa,
+    pf: bool,
     dy: &[T],
     x: &[T],
     rows: Rows<'_>,
@@ -160,15 +162,15 @@ pub(super) fn acc_rows<T: Element, const XMU: bool>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m) },
+        Isa::Avx2 => unsafe { avx2::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
         Isa::Avx512 => unsafe {
             if T::DTYPE == DType::F16 {
-                avx2::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m)
+                avx2::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m)
             } else {
-                avx512::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m)
+                avx512::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m)
             }
         },
     }
@@ -397,6 +399,7 @@ mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
+        pf: bool,
         dy: &[T],
         x: &[T],
         runs: impl IntoIterator<Item = Run>,
@@ -421,11 +424,13 @@ mod avx2 {
                 let (pd, px) = (d.as_ptr(), xs.as_ptr());
                 let mut i = 0;
                 while i + RUN_LANES <= len {
-                    prefetch(pd.wrapping_add(i + dist));
-                    if XMU {
-                        prefetch(px.wrapping_add(i + dist));
+                    if pf {
+                        prefetch(pd.wrapping_add(i + dist));
+                        if XMU {
+                            prefetch(px.wrapping_add(i + dist));
+                        }
                     }
-                    if size == 4 {
+                    if pf && size == 4 {
                         prefetch(pd.wrapping_add(i + dist + 16));
                         if XMU {
                             prefetch(px.wrapping_add(i + dist + 16));
@@ -513,6 +518,7 @@ mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
+        pf: bool,
         dy: &[T],
         x: &[T],
         rows: Rows<'_>,
@@ -522,7 +528,7 @@ mod avx2 {
         acc_m: &mut [f32],
     ) {
         let nv = len / 8 * 8;
-        let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], nv };
+        let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], nv, pf };
         // SAFETY: every row handed to `group`/`tail` is a slice of exactly `len` elements (cut
         // from `dy`/`x` with bounds checks), `nv ≤ len`; features from the caller.
         unsafe {
@@ -564,6 +570,8 @@ mod avx2 {
         acc_d: *mut [f32],
         acc_m: *mut [f32],
         nv: usize,
+        /// Software prefetches on.
+        pf: bool,
     }
 
     /// Four rows into the lanes: per 8 lanes, the accumulators are loaded once, take the four
@@ -585,7 +593,8 @@ mod avx2 {
         unsafe {
             let mut j = 0;
             while j < l.nv {
-                if EVEN {
+                if !l.pf {
+                } else if EVEN {
                     // The four rows span 4·len elements; walk that span at 4 elements per lane.
                     let ahead = 4 * j + dist;
                     prefetch(pd[0].wrapping_add(ahead));

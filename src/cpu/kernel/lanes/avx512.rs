@@ -249,6 +249,7 @@ unsafe fn partial_step<T: Element, const XMU: bool>(
 /// The CPU must support AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
+    pf: bool,
     dy: &[T],
     x: &[T],
     runs: impl IntoIterator<Item = Run>,
@@ -276,11 +277,13 @@ pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
             }
             let mut i = s;
             while i + RUN_LANES <= len {
-                prefetch(pd.wrapping_add(i + dist));
-                if XMU {
-                    prefetch(px.wrapping_add(i + dist));
+                if pf {
+                    prefetch(pd.wrapping_add(i + dist));
+                    if XMU {
+                        prefetch(px.wrapping_add(i + dist));
+                    }
                 }
-                if size == 4 {
+                if pf && size == 4 {
                     prefetch(pd.wrapping_add(i + dist + 16));
                     if XMU {
                         prefetch(px.wrapping_add(i + dist + 16));
@@ -311,6 +314,7 @@ pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
 /// The CPU must support AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
+    pf: bool,
     dy: &[T],
     x: &[T],
     rows: Rows<'_>,
@@ -319,7 +323,7 @@ pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
     acc_d: &mut [f32],
     acc_m: &mut [f32],
 ) {
-    let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32] };
+    let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], pf };
     // SAFETY: every row handed to `group` is a slice of exactly `len` elements (cut from
     // `dy`/`x` with bounds checks), the lane arrays hold `len` lanes; features from the caller.
     unsafe {
@@ -411,7 +415,7 @@ unsafe fn in_registers<T: Element, const XMU: bool, const V: usize>(
         for k in 0..count {
             let o = k * stride;
             // The rows are evenly spaced: prefetch the span `dist` elements ahead of this row.
-            for q in (0..16 * V).step_by(line) {
+            for q in (0..16 * V).step_by(line).filter(|_| l.pf) {
                 prefetch(pd.wrapping_add(o + dist + q));
                 if XMU {
                     prefetch(px.wrapping_add(o + dist + q));
@@ -486,7 +490,7 @@ unsafe fn in_registers_bf16<T: Element, const XMU: bool, const U: usize>(
         }
         for k in 0..count {
             let o = k * stride;
-            for u in 0..U {
+            for u in (0..U).filter(|_| l.pf) {
                 prefetch(pd.wrapping_add(o + dist + 32 * u));
                 if XMU {
                     prefetch(px.wrapping_add(o + dist + 32 * u));
@@ -517,6 +521,8 @@ struct Lanes<'a> {
     mean: &'a [f32],
     acc_d: *mut [f32],
     acc_m: *mut [f32],
+    /// Software prefetches on.
+    pf: bool,
 }
 
 /// `N` rows into the lanes: per 16 lanes, the accumulators are loaded once, take the rows in
@@ -542,8 +548,8 @@ unsafe fn group<T: Element, const XMU: bool, const EVEN: bool, const N: usize>(r
     unsafe {
         let mut j = 0;
         while j + 16 <= len {
-            if N == 1 {
-                // A lone row (at most 3 per call): no prefetch.
+            if N == 1 || !l.pf {
+                // A lone row (at most 3 per call), or prefetches off.
             } else if EVEN {
                 // The N rows span N·len elements; walk that span at N elements per lane.
                 // Each step consumes 16·N elements of that span: one prefetch per line of them.
