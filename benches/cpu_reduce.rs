@@ -376,6 +376,23 @@ fn accuracy(shape: &[usize], cl: bool, cancel: bool) -> (f64, f64) {
 /// `CPU_REDUCE_PROFILE=dtype:layout:d0,d1,..:threads[:seconds]`: calls the kernel on that case
 /// in a loop (for `perf record`), then prints its GB/s.
 fn profile(spec: &str) {
+    if spec == "tiny" {
+        println!("tiny: {:.3} us zero-copy, {:.3} us allocating", tiny() * 1e6, tiny_allocating() * 1e6);
+        return;
+    }
+    if let Some(n) = spec.strip_prefix("tiny:") {
+        // `tiny:N`: N allocating-API calls on [4, 2] f32 (for callgrind: instructions per call).
+        let n: usize = n.parse().expect("count");
+        let stream = Context::cpu().new_stream().expect("cpu stream");
+        let t = |v: &[f32], s: &[usize]| Tensor::from_slice(&stream, v, s).expect("tensor");
+        let dy = t(&[1., 1., 1., 2., 2., 2., 3., 3.], &[4, 2]);
+        let x = t(&[0., 1., 2., 3., 4., 5., 6., 7.], &[4, 2]);
+        let ones = t(&[1., 1.], &[2]);
+        for _ in 0..n {
+            black_box(ops::batch_norm_reduce_backward(&stream, &dy, &x, &ones, &ones, None, OutputMask::ALL).ok());
+        }
+        return;
+    }
     let parts: Vec<&str> = spec.split(':').collect();
     let shape: Vec<usize> = parts[2].split(',').map(|d| d.parse().expect("dim")).collect();
     let threads: usize = parts[3].parse().expect("threads");

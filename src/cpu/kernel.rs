@@ -73,8 +73,12 @@ const ROWS_PER_BLOCK: usize = LANE_SUMS;
 const MAX_ROW_LANES: usize = 1024;
 /// Fewest lanes of a super-row (enough independent accumulators to hide add latency).
 const MIN_ROW_LANES: usize = 64;
+/// Inputs of at most this many elements (C × positions) take the scalar tiny path.
+const TINY_ELEMS: usize = 256;
+/// Fewest items the rows path makes when it can (by cutting wide rows into lane chunks).
+const MIN_ROW_ITEMS: usize = 8;
 /// About this many elements per work item of the rows path.
-const ROW_TILE_ELEMS: usize = 1 << 18;
+const ROW_TILE_ELEMS: usize = 1 << 16;
 /// Channels per gather tile.
 const GATHER_CHANNELS: usize = 16;
 /// Reduction positions per gather tile (one block per channel).
@@ -98,13 +102,16 @@ pub(crate) fn channel_sums<T: Element>(
     with_xmu: bool,
     threads: usize,
 ) -> ChannelSums {
-    channel_sums_with(Isa::detect(), MIN_BYTES_PER_THREAD, dy, x, mean, with_xmu, threads)
+    channel_sums_with(Isa::detect(), MIN_BYTES_PER_THREAD, TINY_ELEMS, dy, x, mean, with_xmu, threads)
 }
 
-/// [`channel_sums`] on a given instruction set and spawn threshold (the tests vary both).
+/// [`channel_sums`] on a given instruction set, thread threshold and tiny-path limit (the tests
+/// vary all three).
+#[allow(clippy::too_many_arguments)]
 fn channel_sums_with<T: Element>(
     isa: Isa,
     min_bytes_per_thread: usize,
+    tiny_elems: usize,
     dy: StridedView<'_, T>,
     x: StridedView<'_, T>,
     mean: &[f32],
@@ -138,10 +145,12 @@ fn channel_sums_with<T: Element>(
     let chunks = if threads > 1 { (bytes / CHUNK_BYTES).max(2 * threads) } else { 1 };
     let (pf_runs, pf_rows) = prefetch_policy(bytes);
     let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads, chunks, pf_runs, pf_rows };
-    if with_xmu {
-        k.run::<true>()
-    } else {
-        k.run::<false>()
+    let tiny = c.saturating_mul(geo.r) <= tiny_elems;
+    match (tiny, with_xmu) {
+        (true, true) => k.tiny::<true>(),
+        (true, false) => k.tiny::<false>(),
+        (false, true) => k.run::<true>(),
+        (false, false) => k.run::<false>(),
     }
 }
 
@@ -308,6 +317,33 @@ impl<T: Element> Kernel<'_, T> {
         }
     }
 
+    /// Tiny inputs (at most [`TINY_ELEMS`] elements, so at most 256 positions per channel): one
+    /// f32 lane per channel, positions in order, then f64 (one block: the same error bound as
+    /// the other paths). No allocation but the results, no SIMD set-up: a [4, 2] call is mostly
+    /// validation.
+    fn tiny<const XMU: bool>(&self) -> ChannelSums {
+        let g = self.geo;
+        let mut sum_dy = Vec::with_capacity(g.c);
+        let mut sum_m = Vec::with_capacity(if XMU { g.c } else { 0 });
+        for (ch, &mean) in self.mean.iter().enumerate().take(g.c) {
+            let mut o = Odometer::new(g.dims(), 0, g.od + ch * g.csd, g.ox + ch * g.csx);
+            let (mut a, mut m) = (0f32, 0f32);
+            for _ in 0..g.r {
+                let d = self.dy[o.od].to_f32();
+                a += d;
+                if XMU {
+                    m = d.mul_add(self.x[o.ox].to_f32() - mean, m);
+                }
+                o.advance();
+            }
+            sum_dy.push(f64::from(a));
+            if XMU {
+                sum_m.push(f64::from(m));
+            }
+        }
+        ChannelSums { sum_dy, sum_dy_xmu: XMU.then_some(sum_m) }
+    }
+
     /// Runs path: items are blocks `(channel, b)`; one partial per item.
     fn runs<const XMU: bool>(&self) -> ChannelSums {
         let g = self.geo;
@@ -403,9 +439,16 @@ impl<T: Element> Kernel<'_, T> {
         };
         let nchunks = w.div_ceil(MAX_ROW_LANES);
         let cw = w.div_ceil(nchunks).next_multiple_of(8).min(w);
-        let nchunks = w.div_ceil(cw);
         let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
         let ntiles = nrows.div_ceil(tile_rows);
+        // Few tiles of wide rows (e.g. [256, 1024]: one tile): cut the lanes finer, down to 128
+        // per chunk, so that the threads have several items to share. Lanes are independent
+        // sums, so this changes no bit.
+        let mut cw = cw;
+        while ntiles * w.div_ceil(cw) < MIN_ROW_ITEMS && cw >= 256 {
+            cw = (cw / 2).next_multiple_of(64);
+        }
+        let nchunks = w.div_ceil(cw);
         let n_items = ntiles * nchunks;
         // Lane j's mean: channel j mod C (super-rows) or channel j.
         let super_means: Vec<f32> = match super_row {
@@ -437,12 +480,13 @@ impl<T: Element> Kernel<'_, T> {
                         Some(_) => {
                             // Super-rows are contiguous; the very last one may be partial.
                             let full = rb.min(total / w);
-                            // (One chunk of lanes: w ≤ MAX_ROW_LANES here, so l0 == 0.)
-                            let (d, x) = (g.od + r0 * w, g.ox + r0 * w);
+                            let (d, x) = (g.od + r0 * w + l0, g.ox + r0 * w + l0);
                             let rows = Rows::Strided { d, x, stride: w, count: full.saturating_sub(r0) };
                             lanes::acc_rows::<T, XMU>(self.isa, self.pf_rows, self.dy, self.x, rows, lanes, md, ad, am);
-                            if full < rb {
-                                let (d, x) = (g.od + full * w, g.ox + full * w);
+                            // Lanes of this chunk inside the partial super-row.
+                            let tail = (total - full * w).saturating_sub(l0).min(lanes);
+                            if full < rb && tail > 0 {
+                                let (d, x) = (g.od + full * w + l0, g.ox + full * w + l0);
                                 let rows = Rows::Strided { d, x, stride: w, count: 1 };
                                 lanes::acc_rows::<T, XMU>(
                                     self.isa,
@@ -450,7 +494,7 @@ impl<T: Element> Kernel<'_, T> {
                                     self.dy,
                                     self.x,
                                     rows,
-                                    total - full * w,
+                                    tail,
                                     md,
                                     ad,
                                     am,
@@ -478,9 +522,13 @@ impl<T: Element> Kernel<'_, T> {
         let (pd, pm) = parts.split_at(n_parts);
         // Channel ch: its lanes ch, ch + C, ... (w is a multiple of C) of each tile in order.
         let fold = |p: &[f64]| {
-            (0..c)
-                .map(|ch| p.chunks_exact(w).flat_map(|tile| tile[ch..].iter().step_by(c)).fold(0.0, |a, &v| a + v))
-                .collect()
+            let mut out = vec![0.0; c];
+            for seg in p.chunks_exact(c) {
+                for (o, v) in out.iter_mut().zip(seg) {
+                    *o += v;
+                }
+            }
+            out
         };
         ChannelSums { sum_dy: fold(pd), sum_dy_xmu: XMU.then(|| fold(pm)) }
     }

@@ -209,8 +209,16 @@ impl<'a> ViewMut<'a> {
     /// Writes `values[c]` (rounded once) to element `c` of this validated rank-1 view.
     fn write(&mut self, values: impl Iterator<Item = f64>) {
         let (offset, stride) = (self.geom.offset, self.geom.strides[0]);
-        for (c, v) in values.enumerate() {
-            self.data.set_f64(offset + c * stride, v);
+        // One dtype dispatch per output, not per channel (C can be thousands).
+        fn put<T>(s: &mut [T], offset: usize, stride: usize, values: impl Iterator<Item = f64>, f: impl Fn(f64) -> T) {
+            for (c, v) in values.enumerate() {
+                s[offset + c * stride] = f(v);
+            }
+        }
+        match &mut self.data {
+            SliceMut::F32(s) => put(s, offset, stride, values, |v| v as f32),
+            SliceMut::F16(s) => put(s, offset, stride, values, crate::dtype::f16::from_f64),
+            SliceMut::BF16(s) => put(s, offset, stride, values, crate::dtype::bf16::from_f64),
         }
     }
 }

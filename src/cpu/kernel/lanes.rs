@@ -517,6 +517,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
         pf: bool,
         dy: &[T],
