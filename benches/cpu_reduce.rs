@@ -172,7 +172,7 @@ struct Row {
 /// Kernel (at most `threads` threads) vs streaming read on one shape/layout, interleaved, best of
 /// `rounds`.
 fn compare<T: Element>(dy: &[T], x: &[T], shape: &[usize], cl: bool, threads: usize, cached: bool) -> Row {
-    let rounds = if cached { 15 } else { 8 };
+    let rounds = if cached { 25 } else { 8 };
     let st = strides(shape, cl);
     let c = shape[1];
     let mean: Vec<f32> = (0..c).map(|i| 0.1 * i as f32).collect();

@@ -441,11 +441,12 @@ impl<T: Element> Kernel<'_, T> {
         let cw = w.div_ceil(nchunks).next_multiple_of(8).min(w);
         let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
         let ntiles = nrows.div_ceil(tile_rows);
-        // Few tiles of wide rows (e.g. [256, 1024]: one tile): cut the lanes finer, down to 128
-        // per chunk, so that the threads have several items to share. Lanes are independent
-        // sums, so this changes no bit.
+        // Few tiles of wide rows (e.g. [256, 1024]: one tile) and several threads: cut the lanes
+        // finer, down to 128 per chunk, so that the threads have several items to share (one
+        // thread reads whole rows: [256, 1024] f32 45 GB/s, against 40 in 128-lane chunks).
+        // Lanes are independent sums, so this changes no bit.
         let mut cw = cw;
-        while ntiles * w.div_ceil(cw) < MIN_ROW_ITEMS && cw >= 256 {
+        while self.threads > 1 && ntiles * w.div_ceil(cw) < MIN_ROW_ITEMS && cw >= 256 {
             cw = (cw / 2).next_multiple_of(64);
         }
         let nchunks = w.div_ceil(cw);
