@@ -451,6 +451,12 @@ mod avx2 {
                                 am[k] = _mm256_fmadd_ps(a[v], _mm256_sub_ps(b[v], mv), am[k]);
                             }
                         }
+                        if T::DTYPE == DType::BF16 {
+                            // Keeps the next unit's loads below this unit's arithmetic: hoisted,
+                            // they needed more than the 16 registers and LLVM spilled an
+                            // accumulator, so every step waited on a store-to-load round trip.
+                            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+                        }
                     }
                     i += RUN_LANES;
                 }
