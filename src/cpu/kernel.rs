@@ -18,11 +18,12 @@
 //!     of up to [`GATHER_CHANNELS`] channels × [`GATHER_POSITIONS`] positions are copied into
 //!     contiguous per-channel buffers and summed like runs.
 //! - **Threads.** The work is cut into items (blocks or tiles) whose boundaries depend only on
-//!   the shape and strides; each item writes its own f64 partials, threads take contiguous item
-//!   ranges, and partials are combined per channel in item order after the join. So the results
-//!   are bit-identical for any thread count, and Σdy's bits do not depend on `with_xmu`.
-//!   A thread is only spawned for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x: a
-//!   scoped spawn + join costs 15-40 µs, as much as summing ~4 MiB that sits in L2/L3.
+//!   the shape and strides; each item writes its own f64 partials, and partials are combined per
+//!   channel in item order after the join. So the results are bit-identical for any thread
+//!   count, and Σdy's bits do not depend on `with_xmu`. Items are grouped into chunks of about
+//!   [`CHUNK_BYTES`] that the caller and the persistent helpers of [`pool`] claim as they come
+//!   free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
+//!   Inputs of at most [`TINY_ELEMS`] elements take a scalar path (no SIMD set-up).
 //! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
 //!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), else portable
 //!   Rust (half's slice conversions); all give the same bits.
