@@ -1,21 +1,30 @@
-//! CPU backend throughput, tiny-call latency and long-channel accuracy.
+//! CPU backend throughput against a streaming read and against PyTorch's CPU kernel, tiny-call
+//! latency and long-channel accuracy.
 //!
-//! `cargo bench --bench cpu_reduce` (about 15 s after the build). Everything goes through the public
-//! zero-copy entry `ascend::cpu::batch_norm_reduce_backward` with sumDy and sumDyXmu enabled.
+//! `cargo bench --bench cpu_reduce` (a few minutes after the build). Everything goes through the
+//! public zero-copy entry `ascend::cpu::batch_norm_reduce_backward` with sumDy and sumDyXmu
+//! enabled, at 1 thread and at all cores (`ascend::cpu::set_max_threads`).
 //!
-//! - Throughput: GB/s = bytes of dy + x read per second. Each is compared with a streaming read
-//!   of the same bytes measured in the same run (integer sums with AVX2 when the CPU has it,
-//!   several accumulators, the same thread split). Main-memory shapes use all cores for both;
-//!   for cache-resident shapes the streaming rate is the better of one thread and all cores.
+//! - GB/s = bytes of dy + x read per second. `stream` is a streaming read of the same bytes in
+//!   the same run (integer sums with AVX2 when the CPU has it, several accumulators) on the same
+//!   number of threads; for cache-resident shapes at several threads it is the better of one
+//!   thread and that many.
+//! - `torch` is PyTorch's CPU kernel on the same shapes, timed by `benches/torch_peer.py` (see
+//!   there which function) with the interpreter in `TORCH_PYTHON` (default `python3`); the column
+//!   is empty when torch cannot be imported. `xtorch` = our GB/s / torch's.
 //! - Every timing is the best of several repetitions, interleaved kernel/stream, because other
 //!   work on the machine only ever makes a run slower.
+//! - Environment: `CPU_REDUCE_ONLY=cache` skips the main-memory shapes and the accuracy runs;
+//!   `CPU_REDUCE_TORCH=0` skips the peer; `ASCEND_CPU_ISA=avx2` forces the AVX2 code on an
+//!   AVX-512 CPU (the kernel reads it once).
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
 use ascend::cpu::{self, Outputs, View, ViewMut};
-use ascend::ops::OutputMask;
-use ascend::{bf16, f16, Element};
+use ascend::ops::{self, OutputMask};
+use ascend::{bf16, f16, Context, Element, Tensor};
 
 /// xorshift64*.
 struct Rng(u64);
@@ -160,53 +169,141 @@ struct Row {
     stream: f64,
 }
 
-/// Kernel vs streaming read on one shape/layout, interleaved, best of `rounds`.
-fn compare<T: Element>(dy: &[T], x: &[T], shape: &[usize], cl: bool, rounds: usize, cached: bool) -> Row {
+/// Kernel (at most `threads` threads) vs streaming read on one shape/layout, interleaved, best of
+/// `rounds`.
+fn compare<T: Element>(dy: &[T], x: &[T], shape: &[usize], cl: bool, threads: usize, cached: bool) -> Row {
+    let rounds = if cached { 25 } else { 8 };
     let st = strides(shape, cl);
     let c = shape[1];
     let mean: Vec<f32> = (0..c).map(|i| 0.1 * i as f32).collect();
     let mut out = [vec![0f32; c], vec![0f32; c]];
     let (wa, wb) = (words(dy), words(x));
-    let all = threads();
+    cpu::set_max_threads(threads);
     let target = if cached { 0.01 } else { 0.0 };
     let nk = calibrate(target, || op(dy, x, shape, &st, &mean, &mut out));
     let ns = calibrate(target, || {
-        black_box(stream(wa, wb, all));
+        black_box(stream(wa, wb, threads));
     });
     let (mut tk, mut ts) = (f64::MAX, f64::MAX);
     for _ in 0..rounds {
         tk = tk.min(time_batch(nk, || op(black_box(dy), black_box(x), shape, &st, &mean, &mut out)));
         ts = ts.min(time_batch(ns, || {
-            black_box(stream(black_box(wa), black_box(wb), all));
+            black_box(stream(black_box(wa), black_box(wb), threads));
         }));
-        if cached && all > 1 {
+        if cached && threads > 1 {
             ts = ts.min(time_batch(ns, || {
                 black_box(stream(black_box(wa), black_box(wb), 1));
             }));
         }
     }
+    cpu::set_max_threads(0);
     let bytes = (std::mem::size_of_val(dy) + std::mem::size_of_val(x)) as f64;
     Row { kernel: bytes / tk / 1e9, stream: bytes / ts / 1e9 }
 }
 
-fn throughput<T: Element>(name: &str, shapes: &[(&str, &[usize])], rounds: usize, cached: bool) {
-    for &(label, shape) in shapes {
-        let n: usize = shape.iter().product();
-        let dy: Vec<T> = random(n, 11, -2.0, 2.0);
-        let x: Vec<T> = random(n, 12, -3.0, 3.0);
-        for cl in [false, true] {
-            let r = compare(&dy, &x, shape, cl, rounds, cached);
+/// One benchmark shape.
+struct Case {
+    cached: bool,
+    dtype: &'static str,
+    shape: &'static [usize],
+}
+
+impl Case {
+    fn layouts(&self) -> &'static [bool] {
+        // A contiguous 2-D [N, C] is channels-last already.
+        if self.shape.len() > 2 {
+            &[false, true]
+        } else {
+            &[false]
+        }
+    }
+
+    /// The peer script's name for one layout of this case.
+    fn key(&self, cl: bool) -> String {
+        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        format!("{}:{}:{}", self.dtype, if cl { "cl" } else { "nchw" }, dims.join(","))
+    }
+}
+
+/// Seconds per call of PyTorch's kernel per case key, at `threads` threads (empty without torch).
+fn torch_times(cases: &[Case], threads: usize) -> HashMap<String, f64> {
+    let mut map = HashMap::new();
+    if std::env::var("CPU_REDUCE_TORCH").is_ok_and(|v| v == "0") {
+        return map;
+    }
+    let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
+    let keys = cases.iter().flat_map(|c| c.layouts().iter().map(|&cl| c.key(cl)));
+    let out = std::process::Command::new(&python).arg(script).arg(threads.to_string()).args(keys).output();
+    match out {
+        Ok(o) => {
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                if let Some(h) = line.strip_prefix('#') {
+                    println!("peer ({python}):{h}");
+                } else if let Some((k, t)) = line.split_once(' ') {
+                    if let Ok(t) = t.trim().parse::<f64>() {
+                        map.insert(k.to_string(), t);
+                    }
+                }
+            }
+        }
+        Err(e) => println!("peer: cannot run {python}: {e}"),
+    }
+    map
+}
+
+fn throughput<T: Element>(case: &Case, thread_counts: &[usize], torch: &[HashMap<String, f64>]) {
+    let shape = case.shape;
+    let n: usize = shape.iter().product();
+    let dy: Vec<T> = random(n, 11, -2.0, 2.0);
+    let x: Vec<T> = random(n, 12, -3.0, 3.0);
+    let bytes = (2 * n * std::mem::size_of::<T>()) as f64;
+    for &cl in case.layouts() {
+        for (&threads, peer) in thread_counts.iter().zip(torch) {
+            let r = compare(&dy, &x, shape, cl, threads, case.cached);
+            let (tg, xt) = match peer.get(&case.key(cl)) {
+                Some(&t) => (format!("{:.2}", bytes / t / 1e9), format!("{:.2}", r.kernel * t * 1e9 / bytes)),
+                None => ("-".into(), "-".into()),
+            };
             println!(
-                "{label:<6} {name:<5} {:<14} {:>22} {:>9.1} MiB {:>8.2} {:>8.2} {:>7.2}",
-                if cl { "channels-last" } else { "NCHW" },
+                "{:<6} {:<5} {:<5} {:>20} {:>9.2} MiB {:>2} {:>8.2} {:>8.2} {:>6.2} {:>8} {:>6} {:>9.1}",
+                if case.cached { "cache" } else { "memory" },
+                case.dtype,
+                if cl { "CL" } else { "NCHW" },
                 format!("{shape:?}"),
-                2.0 * (n * std::mem::size_of::<T>()) as f64 / (1 << 20) as f64,
+                bytes / (1 << 20) as f64,
+                threads,
                 r.kernel,
                 r.stream,
-                r.kernel / r.stream
+                r.kernel / r.stream,
+                tg,
+                xt,
+                bytes / r.kernel / 1e3,
             );
         }
     }
+}
+
+/// Seconds per call of the allocating API (`ops::batch_norm_reduce_backward` on a CPU stream,
+/// all four outputs allocated as new tensors) on a [4, 2] f32 input.
+fn tiny_allocating() -> f64 {
+    let stream = Context::cpu().new_stream().expect("cpu stream");
+    let t = |v: &[f32], s: &[usize]| Tensor::from_slice(&stream, v, s).expect("tensor");
+    let dy = t(&[1., 1., 1., 2., 2., 2., 3., 3.], &[4, 2]);
+    let x = t(&[0., 1., 2., 3., 4., 5., 6., 7.], &[4, 2]);
+    let ones = t(&[1., 1.], &[2]);
+    let mut call = || {
+        black_box(
+            ops::batch_norm_reduce_backward(&stream, black_box(&dy), &x, &ones, &ones, None, OutputMask::ALL)
+                .expect("valid call"),
+        );
+    };
+    let n = calibrate(0.02, &mut call);
+    let best = (0..10).map(|_| time_batch(n, &mut call)).fold(f64::MAX, f64::min);
+    let r = ops::batch_norm_reduce_backward(&stream, &dy, &x, &ones, &ones, None, OutputMask::ALL).expect("call");
+    let sum_dy_xmu: Vec<f32> = r.sum_dy_xmu.expect("output").to_vec(&stream).expect("read");
+    assert_eq!(sum_dy_xmu, [21.0, 30.0]);
+    best
 }
 
 fn tiny() -> f64 {
@@ -276,35 +373,108 @@ fn accuracy(shape: &[usize], cl: bool, cancel: bool) -> (f64, f64) {
     ((f64::from(out[0][0]) - sd).abs() / sd.abs(), (f64::from(out[1][0]) - sm).abs() / sm.abs())
 }
 
+/// `CPU_REDUCE_PROFILE=dtype:layout:d0,d1,..:threads[:seconds]`: calls the kernel on that case
+/// in a loop (for `perf record`), then prints its GB/s.
+fn profile(spec: &str) {
+    if spec == "tiny" {
+        println!("tiny: {:.3} us zero-copy, {:.3} us allocating", tiny() * 1e6, tiny_allocating() * 1e6);
+        return;
+    }
+    if let Some(n) = spec.strip_prefix("tiny:") {
+        // `tiny:N`: N allocating-API calls on [4, 2] f32 (for callgrind: instructions per call).
+        let n: usize = n.parse().expect("count");
+        let stream = Context::cpu().new_stream().expect("cpu stream");
+        let t = |v: &[f32], s: &[usize]| Tensor::from_slice(&stream, v, s).expect("tensor");
+        let dy = t(&[1., 1., 1., 2., 2., 2., 3., 3.], &[4, 2]);
+        let x = t(&[0., 1., 2., 3., 4., 5., 6., 7.], &[4, 2]);
+        let ones = t(&[1., 1.], &[2]);
+        for _ in 0..n {
+            black_box(ops::batch_norm_reduce_backward(&stream, &dy, &x, &ones, &ones, None, OutputMask::ALL).ok());
+        }
+        return;
+    }
+    let parts: Vec<&str> = spec.split(':').collect();
+    let shape: Vec<usize> = parts[2].split(',').map(|d| d.parse().expect("dim")).collect();
+    let threads: usize = parts[3].parse().expect("threads");
+    let secs: f64 = parts.get(4).map_or(5.0, |s| s.parse().expect("seconds"));
+    let cl = parts[1] == "cl";
+    fn go<T: Element>(shape: &[usize], cl: bool, threads: usize, secs: f64) {
+        let n: usize = shape.iter().product();
+        let dy: Vec<T> = random(n, 11, -2.0, 2.0);
+        let x: Vec<T> = random(n, 12, -3.0, 3.0);
+        let st = strides(shape, cl);
+        let mean: Vec<f32> = (0..shape[1]).map(|i| 0.1 * i as f32).collect();
+        let mut out = [vec![0f32; shape[1]], vec![0f32; shape[1]]];
+        cpu::set_max_threads(threads);
+        let (t0, mut calls, mut best) = (Instant::now(), 0usize, f64::MAX);
+        while t0.elapsed().as_secs_f64() < secs {
+            let t = Instant::now();
+            op(black_box(&dy), black_box(&x), shape, &st, &mean, &mut out);
+            best = best.min(t.elapsed().as_secs_f64());
+            calls += 1;
+        }
+        let bytes = 2.0 * (n * std::mem::size_of::<T>()) as f64;
+        println!("{calls} calls, best {:.1} us = {:.2} GB/s", best * 1e6, bytes / best / 1e9);
+    }
+    match parts[0] {
+        "f32" => go::<f32>(&shape, cl, threads, secs),
+        "f16" => go::<f16>(&shape, cl, threads, secs),
+        _ => go::<bf16>(&shape, cl, threads, secs),
+    }
+}
+
+/// The CPU's model name (Linux), else the architecture.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
 fn main() {
     let start = Instant::now();
-    println!(
-        "cpu_reduce: {} threads; best of several interleaved repetitions (other load only slows a run)",
-        threads()
-    );
-    println!(
-        "{:<6} {:<5} {:<14} {:>22} {:>13} {:>8} {:>8} {:>7}",
-        "where", "dtype", "layout", "shape", "dy+x", "GB/s", "stream", "ratio"
-    );
+    let all = threads();
+    println!("cpu_reduce: {} ({} cores), kernel ISA {}", cpu_model(), all, cpu::instruction_set());
+    println!("best of several interleaved repetitions (other load only slows a run)");
+    if let Ok(spec) = std::env::var("CPU_REDUCE_PROFILE") {
+        profile(&spec);
+        return;
+    }
     // CPU_REDUCE_ONLY=cache: skip the main-memory shapes and the accuracy runs (quick A/B runs).
     let only_cache = std::env::var("CPU_REDUCE_ONLY").is_ok_and(|v| v == "cache");
-    // Main memory: 2 × 256 MiB per dtype.
-    let mem32: &[(&str, &[usize])] = &[("memory", &[64, 64, 128, 128])];
-    let mem16: &[(&str, &[usize])] = &[("memory", &[128, 64, 128, 128])];
-    if !only_cache {
-        throughput::<f32>("f32", mem32, 8, false);
-        throughput::<f16>("f16", mem16, 8, false);
-        throughput::<bf16>("bf16", mem16, 8, false);
+    let cases: Vec<Case> = [
+        (true, &[256usize, 1024][..]),
+        (true, &[4, 32, 8, 16, 16]),
+        (true, &[8, 256, 28, 28]),
+        (true, &[8, 64, 32, 32]),
+        (false, &[1, 4, 4096, 4096]),
+        (false, &[64, 64, 128, 128]),
+    ]
+    .into_iter()
+    .filter(|&(cached, _)| cached || !only_cache)
+    .flat_map(|(cached, shape)| ["f32", "f16", "bf16"].map(|dtype| Case { cached, dtype, shape }))
+    .collect();
+    let thread_counts: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
+    let torch: Vec<HashMap<String, f64>> = thread_counts.iter().map(|&t| torch_times(&cases, t)).collect();
+    println!(
+        "{:<6} {:<5} {:<5} {:>20} {:>13} {:>2} {:>8} {:>8} {:>6} {:>8} {:>6} {:>9}",
+        "where", "dtype", "lay", "shape", "dy+x", "th", "GB/s", "stream", "ratio", "torch", "xtorch", "us/call"
+    );
+    for case in &cases {
+        match case.dtype {
+            "f32" => throughput::<f32>(case, &thread_counts, &torch),
+            "f16" => throughput::<f16>(case, &thread_counts, &torch),
+            _ => throughput::<bf16>(case, &thread_counts, &torch),
+        }
     }
-    // Cache-resident: 256 KiB, 1 MiB (L2) and 4 MiB (L2 + L3) of f32; half that in f16/bf16.
-    let cache: &[(&str, &[usize])] =
-        &[("cache", &[2, 16, 32, 32]), ("cache", &[4, 32, 32, 32]), ("cache", &[8, 64, 32, 32])];
-    throughput::<f32>("f32", cache, 15, true);
-    throughput::<f16>("f16", cache, 15, true);
-    throughput::<bf16>("bf16", cache, 15, true);
 
-    println!("tiny [4, 2] f32, all four outputs: {:.3} µs per call", tiny() * 1e6);
-
+    println!("tiny [4, 2] f32, all four outputs: {:.3} µs per call (zero-copy cpu entry)", tiny() * 1e6);
+    println!("tiny [4, 2] f32, all four outputs: {:.3} µs per call (allocating ops API)", tiny_allocating() * 1e6);
     if only_cache {
         return;
     }

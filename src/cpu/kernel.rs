@@ -18,11 +18,12 @@
 //!     of up to [`GATHER_CHANNELS`] channels × [`GATHER_POSITIONS`] positions are copied into
 //!     contiguous per-channel buffers and summed like runs.
 //! - **Threads.** The work is cut into items (blocks or tiles) whose boundaries depend only on
-//!   the shape and strides; each item writes its own f64 partials, threads take contiguous item
-//!   ranges, and partials are combined per channel in item order after the join. So the results
-//!   are bit-identical for any thread count, and Σdy's bits do not depend on `with_xmu`.
-//!   A thread is only spawned for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x: a
-//!   scoped spawn + join costs 15-40 µs, as much as summing ~4 MiB that sits in L2/L3.
+//!   the shape and strides; each item writes its own f64 partials, and partials are combined per
+//!   channel in item order after the join. So the results are bit-identical for any thread
+//!   count, and Σdy's bits do not depend on `with_xmu`. Items are grouped into chunks of about
+//!   [`CHUNK_BYTES`] that the caller and the persistent helpers of [`pool`] claim as they come
+//!   free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
+//!   Inputs of at most [`TINY_ELEMS`] elements take a scalar path (no SIMD set-up).
 //! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
 //!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), else portable
 //!   Rust (half's slice conversions); all give the same bits.
@@ -34,6 +35,7 @@ use std::sync::{Mutex, OnceLock};
 use crate::dtype::Element;
 
 mod lanes;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -72,14 +74,21 @@ const ROWS_PER_BLOCK: usize = LANE_SUMS;
 const MAX_ROW_LANES: usize = 1024;
 /// Fewest lanes of a super-row (enough independent accumulators to hide add latency).
 const MIN_ROW_LANES: usize = 64;
+/// Inputs of at most this many elements (C × positions) take the scalar tiny path.
+const TINY_ELEMS: usize = 256;
+/// Fewest items the rows path makes when it can (by cutting wide rows into lane chunks).
+const MIN_ROW_ITEMS: usize = 8;
 /// About this many elements per work item of the rows path.
-const ROW_TILE_ELEMS: usize = 1 << 18;
+const ROW_TILE_ELEMS: usize = 1 << 16;
 /// Channels per gather tile.
 const GATHER_CHANNELS: usize = 16;
 /// Reduction positions per gather tile (one block per channel).
 const GATHER_POSITIONS: usize = 512;
-/// Fewest bytes of dy + x each thread must get before another thread is spawned.
-const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Fewest bytes of dy + x each thread must get before another thread is woken.
+const MIN_BYTES_PER_THREAD: usize = 256 << 10;
+/// About this many bytes of dy + x per chunk of work the threads claim (small enough that a
+/// thread arriving late, or slowed by other load on its core, delays the call by little).
+const CHUNK_BYTES: usize = 256 << 10;
 /// Most reduction dims (rank ≤ 8, channel excluded).
 const MAX_DIMS: usize = 7;
 
@@ -94,13 +103,16 @@ pub(crate) fn channel_sums<T: Element>(
     with_xmu: bool,
     threads: usize,
 ) -> ChannelSums {
-    channel_sums_with(Isa::detect(), MIN_BYTES_PER_THREAD, dy, x, mean, with_xmu, threads)
+    channel_sums_with(Isa::detect(), MIN_BYTES_PER_THREAD, TINY_ELEMS, dy, x, mean, with_xmu, threads)
 }
 
-/// [`channel_sums`] on a given instruction set and spawn threshold (the tests vary both).
+/// [`channel_sums`] on a given instruction set, thread threshold and tiny-path limit (the tests
+/// vary all three).
+#[allow(clippy::too_many_arguments)]
 fn channel_sums_with<T: Element>(
     isa: Isa,
     min_bytes_per_thread: usize,
+    tiny_elems: usize,
     dy: StridedView<'_, T>,
     x: StridedView<'_, T>,
     mean: &[f32],
@@ -131,12 +143,21 @@ fn channel_sums_with<T: Element>(
     };
     let bytes = c.saturating_mul(geo.r).saturating_mul(2 * std::mem::size_of::<T>());
     let threads = threads.min((bytes / min_bytes_per_thread.max(1)).max(1));
-    let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads };
-    if with_xmu {
-        k.run::<true>()
-    } else {
-        k.run::<false>()
+    let chunks = if threads > 1 { (bytes / CHUNK_BYTES).max(2 * threads) } else { 1 };
+    let (pf_runs, pf_rows) = prefetch_policy(bytes);
+    let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads, chunks, pf_runs, pf_rows };
+    let tiny = c.saturating_mul(geo.r) <= tiny_elems;
+    match (tiny, with_xmu) {
+        (true, true) => k.tiny::<true>(),
+        (true, false) => k.tiny::<false>(),
+        (false, true) => k.run::<true>(),
+        (false, false) => k.run::<false>(),
     }
+}
+
+/// The name of the instruction set [`channel_sums`] uses.
+pub(crate) fn isa_name() -> &'static str {
+    Isa::detect().name()
 }
 
 /// One reduction dim: size and the two views' strides.
@@ -281,6 +302,11 @@ struct Kernel<'a, T> {
     x: &'a [T],
     mean: &'a [f32],
     threads: usize,
+    /// Most pieces the items are cut into for the threads to claim.
+    chunks: usize,
+    /// Software prefetches on the runs and the rows paths (see [`prefetch_policy`]).
+    pf_runs: bool,
+    pf_rows: bool,
 }
 
 impl<T: Element> Kernel<'_, T> {
@@ -290,6 +316,33 @@ impl<T: Element> Kernel<'_, T> {
             Path::Rows(super_row) => self.rows::<XMU>(super_row),
             Path::Gather => self.gather::<XMU>(),
         }
+    }
+
+    /// Tiny inputs (at most [`TINY_ELEMS`] elements, so at most 256 positions per channel): one
+    /// f32 lane per channel, positions in order, then f64 (one block: the same error bound as
+    /// the other paths). No allocation but the results, no SIMD set-up: a [4, 2] call is mostly
+    /// validation.
+    fn tiny<const XMU: bool>(&self) -> ChannelSums {
+        let g = self.geo;
+        let mut sum_dy = Vec::with_capacity(g.c);
+        let mut sum_m = Vec::with_capacity(if XMU { g.c } else { 0 });
+        for (ch, &mean) in self.mean.iter().enumerate().take(g.c) {
+            let mut o = Odometer::new(g.dims(), 0, g.od + ch * g.csd, g.ox + ch * g.csx);
+            let (mut a, mut m) = (0f32, 0f32);
+            for _ in 0..g.r {
+                let d = self.dy[o.od].to_f32();
+                a += d;
+                if XMU {
+                    m = d.mul_add(self.x[o.ox].to_f32() - mean, m);
+                }
+                o.advance();
+            }
+            sum_dy.push(f64::from(a));
+            if XMU {
+                sum_m.push(f64::from(m));
+            }
+        }
+        ChannelSums { sum_dy, sum_dy_xmu: XMU.then_some(sum_m) }
     }
 
     /// Runs path: items are blocks `(channel, b)`; one partial per item.
@@ -335,6 +388,7 @@ impl<T: Element> Kernel<'_, T> {
         parallel(
             n_items,
             self.threads,
+            self.chunks,
             |i| i,
             pd,
             pm,
@@ -347,7 +401,7 @@ impl<T: Element> Kernel<'_, T> {
                         let o = Odometer::new(outer, b / nseg, bd, bx);
                         let start = b % nseg * seg;
                         let run: Run = (o.od + start, o.ox + start, seg.min(l - start));
-                        lanes::sum_runs::<T, XMU>(isa, dy, x, [run], mean)
+                        lanes::sum_runs::<T, XMU>(isa, self.pf_runs, dy, x, [run], mean)
                     } else {
                         let m0 = b * per;
                         let mut o = Odometer::new(outer, m0, bd, bx);
@@ -356,7 +410,7 @@ impl<T: Element> Kernel<'_, T> {
                             o.advance();
                             run
                         });
-                        lanes::sum_runs::<T, XMU>(isa, dy, x, runs, mean)
+                        lanes::sum_runs::<T, XMU>(isa, self.pf_runs, dy, x, runs, mean)
                     };
                     pd[k] = sd;
                     if XMU {
@@ -386,9 +440,17 @@ impl<T: Element> Kernel<'_, T> {
         };
         let nchunks = w.div_ceil(MAX_ROW_LANES);
         let cw = w.div_ceil(nchunks).next_multiple_of(8).min(w);
-        let nchunks = w.div_ceil(cw);
         let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
         let ntiles = nrows.div_ceil(tile_rows);
+        // Few tiles of wide rows (e.g. [256, 1024]: one tile) and several threads: cut the lanes
+        // finer, down to 128 per chunk, so that the threads have several items to share (one
+        // thread reads whole rows: [256, 1024] f32 45 GB/s, against 40 in 128-lane chunks).
+        // Lanes are independent sums, so this changes no bit.
+        let mut cw = cw;
+        while self.threads > 1 && ntiles * w.div_ceil(cw) < MIN_ROW_ITEMS && cw >= 256 {
+            cw = (cw / 2).next_multiple_of(64);
+        }
+        let nchunks = w.div_ceil(cw);
         let n_items = ntiles * nchunks;
         // Lane j's mean: channel j mod C (super-rows) or channel j.
         let super_means: Vec<f32> = match super_row {
@@ -400,7 +462,7 @@ impl<T: Element> Kernel<'_, T> {
         let n_parts = ntiles * w;
         let mut parts = vec![0.0; if XMU { 2 * n_parts } else { n_parts }];
         let (pd, pm) = parts.split_at_mut(n_parts);
-        parallel(n_items, self.threads, off, pd, pm, |items, pd, pm| {
+        parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
             let mut acc = vec![0f32; if XMU { 2 * cw } else { cw }];
             let (acc_d, acc_m) = acc.split_at_mut(cw);
@@ -420,19 +482,21 @@ impl<T: Element> Kernel<'_, T> {
                         Some(_) => {
                             // Super-rows are contiguous; the very last one may be partial.
                             let full = rb.min(total / w);
-                            // (One chunk of lanes: w ≤ MAX_ROW_LANES here, so l0 == 0.)
-                            let (d, x) = (g.od + r0 * w, g.ox + r0 * w);
+                            let (d, x) = (g.od + r0 * w + l0, g.ox + r0 * w + l0);
                             let rows = Rows::Strided { d, x, stride: w, count: full.saturating_sub(r0) };
-                            lanes::acc_rows::<T, XMU>(self.isa, self.dy, self.x, rows, lanes, md, ad, am);
-                            if full < rb {
-                                let (d, x) = (g.od + full * w, g.ox + full * w);
+                            lanes::acc_rows::<T, XMU>(self.isa, self.pf_rows, self.dy, self.x, rows, lanes, md, ad, am);
+                            // Lanes of this chunk inside the partial super-row.
+                            let tail = (total - full * w).saturating_sub(l0).min(lanes);
+                            if full < rb && tail > 0 {
+                                let (d, x) = (g.od + full * w + l0, g.ox + full * w + l0);
                                 let rows = Rows::Strided { d, x, stride: w, count: 1 };
                                 lanes::acc_rows::<T, XMU>(
                                     self.isa,
+                                    self.pf_rows,
                                     self.dy,
                                     self.x,
                                     rows,
-                                    total - full * w,
+                                    tail,
                                     md,
                                     ad,
                                     am,
@@ -446,7 +510,7 @@ impl<T: Element> Kernel<'_, T> {
                                 odo.advance();
                             }
                             let rows = Rows::List(&rows);
-                            lanes::acc_rows::<T, XMU>(self.isa, self.dy, self.x, rows, lanes, md, ad, am);
+                            lanes::acc_rows::<T, XMU>(self.isa, self.pf_rows, self.dy, self.x, rows, lanes, md, ad, am);
                         }
                     }
                     flush(part_d, &mut acc_d[..lanes]);
@@ -460,9 +524,13 @@ impl<T: Element> Kernel<'_, T> {
         let (pd, pm) = parts.split_at(n_parts);
         // Channel ch: its lanes ch, ch + C, ... (w is a multiple of C) of each tile in order.
         let fold = |p: &[f64]| {
-            (0..c)
-                .map(|ch| p.chunks_exact(w).flat_map(|tile| tile[ch..].iter().step_by(c)).fold(0.0, |a, &v| a + v))
-                .collect()
+            let mut out = vec![0.0; c];
+            for seg in p.chunks_exact(c) {
+                for (o, v) in out.iter_mut().zip(seg) {
+                    *o += v;
+                }
+            }
+            out
         };
         ChannelSums { sum_dy: fold(pd), sum_dy_xmu: XMU.then(|| fold(pm)) }
     }
@@ -487,7 +555,7 @@ impl<T: Element> Kernel<'_, T> {
         let (d_chan_inner, x_chan_inner) = (g.csd < inner.sd, g.csx < inner.sx);
         // Buffer rows are padded so that channel rows do not alias in L1.
         let row = GATHER_POSITIONS + 16;
-        parallel(n_items, self.threads, off, pd, pm, |items, pd, pm| {
+        parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
             let mut bufd = vec![T::default(); cb * row];
             let mut bufx = vec![T::default(); if XMU { cb * row } else { 0 }];
@@ -511,7 +579,7 @@ impl<T: Element> Kernel<'_, T> {
                 let o = off(item) - base;
                 for ci in 0..nc {
                     let run = [(ci * row, ci * row, lp)];
-                    let (sd, sm) = lanes::sum_runs::<T, XMU>(self.isa, &bufd, xs, run, self.mean[c0 + ci]);
+                    let (sd, sm) = lanes::sum_runs::<T, XMU>(self.isa, false, &bufd, xs, run, self.mean[c0 + ci]);
                     pd[o + ci] = sd;
                     if XMU {
                         pm[o + ci] = sm;
@@ -566,6 +634,39 @@ fn flush(part: &mut [f64], acc: &mut [f32]) {
     }
 }
 
+/// Largest input (bytes of dy + x) that counts as cache-resident for [`prefetch_policy`].
+const CACHED_BYTES: usize = 32 << 20;
+
+/// Whether the runs and the rows paths issue software prefetches, for `bytes` of dy + x.
+///
+/// Measured on AMD Zen 4 (EPYC, 2-core VM), one thread, best of many calls: on main memory
+/// every path is faster without them (NCHW f16 [1,4,4096,4096] 18.5 → 22.9 GB/s, bf16 17.6 →
+/// 23.3, f32 21.7 → 24.5; channels-last f16 14.7 → 18.5, f32 19.7 → 21.6: the hardware
+/// prefetcher streams better alone), and NCHW in cache does not care, but channels-last rows in
+/// cache need them (f32 [8,256,28,28] 54 → 29 GB/s without). On the machine the kernel was
+/// first tuned on (the README's earlier numbers), they lifted main-memory f16/bf16 and
+/// channels-last from ~0.75 to 0.96 of a streaming read, so other vendors keep them.
+fn prefetch_policy(bytes: usize) -> (bool, bool) {
+    let amd = cpu_is_amd();
+    (!amd, !amd || bytes <= CACHED_BYTES)
+}
+
+/// Whether the CPU is AMD's (or Hygon's, same cores), asked once.
+fn cpu_is_amd() -> bool {
+    static AMD: OnceLock<bool> = OnceLock::new();
+    *AMD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // CPUID leaf 0 is available on every x86-64 CPU.
+            let r = std::arch::x86_64::__cpuid(0);
+            let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx].iter().flat_map(|w| w.to_le_bytes()).collect();
+            vendor == b"AuthenticAMD" || vendor == b"HygonGenuine"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// `std::thread::available_parallelism`, asked once: on Linux it reads cgroup files (~10 µs).
 fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
@@ -578,26 +679,26 @@ fn lcm8(c: usize) -> usize {
     c.saturating_mul(g)
 }
 
-/// Runs `work` over items `0..n_items` on up to `threads` threads (the caller's thread included),
-/// each range of items `n·t/threads .. n·(t+1)/threads` with the partials `off(start)..off(end)`
-/// of `pd` (and of `pm` unless it is empty). `off` is non-decreasing with `off(n_items) ==
-/// pd.len()`. Which thread runs a range never changes a result; if a thread cannot be spawned,
-/// the caller runs its range.
-fn parallel<O, W>(n_items: usize, threads: usize, off: O, pd: &mut [f64], pm: &mut [f64], work: W)
+/// Runs `work` over items `0..n_items` cut into at most `chunks` ranges `n·k/chunks ..
+/// n·(k+1)/chunks`, on up to `threads` threads (the caller's included, see [`pool`]); each range
+/// gets the partials `off(start)..off(end)` of `pd` (and of `pm` unless it is empty). `off` is
+/// non-decreasing with `off(n_items) == pd.len()`. Which thread runs a range never changes a
+/// result.
+fn parallel<O, W>(n_items: usize, threads: usize, chunks: usize, off: O, pd: &mut [f64], pm: &mut [f64], work: W)
 where
     O: Fn(usize) -> usize,
     W: Fn(Range<usize>, &mut [f64], &mut [f64]) + Sync,
 {
-    let threads = threads.clamp(1, n_items.max(1));
-    if threads == 1 {
+    let chunks = chunks.clamp(1, n_items.max(1));
+    if threads <= 1 || chunks == 1 {
         work(0..n_items, pd, pm);
         return;
     }
-    type Job<'a> = Mutex<Option<(Range<usize>, &'a mut [f64], &'a mut [f64])>>;
+    type Chunk<'a> = Mutex<Option<(Range<usize>, &'a mut [f64], &'a mut [f64])>>;
     let (mut rest_d, mut rest_m) = (pd, pm);
-    let jobs: Vec<Job<'_>> = (0..threads)
+    let jobs: Vec<Chunk<'_>> = (0..chunks)
         .map(|t| {
-            let (i0, i1) = (n_items * t / threads, n_items * (t + 1) / threads);
+            let (i0, i1) = (n_items * t / chunks, n_items * (t + 1) / chunks);
             let len = off(i1) - off(i0);
             let (d, rd) = std::mem::take(&mut rest_d).split_at_mut(len);
             rest_d = rd;
@@ -607,18 +708,12 @@ where
             Mutex::new(Some((i0..i1, d, m)))
         })
         .collect();
-    // Whoever takes a job first runs it (a poisoned lock still holds valid data).
-    let run = |job: &Job<'_>| {
-        let taken = job.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Each chunk is claimed once by the pool; the lock is never contended (a poisoned one still
+    // holds valid data).
+    pool::run(threads, chunks, &|k| {
+        let taken = jobs[k].lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((r, d, m)) = taken {
             work(r, d, m);
         }
-    };
-    std::thread::scope(|s| {
-        for job in &jobs[1..] {
-            // A failed spawn leaves the job for the loop below.
-            let _ = std::thread::Builder::new().spawn_scoped(s, || run(job));
-        }
-        jobs.iter().for_each(run);
     });
 }

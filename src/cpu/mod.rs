@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) mod channelwise;
 pub(crate) mod host;
@@ -23,6 +24,29 @@ use crate::layout;
 use crate::ops::validate::{self, Meta, Plan};
 use crate::ops::OutputMask;
 use crate::tensor::HostData;
+
+/// Most threads per call; 0 = one per core.
+static MAX_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the most threads one call of the CPU backend uses (the caller's thread included;
+/// 0 = one per core, the default) and returns the previous setting. Results are bit-identical
+/// whatever the setting; small inputs use fewer threads anyway. Applies to calls that start
+/// afterwards, on every thread.
+pub fn set_max_threads(threads: usize) -> usize {
+    MAX_THREADS.swap(threads, Ordering::Relaxed)
+}
+
+/// The setting of [`set_max_threads`] (0 = one per core).
+pub fn max_threads() -> usize {
+    MAX_THREADS.load(Ordering::Relaxed)
+}
+
+/// The instruction set the CPU kernel uses: `"avx512"`, `"avx2"` or `"portable"`. It is the best
+/// this CPU supports unless the environment variable `ASCEND_CPU_ISA` (`avx2` or `portable`,
+/// read once) asks for a lesser one; every choice gives the same bits.
+pub fn instruction_set() -> &'static str {
+    kernel::isa_name()
+}
 
 /// Strides of a view: the caller's, or row-major ones computed in place (no allocation up to
 /// rank 8).
@@ -198,8 +222,16 @@ impl<'a> ViewMut<'a> {
     /// Writes `values[c]` (rounded once) to element `c` of this validated rank-1 view.
     fn write(&mut self, values: impl Iterator<Item = f64>) {
         let (offset, stride) = (self.geom.offset, self.geom.strides[0]);
-        for (c, v) in values.enumerate() {
-            self.data.set_f64(offset + c * stride, v);
+        // One dtype dispatch per output, not per channel (C can be thousands).
+        fn put<T>(s: &mut [T], offset: usize, stride: usize, values: impl Iterator<Item = f64>, f: impl Fn(f64) -> T) {
+            for (c, v) in values.enumerate() {
+                s[offset + c * stride] = f(v);
+            }
+        }
+        match &mut self.data {
+            SliceMut::F32(s) => put(s, offset, stride, values, |v| v as f32),
+            SliceMut::F16(s) => put(s, offset, stride, values, crate::dtype::f16::from_f64),
+            SliceMut::BF16(s) => put(s, offset, stride, values, crate::dtype::bf16::from_f64),
         }
     }
 }
@@ -265,13 +297,13 @@ pub(crate) fn run(
         let mean = mean.to_f32s();
         match (grad_out.data, input.data) {
             (SliceRef::F32(dy), SliceRef::F32(x)) => {
-                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
+                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, max_threads())
             }
             (SliceRef::F16(dy), SliceRef::F16(x)) => {
-                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
+                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, max_threads())
             }
             (SliceRef::BF16(dy), SliceRef::BF16(x)) => {
-                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, 0)
+                kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, max_threads())
             }
             // Validation guarantees gradOut and input share a dtype.
             _ => return,

@@ -40,8 +40,23 @@ pub(super) enum Isa {
 }
 
 impl Isa {
-    /// The best instruction set this CPU supports.
+    /// The best instruction set this CPU supports, detected once; the environment variable
+    /// `ASCEND_CPU_ISA` = `avx2` or `portable` (read once) forces a lesser one, for
+    /// benchmarks and A/B tests (a set the CPU lacks is never chosen).
     pub(super) fn detect() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let best = Isa::best();
+            match std::env::var("ASCEND_CPU_ISA").as_deref() {
+                Ok("portable") => Isa::Portable,
+                #[cfg(target_arch = "x86_64")]
+                Ok("avx2") if best == Isa::Avx512 => Isa::Avx2,
+                _ => best,
+            }
+        })
+    }
+
+    fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
@@ -53,6 +68,17 @@ impl Isa {
             }
         }
         Isa::Portable
+    }
+
+    /// The instruction set's name, as `ASCEND_CPU_ISA` spells it.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512",
+        }
     }
 
     /// Every instruction set this CPU supports, portable first (the tests compare them all).
@@ -79,6 +105,7 @@ pub(super) type Run = (usize, usize, usize);
 /// Σ dy and (when `XMU`) Σ dy·(x − mean) over `runs`, one block: f32 lanes, folded to f64.
 pub(super) fn sum_runs<T: Element, const XMU: bool>(
     isa: Isa,
+    pf: bool,
     dy: &[T],
     x: &[T],
     runs: impl IntoIterator<Item = Run>,
@@ -89,16 +116,16 @@ pub(super) fn sum_runs<T: Element, const XMU: bool>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::sum_runs::<T, XMU>(dy, x, runs, mean) },
+        Isa::Avx2 => unsafe { avx2::sum_runs::<T, XMU>(pf, dy, x, runs, mean) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
         Isa::Avx512 => unsafe {
             if T::DTYPE == DType::F16 {
                 // Faster than the 512-bit loop for f16 (see the module docs); same bits.
-                avx2::sum_runs::<T, XMU>(dy, x, runs, mean)
+                avx2::sum_runs::<T, XMU>(pf, dy, x, runs, mean)
             } else {
-                avx512::sum_runs::<T, XMU>(dy, x, runs, mean)
+                avx512::sum_runs::<T, XMU>(pf, dy, x, runs, mean)
             }
         },
     }
@@ -119,6 +146,7 @@ pub(super) enum Rows<'r> {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn acc_rows<T: Element, const XMU: bool>(
     isa: Isa,
+    pf: bool,
     dy: &[T],
     x: &[T],
     rows: Rows<'_>,
@@ -134,15 +162,18 @@ pub(super) fn acc_rows<T: Element, const XMU: bool>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m) },
+        Isa::Avx2 => unsafe { avx2::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
         Isa::Avx512 => unsafe {
-            if T::DTYPE == DType::F16 {
-                avx2::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m)
+            // f16 rows: the 256-bit loop in cache (45 → 53 GB/s on [8,256,28,28]), the 512-bit
+            // one without prefetches, i.e. on main memory on AMD (17.8 → 20.0 GB/s on
+            // [64,64,128,128]; see `prefetch_policy`); same bits either way.
+            if T::DTYPE == DType::F16 && pf {
+                avx2::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m)
             } else {
-                avx512::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m)
+                avx512::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m)
             }
         },
     }
@@ -371,6 +402,7 @@ mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
+        pf: bool,
         dy: &[T],
         x: &[T],
         runs: impl IntoIterator<Item = Run>,
@@ -395,11 +427,13 @@ mod avx2 {
                 let (pd, px) = (d.as_ptr(), xs.as_ptr());
                 let mut i = 0;
                 while i + RUN_LANES <= len {
-                    prefetch(pd.wrapping_add(i + dist));
-                    if XMU {
-                        prefetch(px.wrapping_add(i + dist));
+                    if pf {
+                        prefetch(pd.wrapping_add(i + dist));
+                        if XMU {
+                            prefetch(px.wrapping_add(i + dist));
+                        }
                     }
-                    if size == 4 {
+                    if pf && size == 4 {
                         prefetch(pd.wrapping_add(i + dist + 16));
                         if XMU {
                             prefetch(px.wrapping_add(i + dist + 16));
@@ -416,6 +450,12 @@ mod avx2 {
                             if XMU {
                                 am[k] = _mm256_fmadd_ps(a[v], _mm256_sub_ps(b[v], mv), am[k]);
                             }
+                        }
+                        if T::DTYPE == DType::BF16 {
+                            // Keeps the next unit's loads below this unit's arithmetic: hoisted,
+                            // they needed more than the 16 registers and LLVM spilled an
+                            // accumulator, so every step waited on a store-to-load round trip.
+                            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
                         }
                     }
                     i += RUN_LANES;
@@ -486,7 +526,9 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
+        pf: bool,
         dy: &[T],
         x: &[T],
         rows: Rows<'_>,
@@ -496,7 +538,7 @@ mod avx2 {
         acc_m: &mut [f32],
     ) {
         let nv = len / 8 * 8;
-        let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], nv };
+        let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], nv, pf };
         // SAFETY: every row handed to `group`/`tail` is a slice of exactly `len` elements (cut
         // from `dy`/`x` with bounds checks), `nv ≤ len`; features from the caller.
         unsafe {
@@ -538,6 +580,8 @@ mod avx2 {
         acc_d: *mut [f32],
         acc_m: *mut [f32],
         nv: usize,
+        /// Software prefetches on.
+        pf: bool,
     }
 
     /// Four rows into the lanes: per 8 lanes, the accumulators are loaded once, take the four
@@ -559,7 +603,8 @@ mod avx2 {
         unsafe {
             let mut j = 0;
             while j < l.nv {
-                if EVEN {
+                if !l.pf {
+                } else if EVEN {
                     // The four rows span 4·len elements; walk that span at 4 elements per lane.
                     let ahead = 4 * j + dist;
                     prefetch(pd[0].wrapping_add(ahead));

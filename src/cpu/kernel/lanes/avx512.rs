@@ -249,6 +249,7 @@ unsafe fn partial_step<T: Element, const XMU: bool>(
 /// The CPU must support AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
+    pf: bool,
     dy: &[T],
     x: &[T],
     runs: impl IntoIterator<Item = Run>,
@@ -276,11 +277,13 @@ pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
             }
             let mut i = s;
             while i + RUN_LANES <= len {
-                prefetch(pd.wrapping_add(i + dist));
-                if XMU {
-                    prefetch(px.wrapping_add(i + dist));
+                if pf {
+                    prefetch(pd.wrapping_add(i + dist));
+                    if XMU {
+                        prefetch(px.wrapping_add(i + dist));
+                    }
                 }
-                if size == 4 {
+                if pf && size == 4 {
                     prefetch(pd.wrapping_add(i + dist + 16));
                     if XMU {
                         prefetch(px.wrapping_add(i + dist + 16));
@@ -310,7 +313,9 @@ pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
 /// # Safety
 /// The CPU must support AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
+    pf: bool,
     dy: &[T],
     x: &[T],
     rows: Rows<'_>,
@@ -319,7 +324,7 @@ pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
     acc_d: &mut [f32],
     acc_m: &mut [f32],
 ) {
-    let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32] };
+    let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], pf };
     // SAFETY: every row handed to `group` is a slice of exactly `len` elements (cut from
     // `dy`/`x` with bounds checks), the lane arrays hold `len` lanes; features from the caller.
     unsafe {
@@ -340,11 +345,45 @@ pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
                         _ => {}
                     }
                 }
-                match if std::mem::size_of::<T>() == 2 { len } else { 0 } {
-                    16 => return in_registers::<T, XMU, 1>(rd, rx, stride, count, &lanes),
-                    32 => return in_registers::<T, XMU, 2>(rd, rx, stride, count, &lanes),
-                    48 => return in_registers::<T, XMU, 3>(rd, rx, stride, count, &lanes),
-                    64 => return in_registers::<T, XMU, 4>(rd, rx, stride, count, &lanes),
+                // Rows of up to 64 lanes in registers. Wider rows are walked by columns of 128 (then
+                // 64) lanes, `COLUMN_ROWS` rows at a time, accumulators in registers for each
+                // pass: the store-and-reload `group` below ran [256, 1024] f32 (rows 4 KiB apart)
+                // at 22 GB/s, columns at 39 (from L3; the loads wait on misses, see the README).
+                let ahead = if stride == len { PREFETCH_BYTES / std::mem::size_of::<T>() } else { 8 * stride };
+                if len > 64 && count > 1 {
+                    let sub = COLUMN_ROWS;
+                    let mut r0 = 0;
+                    while r0 < count {
+                        let n = sub.min(count - r0);
+                        let (rd, rx) = (&rd[r0 * stride..], &rx[r0 * stride..]);
+                        let mut j = 0;
+                        while j + 128 <= len {
+                            in_registers::<T, XMU, 8>(&rd[j..], &rx[j..], stride, n, &lanes.sub(j, 128), ahead);
+                            j += 128;
+                        }
+                        while j + 64 <= len {
+                            in_registers::<T, XMU, 4>(&rd[j..], &rx[j..], stride, n, &lanes.sub(j, 64), ahead);
+                            j += 64;
+                        }
+                        if j < len {
+                            let rest = lanes.sub(j, len - j);
+                            let (rd, rx) = (&rd[j..], &rx[j..]);
+                            let row = |k: usize| {
+                                (&rd[k * stride..k * stride + len - j], &rx[k * stride..k * stride + len - j])
+                            };
+                            for k in 0..n {
+                                group::<T, XMU, true, 1>([row(k)], &rest);
+                            }
+                        }
+                        r0 += n;
+                    }
+                    return;
+                }
+                match len {
+                    16 => return in_registers::<T, XMU, 1>(rd, rx, stride, count, &lanes, ahead),
+                    32 => return in_registers::<T, XMU, 2>(rd, rx, stride, count, &lanes, ahead),
+                    48 => return in_registers::<T, XMU, 3>(rd, rx, stride, count, &lanes, ahead),
+                    64 => return in_registers::<T, XMU, 4>(rd, rx, stride, count, &lanes, ahead),
                     _ => {}
                 }
                 let row = |k: usize| (&rd[k * stride..k * stride + len], &rx[k * stride..k * stride + len]);
@@ -372,6 +411,23 @@ pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
     }
 }
 
+/// Rows per pass of the column walk of wide rows (8-32 measured alike, all rows ~5% slower).
+const COLUMN_ROWS: usize = 16;
+
+impl Lanes<'_> {
+    /// Lanes `j..j + n` (inside this set).
+    fn sub(&self, j: usize, n: usize) -> Lanes<'_> {
+        let cut = |p: *mut [f32]| std::ptr::slice_from_raw_parts_mut(p.cast::<f32>().wrapping_add(j), n);
+        let empty = self.acc_m.len() == 0;
+        Lanes {
+            mean: &self.mean[j..j + n],
+            acc_d: cut(self.acc_d),
+            acc_m: if empty { self.acc_m } else { cut(self.acc_m) },
+            pf: self.pf,
+        }
+    }
+}
+
 /// `count` rows of `len = 16·V` lanes, the k-th at `k·stride` of `rd` (dy) and `rx` (x), with
 /// the accumulators and means held in registers from the first row to the last: the loop stores
 /// nothing, so no accumulator store can delay a load (store forwarding, 4K aliasing with the
@@ -389,9 +445,9 @@ unsafe fn in_registers<T: Element, const XMU: bool, const V: usize>(
     stride: usize,
     count: usize,
     l: &Lanes<'_>,
+    ahead: usize,
 ) {
     let size = std::mem::size_of::<T>();
-    let dist = PREFETCH_BYTES / size;
     let line = 64 / size;
     let (pa, pm, pmean) = (l.acc_d.cast::<f32>(), l.acc_m.cast::<f32>(), l.mean.as_ptr());
     let (pd, px) = (rd.as_ptr(), rx.as_ptr());
@@ -410,11 +466,11 @@ unsafe fn in_registers<T: Element, const XMU: bool, const V: usize>(
         }
         for k in 0..count {
             let o = k * stride;
-            // The rows are evenly spaced: prefetch the span `dist` elements ahead of this row.
-            for q in (0..16 * V).step_by(line) {
-                prefetch(pd.wrapping_add(o + dist + q));
+            // The rows are evenly spaced: prefetch `ahead` elements past this row's lanes.
+            for q in (0..16 * V).step_by(line).filter(|_| l.pf) {
+                prefetch(pd.wrapping_add(o + ahead + q));
                 if XMU {
-                    prefetch(px.wrapping_add(o + dist + q));
+                    prefetch(px.wrapping_add(o + ahead + q));
                 }
             }
             for v in 0..V {
@@ -486,7 +542,7 @@ unsafe fn in_registers_bf16<T: Element, const XMU: bool, const U: usize>(
         }
         for k in 0..count {
             let o = k * stride;
-            for u in 0..U {
+            for u in (0..U).filter(|_| l.pf) {
                 prefetch(pd.wrapping_add(o + dist + 32 * u));
                 if XMU {
                     prefetch(px.wrapping_add(o + dist + 32 * u));
@@ -517,6 +573,8 @@ struct Lanes<'a> {
     mean: &'a [f32],
     acc_d: *mut [f32],
     acc_m: *mut [f32],
+    /// Software prefetches on.
+    pf: bool,
 }
 
 /// `N` rows into the lanes: per 16 lanes, the accumulators are loaded once, take the rows in
@@ -542,8 +600,8 @@ unsafe fn group<T: Element, const XMU: bool, const EVEN: bool, const N: usize>(r
     unsafe {
         let mut j = 0;
         while j + 16 <= len {
-            if N == 1 {
-                // A lone row (at most 3 per call): no prefetch.
+            if N == 1 || !l.pf {
+                // A lone row (at most 3 per call), or prefetches off.
             } else if EVEN {
                 // The N rows span N·len elements; walk that span at N elements per lane.
                 // Each step consumes 16·N elements of that span: one prefetch per line of them.

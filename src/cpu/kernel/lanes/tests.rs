@@ -36,12 +36,12 @@ fn same(a: f64, b: f64) -> bool {
 fn sum_runs_all<T: Element, const XMU: bool>(dy: &[T], x: &[T], runs: &[Run], mean: f32) -> Vec<(String, (f64, f64))> {
     let mut out: Vec<(String, (f64, f64))> = Isa::supported()
         .into_iter()
-        .map(|isa| (format!("{isa:?}"), sum_runs::<T, XMU>(isa, dy, x, runs.iter().copied(), mean)))
+        .map(|isa| (format!("{isa:?}"), sum_runs::<T, XMU>(isa, true, dy, x, runs.iter().copied(), mean)))
         .collect();
     #[cfg(target_arch = "x86_64")]
     if Isa::supported().contains(&Isa::Avx512) {
         // SAFETY: `supported` lists Avx512 only after checking avx512f, avx512bw and avx512vl.
-        let r = unsafe { avx512::sum_runs::<T, XMU>(dy, x, runs.iter().copied(), mean) };
+        let r = unsafe { avx512::sum_runs::<T, XMU>(false, dy, x, runs.iter().copied(), mean) };
         out.push(("avx512 module".into(), r));
     }
     out
@@ -107,7 +107,7 @@ fn dead_lanes<T: Element>() {
     for start in 0..33 {
         for len in [1, 5, 17, 31, 129, 150] {
             check_runs(&ones, &ones, &[(start, start, len)], f32::INFINITY);
-            let r = sum_runs::<T, true>(Isa::detect(), &ones, &ones, [(start, start, len)], f32::INFINITY);
+            let r = sum_runs::<T, true>(Isa::detect(), true, &ones, &ones, [(start, start, len)], f32::INFINITY);
             assert_eq!(r.1, f64::NEG_INFINITY, "{:?} start {start} len {len}", T::DTYPE);
         }
     }
@@ -132,13 +132,13 @@ fn acc_rows_all<T: Element>(dy: &[T], x: &[T], rows: Rows<'_>, len: usize, mean:
     };
     let mut out: Vec<(String, Vec<f32>)> = Isa::supported()
         .into_iter()
-        .map(|isa| (format!("{isa:?}"), run(&|d, m| acc_rows::<T, true>(isa, dy, x, rows, len, mean, d, m))))
+        .map(|isa| (format!("{isa:?}"), run(&|d, m| acc_rows::<T, true>(isa, true, dy, x, rows, len, mean, d, m))))
         .collect();
     #[cfg(target_arch = "x86_64")]
     if Isa::supported().contains(&Isa::Avx512) {
         let acc = run(&|d, m| {
             // SAFETY: `supported` lists Avx512 only after checking avx512f, avx512bw and avx512vl.
-            unsafe { avx512::acc_rows::<T, true>(dy, x, rows, len, mean, d, m) }
+            unsafe { avx512::acc_rows::<T, true>(false, dy, x, rows, len, mean, d, m) }
         });
         out.push(("avx512 module".into(), acc));
     }

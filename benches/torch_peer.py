@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""PyTorch's CPU kernel for the same two sums, timed like benches/cpu_reduce.rs.
+
+PyTorch has no CPU kernel for `batch_norm_backward_reduce` (CUDA only), so the peer is
+`torch.ops.aten.native_batch_norm_backward(dy, x, weight, None, None, mean, invstd, True, eps,
+[False, True, True])` on CPU: with grad_input masked off it computes exactly
+grad_weight = sum(dy * (x - mean)) * invstd and grad_bias = sum(dy) per channel, plus C multiplies
+and two [C] allocations. Its NCHW kernel (aten/src/ATen/native/cpu/batch_norm_kernel.cpp) reads
+each dy plane twice (reduce_all for sum(dy), then map2_reduce_all with x), parallel over
+channels; its channels-last kernel walks rows of C into per-thread [C] buffers. f16/bf16 inputs take f32 mean/invstd/weight (torch's mixed-type path, f32
+outputs), like our f32 outputs.
+
+Usage: torch_peer.py THREADS CASE...   where CASE = dtype:layout:d0,d1,...  (layout nchw|cl)
+Prints a header line starting with '#', then one line per case: CASE seconds_per_call.
+Exits with status 3 when torch cannot be imported (the Rust bench then shows no peer column).
+"""
+
+import sys
+import time
+
+try:
+    import torch
+except Exception as e:  # noqa: BLE001 - any import failure means "no peer"
+    print(f"# torch not importable: {e}")
+    sys.exit(3)
+
+
+def best_time(f, cached):
+    f()
+    t = time.perf_counter()
+    f()
+    once = max(time.perf_counter() - t, 1e-7)
+    batch = max(1, min(100000, int((0.01 if cached else 0.0) / once)))
+    # At least 15 (cached) or 8 rounds, and on for up to 1 s: on a shared 2-core machine an
+    # OpenMP barrier whose other thread is descheduled costs milliseconds, so quiet rounds count.
+    rounds, budget = (15, 1.0) if cached else (8, 0.0)
+    best = float("inf")
+    start = time.perf_counter()
+    k = 0
+    while k < rounds or (time.perf_counter() - start < budget and k < 200):
+        t = time.perf_counter()
+        for _ in range(batch):
+            f()
+        best = min(best, (time.perf_counter() - t) / batch)
+        k += 1
+    return best
+
+
+def main():
+    threads = int(sys.argv[1])
+    torch.set_num_threads(threads)
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
+    op = torch.ops.aten.native_batch_norm_backward
+    for case in sys.argv[2:]:
+        name, layout, dims = case.split(":")
+        shape = [int(d) for d in dims.split(",")]
+        dt = dtypes[name]
+        g = torch.Generator().manual_seed(11)
+        dy = (torch.rand(shape, generator=g) * 4 - 2).to(dt)
+        x = (torch.rand(shape, generator=g) * 6 - 3).to(dt)
+        if layout == "cl":
+            fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
+            if fmt is not None:
+                dy = dy.contiguous(memory_format=fmt)
+                x = x.contiguous(memory_format=fmt)
+        c = shape[1]
+        mean = torch.arange(c, dtype=torch.float32) * 0.1
+        invstd = torch.ones(c, dtype=torch.float32)
+        w = torch.ones(c, dtype=torch.float32)
+
+        def call():
+            op(dy, x, w, None, None, mean, invstd, True, 1e-5, [False, True, True])
+
+        nbytes = 2 * dy.numel() * dy.element_size()
+        t = best_time(call, nbytes < (64 << 20))
+        print(f"{case} {t:.9g}", flush=True)
+        del dy, x
+
+
+if __name__ == "__main__":
+    main()
