@@ -35,7 +35,7 @@ use std::sync::{Mutex, OnceLock};
 use crate::dtype::Element;
 
 mod lanes;
-mod pool;
+use super::pool;
 #[cfg(test)]
 mod tests;
 
@@ -138,7 +138,7 @@ fn channel_sums_with<T: Element>(
     };
     let geo = Geometry::new(&dy, &x);
     let threads = match threads {
-        0 => cores(),
+        0 => pool::cores(),
         n => n,
     };
     let bytes = c.saturating_mul(geo.r).saturating_mul(2 * std::mem::size_of::<T>());
@@ -665,12 +665,6 @@ fn cpu_is_amd() -> bool {
         #[cfg(not(target_arch = "x86_64"))]
         false
     })
-}
-
-/// `std::thread::available_parallelism`, asked once: on Linux it reads cgroup files (~10 µs).
-fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// lcm(c, 8).
