@@ -16,6 +16,7 @@ pub(crate) enum HostData {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    I32(Vec<i32>),
 }
 
 impl HostData {
@@ -25,6 +26,11 @@ impl HostData {
             DType::F32 => HostData::F32(try_collect(data.iter().map(|v| v.to_f32()), data.len())?),
             DType::F16 => HostData::F16(try_collect(data.iter().map(|v| f16::from_f32(v.to_f32())), data.len())?),
             DType::BF16 => HostData::BF16(try_collect(data.iter().map(|v| bf16::from_f32(v.to_f32())), data.len())?),
+            // i32 is exact (an i32 → f32 → i32 round trip is not): copied as it is.
+            DType::I32 => match T::slice_ref(data) {
+                SliceRef::I32(s) => HostData::I32(try_collect(s.iter().copied(), s.len())?),
+                _ => HostData::I32(try_collect(data.iter().map(|v| v.to_f32() as i32), data.len())?),
+            },
         })
     }
 
@@ -33,6 +39,7 @@ impl HostData {
             DType::F32 => HostData::F32(try_collect(std::iter::repeat_n(0.0, n), n)?),
             DType::F16 => HostData::F16(try_collect(std::iter::repeat_n(f16::ZERO, n), n)?),
             DType::BF16 => HostData::BF16(try_collect(std::iter::repeat_n(bf16::ZERO, n), n)?),
+            DType::I32 => HostData::I32(try_collect(std::iter::repeat_n(0, n), n)?),
         })
     }
 
@@ -42,6 +49,7 @@ impl HostData {
             HostData::F32(v) => SliceRef::F32(v),
             HostData::F16(v) => SliceRef::F16(v),
             HostData::BF16(v) => SliceRef::BF16(v),
+            HostData::I32(v) => SliceRef::I32(v),
         }
     }
 
@@ -51,6 +59,7 @@ impl HostData {
             HostData::F32(v) => SliceMut::F32(v),
             HostData::F16(v) => SliceMut::F16(v),
             HostData::BF16(v) => SliceMut::BF16(v),
+            HostData::I32(v) => SliceMut::I32(v),
         }
     }
 
@@ -60,6 +69,7 @@ impl HostData {
             HostData::F32(v) => as_bytes(v),
             HostData::F16(v) => as_bytes(v),
             HostData::BF16(v) => as_bytes(v),
+            HostData::I32(v) => as_bytes(v),
         }
     }
 }
@@ -74,7 +84,7 @@ fn try_collect<T: Element>(values: impl Iterator<Item = T>, n: usize) -> Result<
 }
 
 fn as_bytes<T: Element>(v: &[T]) -> &[u8] {
-    // SAFETY: f32, f16 and bf16 are plain-old-data without padding; the byte slice covers exactly
+    // SAFETY: f32, f16, bf16 and i32 are plain-old-data without padding; the byte slice covers exactly
     // the same memory and borrows it for the same lifetime.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
@@ -377,13 +387,14 @@ fn storage_len_of(storage: &Storage, dtype: DType) -> usize {
         Storage::Host(HostData::F32(v)) => v.len(),
         Storage::Host(HostData::F16(v)) => v.len(),
         Storage::Host(HostData::BF16(v)) => v.len(),
+        Storage::Host(HostData::I32(v)) => v.len(),
         Storage::Device(d) => d.buffer.bytes() / dtype.size_in_bytes(),
     }
 }
 
 fn host_bytes_mut(h: &mut HostData) -> &mut [u8] {
     fn cast<T: Element>(v: &mut [T]) -> &mut [u8] {
-        // SAFETY: f32/f16/bf16 are plain-old-data: every byte pattern is a valid value, there is no
+        // SAFETY: f32/f16/bf16/i32 are plain-old-data: every byte pattern is a valid value, there is no
         // padding, and the byte slice covers exactly the same memory for the same lifetime.
         unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
     }
@@ -391,6 +402,7 @@ fn host_bytes_mut(h: &mut HostData) -> &mut [u8] {
         HostData::F32(v) => cast(v),
         HostData::F16(v) => cast(v),
         HostData::BF16(v) => cast(v),
+        HostData::I32(v) => cast(v),
     }
 }
 

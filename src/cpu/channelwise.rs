@@ -216,6 +216,7 @@ fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> Vec<Part<'_>> {
         SliceMut::F32(s) => chunks(s, offset, numel, SliceMut::F32),
         SliceMut::F16(s) => chunks(s, offset, numel, SliceMut::F16),
         SliceMut::BF16(s) => chunks(s, offset, numel, SliceMut::BF16),
+        SliceMut::I32(s) => chunks(s, offset, numel, SliceMut::I32),
     }
 }
 
@@ -300,6 +301,7 @@ fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
         SliceRef::F32(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride]),
         SliceRef::F16(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride].to_f32()),
         SliceRef::BF16(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride].to_f32()),
+        SliceRef::I32(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride] as f32),
     }
 }
 
@@ -318,6 +320,7 @@ fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
         SliceMut::F32(s) => values.iter().enumerate().for_each(|(i, &v)| s[at + i * stride] = v),
         SliceMut::F16(s) => values.iter().enumerate().for_each(|(i, &v)| s[at + i * stride] = half::f16::from_f32(v)),
         SliceMut::BF16(s) => values.iter().enumerate().for_each(|(i, &v)| s[at + i * stride] = half::bf16::from_f32(v)),
+        SliceMut::I32(s) => values.iter().enumerate().for_each(|(i, &v)| s[at + i * stride] = v.round() as i32),
     }
 }
 

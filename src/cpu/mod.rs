@@ -232,6 +232,7 @@ impl<'a> ViewMut<'a> {
             SliceMut::F32(s) => put(s, offset, stride, values, |v| v as f32),
             SliceMut::F16(s) => put(s, offset, stride, values, crate::dtype::f16::from_f64),
             SliceMut::BF16(s) => put(s, offset, stride, values, crate::dtype::bf16::from_f64),
+            SliceMut::I32(s) => put(s, offset, stride, values, |v| v.round() as i32),
         }
     }
 }

@@ -13,6 +13,7 @@ pub(crate) fn acl_dtype(dtype: DType) -> aclDataType {
         DType::F32 => aclDataType::ACL_FLOAT,
         DType::F16 => aclDataType::ACL_FLOAT16,
         DType::BF16 => aclDataType::ACL_BF16,
+        DType::I32 => aclDataType::ACL_INT32,
     }
 }
 

@@ -42,6 +42,7 @@ fn data_type(dtype: DType) -> HcclDataType {
         DType::F32 => HcclDataType::HCCL_DATA_TYPE_FP32,
         DType::F16 => HcclDataType::HCCL_DATA_TYPE_FP16,
         DType::BF16 => HcclDataType::HCCL_DATA_TYPE_BFP16,
+        DType::I32 => HcclDataType::HCCL_DATA_TYPE_INT32,
     }
 }
 

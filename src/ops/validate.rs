@@ -117,6 +117,13 @@ pub(crate) fn inputs(
             ));
         }
     }
+    // CANN's dtype check (gradOut, input, mean, invstd: f32/f16/bf16), before gradOut = input.
+    for (name, m) in [("gradOut", grad_out), ("input", input), ("mean", mean), ("invstd", invstd)] {
+        float_dtype(name, m.dtype)?;
+    }
+    if let Some(w) = weight {
+        float_dtype("weight", w.dtype)?;
+    }
     if grad_out.dtype != input.dtype {
         return Err(Error::invalid(
             "gradOut",
@@ -179,6 +186,7 @@ pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4
     let on = enabled(mask);
     for i in 0..4 {
         if let (true, Some(m)) = (on[i], outs[i]) {
+            float_dtype(OUTPUT_NAMES[i], m.dtype)?;
             per_channel(OUTPUT_NAMES[i], m, plan.channels)?;
             if plan.channels > 1 && m.strides[0] == 0 {
                 return Err(Error::invalid(OUTPUT_NAMES[i], "stride 0 would write every channel to one element"));
@@ -230,8 +238,8 @@ pub(crate) fn same_shape(name: &'static str, m: &Meta<'_>, of: &str, expected: &
 /// today. The match is exhaustive on purpose, so that a new DType (e.g. an integer one) must be
 /// decided on here: `DType::I32 => Err(Error::invalid(name, "..."))`.
 pub(crate) fn float_dtype(name: &'static str, dtype: DType) -> Result<()> {
-    let _ = name; // for the error of a future non-float DType
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        other => Err(Error::invalid(name, format!("dtype must be f32, f16 or bf16, got {other}"))),
     }
 }

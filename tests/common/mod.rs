@@ -63,6 +63,7 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
         DType::F32 => f64::from(v as f32),
         DType::F16 => f16::from_f64(v).to_f64(),
         DType::BF16 => bf16::from_f64(v).to_f64(),
+        _ => v.round(), // i32
     }
 }
 
@@ -72,6 +73,7 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
         DType::F32 => f64::powi(2.0, -24),
         DType::F16 => f64::powi(2.0, -11),
         DType::BF16 => f64::powi(2.0, -8),
+        _ => 0.0, // i32: exact
     }
 }
 
@@ -80,6 +82,7 @@ pub fn tiny(dtype: DType) -> f64 {
     match dtype {
         DType::F32 | DType::BF16 => f64::powi(2.0, -149),
         DType::F16 => f64::powi(2.0, -24),
+        _ => 1.0, // i32
     }
 }
 
@@ -263,6 +266,10 @@ impl Data {
                 let s: Vec<bf16> = self.storage.iter().map(|&v| bf16::from_f64(v)).collect();
                 Tensor::from_slice_strided(stream, &s, shape, strides, offset)
             }
+            _ => {
+                let s: Vec<i32> = self.storage.iter().map(|&v| v.round() as i32).collect();
+                Tensor::from_slice_strided(stream, &s, shape, strides, offset)
+            }
         }
     }
 }
@@ -278,6 +285,7 @@ pub fn bits(stream: &Stream, t: &Tensor) -> Vec<u32> {
         DType::F32 => t.to_vec::<f32>(stream).expect("to_vec").into_iter().map(f32::to_bits).collect(),
         DType::F16 => t.to_vec::<f16>(stream).expect("to_vec").into_iter().map(|v| u32::from(v.to_bits())).collect(),
         DType::BF16 => t.to_vec::<bf16>(stream).expect("to_vec").into_iter().map(|v| u32::from(v.to_bits())).collect(),
+        _ => t.to_vec::<i32>(stream).expect("to_vec").into_iter().map(|v| v as u32).collect(),
     }
 }
 
@@ -416,6 +424,7 @@ pub fn assert_opbase(what: &str, dtype: DType, got: &[f64], golden: &[f64]) {
         DType::F32 => f64::powi(2.0, -13),
         DType::F16 => f64::powi(2.0, -10),
         DType::BF16 => f64::powi(2.0, -7),
+        _ => 0.0,
     };
     assert_eq!(got.len(), golden.len(), "{what}: length");
     let rel: Vec<f64> = got.iter().zip(golden).map(|(a, g)| (a - g).abs() / (g.abs() + 1e-7)).collect();

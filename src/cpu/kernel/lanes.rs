@@ -23,6 +23,7 @@ const fn lane_of(dtype: DType, i: usize) -> usize {
     match dtype {
         DType::BF16 => 8 * (2 * (i / 16) + (i & 1)) + (i % 16) / 2,
         DType::F32 | DType::F16 => i,
+        DType::I32 => panic!("the float kernels never see i32: callers dispatch on float slices only"),
     }
 }
 
@@ -210,6 +211,7 @@ fn widen<T: Element>(src: &[T], dst: &mut [f32]) {
             let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<bf16>(), src.len()) };
             s.convert_to_f32_slice(dst);
         }
+        DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
     }
 }
 
@@ -340,6 +342,7 @@ mod avx2 {
                     let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
                     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
                 }
+                DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
             }
         }
     }
@@ -349,6 +352,7 @@ mod avx2 {
         match dtype {
             DType::BF16 => 16,
             DType::F32 | DType::F16 => 8,
+            DType::I32 => panic!("the float kernels never see i32: callers dispatch on float slices only"),
         }
     }
 
@@ -373,6 +377,7 @@ mod avx2 {
                     let v = load8(p);
                     [v, v]
                 }
+                DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
             }
         }
     }
@@ -414,6 +419,7 @@ mod avx2 {
         let elem: &[i32; RUN_LANES] = match T::DTYPE {
             DType::BF16 => &ELEM_BF16,
             DType::F32 | DType::F16 => &ELEM_IN_ORDER,
+            DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
         };
         // SAFETY: every load reads whole units inside the run slices `d` and `xs` (s + unit ≤
         // len), or inside the storage `dy`/`x` (checked just before), or from a stack copy;

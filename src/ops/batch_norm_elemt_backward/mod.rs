@@ -164,10 +164,9 @@ impl Args<'_> {
             }
         }
         match self.counter.dtype() {
-            DType::F32 | DType::F16 => {}
-            // DType::I32 plugs in here once the crate has it (CANN accepts int32 counters; the
-            // CPU kernel then sums it exactly, the mock already loads int32).
-            DType::BF16 => {
+            // int32 counters are what torch passes (`count_all.to(torch.int32)`).
+            DType::F32 | DType::F16 | DType::I32 => {}
+            _ => {
                 return Err(Error::invalid(
                     "counter",
                     "dtype bf16 is not supported (CANN accepts f32, f16 or int32 counters)",

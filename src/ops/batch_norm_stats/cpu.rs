@@ -152,6 +152,15 @@ fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: u
             Kernel::new(isa, input, s, widen_f16, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes)
         }
         SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None, None).run(threads, min_bytes),
+        SliceRef::I32(s) => Kernel::new(isa, input, s, widen_i32, |_| None, None).run(threads, min_bytes),
+    }
+}
+
+/// Widens i32 values into `d[..s.len()]` (exactly up to 2^24). Validation rejects i32 input to the
+/// operator; this keeps the kernel total over every element type.
+fn widen_i32(s: &[i32], d: &mut [f32]) {
+    for (o, &v) in d.iter_mut().zip(s) {
+        *o = v as f32;
     }
 }
 

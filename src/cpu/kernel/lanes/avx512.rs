@@ -60,6 +60,7 @@ unsafe fn load16<T: Element>(p: *const T) -> __m512 {
             DType::F32 => _mm512_loadu_ps(p.cast::<f32>()),
             DType::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>())),
             DType::BF16 => bf16x16(_mm256_loadu_si256(p.cast::<__m256i>())),
+            DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
         }
     }
 }
@@ -78,6 +79,7 @@ unsafe fn load16_masked<T: Element>(p: *const T, m: __mmask16) -> __m512 {
             DType::F32 => _mm512_maskz_loadu_ps(m, p.cast::<f32>()),
             DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast::<i16>())),
             DType::BF16 => bf16x16(_mm256_maskz_loadu_epi16(m, p.cast::<i16>())),
+            DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
         }
     }
 }
@@ -103,6 +105,7 @@ unsafe fn load32<T: Element>(p: *const T) -> [__m512; 2] {
         match T::DTYPE {
             DType::BF16 => bf16_even_odd(_mm512_loadu_si512(p.cast::<__m512i>())),
             DType::F32 | DType::F16 => [load16(p), load16(p.add(16))],
+            DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
         }
     }
 }
@@ -132,6 +135,7 @@ unsafe fn load32_partial<T: Element>(p: *const T, n: usize) -> ([__m512; 2], [__
                 let hi = if n > 16 { load16_masked(p.add(16), m1) } else { _mm512_setzero_ps() };
                 ([lo, hi], [m0, m1])
             }
+            DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
         }
     }
 }
@@ -147,6 +151,7 @@ fn fold<T: Element>(v: [__m512; 2]) -> f64 {
         // Evens hold lanes 0..8 and 16..24, odds 8..16 and 24..32.
         DType::BF16 => [lo(v[0]), lo(v[1]), hi(v[0]), hi(v[1])],
         DType::F32 | DType::F16 => [lo(v[0]), hi(v[0]), lo(v[1]), hi(v[1])],
+        DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
     };
     // p[k][j] = a[8k + j] + a[8k + j + 4] (j < 4), in f64.
     let mut p = [_mm256_setzero_pd(); 4];
@@ -172,6 +177,7 @@ fn pos_of<T: Element>(j: __m512i) -> __m512i {
             _mm512_srli_epi32::<1>(j),
         ),
         DType::F32 | DType::F16 => j,
+        DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
     }
 }
 
@@ -184,6 +190,7 @@ fn offsets<T: Element>(r: i32) -> __m512i {
     match T::DTYPE {
         DType::BF16 => _mm512_add_epi32(_mm512_slli_epi32::<1>(lane), _mm512_set1_epi32(r)),
         DType::F32 | DType::F16 => _mm512_add_epi32(lane, _mm512_set1_epi32(16 * r)),
+        DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
     }
 }
 
