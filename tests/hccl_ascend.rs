@@ -223,3 +223,48 @@ fn argument_errors_and_faults() {
     drop(comms);
     assert_eq!(live_comms(), before);
 }
+
+/// A fault at each HCCL call the safe layer makes fails that call with the injected result's name
+/// and leaks nothing: no communicator, no device memory, no violation; a failed HcclCommDestroy
+/// leaks the communicator and says so (ascend::mock::leaks).
+#[test]
+fn a_fault_at_each_hccl_call_leaks_nothing() {
+    let _g = setup();
+    let ctxs = contexts(2);
+    let before = (ascend::mock::stats(), ascend::mock::leaks());
+    // Collectives: one rank faulted, so both ranks' streams stay consistent (the other rank's
+    // call is never issued either).
+    let comms = Communicator::init_all(&ctxs[..1]).unwrap();
+    let s = ctxs[0].new_stream().unwrap();
+    for api in ["HcclAllReduce", "HcclAllGather", "HcclBroadcast"] {
+        let mut t = Tensor::zeros(&s, DType::F32, &[3]).unwrap();
+        let mut out = Tensor::zeros(&s, DType::F32, &[3]).unwrap();
+        ascend::mock::fail_next_on_this_thread(api, 7);
+        let err = match api {
+            "HcclAllReduce" => comms[0].all_reduce(&s, &mut t, ReduceOp::Sum),
+            "HcclAllGather" => comms[0].all_gather(&s, &t, &mut out),
+            _ => comms[0].broadcast(&s, &mut t, 0),
+        }
+        .unwrap_err();
+        assert!(matches!(err, Error::Hccl { result: 7, name: "HCCL_E_UNAVAIL", .. }), "{api}: {err:?}");
+        // The communicator still works afterwards.
+        comms[0].all_reduce(&s, &mut t, ReduceOp::Sum).unwrap();
+        assert_eq!(t.to_vec::<f32>(&s).unwrap(), [0.0; 3]);
+    }
+    drop(comms);
+    // HcclCommInitRootInfo on one of two ranks: that rank fails at once, the other times out
+    // (a short connect timeout is not settable here without racing other tests, so a single rank).
+    let root = RootInfo::new(&ctxs[0]).unwrap();
+    ascend::mock::fail_next_on_this_thread("HcclCommInitRootInfo", 7);
+    let err = Communicator::init_rank(&ctxs[0], 1, &root, 0).unwrap_err();
+    assert!(matches!(err, Error::Hccl { call: "HcclCommInitRootInfo", result: 7, .. }), "{err:?}");
+    // HcclCommDestroy: the communicator is leaked, and reported as such.
+    let comm = Communicator::init_all(&ctxs[..1]).unwrap().pop().unwrap();
+    ascend::mock::fail_next_on_this_thread("HcclCommDestroy", 7);
+    drop(comm);
+    let after = (ascend::mock::stats(), ascend::mock::leaks());
+    assert_eq!(after.1.communicators, before.1.communicators + 1, "the failed destroy is a reported leak");
+    assert_eq!(after.0.live_comms, before.0.live_comms + 1, "exactly the reported one is still alive");
+    assert_eq!(after.0.live_allocations, before.0.live_allocations);
+    assert_eq!(after.0.violations, before.0.violations, "{:?}", ascend::mock::violations_since(before.0.violations));
+}
