@@ -13,11 +13,6 @@ use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
-/// A function of libhccl.so that the loader found exported (then never an `Err`).
-fn function<F: Copy>(f: &std::result::Result<F, libloading::Error>, name: &'static str) -> Result<F> {
-    crate::acl::op_fn(f, name)
-}
-
 /// Turns an `HcclResult` into a `Result`, with `HcclGetErrorString`'s text when the library has it.
 fn check(hccl: &Hccl, call: &'static str, r: HcclResult) -> Result<()> {
     if r == HcclResult::HCCL_SUCCESS {
@@ -58,7 +53,7 @@ fn reduce_op(op: ReduceOp) -> HcclReduceOp {
 /// `HcclGetRootInfo` on `device` (bound first).
 pub(super) fn new_root(device: &Device) -> Result<Box<[u8; ROOT_INFO_BYTES]>> {
     let hccl = hccl_of(device)?;
-    let get = function(&hccl.HcclGetRootInfo, "HcclGetRootInfo")?;
+    let get = crate::acl::op_fn(&hccl.HcclGetRootInfo, "HcclGetRootInfo")?;
     device.bind()?;
     let mut root = HcclRootInfo { internal: [0; ROOT_INFO_BYTES] };
     // SAFETY: `root` is a writable HcclRootInfo (4108 bytes, checked by the ABI tests).
@@ -78,7 +73,7 @@ pub(super) fn init_all(devices: &[Arc<Device>]) -> Result<Vec<Comm>> {
         }
     }
     let hccl = hccl_of(first)?;
-    let init = function(&hccl.HcclCommInitAll, "HcclCommInitAll")?;
+    let init = crate::acl::op_fn(&hccl.HcclCommInitAll, "HcclCommInitAll")?;
     let mut ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
     let mut raw: Vec<HcclComm> = vec![std::ptr::null_mut(); devices.len()];
     first.bind()?;
@@ -90,7 +85,7 @@ pub(super) fn init_all(devices: &[Arc<Device>]) -> Result<Vec<Comm>> {
 /// `HcclCommInitRootInfo` on `device`: blocks until every rank has joined.
 pub(super) fn init_rank(device: &Arc<Device>, n: u32, root: &[u8; ROOT_INFO_BYTES], rank: u32) -> Result<Comm> {
     let hccl = hccl_of(device)?;
-    let init = function(&hccl.HcclCommInitRootInfo, "HcclCommInitRootInfo")?;
+    let init = crate::acl::op_fn(&hccl.HcclCommInitRootInfo, "HcclCommInitRootInfo")?;
     let root = HcclRootInfo { internal: root.map(|b| b as std::ffi::c_char) };
     let mut raw: HcclComm = std::ptr::null_mut();
     device.bind()?;
@@ -155,7 +150,7 @@ impl Comm {
         if count == 0 {
             return Ok(()); // HCCL returns at once for count 0
         }
-        let f = function(&self.hccl.HcclAllReduce, "HcclAllReduce")?;
+        let f = crate::acl::op_fn(&self.hccl.HcclAllReduce, "HcclAllReduce")?;
         let (dt, op, comm) = (data_type(t.dtype()), reduce_op(op), self.raw);
         self.enqueue(stream, &[buffer], "HcclAllReduce", |s| {
             // SAFETY: in place (send = recv, which HCCL supports): `ptr` addresses the tensor's
@@ -172,7 +167,7 @@ impl Comm {
         if count == 0 {
             return Ok(());
         }
-        let f = function(&self.hccl.HcclAllGather, "HcclAllGather")?;
+        let f = crate::acl::op_fn(&self.hccl.HcclAllGather, "HcclAllGather")?;
         let (dt, comm) = (data_type(input.dtype()), self.raw);
         self.enqueue(stream, &[in_buf, out_buf], "HcclAllGather", |s| {
             // SAFETY: `src` holds `count` elements and `dst` size × count (checked by the caller),
@@ -187,7 +182,7 @@ impl Comm {
         if count == 0 {
             return Ok(());
         }
-        let f = function(&self.hccl.HcclBroadcast, "HcclBroadcast")?;
+        let f = crate::acl::op_fn(&self.hccl.HcclBroadcast, "HcclBroadcast")?;
         let (dt, comm) = (data_type(t.dtype()), self.raw);
         self.enqueue(stream, &[buffer], "HcclBroadcast", |s| {
             // SAFETY: as in all_reduce; `root` < size (checked by the caller).
@@ -217,7 +212,7 @@ impl Drop for Comm {
             }
         }
         let result = self.device.bind().and_then(|()| {
-            let f = function(&self.hccl.HcclCommDestroy, "HcclCommDestroy")?;
+            let f = crate::acl::op_fn(&self.hccl.HcclCommDestroy, "HcclCommDestroy")?;
             // SAFETY: the comm is live, its streams have finished, and it is never used again.
             check(self.hccl, "HcclCommDestroy", unsafe { f(self.raw) })
         });
