@@ -20,10 +20,10 @@ use crate::tensor::Tensor;
 /// The first bytes of a CPU root info.
 const MAGIC: &[u8; 8] = b"ASCNDCPU";
 
-/// HcclResult values the engine reports.
-const HCCL_E_PARA: u32 = 1;
-const HCCL_E_TIMEOUT: u32 = 9;
-const HCCL_E_INTERNAL: u32 = 4;
+/// HcclResult values the engine reports (the bound enum's, so both engines report the same).
+const HCCL_E_PARA: u32 = ascend_sys::HcclResult::HCCL_E_PARA.0;
+const HCCL_E_TIMEOUT: u32 = ascend_sys::HcclResult::HCCL_E_TIMEOUT.0;
+const HCCL_E_INTERNAL: u32 = ascend_sys::HcclResult::HCCL_E_INTERNAL.0;
 
 pub(super) fn is_cpu_root(bytes: &[u8; ROOT_INFO_BYTES]) -> bool {
     bytes.starts_with(MAGIC)
