@@ -1015,8 +1015,8 @@ HcclResult HcclCommInitAll(uint32_t ndev, int32_t *devices, HcclComm *comms) {
 }
 
 /* ---- queries ------------------------------------------------------------------------------------------ */
-HcclResult HcclGetRankSize(HcclComm h, uint32_t *rankSize) {
-    static const char api[] = "HcclGetRankSize";
+/* A query of a live comm: its size (`want_rank` 0) or its rank, into *out. */
+static HcclResult comm_query(const char *api, HcclComm h, uint32_t *out, const char *out_name, int want_rank) {
     int st;
     if (ascend_mock_take_fault(api, &st)) {
         return (HcclResult)st;
@@ -1024,33 +1024,22 @@ HcclResult HcclGetRankSize(HcclComm h, uint32_t *rankSize) {
     ascend_mock_lock();
     comm *c = NULL;
     HcclResult r = comm_lookup_locked(api, h, &c);
-    if (!r && !rankSize) {
-        r = hfail(HCCL_E_PTR, api, "rankSize is null.");
+    if (!r && !out) {
+        r = hfail(HCCL_E_PTR, api, "%s is null.", out_name);
     }
     if (!r) {
-        *rankSize = c->nranks;
+        *out = want_rank ? c->rank : c->nranks;
     }
     ascend_mock_unlock();
     return r;
 }
 
+HcclResult HcclGetRankSize(HcclComm h, uint32_t *rankSize) {
+    return comm_query("HcclGetRankSize", h, rankSize, "rankSize", 0);
+}
+
 HcclResult HcclGetRankId(HcclComm h, uint32_t *rank) {
-    static const char api[] = "HcclGetRankId";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return (HcclResult)st;
-    }
-    ascend_mock_lock();
-    comm *c = NULL;
-    HcclResult r = comm_lookup_locked(api, h, &c);
-    if (!r && !rank) {
-        r = hfail(HCCL_E_PTR, api, "rank is null.");
-    }
-    if (!r) {
-        *rank = c->rank;
-    }
-    ascend_mock_unlock();
-    return r;
+    return comm_query("HcclGetRankId", h, rank, "rank", 1);
 }
 
 const char *HcclGetErrorString(HcclResult code) {
