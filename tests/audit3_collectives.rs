@@ -159,6 +159,9 @@ fn reads_as(read: i32, exact: i32) -> bool {
     read == exact || read == (exact as f32) as i32
 }
 
+/// Per rank: the four reductions' i32 results, the gathered bits, the broadcast bits.
+type Outcome = (Vec<Vec<i32>>, Vec<u32>, Vec<u32>);
+
 #[test]
 fn f04_i32_all_reduce_is_exact_and_agrees_across_engines() {
     setup();
@@ -176,7 +179,7 @@ fn f04_i32_all_reduce_is_exact_and_agrees_across_engines() {
     let nan_bits = [0x7f80_0001u32, 0x7fc1_2345, 0xff80_0002, 0x3f80_0000];
     for (backend, ctxs) in backends(2) {
         let comms = Communicator::init_all(&ctxs).unwrap();
-        let results = on_ranks(comms, &ctxs, |rank, c, ctx| -> Result<(Vec<Vec<i32>>, Vec<u32>, Vec<u32>)> {
+        let results = on_ranks(comms, &ctxs, |rank, c, ctx| -> Result<Outcome> {
             let s = ctx.new_stream()?;
             let mine = if rank == 0 { a } else { b };
             let mut reduced = Vec::new();

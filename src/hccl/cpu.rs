@@ -279,26 +279,22 @@ fn reduce_input(t: &Tensor) -> Result<Payload> {
 /// tensor's dtype, i32 and copied elements as they are (the dtypes were matched by the caller's
 /// checks and the ranks' signatures).
 fn store(t: &mut Tensor, out: &Payload) {
-    fn put<T: Copy>(dst: &mut [T], offset: usize, src: &[T]) {
+    fn put<T: Copy, U: Copy>(dst: &mut [T], offset: usize, src: &[U], f: impl Fn(U) -> T) {
         if let Some(d) = dst.get_mut(offset..offset + src.len()) {
-            d.copy_from_slice(src);
+            d.iter_mut().zip(src).for_each(|(d, &s)| *d = f(s));
         }
     }
     let offset = t.offset();
     let Storage::Host(h) = &mut t.storage else { return };
     match (h.as_slice_mut(), out) {
-        (SliceMut::F32(d), Payload::Float(v)) => put(d, offset, &v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
-        (SliceMut::F16(d), Payload::Float(v)) => {
-            put(d, offset, &v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>())
-        }
-        (SliceMut::BF16(d), Payload::Float(v)) => {
-            put(d, offset, &v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>())
-        }
-        (SliceMut::I32(d), Payload::Int(v)) => put(d, offset, v),
-        (SliceMut::F32(d), Payload::Bits(Elements::F32(v))) => put(d, offset, v),
-        (SliceMut::F16(d), Payload::Bits(Elements::F16(v))) => put(d, offset, v),
-        (SliceMut::BF16(d), Payload::Bits(Elements::BF16(v))) => put(d, offset, v),
-        (SliceMut::I32(d), Payload::Bits(Elements::I32(v))) => put(d, offset, v),
+        (SliceMut::F32(d), Payload::Float(v)) => put(d, offset, v, |x| x as f32),
+        (SliceMut::F16(d), Payload::Float(v)) => put(d, offset, v, f16::from_f64),
+        (SliceMut::BF16(d), Payload::Float(v)) => put(d, offset, v, bf16::from_f64),
+        (SliceMut::I32(d), Payload::Int(v)) => put(d, offset, v, |x| x),
+        (SliceMut::F32(d), Payload::Bits(Elements::F32(v))) => put(d, offset, v, |x| x),
+        (SliceMut::F16(d), Payload::Bits(Elements::F16(v))) => put(d, offset, v, |x| x),
+        (SliceMut::BF16(d), Payload::Bits(Elements::BF16(v))) => put(d, offset, v, |x| x),
+        (SliceMut::I32(d), Payload::Bits(Elements::I32(v))) => put(d, offset, v, |x| x),
         _ => {}
     }
 }
@@ -398,14 +394,16 @@ impl Rank {
             return Err(hccl_error(sig.call(), *result, format!("the group failed earlier: {why}")));
         }
         let seq = state.next[me];
-        if !state.slots.contains_key(&seq) {
-            let inputs = try_vec(size, None)?;
-            state.slots.insert(seq, Slot { signature: sig, inputs, arrived: 0, output: None, taken: 0 });
-        }
+        // The slot's table, made by the first rank to arrive (fallibly: `size` is the caller's).
+        let inputs = if state.slots.contains_key(&seq) { Vec::new() } else { try_vec(size, None)? };
         state.next[me] += 1;
-        let Some(slot) = state.slots.get_mut(&seq) else {
-            return Err(Error::invalid("communicator", "the CPU engine lost a collective's slot"));
-        };
+        let slot = state.slots.entry(seq).or_insert_with(|| Slot {
+            signature: sig,
+            inputs,
+            arrived: 0,
+            output: None,
+            taken: 0,
+        });
         if slot.signature != sig {
             let why = format!(
                 "collective #{seq}: rank {me} issued {:?} but another rank issued {:?}; every rank must issue \

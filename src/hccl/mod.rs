@@ -9,14 +9,21 @@
 //!   one rank ([`Communicator`] is `Send`, not `Sync`), every rank issues the same collectives in
 //!   the same order with the same count, dtype and op, and a rank that never arrives ends in
 //!   HCCL's timeout error (`HCCL_CONNECT_TIMEOUT`).
-//! * **CPU**: the ranks are threads of this process, joined in memory; a collective runs when it
-//!   is called and returns once every rank has called it (or fails after the timeout). Values
-//!   are reduced in f64 in rank order and rounded once, so every rank gets the same bits. This
-//!   engine is for tests and single-machine use; across machines, the Ascend path with HCCL is
-//!   the engine.
+//!   One communicator's collectives run in the order they were issued, also across streams: a
+//!   collective on another stream than the previous one waits (on the device, through an event)
+//!   for the previous stream's work.
+//! * **CPU**: the ranks are threads of this process (at most 4096), joined in memory; a
+//!   collective runs when it is called and returns once every rank has called it (or fails after
+//!   the timeout). Float values are reduced in f64 in rank order and rounded once, i32 in
+//!   wrapping i32 arithmetic as HCCL does, so every rank gets the same bits; all-gather and
+//!   broadcast copy bits. This engine is for tests and single-machine use; across machines, the
+//!   Ascend path with HCCL is the engine.
 //!
 //! Tensors given to a collective must be contiguous (HCCL works on flat buffers), on the
-//! communicator's device, of f32, f16 or bf16 (bf16 needs Atlas A2/A3 or later on Ascend).
+//! communicator's device, of f32, f16, bf16 or i32 (bf16 needs Atlas A2/A3 or later on Ascend).
+//! Both engines accept the same calls: the (op, dtype) pairs of HCCL's table
+//! ([`Communicator::all_reduce`]), and `HCCL_CONNECT_TIMEOUT` read once, as whole seconds in
+//! 1..=7200 (anything else means the default, 120 s).
 
 mod ascend;
 mod cpu;
@@ -109,8 +116,11 @@ impl RootInfo {
     /// (after binding the device), a new in-process group on the CPU.
     pub fn new(ctx: &Context) -> Result<RootInfo> {
         Ok(match &ctx.kind {
-            ContextKind::Cpu => RootInfo::wrap(RootKind::Cpu, &*cpu::new_root()),
-            ContextKind::Ascend(device) => RootInfo::wrap(RootKind::Hccl, &*ascend::new_root(device)?),
+            ContextKind::Cpu => RootInfo::wrap(RootKind::Cpu, &cpu::new_root()),
+            ContextKind::Ascend(device) => {
+                let payload = ascend::new_root(device)?;
+                RootInfo::wrap(RootKind::Hccl, &payload)
+            }
         })
     }
 
@@ -227,7 +237,9 @@ impl Communicator {
 
     /// Rank `rank` of `n_ranks`, meeting the others through `root` (one process per device,
     /// possibly across servers: `HcclCommInitRootInfo`). Blocks until every rank has joined, or
-    /// fails after the connect timeout (`HCCL_CONNECT_TIMEOUT` seconds; 120 by default).
+    /// fails after the connect timeout (`HCCL_CONNECT_TIMEOUT` seconds; 120 by default). A root
+    /// info made by the other backend is refused with `HCCL_E_PARA` before HCCL sees it, as is
+    /// a CPU group of more than 4096 ranks.
     pub fn init_rank(ctx: &Context, n_ranks: u32, root: &RootInfo, rank: u32) -> Result<Communicator> {
         if n_ranks == 0 || rank >= n_ranks {
             return Err(Error::invalid("rank", format!("rank {rank} of {n_ranks} ranks: need rank < n_ranks")));
@@ -430,4 +442,42 @@ pub(crate) fn result_name(result: u32) -> &'static str {
 pub(crate) fn hccl_error(call: &'static str, result: u32, message: impl Into<String>) -> Error {
     let message = message.into();
     Error::Hccl { call, result, name: result_name(result), message: (!message.is_empty()).then_some(message) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_timeout_is_whole_seconds_in_hccl_range_else_the_default() {
+        let secs = |v: Option<&str>| Settings::parse(v).connect_timeout.as_secs();
+        for (v, want) in [(None, 120), (Some("1"), 1), (Some(" 7200 "), 7200), (Some("300"), 300)] {
+            assert_eq!(secs(v), want, "{v:?}");
+        }
+        for v in ["0", "7201", "-5", "1e20", "1e19", "0.3", "NaN", "inf", "", "18446744073709551616"] {
+            assert_eq!(secs(Some(v)), 120, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn a_root_info_round_trips_and_any_changed_byte_is_refused() {
+        let root = RootInfo::wrap(RootKind::Hccl, &[7; HCCL_ROOT_BYTES]);
+        let back = RootInfo::from_bytes(root.as_bytes()).unwrap();
+        assert_eq!((back.kind, back.payload()), (RootKind::Hccl, &[7; HCCL_ROOT_BYTES]));
+        for i in (0..ROOT_INFO_BYTES).step_by(97) {
+            let mut b = root.as_bytes().to_vec();
+            b[i] ^= 1;
+            assert!(RootInfo::from_bytes(&b).is_err(), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn the_reduce_table_is_hccls() {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32] {
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let refused = dtype == DType::BF16 && op == ReduceOp::Prod;
+                assert_eq!(reduce_supported(op, dtype), !refused, "{op:?} {dtype}");
+            }
+        }
+    }
 }
