@@ -19,7 +19,7 @@
 //!     target/release/examples/sync_batch_norm &
 //! done; wait
 //! ```
-//! Across servers, copy the root file to every server (or pass it any other way: it is 4108
+//! Across servers, copy the root file to every server (or pass it any other way: it is 4128
 //! bytes) and give each process its global rank; the device is `ASCEND_DEVICE` (default: the
 //! rank modulo 8).
 

@@ -23,13 +23,18 @@
 //! 3. `batch_norm_elemt_backward` with the gathered counts: the input gradient, equal (to f32
 //!    accuracy) to BatchNorm's over the whole global batch.
 //!
+//! Both validate every argument first, with the rules of the operators they chain, before the
+//! first collective and the first write: a bad argument fails on its own rank before any peer
+//! waits, and a rejected call changes nothing (the running statistics included).
+//!
 //! grad_weight and grad_bias are this rank's share, as torch returns them: summed over ranks they
 //! give the global gradient (data-parallel training all-reduces them with the other parameter
 //! gradients).
 
 use crate::error::{Error, Result};
 use crate::hccl::{Communicator, ReduceOp};
-use crate::ops::{self, OutputMask};
+use crate::ops::validate::Meta;
+use crate::ops::{self, checks, OutputMask};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 use crate::DType;
@@ -83,8 +88,9 @@ pub fn forward<'a>(
             format!("expected more than 1 value per channel when training, got shape {shape:?} on one rank"),
         ));
     }
-    let (mean, invstd) = local_stats(s, input, c, eps)?;
     let world = comm.size() as usize;
+    validate_forward(s, input, c, world, weight, bias, running_mean.as_deref(), running_var.as_deref(), eps)?;
+    let (mean, invstd) = local_stats(s, input, c, eps)?;
     let mut mean_all = Tensor::zeros(s, DType::F32, &[world, c])?;
     let mut invstd_all = Tensor::zeros(s, DType::F32, &[world, c])?;
     comm.all_gather(s, &mean, &mut mean_all)?;
@@ -119,6 +125,39 @@ pub fn forward<'a>(
     )?;
     let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
     Ok((out, Saved { input, mean, invstd, counts }))
+}
+
+/// A `[C]` f32 stand-in for a statistic `forward`/`backward` computes (a zero-stride view of one
+/// element: what the operators' checks look at is its dtype and shape).
+fn per_channel_stand_in(s: &Stream, c: usize) -> Result<Tensor> {
+    Tensor::from_slice_strided(s, &[0f32], &[c], &[0], 0)
+}
+
+/// Every check the operators of [`forward`] make, before any of them runs: `input` as
+/// `batch_norm_stats` (or, for bf16, `batch_norm_elemt`) takes it, `weight`, `bias` and `eps` as
+/// `batch_norm_elemt` does, the running statistics as `batch_norm_gather_stats_with_counts`
+/// does (with the gathered statistics' shapes: `[world, C]` f32, counts `[world]`).
+#[allow(clippy::too_many_arguments)]
+fn validate_forward(
+    s: &Stream,
+    input: &Tensor,
+    c: usize,
+    world: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    eps: f64,
+) -> Result<()> {
+    if input.dtype() != DType::BF16 {
+        checks::batch_norm_stats(s, input)?;
+    }
+    let stat = per_channel_stand_in(s, c)?;
+    checks::batch_norm_elemt(s, input, weight, bias, &stat, &stat, eps)?;
+    let (rows, row_strides, one) = ([world, c], [0, 0], [world]);
+    let gathered = Meta { dtype: DType::F32, shape: &rows, strides: &row_strides, offset: 0, storage_len: 1 };
+    let counts = Meta { dtype: DType::F32, shape: &one, strides: &[0], offset: 0, storage_len: 1 };
+    checks::batch_norm_gather_stats_with_counts(s, input, [&gathered, &gathered, &counts], running_mean, running_var)
 }
 
 /// The local mean and invstd (`[C]` f32) of `input`: `batch_norm_stats`, or for bf16 (which it
@@ -173,6 +212,22 @@ pub fn backward(
     weight: Option<&Tensor>,
     mask: OutputMask,
 ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    if mask.input_g {
+        // batch_norm_elemt_backward runs after the all-reduce: check its arguments before it
+        // (batch_norm_reduce_backward checks its own before it runs).
+        let sums = per_channel_stand_in(s, saved.mean.numel())?;
+        checks::batch_norm_elemt_backward(
+            s,
+            grad_out,
+            saved.input,
+            &saved.mean,
+            &saved.invstd,
+            weight,
+            &sums,
+            &sums,
+            &saved.counts,
+        )?;
+    }
     let r = ops::batch_norm_reduce_backward(s, grad_out, saved.input, &saved.mean, &saved.invstd, weight, mask)?;
     let grad_input = if mask.input_g {
         let (Some(mut sum_dy), Some(mut sum_dy_xmu)) = (r.sum_dy, r.sum_dy_xmu) else {

@@ -1,12 +1,17 @@
 //! The Ascend engine: an `HcclComm` per rank, collectives enqueued on the stream through the
 //! shared launch path (every buffer recorded on the stream with the enqueue).
+//!
+//! HCCL requires one communicator's collectives to run serially (docs/cann/HCCL.md 4.4). A comm
+//! remembers the stream of its last collective; a collective on another stream is first ordered
+//! after it on the device (`aclrtRecordEvent` on the old stream, `aclrtStreamWaitEvent` on the
+//! new one), and the old stream is then forgotten, so a comm holds one stream at a time.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use ascend_sys::{Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
+use ascend_sys::{aclrtEvent, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
 
-use super::{hccl_error, ReduceOp, ROOT_INFO_BYTES};
+use super::{hccl_error, ReduceOp, HCCL_ROOT_BYTES};
 use crate::device::{enqueue_using, leaked, report_drop_error, Device, DeviceBuffer, Leak, StreamInner};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -51,11 +56,11 @@ fn reduce_op(op: ReduceOp) -> HcclReduceOp {
 }
 
 /// `HcclGetRootInfo` on `device` (bound first).
-pub(super) fn new_root(device: &Device) -> Result<Box<[u8; ROOT_INFO_BYTES]>> {
+pub(super) fn new_root(device: &Device) -> Result<Box<[u8; HCCL_ROOT_BYTES]>> {
     let hccl = hccl_of(device)?;
     let get = crate::acl::op_fn(&hccl.HcclGetRootInfo, "HcclGetRootInfo")?;
     device.bind()?;
-    let mut root = HcclRootInfo { internal: [0; ROOT_INFO_BYTES] };
+    let mut root = HcclRootInfo { internal: [0; HCCL_ROOT_BYTES] };
     // SAFETY: `root` is a writable HcclRootInfo (4108 bytes, checked by the ABI tests).
     check(hccl, "HcclGetRootInfo", unsafe { get(&mut root) })?;
     Ok(Box::new(root.internal.map(|c| c as u8)))
@@ -83,34 +88,52 @@ pub(super) fn init_all(devices: &[Arc<Device>]) -> Result<Vec<Comm>> {
 }
 
 /// `HcclCommInitRootInfo` on `device`: blocks until every rank has joined.
-pub(super) fn init_rank(device: &Arc<Device>, n: u32, root: &[u8; ROOT_INFO_BYTES], rank: u32) -> Result<Comm> {
+pub(super) fn init_rank(device: &Arc<Device>, n: u32, root: &[u8; HCCL_ROOT_BYTES], rank: u32) -> Result<Comm> {
     let hccl = hccl_of(device)?;
     let init = crate::acl::op_fn(&hccl.HcclCommInitRootInfo, "HcclCommInitRootInfo")?;
     let root = HcclRootInfo { internal: root.map(|b| b as std::ffi::c_char) };
     let mut raw: HcclComm = std::ptr::null_mut();
     device.bind()?;
-    // SAFETY: `root` is a valid HcclRootInfo and `raw` a writable handle.
+    // SAFETY: `root` is a readable 4108-byte HcclRootInfo and `raw` a writable handle. Its
+    // contents came from `HcclGetRootInfo` through `RootInfo::as_bytes` (the caller checked the
+    // envelope's magic, kind and checksum, so a CPU root or stray bytes never get here); HCCL
+    // reads them as data (the root's address and ids), no pointer in them is dereferenced.
     check(hccl, "HcclCommInitRootInfo", unsafe { init(n, &root, rank, &mut raw) })?;
     Ok(Comm::new(raw, device.clone(), hccl))
 }
 
-/// One rank's `HcclComm`, destroyed after the streams its collectives ran on have finished.
+/// One rank's `HcclComm`, destroyed after the stream of its last collective has finished.
 pub(super) struct Comm {
     raw: HcclComm,
     device: Arc<Device>,
     hccl: &'static Hccl,
-    /// Streams collectives were enqueued on (synchronised before `HcclCommDestroy`).
-    streams: Mutex<Vec<Arc<StreamInner>>>,
+    order: Mutex<Order>,
 }
+
+/// How a comm keeps its collectives serial across streams.
+#[derive(Default)]
+struct Order {
+    /// The stream of the last collective (synchronised before `HcclCommDestroy`). Every earlier
+    /// collective is ordered before the work on it by the chain of event waits below.
+    last: Option<Arc<StreamInner>>,
+    /// Events recorded at stream switches. An event may be destroyed only once the wait on it
+    /// has run; that holds for all of them once `last` has synchronised (each stream in the
+    /// chain waited before it recorded the next event), so they are destroyed then: at drop, or
+    /// when there are [`MAX_PENDING_EVENTS`] of them.
+    events: Vec<aclrtEvent>,
+}
+
+/// Stream switches between two host synchronisations (which free their events).
+const MAX_PENDING_EVENTS: usize = 16;
 
 // SAFETY: an HcclComm is a handle HCCL lets any thread use once that thread has bound the comm's
 // device, which every use here does first; `Communicator` (not `Sync`) keeps one thread at a
-// time on it, as HCCL requires.
+// time on it, as HCCL requires. The events are handles of the same device, used the same way.
 unsafe impl Send for Comm {}
 
 impl Comm {
     fn new(raw: HcclComm, device: Arc<Device>, hccl: &'static Hccl) -> Comm {
-        Comm { raw, device, hccl, streams: Mutex::new(Vec::new()) }
+        Comm { raw, device, hccl, order: Mutex::new(Order::default()) }
     }
 
     pub(super) fn device(&self) -> &Device {
@@ -121,7 +144,62 @@ impl Comm {
         self.device.id
     }
 
-    /// Enqueues one collective on `stream` over `buffers`, recording the stream for drop.
+    /// Destroys `events` (the device bound); the caller ensured no wait on them is pending.
+    fn destroy_events(&self, events: Vec<aclrtEvent>) {
+        let acl = &self.device.cann.acl;
+        for e in events {
+            // SAFETY: `e` came from aclrtCreateEvent on this device and every wait on it has run.
+            if let Err(err) =
+                crate::acl::check(self.device.cann, "aclrtDestroyEvent", unsafe { acl.aclrtDestroyEvent(e) })
+            {
+                report_drop_error("aclrtDestroyEvent", &err);
+            }
+        }
+    }
+
+    /// Orders `next` after the comm's last collective (if that ran on another stream) and makes
+    /// it the comm's stream. On an error nothing is enqueued and the comm keeps its stream.
+    fn switch_to(&self, order: &mut Order, next: &Arc<StreamInner>) -> Result<()> {
+        let Some(last) = order.last.clone() else {
+            order.last = Some(next.clone());
+            return Ok(());
+        };
+        if Arc::ptr_eq(&last, next) {
+            return Ok(());
+        }
+        self.device.bind()?;
+        if order.events.len() >= MAX_PENDING_EVENTS {
+            // Every pending wait has run once `last` has drained (see `Order::events`).
+            last.synchronize()?;
+            let events = std::mem::take(&mut order.events);
+            self.destroy_events(events);
+        }
+        if let Err(event_error) = self.order_by_event(order, &last, next) {
+            // Without an event, a host synchronise of the old stream orders the two as well.
+            last.synchronize().map_err(|_| event_error)?;
+        }
+        order.last = Some(next.clone());
+        Ok(())
+    }
+
+    /// `aclrtRecordEvent(last)` + `aclrtStreamWaitEvent(next)` with a new event.
+    fn order_by_event(&self, order: &mut Order, last: &StreamInner, next: &StreamInner) -> Result<()> {
+        let (cann, acl) = (self.device.cann, &self.device.cann.acl);
+        let mut event: aclrtEvent = std::ptr::null_mut();
+        // SAFETY: `event` is a valid out-pointer; the device is bound.
+        crate::acl::check(cann, "aclrtCreateEvent", unsafe { acl.aclrtCreateEvent(&mut event) })?;
+        if event.is_null() {
+            return Err(Error::NullHandle { call: "aclrtCreateEvent", message: crate::acl::recent_error(cann) });
+        }
+        // Kept from here on: a wait on it may be queued (destroyed once that has run).
+        order.events.push(event);
+        // SAFETY: `event` is live; `last` and `next` are live streams of the bound device.
+        crate::acl::check(cann, "aclrtRecordEvent", unsafe { acl.aclrtRecordEvent(event, last.raw()) })?;
+        // SAFETY: as above.
+        crate::acl::check(cann, "aclrtStreamWaitEvent", unsafe { acl.aclrtStreamWaitEvent(next.raw(), event) })
+    }
+
+    /// Enqueues one collective on `stream` over `buffers`, after the comm's earlier collectives.
     fn enqueue(
         &self,
         stream: &Stream,
@@ -132,12 +210,8 @@ impl Comm {
         let Some((inner, _)) = stream.ascend() else {
             return Err(stream.mismatch("stream", "collectives on Ascend need an Ascend stream"));
         };
-        {
-            let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-            if !streams.iter().any(|s| Arc::ptr_eq(s, inner)) {
-                streams.push(inner.clone());
-            }
-        }
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        self.switch_to(&mut order, inner)?;
         enqueue_using(inner, buffers, || {
             self.device.bind()?;
             check(self.hccl, call, launch(inner.raw()))
@@ -202,18 +276,23 @@ fn flat(t: &Tensor) -> Result<(&DeviceBuffer, *mut c_void)> {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        let streams = std::mem::take(self.streams.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for s in &streams {
-            if let Err(e) = s.synchronize() {
-                // Queued collectives may still use the comm: leaking it is the only sound choice.
+        let order = std::mem::take(self.order.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if let Some(last) = &order.last {
+            if let Err(e) = last.synchronize() {
+                // Queued collectives may still use the comm (and waits the events): leaking them
+                // is the only sound choice.
                 report_drop_error("aclrtSynchronizeStream (before HcclCommDestroy)", &e);
                 leaked(Leak::Communicator);
                 return;
             }
         }
+        // The chain of waits has run (see `Order::events`).
+        if self.device.bind().is_ok() {
+            self.destroy_events(order.events);
+        }
         let result = self.device.bind().and_then(|()| {
             let f = crate::acl::op_fn(&self.hccl.HcclCommDestroy, "HcclCommDestroy")?;
-            // SAFETY: the comm is live, its streams have finished, and it is never used again.
+            // SAFETY: the comm is live, its collectives have finished, and it is never used again.
             check(self.hccl, "HcclCommDestroy", unsafe { f(self.raw) })
         });
         if let Err(e) = result {

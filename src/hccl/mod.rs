@@ -9,23 +9,32 @@
 //!   one rank ([`Communicator`] is `Send`, not `Sync`), every rank issues the same collectives in
 //!   the same order with the same count, dtype and op, and a rank that never arrives ends in
 //!   HCCL's timeout error (`HCCL_CONNECT_TIMEOUT`).
-//! * **CPU**: the ranks are threads of this process, joined in memory; a collective runs when it
-//!   is called and returns once every rank has called it (or fails after the timeout). Values
-//!   are reduced in f64 in rank order and rounded once, so every rank gets the same bits. This
-//!   engine is for tests and single-machine use; across machines, the Ascend path with HCCL is
-//!   the engine.
+//!   One communicator's collectives run in the order they were issued, also across streams: a
+//!   collective on another stream than the previous one waits (on the device, through an event)
+//!   for the previous stream's work.
+//! * **CPU**: the ranks are threads of this process (at most 4096), joined in memory; a
+//!   collective runs when it is called and returns once every rank has called it (or fails after
+//!   the timeout). Float values are reduced in f64 in rank order and rounded once, i32 in
+//!   wrapping i32 arithmetic as HCCL does, so every rank gets the same bits; all-gather and
+//!   broadcast copy bits. This engine is for tests and single-machine use; across machines, the
+//!   Ascend path with HCCL is the engine.
 //!
 //! Tensors given to a collective must be contiguous (HCCL works on flat buffers), on the
-//! communicator's device, of f32, f16 or bf16 (bf16 needs Atlas A2/A3 or later on Ascend).
+//! communicator's device, of f32, f16, bf16 or i32 (bf16 needs Atlas A2/A3 or later on Ascend).
+//! Both engines accept the same calls: the (op, dtype) pairs of HCCL's table
+//! ([`Communicator::all_reduce`]), and `HCCL_CONNECT_TIMEOUT` read once, as whole seconds in
+//! 1..=7200 (anything else means the default, 120 s).
 
 mod ascend;
 mod cpu;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::context::{Context, ContextKind};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -43,46 +52,125 @@ pub enum ReduceOp {
     Min,
 }
 
-/// The size of a root info, in bytes (`HCCL_ROOT_INFO_BYTES`).
-pub const ROOT_INFO_BYTES: usize = 4108;
+/// The size of HCCL's `HcclRootInfo` (`HCCL_ROOT_INFO_BYTES`), the payload of a root info.
+const HCCL_ROOT_BYTES: usize = 4108;
+
+/// The crate's envelope around the payload: magic (8 bytes), version (u16), kind (u8), a zero
+/// byte, then the FNV-1a 64 checksum of everything else (u64), all little-endian.
+const ENVELOPE_BYTES: usize = 20;
+const ENVELOPE_MAGIC: &[u8; 8] = b"ASCNDRI\0";
+const ENVELOPE_VERSION: u16 = 1;
+
+/// The size of a root info as [`RootInfo::as_bytes`] gives it and [`RootInfo::from_bytes`] takes
+/// it: HCCL's 4108-byte `HcclRootInfo` (or the CPU engine's group name) inside the crate's
+/// 20-byte envelope (magic, version, kind, checksum).
+pub const ROOT_INFO_BYTES: usize = ENVELOPE_BYTES + HCCL_ROOT_BYTES;
+
+/// Which engine made a root info (and so which engine can join it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RootKind {
+    /// An in-process group of the CPU engine.
+    Cpu = 1,
+    /// HCCL's `HcclRootInfo` (`HcclGetRootInfo`).
+    Hccl = 2,
+}
 
 /// What ranks need to find each other ([`Communicator::init_rank`]): made by one rank (the root),
 /// then handed to every rank by the launcher (as bytes: a file, an environment variable, a
-/// socket). On Ascend it is HCCL's `HcclRootInfo` (the root opens a host port for the other
+/// socket). On Ascend it carries HCCL's `HcclRootInfo` (the root opens a host port for the other
 /// ranks); on the CPU it names an in-process group.
+///
+/// The bytes carry an envelope (magic, version, which engine made it, a checksum), so
+/// [`from_bytes`](RootInfo::from_bytes) refuses bytes that [`as_bytes`](RootInfo::as_bytes) did
+/// not make (truncated, corrupted, or of another format), and each engine refuses a root info
+/// made by the other before any HCCL call. The checksum detects accidents, not forgery: bytes
+/// built on purpose to pass it are handed to HCCL as its own root info.
 #[derive(Clone)]
 pub struct RootInfo {
+    kind: RootKind,
+    /// The envelope followed by the payload (what `as_bytes` returns).
     bytes: Box<[u8; ROOT_INFO_BYTES]>,
 }
 
 impl std::fmt::Debug for RootInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RootInfo").field("kind", &if cpu::is_cpu_root(&self.bytes) { "cpu" } else { "hccl" }).finish()
+        let kind = match self.kind {
+            RootKind::Cpu => "cpu",
+            RootKind::Hccl => "hccl",
+        };
+        f.debug_struct("RootInfo").field("kind", &kind).finish()
     }
+}
+
+/// FNV-1a, 64 bits.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in parts.iter().flat_map(|p| p.iter()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 impl RootInfo {
     /// A new root info for a group whose root rank runs on `ctx`: `HcclGetRootInfo` on Ascend
     /// (after binding the device), a new in-process group on the CPU.
     pub fn new(ctx: &Context) -> Result<RootInfo> {
-        let bytes = match &ctx.kind {
-            ContextKind::Cpu => cpu::new_root(),
-            ContextKind::Ascend(device) => ascend::new_root(device)?,
-        };
-        Ok(RootInfo { bytes })
+        Ok(match &ctx.kind {
+            ContextKind::Cpu => RootInfo::wrap(RootKind::Cpu, &cpu::new_root()),
+            ContextKind::Ascend(device) => {
+                let payload = ascend::new_root(device)?;
+                RootInfo::wrap(RootKind::Hccl, &payload)
+            }
+        })
     }
 
-    /// The bytes to hand to the other ranks.
+    fn wrap(kind: RootKind, payload: &[u8; HCCL_ROOT_BYTES]) -> RootInfo {
+        let mut bytes = Box::new([0u8; ROOT_INFO_BYTES]);
+        bytes[..8].copy_from_slice(ENVELOPE_MAGIC);
+        bytes[8..10].copy_from_slice(&ENVELOPE_VERSION.to_le_bytes());
+        bytes[10] = kind as u8;
+        bytes[ENVELOPE_BYTES..].copy_from_slice(payload);
+        let sum = fnv1a(&[&bytes[..12], &bytes[ENVELOPE_BYTES..]]);
+        bytes[12..ENVELOPE_BYTES].copy_from_slice(&sum.to_le_bytes());
+        RootInfo { kind, bytes }
+    }
+
+    /// The bytes to hand to the other ranks ([`ROOT_INFO_BYTES`] of them).
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..]
     }
 
-    /// A root info received from the root rank: exactly [`ROOT_INFO_BYTES`] bytes.
+    /// A root info received from the root rank: exactly the [`ROOT_INFO_BYTES`] bytes that
+    /// [`as_bytes`](RootInfo::as_bytes) gave there. Any other bytes (wrong length, magic,
+    /// version, kind or checksum) are refused.
     pub fn from_bytes(bytes: &[u8]) -> Result<RootInfo> {
         let bytes: [u8; ROOT_INFO_BYTES] = bytes.try_into().map_err(|_| {
             Error::invalid("root", format!("a root info has {ROOT_INFO_BYTES} bytes, got {}", bytes.len()))
         })?;
-        Ok(RootInfo { bytes: Box::new(bytes) })
+        let refuse = |why: String| Error::invalid("root", format!("not a root info made by RootInfo::as_bytes: {why}"));
+        if &bytes[..8] != ENVELOPE_MAGIC {
+            return Err(refuse("bad magic".into()));
+        }
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if version != ENVELOPE_VERSION {
+            return Err(refuse(format!("envelope version {version}, this crate reads {ENVELOPE_VERSION}")));
+        }
+        let kind = match bytes[10] {
+            1 => RootKind::Cpu,
+            2 => RootKind::Hccl,
+            k => return Err(refuse(format!("unknown kind {k}"))),
+        };
+        let mut sum = [0u8; 8];
+        sum.copy_from_slice(&bytes[12..ENVELOPE_BYTES]);
+        if bytes[11] != 0 || u64::from_le_bytes(sum) != fnv1a(&[&bytes[..12], &bytes[ENVELOPE_BYTES..]]) {
+            return Err(refuse("the checksum does not match (corrupted or truncated in transit?)".into()));
+        }
+        Ok(RootInfo { kind, bytes: Box::new(bytes) })
+    }
+
+    /// The payload: HCCL's `HcclRootInfo` or the CPU engine's group name.
+    fn payload(&self) -> &[u8; HCCL_ROOT_BYTES] {
+        self.bytes[ENVELOPE_BYTES..].try_into().unwrap_or(&[0; HCCL_ROOT_BYTES])
     }
 }
 
@@ -128,7 +216,7 @@ impl Communicator {
         let size = u32::try_from(contexts.len()).map_err(|_| Error::invalid("contexts", "too many ranks"))?;
         let make = |engine, rank| Communicator { engine, rank, size, _not_sync: PhantomData };
         if contexts.iter().all(|c| matches!(c.kind, ContextKind::Cpu)) {
-            return Ok(cpu::init_all(size)
+            return Ok(cpu::init_all(size, settings().connect_timeout)?
                 .into_iter()
                 .enumerate()
                 .map(|(r, e)| make(Engine::Cpu(e), r as u32))
@@ -149,14 +237,35 @@ impl Communicator {
 
     /// Rank `rank` of `n_ranks`, meeting the others through `root` (one process per device,
     /// possibly across servers: `HcclCommInitRootInfo`). Blocks until every rank has joined, or
-    /// fails after the connect timeout (`HCCL_CONNECT_TIMEOUT` seconds; 120 by default).
+    /// fails after the connect timeout (`HCCL_CONNECT_TIMEOUT` seconds; 120 by default). A root
+    /// info made by the other backend is refused with `HCCL_E_PARA` before HCCL sees it, as is
+    /// a CPU group of more than 4096 ranks.
     pub fn init_rank(ctx: &Context, n_ranks: u32, root: &RootInfo, rank: u32) -> Result<Communicator> {
         if n_ranks == 0 || rank >= n_ranks {
             return Err(Error::invalid("rank", format!("rank {rank} of {n_ranks} ranks: need rank < n_ranks")));
         }
-        let engine = match &ctx.kind {
-            ContextKind::Cpu => Engine::Cpu(cpu::init_rank(&root.bytes, n_ranks, rank, connect_timeout())?),
-            ContextKind::Ascend(device) => Engine::Ascend(ascend::init_rank(device, n_ranks, &root.bytes, rank)?),
+        let call = "HcclCommInitRootInfo";
+        let engine = match (&ctx.kind, root.kind) {
+            (ContextKind::Cpu, RootKind::Cpu) => {
+                Engine::Cpu(cpu::init_rank(root.payload(), n_ranks, rank, settings().connect_timeout)?)
+            }
+            (ContextKind::Ascend(device), RootKind::Hccl) => {
+                Engine::Ascend(ascend::init_rank(device, n_ranks, root.payload(), rank)?)
+            }
+            (ContextKind::Cpu, RootKind::Hccl) => {
+                return Err(hccl_error(
+                    call,
+                    HCCL_E_PARA,
+                    "this root info was made on Ascend; a CPU context needs a CPU one",
+                ))
+            }
+            (ContextKind::Ascend(_), RootKind::Cpu) => {
+                return Err(hccl_error(
+                    call,
+                    HCCL_E_PARA,
+                    "this root info was made on a CPU context; an Ascend context needs one from HcclGetRootInfo",
+                ))
+            }
         };
         Ok(Communicator { engine, rank, size: n_ranks, _not_sync: PhantomData })
     }
@@ -173,7 +282,12 @@ impl Communicator {
 
     /// Combines `tensor` across ranks with `op`, in place: every rank ends with the same result.
     /// Asynchronous on `stream` on Ascend (`HcclAllReduce` with send = recv).
+    ///
+    /// The (op, dtype) pairs are HCCL's on Atlas A2/A3 (docs/cann/HCCL.md 4.3), on both backends:
+    /// every op for f32, f16 and i32 (integers wrap around), every op but `Prod` for bf16;
+    /// anything else is `HCCL_E_NOT_SUPPORT` before any rank waits.
     pub fn all_reduce(&self, stream: &Stream, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        check_reduce(op, tensor.dtype())?;
         self.check(stream, tensor, "tensor")?;
         match &self.engine {
             Engine::Cpu(r) => r.all_reduce(tensor, op),
@@ -237,10 +351,56 @@ impl Communicator {
     }
 }
 
-/// `HCCL_CONNECT_TIMEOUT` (seconds), else HCCL's default of 120 s.
-fn connect_timeout() -> Duration {
-    let secs = std::env::var("HCCL_CONNECT_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok());
-    secs.filter(|s| s.is_finite() && *s > 0.0).map_or(Duration::from_secs(120), Duration::from_secs_f64)
+const HCCL_E_PARA: u32 = ascend_sys::HcclResult::HCCL_E_PARA.0;
+const HCCL_E_NOT_SUPPORT: u32 = ascend_sys::HcclResult::HCCL_E_NOT_SUPPORT.0;
+
+/// Whether HCCL reduces `dtype` with `op` (the Atlas A2/A3 table, docs/cann/HCCL.md 4.3: every
+/// op for int32, fp16 and fp32; bfp16 without prod). The one table both engines obey.
+pub(crate) fn reduce_supported(op: ReduceOp, dtype: DType) -> bool {
+    match dtype {
+        DType::F32 | DType::F16 | DType::I32 => true,
+        DType::BF16 => op != ReduceOp::Prod,
+    }
+}
+
+/// [`reduce_supported`] as the error both engines return (`HCCL_E_NOT_SUPPORT`, as HCCL's).
+fn check_reduce(op: ReduceOp, dtype: DType) -> Result<()> {
+    if reduce_supported(op, dtype) {
+        return Ok(());
+    }
+    Err(hccl_error(
+        "HcclAllReduce",
+        HCCL_E_NOT_SUPPORT,
+        format!("HCCL has no {op:?} reduction for {dtype} (Atlas A2/A3, docs/cann/HCCL.md 4.3)"),
+    ))
+}
+
+/// The HCCL environment as the engines use it, read once and validated.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    /// `HCCL_CONNECT_TIMEOUT`: whole seconds in 1..=7200, else HCCL's default of 120 s.
+    pub(crate) connect_timeout: Duration,
+}
+
+/// The longest `HCCL_CONNECT_TIMEOUT` HCCL accepts (docs/cann/HCCL.md 4.8), in seconds.
+const MAX_CONNECT_TIMEOUT_S: u64 = 7200;
+const DEFAULT_CONNECT_TIMEOUT_S: u64 = 120;
+
+impl Settings {
+    /// Validates the raw value of `HCCL_CONNECT_TIMEOUT` (`None`: unset).
+    pub(crate) fn parse(connect_timeout: Option<&str>) -> Settings {
+        let secs = connect_timeout
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| (1..=MAX_CONNECT_TIMEOUT_S).contains(s))
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT_S);
+        Settings { connect_timeout: Duration::from_secs(secs) }
+    }
+}
+
+/// The process's [`Settings`], parsed from the environment at the first communicator.
+pub(crate) fn settings() -> Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    *SETTINGS.get_or_init(|| Settings::parse(std::env::var("HCCL_CONNECT_TIMEOUT").ok().as_deref()))
 }
 
 /// The names of the `HcclResult` values that are stable across HCCL versions (docs/cann/HCCL.md 3.2).
@@ -282,4 +442,42 @@ pub(crate) fn result_name(result: u32) -> &'static str {
 pub(crate) fn hccl_error(call: &'static str, result: u32, message: impl Into<String>) -> Error {
     let message = message.into();
     Error::Hccl { call, result, name: result_name(result), message: (!message.is_empty()).then_some(message) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_timeout_is_whole_seconds_in_hccl_range_else_the_default() {
+        let secs = |v: Option<&str>| Settings::parse(v).connect_timeout.as_secs();
+        for (v, want) in [(None, 120), (Some("1"), 1), (Some(" 7200 "), 7200), (Some("300"), 300)] {
+            assert_eq!(secs(v), want, "{v:?}");
+        }
+        for v in ["0", "7201", "-5", "1e20", "1e19", "0.3", "NaN", "inf", "", "18446744073709551616"] {
+            assert_eq!(secs(Some(v)), 120, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn a_root_info_round_trips_and_any_changed_byte_is_refused() {
+        let root = RootInfo::wrap(RootKind::Hccl, &[7; HCCL_ROOT_BYTES]);
+        let back = RootInfo::from_bytes(root.as_bytes()).unwrap();
+        assert_eq!((back.kind, back.payload()), (RootKind::Hccl, &[7; HCCL_ROOT_BYTES]));
+        for i in (0..ROOT_INFO_BYTES).step_by(97) {
+            let mut b = root.as_bytes().to_vec();
+            b[i] ^= 1;
+            assert!(RootInfo::from_bytes(&b).is_err(), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn the_reduce_table_is_hccls() {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32] {
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let refused = dtype == DType::BF16 && op == ReduceOp::Prod;
+                assert_eq!(reduce_supported(op, dtype), !refused, "{op:?} {dtype}");
+            }
+        }
+    }
 }

@@ -38,6 +38,15 @@ pub use launch::Workspace;
 pub use prepared::Prepared;
 pub use validate::{MAX_RANK, MIN_RANK};
 
+/// Argument checks of single operators, for composite calls (`sync_batch_norm`) that validate
+/// everything before their first side effect.
+pub(crate) mod checks {
+    pub(crate) use super::batch_norm_elemt::validate_args as batch_norm_elemt;
+    pub(crate) use super::batch_norm_elemt_backward::validate_args as batch_norm_elemt_backward;
+    pub(crate) use super::batch_norm_gather_stats_with_counts::validate_args as batch_norm_gather_stats_with_counts;
+    pub(crate) use super::batch_norm_stats::validate_args as batch_norm_stats;
+}
+
 /// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,
 /// `bias_g` → gradBias (aclnn's `inputG`, `weightG`, `biasG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

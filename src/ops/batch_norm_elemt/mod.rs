@@ -200,6 +200,21 @@ fn check_streams(
     Ok(())
 }
 
+/// Validates the arguments of a [`batch_norm_elemt`] call as it does, launching nothing (for a
+/// composite call that must refuse a bad argument before its first side effect).
+pub(crate) fn validate_args(
+    stream: &Stream,
+    input: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    mean: &Tensor,
+    invstd: &Tensor,
+    eps: f64,
+) -> Result<()> {
+    validate_inputs(input, weight, bias, mean, invstd, eps)?;
+    check_streams(stream, input, weight, bias, mean, invstd)
+}
+
 /// Phase 1 on Ascend: every tensor described through the shared launch path.
 #[allow(clippy::too_many_arguments)]
 fn ascend_prepare<'a>(

@@ -140,6 +140,25 @@ pub fn prepare_batch_norm_elemt_backward<'a>(
     }
 }
 
+/// Validates the arguments of a [`batch_norm_elemt_backward`] call as it does, launching nothing
+/// (for a composite call that must refuse a bad argument before its first side effect).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn validate_args(
+    stream: &Stream,
+    grad_out: &Tensor,
+    input: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    weight: Option<&Tensor>,
+    sum_dy: &Tensor,
+    sum_dy_xmu: &Tensor,
+    counter: &Tensor,
+) -> Result<()> {
+    let args = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+    args.validate()?;
+    args.check_streams(stream)
+}
+
 /// The inputs of a call.
 #[derive(Clone, Copy)]
 struct Args<'a> {

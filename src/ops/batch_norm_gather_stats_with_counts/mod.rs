@@ -301,6 +301,33 @@ fn validate_call(
     Ok(plan)
 }
 
+/// Validates the arguments of a [`batch_norm_gather_stats_with_counts`] call as it does, with
+/// the gathered statistics given by their metadata only, launching nothing (for a composite
+/// call that must refuse a bad argument before its first side effect).
+pub(crate) fn validate_args(
+    stream: &Stream,
+    input: &Tensor,
+    [mean, invstd, counts]: [&Meta<'_>; 3],
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+) -> Result<()> {
+    validate_inputs(
+        &meta(input),
+        mean,
+        invstd,
+        running_mean.map(meta).as_ref(),
+        running_var.map(meta).as_ref(),
+        counts,
+    )?;
+    input.check_stream(stream, "input")?;
+    for (name, t) in [("runningMean", running_mean), ("runningVar", running_var)] {
+        if let Some(t) = t {
+            t.check_stream(stream, name)?;
+        }
+    }
+    Ok(())
+}
+
 /// Checks that every tensor lives where `stream` runs work.
 fn check_streams(
     stream: &Stream,

@@ -92,6 +92,12 @@ fn validate_input(input: &Meta<'_>) -> Result<usize> {
     Ok(c)
 }
 
+/// Validates the input of a [`batch_norm_stats`] call as it does, launching nothing.
+pub(crate) fn validate_args(stream: &Stream, input: &Tensor) -> Result<()> {
+    validate_input(&meta(input))?;
+    input.check_stream(stream, "input")
+}
+
 /// Validates a whole call, in CANN's order: dtypes (input, mean, invstd), then shapes, then what
 /// CANN does not check but would misread (views inside their storage, stride-0 outputs).
 fn validate_call(input: &Meta<'_>, mean: &Meta<'_>, invstd: &Meta<'_>) -> Result<usize> {
