@@ -1099,6 +1099,8 @@ fn faults_at_each_hccl_call_fail_cleanly() {
 // ---------------------------------------------------------------------------------------------
 // Child processes
 
+// `c_char` is i8 on x86-64 and u8 on aarch64: the cast reinterprets the byte either way.
+#[allow(clippy::unnecessary_cast)]
 fn hex(ri: &HcclRootInfo) -> String {
     ri.internal.iter().map(|&b| format!("{:02x}", b as u8)).collect()
 }
