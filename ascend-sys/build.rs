@@ -6,20 +6,17 @@
 //! them, else against `wrapper.h`'s own declarations. `scripts/generate-bindings.sh` sets
 //! `ASCEND_SYS_WRITE_BINDINGS` to copy the result back into `src/bindings/`.
 
-use std::env;
-use std::path::PathBuf;
+#[cfg(feature = "bindgen")]
+use std::{env, path::PathBuf};
 
 fn main() {
-    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=src/symbols.rs");
-    // Exported to dependents' build scripts as DEP_ASCEND_SYS_CANN_INCLUDE (the mock CANN includes wrapper.h).
-    println!("cargo:include={}", manifest_dir.display());
     println!("cargo::rustc-check-cfg=cfg(ascend_sys_generated)");
 
     #[cfg(feature = "bindgen")]
-    generate::run(&manifest_dir);
+    generate::run(&PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")));
 }
 
 #[cfg(feature = "bindgen")]

@@ -241,6 +241,8 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     #[allow(unused_mut)]
     let mut isa = vec!["portable"];
+    #[cfg(target_arch = "aarch64")]
+    isa.push("neon (baseline)");
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {

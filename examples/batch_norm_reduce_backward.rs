@@ -9,7 +9,16 @@
 use ascend::ops::{batch_norm_reduce_backward, OutputMask};
 use ascend::{Context, Tensor};
 
-fn main() -> ascend::Result<()> {
+/// Runs the example; errors are printed in their `Display` form (which lists, e.g., every path
+/// tried for a missing CANN) and the process exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> ascend::Result<()> {
     let ctx = Context::auto()?;
     let stream = ctx.new_stream()?;
     println!("backend: {:?}", ctx.backend());

@@ -91,7 +91,16 @@ fn rank_step(comm: &Communicator, s: &Stream, n_ranks: usize) -> Result<(f64, f6
     Ok((err(&y, &ry[rows.clone()]).max(err(&dx, &rdx[rows])), ms))
 }
 
-fn main() -> Result<()> {
+/// Runs the example; errors are printed in their `Display` form (which lists, e.g., every path
+/// tried for a missing CANN) and the process exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let flag = |f: &str| args.iter().position(|a| a == f);
     let n_ranks: usize = flag("--ranks").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(4);

@@ -49,7 +49,16 @@ fn local_reduce(
     Ok([get(out.sum_dy)?, get(out.sum_dy_xmu)?])
 }
 
-fn main() -> ascend::Result<()> {
+/// Runs the example; errors are printed in their `Display` form (which lists, e.g., every path
+/// tried for a missing CANN) and the process exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> ascend::Result<()> {
     let ctx = Context::auto()?;
     println!("backend: {:?}", ctx.backend());
     let stream = ctx.new_stream()?;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::device::{Device, StreamInner};
+use crate::device::{report, Device, StreamInner};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 
@@ -29,6 +29,24 @@ pub struct Context {
 pub(crate) enum ContextKind {
     Cpu,
     Ascend(Arc<Device>),
+}
+
+/// The error behind the latest fallback of [`Context::auto`] (see [`Context::auto_reason`]).
+static AUTO_REASON: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+
+/// Warns on standard error when `Context::auto` falls back although a toolkit variable names a
+/// CANN install: the user asked for Ascend and would otherwise silently get the CPU.
+fn warn_if_toolkit_named(err: &Error) {
+    for var in ["ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"] {
+        if let Some(dir) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            report(format_args!(
+                "Context::auto falls back to the CPU although {var}={} is set: {err} \
+                 (set {BACKEND_ENV}=ascend to make this an error, or {BACKEND_ENV}=cpu to silence it)",
+                Path::new(&dir).display()
+            ));
+            return;
+        }
+    }
 }
 
 impl Context {
@@ -60,8 +78,34 @@ impl Context {
             Ok(v) if v.eq_ignore_ascii_case("cpu") => Ok(Context::cpu()),
             Ok(v) if v.eq_ignore_ascii_case("ascend") => Context::ascend(0),
             Ok(v) if !v.is_empty() => Err(Error::Config(format!("{BACKEND_ENV} must be `cpu` or `ascend`, got `{v}`"))),
-            _ => Ok(Context::ascend(0).unwrap_or_else(|_| Context::cpu())),
+            _ => {
+                let chosen = Context::ascend(0);
+                let mut reason = AUTO_REASON.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(match chosen {
+                    Ok(ctx) => {
+                        *reason = None;
+                        ctx
+                    }
+                    Err(e) => {
+                        warn_if_toolkit_named(&e);
+                        *reason = Some(e);
+                        Context::cpu()
+                    }
+                })
+            }
         }
+    }
+
+    /// Why the latest [`Context::auto`] of this process fell back to the CPU: the error
+    /// [`Context::ascend`]`(0)` returned (e.g. `Error::Load` listing every path tried). `None`
+    /// when the latest unforced call chose Ascend, or before any; calls with `ASCEND_BACKEND`
+    /// set do not change it.
+    ///
+    /// When `ASCEND_TOOLKIT_HOME` or `ASCEND_HOME_PATH` is set, a fallback also prints an
+    /// `ascend: ...` warning on standard error: a toolkit was named and is unusable. For no
+    /// fallback at all, set `ASCEND_BACKEND=ascend` (then `auto` returns the error).
+    pub fn auto_reason() -> Option<Error> {
+        AUTO_REASON.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The backend this context runs on.

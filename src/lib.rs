@@ -1,5 +1,12 @@
-//! Safe Rust bindings over Huawei Ascend CANN's aclnn operator API, starting with
-//! `aclnnBatchNormReduceBackward` (the BatchNorm backward reductions behind SyncBatchNorm).
+//! Safe Rust bindings over Huawei Ascend CANN's aclnn operator API and HCCL: the SyncBatchNorm
+//! toolkit for Rust on Ascend. [`ops`] holds the five BatchNorm operators SyncBatchNorm is made
+//! of (`aclnnBatchNormReduceBackward`, `aclnnBatchNormStats`,
+//! `aclnnBatchNormGatherStatsWithCounts`, `aclnnBatchNormElemt`, `aclnnBatchNormElemtBackward`),
+//! [`hccl`] the collectives across devices and servers, and [`sync_batch_norm`] chains them in
+//! torch's order.
+//!
+//! The package is `ascend-aclnn` on the crate registry (`cargo add ascend-aclnn`); the library
+//! is named `ascend`, so code writes `use ascend::...`.
 //!
 //! One API, two backends: **Ascend** (CANN loaded at run time through [`ascend_sys`]) and
 //! **CPU** (pure Rust, used wherever there is no Ascend hardware).
@@ -24,6 +31,7 @@
 //! backend beside them. With the `mock` feature, `mock` runs the Ascend path on a fake CANN.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;
 mod context;
@@ -34,6 +42,7 @@ mod error;
 pub mod hccl;
 mod layout;
 #[cfg(feature = "mock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock;
 pub mod ops;
 mod stream;

@@ -42,9 +42,16 @@ pub const GARBAGE_BYTE: u8 = 0xA5;
 /// The root of the mock toolkit built for this crate (its `lib64/` holds the four libraries).
 ///
 /// Pass it to `ascend_sys::load_from` (or to the `Context` constructor that takes a toolkit
-/// directory) to run on the mock.
+/// directory) to run on the mock. It is the build directory the build script wrote, unless the
+/// environment variable `ASCEND_MOCK_TOOLKIT_DIR` (read once, at the first call) names another:
+/// set it when the test binaries run away from their build tree (an archive of test binaries, a
+/// container image, a cache), pointing at a copy of that `mock-cann` directory.
 pub fn toolkit_dir() -> &'static Path {
-    Path::new(env!("ASCEND_MOCK_TOOLKIT_DIR"))
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| match std::env::var_os("ASCEND_MOCK_TOOLKIT_DIR") {
+        Some(dir) if !dir.is_empty() => dir.into(),
+        _ => env!("ASCEND_MOCK_TOOLKIT_DIR").into(),
+    })
 }
 
 /// An Ascend-backend [`Context`](crate::Context) on device `device` of the mock toolkit: the

@@ -3,12 +3,24 @@
 //! panic — and a complete toolkit (the mock, with `--features mock`) loads. Operators are resolved
 //! when first used: a toolkit lacking one loads, and only that operator fails.
 //!
-//! The broken toolkits are tiny shared libraries built here with the C compiler (`$CC`, else `cc`)
-//! from generated C files, in a directory under `CARGO_TARGET_TMPDIR`.
+//! The broken toolkits are tiny shared libraries built here with the C compiler of the target this
+//! binary was built for (see [`c_compiler`]) from generated C files, in a directory under
+//! `CARGO_TARGET_TMPDIR`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The C compiler for the target this test binary runs as, as the `cc` crate picks it:
+/// `CC_<target>` (with `_` or `-`), then `CC`, then `cc`. A cross build run under an emulator
+/// (`.ci/aarch64`: qemu-aarch64) needs the target's compiler, not the host's.
+fn c_compiler() -> String {
+    let triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    [format!("CC_{}", triple.replace('-', "_")), format!("CC_{triple}"), "CC".to_string()]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "cc".into())
+}
 
 use ascend_sys::loader::{ASCENDCL, NNOPBASE, OPAPI};
 use ascend_sys::symbols::{
@@ -39,7 +51,7 @@ fn stub_library(dir: &Path, name: &str, symbols: &[&str]) {
         text.push_str(&format!("int {s}(void) {{ return 0; }}\n"));
     }
     fs::write(&src, text).expect("write the stub source");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cc = c_compiler();
     let out = Command::new(&cc)
         .args(["-shared", "-fPIC", "-o"])
         .arg(dir.join(name))

@@ -10,6 +10,9 @@
 //! The mock's counters are process-wide, so every test holds `SERIAL` and compares exact deltas.
 #![cfg(feature = "mock")]
 
+#[path = "common/self_exec.rs"]
+mod self_exec;
+
 use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -1251,8 +1254,7 @@ const CHILD_ENV: &str = "ASCEND_MOCK_TEST_CHILD";
 
 /// Runs the `child_entry` test of this binary in a new process with `scenario`.
 fn run_child(scenario: &str, env: &[(&str, &str)]) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = std::process::Command::new(exe);
+    let mut cmd = self_exec::self_command();
     cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"]).env(CHILD_ENV, scenario);
     for (k, v) in env {
         cmd.env(k, v);

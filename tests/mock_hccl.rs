@@ -10,9 +10,12 @@
 //! `MOCK_HCCL_ROOT`); the timeout tests run in a child too, with 1-second timeouts.
 #![cfg(feature = "mock")]
 
+#[path = "common/self_exec.rs"]
+mod self_exec;
+
 use std::env;
 use std::ffi::{c_void, CStr};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -1099,6 +1102,8 @@ fn faults_at_each_hccl_call_fail_cleanly() {
 // ---------------------------------------------------------------------------------------------
 // Child processes
 
+// `c_char` is i8 on x86-64 and u8 on aarch64: the cast reinterprets the byte either way.
+#[allow(clippy::unnecessary_cast)]
 fn hex(ri: &HcclRootInfo) -> String {
     ri.internal.iter().map(|&b| format!("{:02x}", b as u8)).collect()
 }
@@ -1115,7 +1120,7 @@ fn unhex(s: &str) -> HcclRootInfo {
 
 /// Re-runs this binary's test `test` alone, with `envs`.
 fn spawn_self(test: &str, envs: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new(env::current_exe().unwrap());
+    let mut cmd = self_exec::self_command();
     cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);

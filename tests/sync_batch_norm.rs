@@ -87,10 +87,16 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// Eight mock devices (the mock reads the count at aclInit): every test calls this first.
-fn setup() {
+/// Eight mock devices (the mock reads the count at aclInit): every test calls this first and
+/// holds the guard it returns. The guard serialises the tests of this binary: one of them compares
+/// the mock's process-wide counters (live allocations, violations) before and after, which another
+/// test allocating on the mock in parallel would change (seen under emulation, where it is slow).
+fn setup() -> std::sync::MutexGuard<'static, ()> {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    static MOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONCE.call_once(|| std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "8"));
+    // A test that failed while holding it leaves it poisoned; the others still run.
+    MOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 const EPS: f64 = 1e-5;
@@ -140,7 +146,7 @@ impl Case {
 /// The five operators chained on one device equal BatchNorm's forward and backward in f64.
 #[test]
 fn the_operator_chain_on_one_device_is_batch_norm() {
-    setup();
+    let _mock = setup();
     for ctx in common::backends() {
         for dtype in [DType::F32, DType::F16] {
             let case = Case::new(7, dtype, [6, 3, 20]);
@@ -253,7 +259,7 @@ fn sync_case(ctxs: &[Context], dtype: DType, splits: &[usize], seed: u64) {
 
 #[test]
 fn sync_batch_norm_on_cpu_ranks_equals_batch_norm_over_the_global_batch() {
-    setup();
+    let _mock = setup();
     let splits: [&[usize]; 5] = [&[0, 5], &[0, 2, 5], &[0, 1, 1, 3, 5], &[0, 3, 3, 4, 5], &[0, 1, 2, 2, 3, 3, 4, 5, 6]];
     for (i, split) in splits.into_iter().enumerate() {
         let ranks = split.len() - 1;
@@ -266,7 +272,7 @@ fn sync_batch_norm_on_cpu_ranks_equals_batch_norm_over_the_global_batch() {
 #[cfg(feature = "mock")]
 #[test]
 fn sync_batch_norm_on_mock_devices_equals_batch_norm_over_the_global_batch() {
-    setup();
+    let _mock = setup();
     let before = ascend::mock::stats();
     let splits: [&[usize]; 3] = [&[0, 2, 5], &[0, 1, 1, 3, 5], &[0, 1, 2, 3, 4, 5, 6, 7, 8]];
     for (i, split) in splits.into_iter().enumerate() {

@@ -19,5 +19,11 @@ pub mod status;
 /// The functions bound from each library (the bindings' allowlists; every one must be exported).
 pub mod symbols;
 
+/// The text of `wrapper.h`: every bound CANN/HCCL declaration, as the public headers declare it.
+///
+/// The `ascend-aclnn` crate's build script reads it (and [`symbols`]) as a build-dependency to
+/// compile its mock CANN against the same declarations the bindings come from.
+pub const WRAPPER_H: &str = include_str!("../wrapper.h");
+
 pub use bindings::*;
 pub use loader::{is_available, load, load_from, Cann, LoadError};

@@ -657,8 +657,10 @@ fn cpu_is_amd() -> bool {
     *AMD.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            // CPUID leaf 0 is available on every x86-64 CPU.
-            let r = std::arch::x86_64::__cpuid(0);
+            // SAFETY: CPUID leaf 0 is available on every x86-64 CPU and only reads registers.
+            // (Safe to call since Rust 1.94; `unsafe` before.)
+            #[allow(unused_unsafe)]
+            let r = unsafe { std::arch::x86_64::__cpuid(0) };
             let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx].iter().flat_map(|w| w.to_le_bytes()).collect();
             vendor == b"AuthenticAMD" || vendor == b"HygonGenuine"
         }

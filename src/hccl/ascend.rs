@@ -63,6 +63,8 @@ pub(super) fn new_root(device: &Device) -> Result<Box<[u8; HCCL_ROOT_BYTES]>> {
     let mut root = HcclRootInfo { internal: [0; HCCL_ROOT_BYTES] };
     // SAFETY: `root` is a writable HcclRootInfo (4108 bytes, checked by the ABI tests).
     check(hccl, "HcclGetRootInfo", unsafe { get(&mut root) })?;
+    // `c_char` is i8 on x86-64 and u8 on aarch64: the cast reinterprets the byte either way.
+    #[allow(clippy::unnecessary_cast)]
     Ok(Box::new(root.internal.map(|c| c as u8)))
 }
 

@@ -85,6 +85,7 @@ impl Isa {
     /// Every instruction set this CPU supports, portable first (the tests compare them all).
     #[cfg(test)]
     pub(super) fn supported() -> Vec<Isa> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut v = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
@@ -104,6 +105,8 @@ impl Isa {
 pub(super) type Run = (usize, usize, usize);
 
 /// Σ dy and (when `XMU`) Σ dy·(x − mean) over `runs`, one block: f32 lanes, folded to f64.
+// `pf` (software prefetches) only steers the x86-64 code.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub(super) fn sum_runs<T: Element, const XMU: bool>(
     isa: Isa,
     pf: bool,
@@ -144,6 +147,8 @@ pub(super) enum Rows<'r> {
 /// Adds rows to per-lane accumulators: for each row (in order) starting at `(d, x)` and each
 /// lane `j < len`: `acc_d[j] += dy[d + j]`, `acc_m[j] = fma(dy[d + j], x[x + j] − mean[j], acc_m[j])`.
 /// `mean`, `acc_d` (and `acc_m` when `XMU`) hold at least `len` lanes.
+// `pf` (software prefetches) only steers the x86-64 code.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn acc_rows<T: Element, const XMU: bool>(
     isa: Isa,

@@ -27,7 +27,12 @@ const PREFETCH_BYTES: usize = 2048;
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn prefetch<T>(p: *const T) {
-    _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+    // SAFETY: a prefetch only hints the cache and never faults, whatever the address; SSE is
+    // part of every x86-64 CPU. (Safe to call from here since Rust 1.94; `unsafe` before.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>())
+    };
 }
 
 /// The mask of the first `n` of 16 lanes.

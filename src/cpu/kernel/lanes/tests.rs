@@ -34,6 +34,8 @@ fn same(a: f64, b: f64) -> bool {
 /// `sum_runs` by every implementation available: the dispatched ISAs, plus the AVX-512 module
 /// itself (for the dtypes it is not dispatched to).
 fn sum_runs_all<T: Element, const XMU: bool>(dy: &[T], x: &[T], runs: &[Run], mean: f32) -> Vec<(String, (f64, f64))> {
+    // Extended below only on x86-64 (the AVX-512 code's f16 path).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut out: Vec<(String, (f64, f64))> = Isa::supported()
         .into_iter()
         .map(|isa| (format!("{isa:?}"), sum_runs::<T, XMU>(isa, true, dy, x, runs.iter().copied(), mean)))
@@ -130,6 +132,8 @@ fn acc_rows_all<T: Element>(dy: &[T], x: &[T], rows: Rows<'_>, len: usize, mean:
         f(d, m);
         acc
     };
+    // Extended below only on x86-64 (the AVX-512 code's f16 path).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut out: Vec<(String, Vec<f32>)> = Isa::supported()
         .into_iter()
         .map(|isa| (format!("{isa:?}"), run(&|d, m| acc_rows::<T, true>(isa, true, dy, x, rows, len, mean, d, m))))
