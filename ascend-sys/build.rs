@@ -56,6 +56,7 @@ mod generate {
         "aclFormat",
         "aclrtMemcpyKind",
         "aclrtMemMallocPolicy",
+        "aclSysParamOpt",
         "HcclComm",
         "HcclRootInfo",
         "HcclResult",
