@@ -1,0 +1,230 @@
+//! `Communicator::from_rank_table` on the mock HCCL: ranks as processes (this test binary re-run
+//! as children), tables checked before HCCL sees them, and a dead peer reported by
+//! `async_error` and by the next collective, never a hang.
+#![cfg(feature = "mock")]
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use ascend::hccl::{Communicator, ReduceOp};
+use ascend::{Context, Error, Tensor};
+
+const ROLE: &str = "ASCEND_TEST_CLUSTER_ROLE";
+const TABLE: &str = "ASCEND_TEST_CLUSTER_TABLE";
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn setup() -> MutexGuard<'static, ()> {
+    static INIT: OnceLock<()> = OnceLock::new();
+    INIT.get_or_init(|| {
+        env::set_var("ASCEND_MOCK_DEVICE_COUNT", "8");
+        env::set_var("HCCL_CONNECT_TIMEOUT", "30");
+        env::set_var("HCCL_EXEC_TIMEOUT", "30");
+    });
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fresh scratch directory for this test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = env::temp_dir().join(format!("ascend-cluster-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A version 1.0 table: `n` ranks, two per server, rank r on device r.
+fn table_v1(n: u32) -> String {
+    let servers: Vec<String> = (0..n.div_ceil(2))
+        .map(|s| {
+            let devices: Vec<String> = (2 * s..(2 * s + 2).min(n))
+                .map(|r| format!(r#"{{"device_id":"{r}","device_ip":"192.168.{s}.{r}","rank_id":"{r}"}}"#))
+                .collect();
+            format!(r#"{{"server_id":"node_{s}","device":[{}]}}"#, devices.join(","))
+        })
+        .collect();
+    format!(
+        r#"{{"status":"completed","version":"1.0","server_count":"{}","server_list":[{}]}}"#,
+        servers.len(),
+        servers.join(",")
+    )
+}
+
+/// A version 2.0 table (Ascend 950): `n` ranks, rank r on device r.
+fn table_v2(n: u32) -> String {
+    let ranks: Vec<String> =
+        (0..n).map(|r| format!(r#"{{"rank_id":{r},"device_id":{r},"local_id":{r},"level_list":[]}}"#)).collect();
+    format!(r#"{{"status":"completed","version":"2.0","rank_count":{n},"rank_list":[{}]}}"#, ranks.join(","))
+}
+
+fn spawn_self(test: &str, envs: &[(&str, String)]) -> std::process::Child {
+    let mut cmd = Command::new(env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn the test binary")
+}
+
+#[track_caller]
+fn expect_success(what: &str, out: &Output) {
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Rank `rank`'s data for the all-reduce (distinct per rank, never zeros).
+fn data(rank: u32, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((i as f64 * 0.37 + rank as f64 * 1.91).sin() * 3.0) as f32).collect()
+}
+
+/// What each rank does: an all-reduce (sum) checked against an f64 reference, and an all-gather.
+fn workload(comm: &Communicator, ctx: &Context) {
+    let (n, rank) = (comm.size(), comm.rank());
+    let stream = ctx.new_stream().unwrap();
+    let mut t = Tensor::from_slice(&stream, &data(rank, 129), &[129]).unwrap();
+    comm.all_reduce(&stream, &mut t, ReduceOp::Sum).unwrap();
+    let got = t.to_vec::<f32>(&stream).unwrap();
+    for (i, g) in got.iter().enumerate() {
+        let want: f64 = (0..n).map(|r| data(r, 129)[i] as f64).sum();
+        assert!((*g as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "rank {rank} [{i}]: {g} vs {want}");
+    }
+    let mine = Tensor::from_slice(&stream, &[rank as f32; 2], &[2]).unwrap();
+    let mut all = Tensor::from_slice(&stream, &vec![-1f32; 2 * n as usize], &[2 * n as usize]).unwrap();
+    comm.all_gather(&stream, &mine, &mut all).unwrap();
+    let want: Vec<f32> = (0..n).flat_map(|r| [r as f32; 2]).collect();
+    assert_eq!(all.to_vec::<f32>(&stream).unwrap(), want);
+    assert!(comm.async_error().unwrap().is_none());
+}
+
+fn join(table: &Path, rank: u32) -> (Context, Communicator) {
+    let ctx = ascend::mock::context(rank as i32).unwrap();
+    let comm = Communicator::from_rank_table(&ctx, table, rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    assert_eq!(comm.rank(), rank);
+    (ctx, comm)
+}
+
+/// 2 ranks from a version 1.0 table and 4 from a version 2.0 table, each rank a process.
+#[test]
+fn rank_table_over_2_and_4_processes() {
+    let _g = setup();
+    if let Ok(role) = env::var(ROLE) {
+        let rank: u32 = role.strip_prefix("rank:").unwrap().parse().unwrap();
+        let (ctx, comm) = join(Path::new(&env::var(TABLE).unwrap()), rank);
+        workload(&comm, &ctx);
+        return;
+    }
+    let dir = scratch("ok");
+    for (n, text) in [(2u32, table_v1(2)), (4, table_v2(4))] {
+        let path = dir.join(format!("rank_table_{n}.json"));
+        std::fs::write(&path, text).unwrap();
+        let children: Vec<_> = (1..n)
+            .map(|r| {
+                spawn_self(
+                    "rank_table_over_2_and_4_processes",
+                    &[(ROLE, format!("rank:{r}")), (TABLE, path.display().to_string())],
+                )
+            })
+            .collect();
+        let before = ascend::mock::stats();
+        let (ctx, comm) = join(&path, 0);
+        assert_eq!(comm.size(), n);
+        workload(&comm, &ctx);
+        drop(comm);
+        for (i, c) in children.into_iter().enumerate() {
+            expect_success(&format!("rank {} of {n}", i + 1), &c.wait_with_output().unwrap());
+        }
+        let after = ascend::mock::stats();
+        assert_eq!(after.live_comms, before.live_comms);
+        assert_eq!(after.violations, before.violations);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[track_caller]
+fn rejected(ctx: &Context, path: &Path, rank: u32, argument: &str, words: &[&str]) {
+    let before = ascend::mock::stats();
+    let e = Communicator::from_rank_table(ctx, path, rank).expect_err("a bad table");
+    let text = e.to_string();
+    assert!(matches!(&e, Error::InvalidArgument { argument: a, .. } if *a == argument), "{e:?}");
+    for w in words {
+        assert!(text.contains(w), "`{w}` missing from: {text}");
+    }
+    let after = ascend::mock::stats();
+    assert_eq!((after.live_comms, after.violations), (before.live_comms, before.violations), "nothing changed");
+}
+
+/// Missing files, bad JSON, bad tables and ranks outside the table are errors naming the path
+/// and the problem, before HCCL sees the file.
+#[test]
+fn bad_rank_tables_are_errors_naming_the_file() {
+    let _g = setup();
+    let ctx = ascend::mock::context(0).unwrap();
+    let dir = scratch("bad");
+    let missing = dir.join("missing.json");
+    rejected(&ctx, &missing, 0, "path", &["missing.json", "cannot be opened"]);
+    rejected(&ctx, &dir, 0, "path", &["not a regular file"]);
+    let long = PathBuf::from(format!("/{}", "a".repeat(4096)));
+    rejected(&ctx, &long, 0, "path", &["at most 4095 bytes", "4097"]);
+    let cases = [
+        ("truncated.json", table_v1(2)[..40].to_string(), vec!["truncated.json", "not valid JSON"]),
+        ("comment.json", format!("// my cluster\n{}", table_v1(2)), vec!["comments are not allowed"]),
+        ("initializing.json", table_v1(2).replace("completed", "initializing"), vec!["\"status\""]),
+        ("version.json", table_v1(2).replace("\"1.0\"", "\"0.9\""), vec!["version \"0.9\""]),
+        ("gap.json", table_v1(3).replace(r#""rank_id":"1""#, r#""rank_id":"5""#), vec!["rank_id 1 is missing"]),
+        ("twice.json", table_v1(2).replace(r#""rank_id":"1""#, r#""rank_id":"0""#), vec!["appears twice"]),
+        ("no_device.json", table_v1(2).replace(r#""device_id":"1","#, ""), vec!["device[1]", "device_id"]),
+        ("count.json", table_v2(2).replace("\"rank_count\":2", "\"rank_count\":3"), vec!["rank_count"]),
+    ];
+    for (name, text, words) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        rejected(&ctx, &path, 0, "path", &words);
+    }
+    let good = dir.join("good.json");
+    std::fs::write(&good, table_v1(2)).unwrap();
+    rejected(&ctx, &good, 2, "rank", &["rank 2 is not a rank_id", "good.json", "0..1"]);
+    let e = Communicator::from_rank_table(&Context::cpu(), &good, 0).unwrap_err();
+    assert!(e.to_string().contains("CPU engine joins ranks in one process only"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A peer process that dies after joining: `async_error` reports it (HCCL_E_REMOTE, naming the
+/// rank) and the next collective fails at its stream's synchronisation, within seconds.
+#[test]
+fn a_dead_peer_is_an_async_error_and_fails_the_next_collective() {
+    let _g = setup();
+    if env::var(ROLE).as_deref() == Ok("die") {
+        let (_ctx, comm) = join(Path::new(&env::var(TABLE).unwrap()), 1);
+        std::mem::forget(comm);
+        std::process::exit(0); // dies without destroying its communicator
+    }
+    let dir = scratch("dead");
+    let path = dir.join("rank_table.json");
+    std::fs::write(&path, table_v1(2)).unwrap();
+    let child = spawn_self(
+        "a_dead_peer_is_an_async_error_and_fails_the_next_collective",
+        &[(ROLE, "die".into()), (TABLE, path.display().to_string())],
+    );
+    let (ctx, comm) = join(&path, 0);
+    let out = child.wait_with_output().unwrap(); // reaped: its pid is gone
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let e = comm.async_error().unwrap().expect("the peer died");
+    assert_eq!(e.hccl_result(), Some(21), "HCCL_E_REMOTE: {e}");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    let stream = ctx.new_stream().unwrap();
+    let mut t = Tensor::from_slice(&stream, &data(0, 16), &[16]).unwrap();
+    let start = Instant::now();
+    let r = comm.all_reduce(&stream, &mut t, ReduceOp::Sum).and_then(|()| stream.synchronize());
+    assert!(r.is_err(), "a collective with a dead peer must fail");
+    assert!(start.elapsed() < Duration::from_secs(10), "no hang: {:?}", start.elapsed());
+    drop(t);
+    drop(comm);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
