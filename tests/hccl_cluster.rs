@@ -228,3 +228,158 @@ fn a_dead_peer_is_an_async_error_and_fails_the_next_collective() {
     drop(comm);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A free loopback port (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+const LAUNCH_VARS: [&str; 8] =
+    ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK_TABLE_FILE", "RANK_ID", "ASCEND_JOB_ID", "LOCAL_RANK"];
+
+/// torchrun's variables for rank `rank` of `n` on 127.0.0.1:`port`.
+fn launch_env(rank: u32, n: u32, port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("WORLD_SIZE", n.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+    ]
+}
+
+/// 2 and 4 processes meeting through `from_env` (TCP rendezvous on 127.0.0.1), and 2 through
+/// `RANK_TABLE_FILE` + `RANK_ID`.
+#[test]
+fn from_env_over_2_and_4_processes() {
+    let _g = setup();
+    if env::var(ROLE).as_deref() == Ok("env") {
+        let local: i32 = env::var("LOCAL_RANK").or_else(|_| env::var("RANK_ID")).unwrap().parse().unwrap();
+        let ctx = ascend::mock::context(local).unwrap();
+        let comm = Communicator::from_env(&ctx).unwrap_or_else(|e| panic!("rank {local}: {e}"));
+        workload(&comm, &ctx);
+        return;
+    }
+    for n in [2u32, 4] {
+        let port = free_port();
+        let ranks: Vec<_> = (0..n)
+            .map(|r| {
+                let mut e = launch_env(r, n, port);
+                e.push((ROLE, "env".into()));
+                e.push(("ASCEND_JOB_ID", "test-job".into()));
+                spawn_self("from_env_over_2_and_4_processes", &e)
+            })
+            .collect();
+        for (r, c) in ranks.into_iter().enumerate() {
+            expect_success(&format!("rank {r} of {n}"), &c.wait_with_output().unwrap());
+        }
+    }
+    let dir = scratch("env-table");
+    let path = dir.join("rank_table.json");
+    std::fs::write(&path, table_v1(2)).unwrap();
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            let e = [(ROLE, "env".into()), ("RANK_TABLE_FILE", path.display().to_string()), ("RANK_ID", r.to_string())];
+            spawn_self("from_env_over_2_and_4_processes", &e)
+        })
+        .collect();
+    for (r, c) in ranks.into_iter().enumerate() {
+        expect_success(&format!("rank-table rank {r}"), &c.wait_with_output().unwrap());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Missing and bad variables, a rank 0 that never comes, a peer of another job, a rank 0 whose
+/// peers never come: each an error naming the variable or the peer, within the timeout.
+#[test]
+fn from_env_errors_name_the_variable_or_the_peer() {
+    let _g = setup();
+    if env::var(ROLE).as_deref() != Ok("errors") {
+        let out = spawn_self("from_env_errors_name_the_variable_or_the_peer", &[(ROLE, "errors".into())])
+            .wait_with_output()
+            .unwrap();
+        expect_success("the error cases", &out);
+        return;
+    }
+    // In a child: the environment is this process's own.
+    let ctx = ascend::mock::context(0).unwrap();
+    let port = free_port();
+    let set = |vars: &[(&str, String)]| {
+        for v in LAUNCH_VARS {
+            env::remove_var(v);
+        }
+        for (k, v) in vars {
+            env::set_var(k, v);
+        }
+    };
+    let expect = |words: &[&str]| {
+        let start = Instant::now();
+        let e = Communicator::from_env(&ctx).expect_err("must fail");
+        let text = e.to_string();
+        for w in words {
+            assert!(text.contains(w), "`{w}` missing from: {text}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "bounded: {:?} for {text}", start.elapsed());
+        e
+    };
+    env::set_var("ASCEND_RENDEZVOUS_TIMEOUT", "1");
+    set(&[]);
+    expect(&["WORLD_SIZE is not set"]);
+    let mut v = launch_env(1, 2, port);
+    v.retain(|(k, _)| *k != "MASTER_ADDR");
+    set(&v);
+    expect(&["MASTER_ADDR is not set"]);
+    set(&[("RANK", "x".into()), ("WORLD_SIZE", "2".into())]);
+    expect(&["RANK=`x`"]);
+    set(&launch_env(2, 2, port));
+    expect(&["RANK=2 must be below WORLD_SIZE=2"]);
+    let mut v = launch_env(1, 2, port);
+    v[4].1 = "70000".into();
+    set(&v);
+    expect(&["MASTER_PORT=`70000`"]);
+    env::set_var("ASCEND_RENDEZVOUS_TIMEOUT", "0");
+    set(&launch_env(1, 2, port));
+    expect(&["ASCEND_RENDEZVOUS_TIMEOUT=0"]);
+    env::set_var("ASCEND_RENDEZVOUS_TIMEOUT", "1");
+    // Rank 0 never comes: the peer names it.
+    set(&launch_env(1, 2, port));
+    let e = expect(&["rank 1 could not reach rank 0 at 127.0.0.1:", "within 1 s"]);
+    assert!(matches!(e, Error::Rendezvous(_)), "{e:?}");
+    // Rank 0 whose rank 1 never comes names it.
+    set(&launch_env(0, 3, port));
+    expect(&["rank 0 at 127.0.0.1:", "rank(s) 1, 2 of WORLD_SIZE=3", "never connected"]);
+    // A rank of another job is refused, naming both jobs; rank 0 keeps waiting for its own ranks.
+    let port_a = free_port();
+    let mut v = launch_env(0, 2, port_a);
+    v.extend([
+        (ROLE, "rank0-job-a".to_string()),
+        ("ASCEND_JOB_ID", "job-a".into()),
+        ("ASCEND_RENDEZVOUS_TIMEOUT", "3".into()),
+    ]);
+    let rank0 = spawn_self("a_rank_0_of_job_a", &v);
+    set(&launch_env(1, 2, port_a));
+    env::set_var("ASCEND_JOB_ID", "job-b");
+    env::set_var("ASCEND_RENDEZVOUS_TIMEOUT", "2");
+    expect(&["refused it", "serves job `port=", "run=job-a`", "run=job-b`"]);
+    expect_success("rank 0 of job a", &rank0.wait_with_output().unwrap());
+    env::remove_var("ASCEND_JOB_ID");
+    // CPU contexts are refused.
+    let e = Communicator::from_env(&Context::cpu()).unwrap_err();
+    assert!(e.to_string().contains("CPU engine joins ranks in one process only"), "{e}");
+}
+
+/// Rank 0 of "job-a" (a child of the test above): it refuses a rank of another job and fails,
+/// naming its missing rank and the refused peer.
+#[test]
+fn a_rank_0_of_job_a() {
+    let _g = setup();
+    if env::var(ROLE).as_deref() != Ok("rank0-job-a") {
+        return; // only meaningful as the child of from_env_errors_name_the_variable_or_the_peer
+    }
+    let ctx = ascend::mock::context(0).unwrap();
+    let e = Communicator::from_env(&ctx).unwrap_err().to_string();
+    assert!(
+        e.contains("rank(s) 1 of WORLD_SIZE=2") && e.contains("never connected") && e.contains("refused: 127.0.0.1:"),
+        "{e}"
+    );
+}

@@ -21,6 +21,7 @@
 mod ascend;
 mod cpu;
 mod rank_table;
+mod rendezvous;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -195,6 +196,26 @@ impl Communicator {
             .map_err(|_| Error::invalid("path", format!("rank-table path {} contains a NUL byte", path.display())))?;
         let comm = ascend::init_cluster(device, &c_path, rank)?;
         Ok(Communicator { engine: Engine::Ascend(comm), rank, size: table.size(), _not_sync: PhantomData })
+    }
+
+    /// This process's rank, from the launcher's environment (torchrun and the Ascend launchers):
+    /// * `RANK_TABLE_FILE` set: [`from_rank_table`](Self::from_rank_table) with the rank in
+    ///   `RANK` (torch_npu) or else `RANK_ID` (MindSpore, CANN samples); `WORLD_SIZE`/`RANK_SIZE`,
+    ///   when set, must equal the table's size;
+    /// * else `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`: rank 0 makes the root info and
+    ///   serves it over TCP on `MASTER_ADDR:MASTER_PORT` (`ASCEND_RENDEZVOUS_PORT` overrides the
+    ///   port; under torchrun, whose agent holds `MASTER_PORT` when `TORCHELASTIC_USE_AGENT_STORE`
+    ///   is true, the default is `MASTER_PORT + 1`), the other ranks fetch it, then all call
+    ///   [`init_rank`](Self::init_rank). Each wait is bounded by `ASCEND_RENDEZVOUS_TIMEOUT`
+    ///   seconds (default 120); a job id (`MASTER_PORT`, `WORLD_SIZE`, and `ASCEND_JOB_ID` or
+    ///   `TORCHELASTIC_RUN_ID`) keeps jobs that reuse an address apart.
+    ///
+    /// `ctx` is this rank's device: pick it from `LOCAL_RANK` (torchrun) or `DEVICE_ID`. Every
+    /// failure names the variable or the peer: [`Error::Config`] for a missing or bad variable,
+    /// [`Error::Rendezvous`] for a peer that never came, refused or closed early. CPU contexts: an
+    /// error (the CPU engine joins ranks in one process only).
+    pub fn from_env(ctx: &Context) -> Result<Communicator> {
+        rendezvous::from_env(ctx)
     }
 
     /// A `Communicator` over an `HcclComm` the caller made (e.g. another library's), on `ctx`'s
