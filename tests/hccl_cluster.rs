@@ -363,6 +363,19 @@ fn from_env_errors_name_the_variable_or_the_peer() {
     expect(&["refused it", "serves job `port=", "run=job-a`", "run=job-b`"]);
     expect_success("rank 0 of job a", &rank0.wait_with_output().unwrap());
     env::remove_var("ASCEND_JOB_ID");
+    // A "rank 0" that closes the connection in the middle of its answer: a short read, named.
+    let liar = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let liar_port = liar.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = liar.accept().unwrap();
+        let mut hello = [0u8; 4096]; // all of the hello (unread bytes would reset the connection)
+        let _ = s.read(&mut hello);
+        s.write_all(b"ASCENDRZ\0\x10").unwrap(); // status 0, then half a length
+    });
+    set(&launch_env(1, 2, liar_port));
+    expect(&["rank 1: rank 0 at 127.0.0.1:", "short read"]);
+    server.join().unwrap();
     // CPU contexts are refused.
     let e = Communicator::from_env(&Context::cpu()).unwrap_err();
     assert!(e.to_string().contains("CPU engine joins ranks in one process only"), "{e}");
