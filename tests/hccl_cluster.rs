@@ -333,6 +333,8 @@ fn from_env_errors_name_the_variable_or_the_peer() {
     expect(&["RANK=`x`"]);
     set(&launch_env(2, 2, port));
     expect(&["RANK=2 must be below WORLD_SIZE=2"]);
+    set(&launch_env(0, 4_000_000_000, port));
+    expect(&["WORLD_SIZE=4000000000 must be in 1..=65536"]);
     let mut v = launch_env(1, 2, port);
     v[4].1 = "70000".into();
     set(&v);

@@ -29,6 +29,8 @@ const ACK: u8 = 0x06;
 const TEXT_MAX: u32 = 4096;
 /// The largest root info accepted (HCCL's is 4108 bytes; room for an envelope).
 const ROOT_MAX: u32 = 1 << 20;
+/// The most ranks accepted (HCCL's rank-table limit, `rank_count` in 1..65536).
+const MAX_WORLD: u32 = 65_536;
 /// The default of `ASCEND_RENDEZVOUS_TIMEOUT` (seconds), HCCL's connect timeout.
 const DEFAULT_TIMEOUT_S: u64 = 120;
 
@@ -80,8 +82,10 @@ impl Settings {
         let why = "the launcher (torchrun, or your script) sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
         let world: u32 = number("WORLD_SIZE", &required("WORLD_SIZE", why)?, "a number of ranks")?;
         let rank: u32 = number("RANK", &required("RANK", why)?, "a rank number")?;
-        if world == 0 {
-            return Err(Error::Config("WORLD_SIZE=0: at least one rank is needed".into()));
+        if world == 0 || world > MAX_WORLD {
+            return Err(Error::Config(format!(
+                "WORLD_SIZE={world} must be in 1..={MAX_WORLD} (HCCL's largest rank count)"
+            )));
         }
         if rank >= world {
             return Err(Error::Config(format!("RANK={rank} must be below WORLD_SIZE={world}")));
