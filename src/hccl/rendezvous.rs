@@ -239,11 +239,16 @@ fn serve(set: &Settings, root: &[u8]) -> Result<()> {
                 let _ = s.set_nonblocking(false);
                 let _ = s.set_read_timeout(Some(io));
                 let _ = s.set_write_timeout(Some(io));
-                match serve_one(&mut s, set, root, &served) {
-                    Ok(Some(rank)) => served[rank as usize] = true,
-                    Ok(None) => strays.push(format!("{peer}")),
-                    Err(e) => strays.push(format!("{peer}: {e}")),
-                }
+                let refused = match serve_one(&mut s, set, root, &served) {
+                    Ok(Some(rank)) => {
+                        served[rank as usize] = true;
+                        None
+                    }
+                    Ok(None) => Some(format!("{peer}")),
+                    Err(e) => Some(format!("{peer}: {e}")),
+                };
+                // The first few refused peers are named in the timeout error.
+                strays.extend(refused.filter(|_| strays.len() < 8));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
             Err(e) => return Err(rendezvous_error(format!("rank 0 at {}: accept failed: {e}", set.endpoint()))),
