@@ -31,8 +31,10 @@ mod mock {
     use ascend_sys::symbols::{ASCENDCL_SYMBOLS, HCCL_OPTIONAL_SYMBOLS, HCCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS};
 
     /// Sources and headers of the mock, relative to the crate root (plus every file of mock/ops/).
-    const SOURCES: [&str; 8] = [
+    const SOURCES: [&str; 10] = [
         "mock/acl.c",
+        "mock/acl_sysparam.c",
+        "mock/hccl_cluster.c",
         "mock/nnopbase.c",
         "mock/opapi.c",
         "mock/hccl.c",
@@ -112,10 +114,10 @@ mod mock {
         opapi.extend(operator_sources(&manifest));
         // (library, sources, links to libascendcl)
         let libraries = [
-            ("libascendcl.so", vec![manifest.join("mock/acl.c")], false),
+            ("libascendcl.so", vec![manifest.join("mock/acl.c"), manifest.join("mock/acl_sysparam.c")], false),
             ("libnnopbase.so", vec![manifest.join("mock/nnopbase.c")], true),
             ("libopapi.so", opapi, true),
-            ("libhccl.so", vec![manifest.join("mock/hccl.c")], true),
+            ("libhccl.so", vec![manifest.join("mock/hccl.c"), manifest.join("mock/hccl_cluster.c")], true),
         ];
 
         let compiler = cc::Build::new().get_compiler();

@@ -53,6 +53,7 @@ mod generate {
         "aclFormat",
         "aclrtMemcpyKind",
         "aclrtMemMallocPolicy",
+        "aclSysParamOpt",
         "HcclComm",
         "HcclRootInfo",
         "HcclResult",

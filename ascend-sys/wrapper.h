@@ -131,6 +131,13 @@ typedef enum {
     ACL_MEM_ACCESS_USER_SPACE_READONLY = 0x100000
 } aclrtMemMallocPolicy;
 
+/* acl_base_rt.h (docs/cann/ASYNC.md section 3): the options of aclrtCtxSetSysParamOpt */
+typedef enum {
+    ACL_OPT_DETERMINISTIC = 0,
+    ACL_OPT_ENABLE_DEBUG_KERNEL = 1,
+    ACL_OPT_STRONG_CONSISTENCY = 2
+} aclSysParamOpt;
+
 /* ---- libascendcl.so: ACL runtime (acl.h, acl_rt.h) ---------------------------------------- */
 aclError aclInit(const char *configPath);
 aclError aclFinalize(void);
@@ -158,6 +165,9 @@ aclError aclrtDestroyEvent(aclrtEvent event);
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
 aclError aclrtSynchronizeEvent(aclrtEvent event);
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);
+
+aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value);
+aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value);
 
 /* ---- libnnopbase.so: aclnn tensors and executors (aclnn/acl_meta.h, aclnn_base.h) -------- */
 aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,
@@ -274,6 +284,7 @@ typedef enum {
 HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo);
 HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank, HcclComm *comm);
 HcclResult HcclCommInitAll(uint32_t ndev, int32_t *devices, HcclComm *comms);
+HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclComm *comm);
 HcclResult HcclCommDestroy(HcclComm comm);
 HcclResult HcclAllReduce(void *sendBuf, void *recvBuf, uint64_t count, HcclDataType dataType, HcclReduceOp op,
                          HcclComm comm, aclrtStream stream);
@@ -284,6 +295,7 @@ HcclResult HcclAllGather(void *sendBuf, void *recvBuf, uint64_t sendCount, HcclD
 HcclResult HcclGetRankSize(HcclComm comm, uint32_t *rankSize);
 HcclResult HcclGetRankId(HcclComm comm, uint32_t *rank);
 const char *HcclGetErrorString(HcclResult code);
+HcclResult HcclGetCommAsyncError(HcclComm comm, HcclResult *asyncError);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,16 @@
 //!     target/release/examples/sync_batch_norm &
 //! done; wait
 //! ```
+//! Under a launcher (torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`/`LOCAL_RANK`, or
+//! `RANK_TABLE_FILE` with `RANK_ID`/`DEVICE_ID`), each process joins with
+//! `Communicator::from_env` (see `launched_rank` and `.ci/cluster`):
+//!
+//! ```sh
+//! for r in 0 1 2 3; do
+//!   RANK=$r LOCAL_RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+//!     target/release/examples/sync_batch_norm &
+//! done; wait
+//! ```
 //! Across servers, copy the root file to every server (or pass it any other way: it is 4128
 //! bytes) and give each process its global rank; the device is `ASCEND_DEVICE` (default: the
 //! rank modulo 8).
@@ -118,6 +128,9 @@ fn run() -> Result<()> {
         Context::ascend(device)
     };
 
+    if std::env::var_os("WORLD_SIZE").is_some() || std::env::var_os("RANK_TABLE_FILE").is_some() {
+        return launched_rank(&device_context);
+    }
     if let Ok(rank) = std::env::var("ASCEND_RANK") {
         // One process per device.
         let rank: u32 = rank.parse().map_err(|_| ascend::Error::Config("ASCEND_RANK must be a number".into()))?;
@@ -184,4 +197,41 @@ fn exchange_root_info(ctx: &Context, rank: u32, file: &Path) -> Result<RootInfo>
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+// ---- Launched by a cluster launcher (Communicator::from_env) --------------------------------------
+
+/// One rank started by a launcher: the device from `LOCAL_RANK` (torchrun) or `DEVICE_ID`
+/// (rank-table scripts), else the rank modulo 8; the communicator from the environment. With
+/// `SYNCBN_ABORT_RANK=r`, rank r dies in the middle of the step (after the forward), to show
+/// that the other ranks then fail with an error instead of hanging.
+fn launched_rank(device_context: &dyn Fn(i32) -> Result<Context>) -> Result<()> {
+    let number = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<i32>().ok());
+    let device = number("LOCAL_RANK")
+        .or_else(|| number("DEVICE_ID"))
+        .or_else(|| number("RANK").or_else(|| number("RANK_ID")).map(|r| r % 8))
+        .unwrap_or(0);
+    let ctx = device_context(device)?;
+    let comm = Communicator::from_env(&ctx)?;
+    let (rank, world) = (comm.rank(), comm.size());
+    let stream = ctx.new_stream()?;
+    if number("SYNCBN_ABORT_RANK") == Some(rank as i32) {
+        let x = Tensor::from_slice(&stream, &global(ROWS_PER_RANK, 1), &[ROWS_PER_RANK, C, S])?;
+        let _ = sync_batch_norm::forward(&comm, &stream, &x, None, None, None, None, 0.1, EPS)?;
+        stream.synchronize()?;
+        eprintln!("rank {rank}/{world}: aborting in the middle of the step (SYNCBN_ABORT_RANK)");
+        std::process::abort();
+    }
+    let (err, ms) = rank_step(&comm, &stream, world as usize)?;
+    if let Some(e) = comm.async_error()? {
+        return Err(e);
+    }
+    println!(
+        "rank {rank}/{world} (device {device}, from_env): max |error| vs BatchNorm over the global batch = {err:.2e}, \
+         step {ms:.2} ms"
+    );
+    if err > 1e-3 {
+        return Err(ascend::Error::Config(format!("rank {rank}: error {err:.2e} is above 1e-3")));
+    }
+    Ok(())
 }

@@ -1544,3 +1544,64 @@ HcclResult HcclBroadcast(void *buf, uint64_t count, HcclDataType dataType, uint3
                          aclrtStream stream) {
     return collective("HcclBroadcast", COLL_BROADCAST, buf, buf, count, (int)dataType, 0, root, comm, stream);
 }
+
+/* ==== rank tables and asynchronous errors (issue 19) ============================================================
+ * Two entry points for mock/hccl_cluster.c (HcclCommInitClusterInfo), and HcclGetCommAsyncError, which reads the
+ * group's state. Kept here because both need the group and communicator internals above. */
+
+/* Joins rank `rank` of the group `nranks` ranks named by `key` (two 64-bit values every rank derives from the same
+ * rank table), as HcclCommInitRootInfo does with a root info. Declared in hccl_cluster.c. */
+HcclResult ascend_mock_hccl_join_keyed(const char *api, uint32_t nranks, const uint64_t key[2], uint32_t rank,
+                                       HcclComm *out);
+HcclResult ascend_mock_hccl_join_keyed(const char *api, uint32_t nranks, const uint64_t key[2], uint32_t rank,
+                                       HcclComm *out) {
+    root_blob rb;
+    memset(&rb, 0, sizeof rb);
+    memcpy(rb.magic, RI_MAGIC, sizeof rb.magic);
+    rb.version = RI_VERSION;
+    rb.layout = (uint32_t)sizeof(group_hdr);
+    rb.id[0] = key[0];
+    rb.id[1] = key[1];
+    rb.id[2] = 0; /* never a counter value of make_root_info (those start at 1) */
+    snprintf(rb.name, sizeof rb.name, NAME_PREFIX "rt-%llx-%llx", (unsigned long long)key[0],
+             (unsigned long long)key[1]);
+    HcclRootInfo ri;
+    memset(&ri, 0, sizeof ri);
+    memcpy(ri.internal, &rb, sizeof rb);
+    return init_rank(api, nranks, &ri, rank, out, NULL, 0);
+}
+
+/* The mock's model of HCCL's asynchronous error: HCCL_E_REMOTE once the communicator's group is broken (a peer's
+ * process exited without destroying its communicator, a collective timed out or did not match), else
+ * HCCL_SUCCESS. A peer that vanished is noticed here too, without a collective. The reason is the thread's
+ * aclGetRecentErrMsg text. */
+HcclResult HcclGetCommAsyncError(HcclComm h, HcclResult *asyncError) {
+    static const char api[] = "HcclGetCommAsyncError";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return (HcclResult)st;
+    }
+    if (!asyncError) {
+        return hfail(HCCL_E_PTR, api, "asyncError is null.");
+    }
+    ascend_mock_lock();
+    comm *c = NULL;
+    HcclResult r = comm_lookup_locked(api, h, &c);
+    if (!r) {
+        group_hdr *g = c->g;
+        glock(g);
+        for (uint32_t j = 0; j < c->nranks && !g->broken; j++) {
+            if (j != c->rank && !g->ranks[j].left && rank_vanished(g, j)) {
+                mark_broken(g, "rank %u (process %d) exited without destroying its communicator", j,
+                            (int)g->ranks[j].pid);
+            }
+        }
+        *asyncError = g->broken ? HCCL_E_REMOTE : HCCL_SUCCESS;
+        if (g->broken) {
+            ascend_mock_set_error("communicator %p (rank %u of %u): %s", h, c->rank, c->nranks, g->broken_why);
+        }
+        gunlock(g);
+    }
+    ascend_mock_unlock();
+    return r;
+}

@@ -116,11 +116,33 @@ impl Context {
         }
     }
 
-    /// The Ascend device id, or `None` on the CPU backend.
+    /// The Ascend device id (the id given to `aclrtSetDevice`, to hand to other libraries that
+    /// bind the same device), or `None` on the CPU backend.
     pub fn device_id(&self) -> Option<i32> {
         match &self.kind {
             ContextKind::Cpu => None,
             ContextKind::Ascend(d) => Some(d.id),
+        }
+    }
+
+    /// Turns deterministic execution on or off for the work of this context: on Ascend,
+    /// `aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, 1 or 0)` on the device's default context
+    /// (bound first), which every stream of the device uses. Of the operators this crate runs, it
+    /// changes only `aclnnBatchNormElemt`, which is non-deterministic by default on Atlas A2/A3 and
+    /// Atlas training (910) and deterministic on Ascend 950; `aclnnBatchNormStats`,
+    /// `aclnnBatchNormGatherStatsWithCounts`, `aclnnBatchNormElemtBackward` and
+    /// `aclnnBatchNormReduceBackward` are deterministic by default (docs/cann/SYNCBN.md 3,
+    /// ASYNC.md 3). Collectives are not affected: HCCL reads the environment variable
+    /// `HCCL_DETERMINISTIC` (`true`/`strict`) when a communicator is made. Deterministic kernels
+    /// may be slower. On the CPU backend this is a no-op: it is always deterministic (fixed
+    /// reduction order, f64 accumulation), with or without this call.
+    pub fn set_deterministic(&self, on: bool) -> Result<()> {
+        match &self.kind {
+            ContextKind::Cpu => Ok(()),
+            ContextKind::Ascend(d) => {
+                d.bind()?;
+                crate::acl::ctx_set_sys_param(d.cann, ascend_sys::aclSysParamOpt::ACL_OPT_DETERMINISTIC, i64::from(on))
+            }
         }
     }
 

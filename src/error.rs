@@ -74,6 +74,10 @@ pub enum Error {
         /// The size asked for.
         bytes: usize,
     },
+    /// The launcher rendezvous of [`Communicator::from_env`](crate::hccl::Communicator::from_env)
+    /// failed: the message names the peer (rank 0's address, or the ranks that never came).
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
     /// Configuration was invalid (e.g. an unknown `ASCEND_BACKEND` value).
     #[error("configuration: {0}")]
     Config(String),

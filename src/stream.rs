@@ -58,6 +58,33 @@ impl Stream {
         self.inner.as_ref().map(|s| s.raw())
     }
 
+    /// A `Stream` over an `aclrtStream` the caller created (e.g. another library's stream), on
+    /// `ctx`'s device. It is used like a stream of [`Context::new_stream`]: operators, copies and
+    /// collectives enqueue on it, every buffer they touch is recorded on it, and it is
+    /// synchronised before those buffers (and this crate's workspace for it) are freed. It is
+    /// **never destroyed** by this crate. Errors: a CPU context, or a null handle (the default
+    /// stream, which collectives refuse).
+    ///
+    /// # Safety
+    /// `raw` is a live stream created on `ctx`'s device (in its default context) and stays alive
+    /// until this `Stream` and every tensor that used it are dropped; the caller destroys it only
+    /// after that.
+    pub unsafe fn from_raw(ctx: &Context, raw: ascend_sys::aclrtStream) -> Result<Stream> {
+        match &ctx.kind {
+            ContextKind::Cpu => {
+                Err(Error::invalid("ctx", "a raw aclrtStream needs an Ascend context, got the CPU backend"))
+            }
+            ContextKind::Ascend(_) if raw.is_null() => Err(Error::null(
+                "raw",
+                "a null aclrtStream is the default stream; pass a stream from aclrtCreateStream",
+            )),
+            // SAFETY: the caller guarantees `raw` is a live stream of this device that outlives it.
+            ContextKind::Ascend(d) => {
+                Ok(Stream::new(ctx.clone(), Some(unsafe { StreamInner::borrowed(d.clone(), raw) })))
+            }
+        }
+    }
+
     pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {
         Error::invalid(argument, format!("{what}, but the stream is on {}", describe(&self.ctx)))
     }

@@ -24,6 +24,8 @@ pub const ASCENDCL_SYMBOLS: &[&str] = &[
     "aclrtRecordEvent",
     "aclrtSynchronizeEvent",
     "aclrtStreamWaitEvent",
+    "aclrtCtxSetSysParamOpt",
+    "aclrtCtxGetSysParamOpt",
 ];
 
 /// `libnnopbase.so`: aclnn tensors and executors.
@@ -84,6 +86,7 @@ pub const HCCL_SYMBOLS: &[&str] = &[
     "HcclGetRootInfo",
     "HcclCommInitRootInfo",
     "HcclCommInitAll",
+    "HcclCommInitClusterInfo",
     "HcclCommDestroy",
     "HcclAllReduce",
     "HcclBroadcast",
@@ -92,5 +95,6 @@ pub const HCCL_SYMBOLS: &[&str] = &[
     "HcclGetRankId",
 ];
 
-/// `libhccl.so` functions that some releases lack (`HcclGetErrorString` is absent in 8.x headers).
-pub const HCCL_OPTIONAL_SYMBOLS: &[&str] = &["HcclGetErrorString"];
+/// `libhccl.so` functions that some releases lack (`HcclGetErrorString` is absent in 8.x headers;
+/// `HcclGetCommAsyncError` appeared in 2023 and is unsupported on Ascend 950, docs/cann/HCCL.md 2).
+pub const HCCL_OPTIONAL_SYMBOLS: &[&str] = &["HcclGetErrorString", "HcclGetCommAsyncError"];

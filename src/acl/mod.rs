@@ -221,3 +221,9 @@ pub(crate) fn phase1(
 pub(crate) fn op_fn<F: Copy>(f: &std::result::Result<F, libloading::Error>, call: &'static str) -> Result<F> {
     f.as_ref().copied().map_err(|e| Error::Config(format!("{call} is not exported: {e}")))
 }
+
+/// `aclrtCtxSetSysParamOpt(opt, value)` on the thread's current context (bind the device first).
+pub(crate) fn ctx_set_sys_param(cann: &Cann, opt: ascend_sys::aclSysParamOpt, value: i64) -> Result<()> {
+    // SAFETY: plain value arguments; the caller has bound the device (its default context).
+    check(cann, "aclrtCtxSetSysParamOpt", unsafe { cann.acl.aclrtCtxSetSysParamOpt(opt, value) })
+}

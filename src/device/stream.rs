@@ -13,6 +13,8 @@ use crate::error::Result;
 pub(crate) struct StreamInner {
     pub(crate) device: Arc<Device>,
     raw: aclrtStream,
+    /// Made by the caller ([`StreamInner::borrowed`]): synchronised on drop, never destroyed.
+    borrowed: bool,
     /// The workspace reused by operator launches on this stream (grown, never shrunk).
     workspace: Mutex<Option<DeviceAlloc>>,
 }
@@ -35,7 +37,16 @@ impl StreamInner {
     pub(crate) fn new(device: Arc<Device>) -> Result<Arc<Self>> {
         device.bind()?;
         let raw = acl::create_stream(device.cann)?;
-        Ok(Arc::new(StreamInner { device, raw, workspace: Mutex::new(None) }))
+        Ok(Arc::new(StreamInner { device, raw, borrowed: false, workspace: Mutex::new(None) }))
+    }
+
+    /// A stream the caller created and owns: used and synchronised like any other, never
+    /// destroyed by this crate.
+    ///
+    /// # Safety
+    /// `raw` is a live `aclrtStream` of `device` that outlives the returned value.
+    pub(crate) unsafe fn borrowed(device: Arc<Device>, raw: aclrtStream) -> Arc<Self> {
+        Arc::new(StreamInner { device, raw, borrowed: true, workspace: Mutex::new(None) })
     }
 
     /// The raw handle, valid while `self` lives.
@@ -93,6 +104,9 @@ impl Drop for StreamInner {
                 }
                 std::mem::forget(workspace);
             }
+        }
+        if self.borrowed {
+            return; // the caller's stream: it destroys it
         }
         let result = self.device.bind().and_then(|()| {
             // SAFETY: `raw` is live and never used after this.

@@ -104,12 +104,47 @@ pub(super) fn init_rank(device: &Arc<Device>, n: u32, root: &[u8; HCCL_ROOT_BYTE
     Ok(Comm::new(raw, device.clone(), hccl))
 }
 
+/// `HcclCommInitClusterInfo(path, rank)` on `device`: blocks until every rank has joined.
+pub(super) fn init_cluster(device: &Arc<Device>, path: &std::ffi::CStr, rank: u32) -> Result<Comm> {
+    let hccl = hccl_of(device)?;
+    let init = crate::acl::op_fn(&hccl.HcclCommInitClusterInfo, "HcclCommInitClusterInfo")?;
+    let mut raw: HcclComm = std::ptr::null_mut();
+    device.bind()?;
+    // SAFETY: `path` is a NUL-terminated string shorter than HCCL's limit and `raw` a writable handle.
+    check(hccl, "HcclCommInitClusterInfo", unsafe { init(path.as_ptr(), rank, &mut raw) })?;
+    Ok(Comm::new(raw, device.clone(), hccl))
+}
+
+/// A caller's `HcclComm` on `device`, with its rank and size (`HcclGetRankId`, `HcclGetRankSize`).
+///
+/// # Safety
+/// `raw` is a live communicator of `device` that outlives the returned `Comm`.
+pub(super) unsafe fn borrow(device: &Arc<Device>, raw: HcclComm) -> Result<(Comm, u32, u32)> {
+    let hccl = hccl_of(device)?;
+    let get_rank = crate::acl::op_fn(&hccl.HcclGetRankId, "HcclGetRankId")?;
+    let get_size = crate::acl::op_fn(&hccl.HcclGetRankSize, "HcclGetRankSize")?;
+    device.bind()?;
+    let (mut rank, mut size) = (0u32, 0u32);
+    // SAFETY: the caller guarantees `raw` is live; the out-pointers are writable.
+    check(hccl, "HcclGetRankId", unsafe { get_rank(raw, &mut rank) })?;
+    // SAFETY: as above.
+    check(hccl, "HcclGetRankSize", unsafe { get_size(raw, &mut size) })?;
+    if size == 0 || rank >= size {
+        return Err(Error::invalid("comm", format!("HCCL reports rank {rank} of {size} ranks")));
+    }
+    let mut comm = Comm::new(raw, device.clone(), hccl);
+    comm.borrowed = true;
+    Ok((comm, rank, size))
+}
+
 /// One rank's `HcclComm`, destroyed after the stream of its last collective has finished.
 pub(super) struct Comm {
     raw: HcclComm,
     device: Arc<Device>,
     hccl: &'static Hccl,
     order: Mutex<Order>,
+    /// The caller's communicator ([`borrow`]): synchronised on drop, never destroyed.
+    borrowed: bool,
 }
 
 /// How a comm keeps its collectives serial across streams.
@@ -135,7 +170,31 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     fn new(raw: HcclComm, device: Arc<Device>, hccl: &'static Hccl) -> Comm {
-        Comm { raw, device, hccl, order: Mutex::new(Order::default()) }
+        Comm { raw, device, hccl, order: Mutex::new(Order::default()), borrowed: false }
+    }
+
+    /// The raw handle, valid while `self` lives (or, borrowed, while its owner keeps it).
+    pub(super) fn raw(&self) -> HcclComm {
+        self.raw
+    }
+
+    /// `HcclGetCommAsyncError`: `None`, or the error HCCL found on the communicator (with the
+    /// text of `aclGetRecentErrMsg`).
+    pub(super) fn async_error(&self) -> Result<Option<Error>> {
+        let f = self.hccl.HcclGetCommAsyncError.as_ref().map_err(|e| {
+            Error::Config(format!(
+                "HcclGetCommAsyncError is not exported by this HCCL (HCCL before 2023 and Ascend 950 lack it): {e}"
+            ))
+        })?;
+        self.device.bind()?;
+        let mut code = HcclResult::HCCL_SUCCESS;
+        // SAFETY: the comm is live and `code` a writable HcclResult.
+        check(self.hccl, "HcclGetCommAsyncError", unsafe { f(self.raw, &mut code) })?;
+        if code == HcclResult::HCCL_SUCCESS {
+            return Ok(None);
+        }
+        let message = crate::acl::recent_error(self.device.cann).unwrap_or_default();
+        Ok(Some(hccl_error("HcclGetCommAsyncError", code.0, message)))
     }
 
     pub(super) fn device(&self) -> &Device {
@@ -291,6 +350,9 @@ impl Drop for Comm {
         // The chain of waits has run (see `Order::events`).
         if self.device.bind().is_ok() {
             self.destroy_events(order.events);
+        }
+        if self.borrowed {
+            return; // the caller's communicator: its collectives have run, the caller destroys it
         }
         let result = self.device.bind().and_then(|()| {
             let f = crate::acl::op_fn(&self.hccl.HcclCommDestroy, "HcclCommDestroy")?;

@@ -27,10 +27,13 @@
 
 mod ascend;
 mod cpu;
+mod rank_table;
+mod rendezvous;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::context::{Context, ContextKind};
@@ -268,6 +271,101 @@ impl Communicator {
             }
         };
         Ok(Communicator { engine, rank, size: n_ranks, _not_sync: PhantomData })
+    }
+
+    /// Rank `rank` of the rank-table file `path` (`HcclCommInitClusterInfo`; torch_npu's path when
+    /// `RANK_TABLE_FILE` is set, and MindSpore's): one process per device, possibly across
+    /// servers. Before HCCL sees it the path and the table are checked (at most 4095 bytes, a
+    /// readable file, JSON of version 1.0/1.2 `server_list[].device[]` or 2.0 `rank_list[]`,
+    /// `"status": "completed"`, rank ids exactly `0..n`, `rank` among them): every problem is an
+    /// error naming the path and what is wrong. The table's `device_id` of `rank` is the physical
+    /// id of `ctx`'s device. Blocks until every rank has joined (`HCCL_CONNECT_TIMEOUT`).
+    /// CPU contexts: an error (the CPU engine joins ranks in one process only).
+    pub fn from_rank_table(ctx: &Context, path: impl AsRef<Path>, rank: u32) -> Result<Communicator> {
+        let path = path.as_ref();
+        let ContextKind::Ascend(device) = &ctx.kind else {
+            return Err(Error::invalid(
+                "ctx",
+                "a rank table starts HCCL ranks (one process per device); the CPU engine joins ranks in one process \
+                 only (Communicator::init_all, Communicator::init_rank)",
+            ));
+        };
+        let table = rank_table::RankTable::load(path)?;
+        if rank >= table.size() {
+            return Err(Error::invalid(
+                "rank",
+                format!(
+                    "rank {rank} is not a rank_id of rank table {} (ranks 0..{})",
+                    path.display(),
+                    table.size() - 1
+                ),
+            ));
+        }
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::invalid("path", format!("rank-table path {} contains a NUL byte", path.display())))?;
+        let comm = ascend::init_cluster(device, &c_path, rank)?;
+        Ok(Communicator { engine: Engine::Ascend(comm), rank, size: table.size(), _not_sync: PhantomData })
+    }
+
+    /// This process's rank, from the launcher's environment (torchrun and the Ascend launchers):
+    /// * `RANK_TABLE_FILE` set: [`from_rank_table`](Self::from_rank_table) with the rank in
+    ///   `RANK` (torch_npu) or else `RANK_ID` (MindSpore, CANN samples); `WORLD_SIZE`/`RANK_SIZE`,
+    ///   when set, must equal the table's size;
+    /// * else `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`: rank 0 makes the root info and
+    ///   serves it over TCP on `MASTER_ADDR:MASTER_PORT` (`ASCEND_RENDEZVOUS_PORT` overrides the
+    ///   port; under torchrun, whose agent holds `MASTER_PORT` when `TORCHELASTIC_USE_AGENT_STORE`
+    ///   is true, the default is `MASTER_PORT + 1`), the other ranks fetch it, then all call
+    ///   [`init_rank`](Self::init_rank). Each wait is bounded by `ASCEND_RENDEZVOUS_TIMEOUT`
+    ///   seconds (default 120); a job id (`MASTER_PORT`, `WORLD_SIZE`, and `ASCEND_JOB_ID` or
+    ///   `TORCHELASTIC_RUN_ID`) keeps jobs that reuse an address apart.
+    ///
+    /// `ctx` is this rank's device: pick it from `LOCAL_RANK` (torchrun) or `DEVICE_ID`. Every
+    /// failure names the variable or the peer: [`Error::Config`] for a missing or bad variable,
+    /// [`Error::Rendezvous`] for a peer that never came, refused or closed early. CPU contexts: an
+    /// error (the CPU engine joins ranks in one process only).
+    pub fn from_env(ctx: &Context) -> Result<Communicator> {
+        rendezvous::from_env(ctx)
+    }
+
+    /// A `Communicator` over an `HcclComm` the caller made (e.g. another library's), on `ctx`'s
+    /// device; its rank and size come from `HcclGetRankId`/`HcclGetRankSize`. Collectives run as on
+    /// any communicator. On drop the streams its collectives ran on are synchronised, and the
+    /// comm is **never destroyed** by this crate. CPU contexts and null handles are errors.
+    ///
+    /// # Safety
+    /// `comm` is a live communicator made on `ctx`'s device, stays alive until this value is
+    /// dropped, and is not used by anyone else while this value issues collectives (HCCL's
+    /// one-thread-per-rank rule).
+    pub unsafe fn from_raw(ctx: &Context, comm: ascend_sys::HcclComm) -> Result<Communicator> {
+        let ContextKind::Ascend(device) = &ctx.kind else {
+            return Err(Error::invalid("ctx", "an HcclComm needs an Ascend context, got the CPU backend"));
+        };
+        if comm.is_null() {
+            return Err(Error::null("comm", "the HcclComm is null"));
+        }
+        // SAFETY: the caller's contract, passed on.
+        let (comm, rank, size) = unsafe { ascend::borrow(device, comm) }?;
+        Ok(Communicator { engine: Engine::Ascend(comm), rank, size, _not_sync: PhantomData })
+    }
+
+    /// The raw `HcclComm`, to call HCCL functions this crate does not wrap. Valid while this
+    /// `Communicator` lives (do not destroy it: the drop does); `None` for the CPU engine.
+    pub fn as_raw(&self) -> Option<ascend_sys::HcclComm> {
+        match &self.engine {
+            Engine::Cpu(_) => None,
+            Engine::Ascend(c) => Some(c.raw()),
+        }
+    }
+
+    /// Whether HCCL has found an asynchronous error on this communicator
+    /// (`HcclGetCommAsyncError`, what torch_npu's watchdog polls; HCCL reports a remote failure as
+    /// `HCCL_E_REMOTE`): `Ok(None)` when healthy. The CPU engine has none (its collectives report
+    /// failures when called): always `Ok(None)`.
+    pub fn async_error(&self) -> Result<Option<Error>> {
+        match &self.engine {
+            Engine::Cpu(_) => Ok(None),
+            Engine::Ascend(c) => c.async_error(),
+        }
     }
 
     /// This rank's number, `0..size()`.

@@ -45,6 +45,8 @@ pub struct AscendCl {
     pub aclrtRecordEvent: unsafe extern "C" fn(event: aclrtEvent, stream: aclrtStream) -> aclError,
     pub aclrtSynchronizeEvent: unsafe extern "C" fn(event: aclrtEvent) -> aclError,
     pub aclrtStreamWaitEvent: unsafe extern "C" fn(stream: aclrtStream, event: aclrtEvent) -> aclError,
+    pub aclrtCtxSetSysParamOpt: unsafe extern "C" fn(opt: aclSysParamOpt, value: i64) -> aclError,
+    pub aclrtCtxGetSysParamOpt: unsafe extern "C" fn(opt: aclSysParamOpt, value: *mut i64) -> aclError,
 }
 impl AscendCl {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -80,6 +82,8 @@ impl AscendCl {
         let aclrtRecordEvent = __library.get(b"aclrtRecordEvent\0").map(|sym| *sym)?;
         let aclrtSynchronizeEvent = __library.get(b"aclrtSynchronizeEvent\0").map(|sym| *sym)?;
         let aclrtStreamWaitEvent = __library.get(b"aclrtStreamWaitEvent\0").map(|sym| *sym)?;
+        let aclrtCtxSetSysParamOpt = __library.get(b"aclrtCtxSetSysParamOpt\0").map(|sym| *sym)?;
+        let aclrtCtxGetSysParamOpt = __library.get(b"aclrtCtxGetSysParamOpt\0").map(|sym| *sym)?;
         Ok(AscendCl {
             __library,
             aclInit,
@@ -103,6 +107,8 @@ impl AscendCl {
             aclrtRecordEvent,
             aclrtSynchronizeEvent,
             aclrtStreamWaitEvent,
+            aclrtCtxSetSysParamOpt,
+            aclrtCtxGetSysParamOpt,
         })
     }
     pub unsafe fn aclInit(&self, configPath: *const ::std::os::raw::c_char) -> aclError {
@@ -193,5 +199,11 @@ impl AscendCl {
     }
     pub unsafe fn aclrtStreamWaitEvent(&self, stream: aclrtStream, event: aclrtEvent) -> aclError {
         (self.aclrtStreamWaitEvent)(stream, event)
+    }
+    pub unsafe fn aclrtCtxSetSysParamOpt(&self, opt: aclSysParamOpt, value: i64) -> aclError {
+        (self.aclrtCtxSetSysParamOpt)(opt, value)
+    }
+    pub unsafe fn aclrtCtxGetSysParamOpt(&self, opt: aclSysParamOpt, value: *mut i64) -> aclError {
+        (self.aclrtCtxGetSysParamOpt)(opt, value)
     }
 }

@@ -11,6 +11,10 @@ pub struct Hccl {
         unsafe extern "C" fn(ndev: u32, devices: *mut i32, comms: *mut HcclComm) -> HcclResult,
         ::libloading::Error,
     >,
+    pub HcclCommInitClusterInfo: Result<
+        unsafe extern "C" fn(clusterInfo: *const ::std::os::raw::c_char, rank: u32, comm: *mut HcclComm) -> HcclResult,
+        ::libloading::Error,
+    >,
     pub HcclCommDestroy: Result<unsafe extern "C" fn(comm: HcclComm) -> HcclResult, ::libloading::Error>,
     pub HcclAllReduce: Result<
         unsafe extern "C" fn(
@@ -51,6 +55,8 @@ pub struct Hccl {
     pub HcclGetRankId: Result<unsafe extern "C" fn(comm: HcclComm, rank: *mut u32) -> HcclResult, ::libloading::Error>,
     pub HcclGetErrorString:
         Result<unsafe extern "C" fn(code: HcclResult) -> *const ::std::os::raw::c_char, ::libloading::Error>,
+    pub HcclGetCommAsyncError:
+        Result<unsafe extern "C" fn(comm: HcclComm, asyncError: *mut HcclResult) -> HcclResult, ::libloading::Error>,
 }
 impl Hccl {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -68,6 +74,7 @@ impl Hccl {
         let HcclGetRootInfo = __library.get(b"HcclGetRootInfo\0").map(|sym| *sym);
         let HcclCommInitRootInfo = __library.get(b"HcclCommInitRootInfo\0").map(|sym| *sym);
         let HcclCommInitAll = __library.get(b"HcclCommInitAll\0").map(|sym| *sym);
+        let HcclCommInitClusterInfo = __library.get(b"HcclCommInitClusterInfo\0").map(|sym| *sym);
         let HcclCommDestroy = __library.get(b"HcclCommDestroy\0").map(|sym| *sym);
         let HcclAllReduce = __library.get(b"HcclAllReduce\0").map(|sym| *sym);
         let HcclBroadcast = __library.get(b"HcclBroadcast\0").map(|sym| *sym);
@@ -75,11 +82,13 @@ impl Hccl {
         let HcclGetRankSize = __library.get(b"HcclGetRankSize\0").map(|sym| *sym);
         let HcclGetRankId = __library.get(b"HcclGetRankId\0").map(|sym| *sym);
         let HcclGetErrorString = __library.get(b"HcclGetErrorString\0").map(|sym| *sym);
+        let HcclGetCommAsyncError = __library.get(b"HcclGetCommAsyncError\0").map(|sym| *sym);
         Ok(Hccl {
             __library,
             HcclGetRootInfo,
             HcclCommInitRootInfo,
             HcclCommInitAll,
+            HcclCommInitClusterInfo,
             HcclCommDestroy,
             HcclAllReduce,
             HcclBroadcast,
@@ -87,6 +96,7 @@ impl Hccl {
             HcclGetRankSize,
             HcclGetRankId,
             HcclGetErrorString,
+            HcclGetCommAsyncError,
         })
     }
     pub unsafe fn HcclGetRootInfo(&self, rootInfo: *mut HcclRootInfo) -> HcclResult {
@@ -103,6 +113,14 @@ impl Hccl {
     }
     pub unsafe fn HcclCommInitAll(&self, ndev: u32, devices: *mut i32, comms: *mut HcclComm) -> HcclResult {
         (self.HcclCommInitAll.as_ref().expect("Expected function, got error."))(ndev, devices, comms)
+    }
+    pub unsafe fn HcclCommInitClusterInfo(
+        &self,
+        clusterInfo: *const ::std::os::raw::c_char,
+        rank: u32,
+        comm: *mut HcclComm,
+    ) -> HcclResult {
+        (self.HcclCommInitClusterInfo.as_ref().expect("Expected function, got error."))(clusterInfo, rank, comm)
     }
     pub unsafe fn HcclCommDestroy(&self, comm: HcclComm) -> HcclResult {
         (self.HcclCommDestroy.as_ref().expect("Expected function, got error."))(comm)
@@ -153,5 +171,8 @@ impl Hccl {
     }
     pub unsafe fn HcclGetErrorString(&self, code: HcclResult) -> *const ::std::os::raw::c_char {
         (self.HcclGetErrorString.as_ref().expect("Expected function, got error."))(code)
+    }
+    pub unsafe fn HcclGetCommAsyncError(&self, comm: HcclComm, asyncError: *mut HcclResult) -> HcclResult {
+        (self.HcclGetCommAsyncError.as_ref().expect("Expected function, got error."))(comm, asyncError)
     }
 }

@@ -103,6 +103,14 @@ impl aclrtMemMallocPolicy {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct aclrtMemMallocPolicy(pub ::std::os::raw::c_uint);
+impl aclSysParamOpt {
+    pub const ACL_OPT_DETERMINISTIC: aclSysParamOpt = aclSysParamOpt(0);
+    pub const ACL_OPT_ENABLE_DEBUG_KERNEL: aclSysParamOpt = aclSysParamOpt(1);
+    pub const ACL_OPT_STRONG_CONSISTENCY: aclSysParamOpt = aclSysParamOpt(2);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct aclSysParamOpt(pub ::std::os::raw::c_uint);
 pub type HcclComm = *mut ::std::os::raw::c_void;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

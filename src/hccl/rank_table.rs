@@ -1,0 +1,329 @@
+//! Rank-table files (`RANK_TABLE_FILE`, HCCL's `HcclCommInitClusterInfo`): checked before HCCL
+//! reads them, so a wrong path or table is an error naming the file and what is wrong.
+//!
+//! Formats (HCCL `docs/zh/user_guide/cluster_info_config/rank_table_config_{910,a2,a3,a5}.md`,
+//! docs/cann/HCCL.md 4.5.3): version `"1.0"` (Atlas training, A2, A3 AI Server mode) and `"1.2"`
+//! (A3 super-node mode) list `server_list[].device[]` entries with `"rank_id"` and `"device_id"`
+//! (decimal strings); version `"2.0"` (Ascend 950) lists `rank_list[]` entries with numeric
+//! `rank_id` and `device_id`. `"status"` must be `"completed"`.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// HCCL's limit on the rank-table path: 4096 bytes including the NUL (`HcclCommInitClusterInfo.md`).
+pub(crate) const PATH_MAX_BYTES: usize = 4096;
+
+/// The largest table read (far above any real cluster's).
+const FILE_MAX_BYTES: u64 = 64 << 20;
+
+/// One rank of a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) rank: u32,
+    pub(crate) device: u32,
+}
+
+/// A parsed, consistent rank table: its ranks are exactly `0..size`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RankTable {
+    pub(crate) entries: Vec<Entry>,
+}
+
+impl RankTable {
+    /// Reads and checks the table at `path`; errors name the path and what is wrong.
+    pub(crate) fn load(path: &Path) -> Result<RankTable> {
+        let bad = |what: String| Error::invalid("path", format!("rank table {}: {what}", path.display()));
+        let len = path.as_os_str().len();
+        if len + 1 > PATH_MAX_BYTES {
+            return Err(Error::invalid(
+                "path",
+                format!("a rank-table path has at most {} bytes (HCCL's limit), got {len}", PATH_MAX_BYTES - 1),
+            ));
+        }
+        let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot be opened: {e}")))?;
+        if !meta.is_file() {
+            return Err(bad("is not a regular file".into()));
+        }
+        if meta.len() > FILE_MAX_BYTES {
+            return Err(bad(format!("is {} bytes, more than {FILE_MAX_BYTES}", meta.len())));
+        }
+        let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot be read: {e}")))?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| bad("is not UTF-8 text".into()))?;
+        RankTable::parse(text).map_err(bad)
+    }
+
+    /// Parses a table's text.
+    pub(crate) fn parse(text: &str) -> std::result::Result<RankTable, String> {
+        let root = Json::parse(text)?;
+        let version = root.get("version").and_then(Json::as_str).ok_or("it has no \"version\" string")?;
+        let v2 = match version {
+            "1.0" | "1.2" => false,
+            "2.0" => true,
+            v => return Err(format!("version \"{v}\" is not one HCCL documents (1.0, 1.2, 2.0)")),
+        };
+        match root.get("status").map(|s| s.as_str()) {
+            Some(Some("completed")) => {}
+            None if v2 => {}
+            _ => return Err("\"status\" must be \"completed\" (the table is not ready)".into()),
+        }
+        let mut entries = Vec::new();
+        let mut add = |e: &Json, at: String| -> std::result::Result<(), String> {
+            let rank = e.get("rank_id").and_then(Json::as_u32).ok_or(format!("{at} has no integer \"rank_id\""))?;
+            let device =
+                e.get("device_id").and_then(Json::as_u32).ok_or(format!("{at} has no integer \"device_id\""))?;
+            entries.push(Entry { rank, device });
+            Ok(())
+        };
+        if v2 {
+            let list =
+                root.get("rank_list").and_then(Json::as_array).ok_or("version 2.0 needs a \"rank_list\" array")?;
+            for (i, e) in list.iter().enumerate() {
+                add(e, format!("rank_list[{i}]"))?;
+            }
+            let count = root.get("rank_count").and_then(Json::as_u32);
+            if count != Some(list.len() as u32) {
+                return Err(format!("\"rank_count\" must be the number of entries of \"rank_list\" ({})", list.len()));
+            }
+        } else {
+            let servers = root.get("server_list").and_then(Json::as_array).ok_or("it has no \"server_list\" array")?;
+            for (s, server) in servers.iter().enumerate() {
+                let devices = server
+                    .get("device")
+                    .and_then(Json::as_array)
+                    .ok_or(format!("server_list[{s}] has no \"device\" array"))?;
+                for (d, e) in devices.iter().enumerate() {
+                    add(e, format!("server_list[{s}].device[{d}]"))?;
+                }
+            }
+        }
+        if entries.is_empty() {
+            return Err("it lists no ranks".into());
+        }
+        entries.sort_by_key(|e| e.rank);
+        for (i, e) in entries.iter().enumerate() {
+            if e.rank as usize != i {
+                return Err(if i > 0 && entries[i - 1].rank == e.rank {
+                    format!("rank_id {} appears twice", e.rank)
+                } else {
+                    format!("the rank ids are not 0..{}: rank_id {i} is missing", entries.len() - 1)
+                });
+            }
+        }
+        Ok(RankTable { entries })
+    }
+
+    /// The number of ranks.
+    pub(crate) fn size(&self) -> u32 {
+        self.entries.len() as u32
+    }
+}
+
+/// A JSON value (just what a rank table needs: numbers are kept as text).
+#[derive(Debug)]
+enum Json {
+    Null,
+    Bool,
+    Number(String),
+    Str(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn parse(text: &str) -> std::result::Result<Json, String> {
+        let mut p = Parser { s: text.as_bytes(), i: 0 };
+        let v = p.value(0)?;
+        p.ws();
+        if p.i != p.s.len() {
+            return Err(format!("it is not valid JSON: text after the value at byte {}", p.i));
+        }
+        Ok(v)
+    }
+
+    fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Object(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn as_array(&self) -> Option<&[Json]> {
+        match self {
+            Json::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// A non-negative integer given as a number or as a string of decimal digits.
+    fn as_u32(&self) -> Option<u32> {
+        let s = match self {
+            Json::Number(s) | Json::Str(s) => s,
+            _ => return None,
+        };
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse().ok()
+    }
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    fn fail<T>(&self, what: &str) -> std::result::Result<T, String> {
+        Err(format!("it is not valid JSON: {what} at byte {} (comments are not allowed)", self.i))
+    }
+
+    fn value(&mut self, depth: usize) -> std::result::Result<Json, String> {
+        self.ws();
+        if depth > 64 {
+            return self.fail("nested too deeply");
+        }
+        match self.s.get(self.i) {
+            None => self.fail("the text ended where a value was expected"),
+            Some(b'"') => Ok(Json::Str(self.string()?)),
+            Some(b'{') | Some(b'[') => {
+                let object = self.s[self.i] == b'{';
+                let close = if object { b'}' } else { b']' };
+                self.i += 1;
+                let (mut items, mut members) = (Vec::new(), Vec::new());
+                self.ws();
+                if self.s.get(self.i) == Some(&close) {
+                    self.i += 1;
+                } else {
+                    loop {
+                        if object {
+                            self.ws();
+                            let key = self.string()?;
+                            self.ws();
+                            if self.s.get(self.i) != Some(&b':') {
+                                return self.fail("':' expected");
+                            }
+                            self.i += 1;
+                            members.push((key, self.value(depth + 1)?));
+                        } else {
+                            items.push(self.value(depth + 1)?);
+                        }
+                        self.ws();
+                        match self.s.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(c) if *c == close => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return self.fail("',' or a closing bracket expected"),
+                        }
+                    }
+                }
+                Ok(if object { Json::Object(members) } else { Json::Array(items) })
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let start = self.i;
+                while self.i < self.s.len() && matches!(self.s[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    self.i += 1;
+                }
+                Ok(Json::Number(String::from_utf8_lossy(&self.s[start..self.i]).into_owned()))
+            }
+            _ => {
+                for (word, v) in [("true", Json::Bool), ("false", Json::Bool), ("null", Json::Null)] {
+                    if self.s[self.i..].starts_with(word.as_bytes()) {
+                        self.i += word.len();
+                        return Ok(v);
+                    }
+                }
+                self.fail("unexpected character")
+            }
+        }
+    }
+
+    fn string(&mut self) -> std::result::Result<String, String> {
+        if self.s.get(self.i) != Some(&b'"') {
+            return self.fail("a string expected");
+        }
+        self.i += 1;
+        let mut out = Vec::new();
+        while let Some(&c) = self.s.get(self.i) {
+            self.i += 1;
+            match c {
+                b'"' => return Ok(String::from_utf8_lossy(&out).into_owned()),
+                b'\\' => {
+                    let e = self.s.get(self.i).copied();
+                    self.i += 1;
+                    match e {
+                        Some(b'"') => out.push(b'"'),
+                        Some(b'\\') => out.push(b'\\'),
+                        Some(b'/') => out.push(b'/'),
+                        Some(b'n' | b't' | b'r' | b'b' | b'f') => out.push(b' '),
+                        Some(b'u') if self.i + 4 <= self.s.len() => {
+                            self.i += 4;
+                            out.push(b'?');
+                        }
+                        _ => return self.fail("a bad escape"),
+                    }
+                }
+                c if c < 0x20 => return self.fail("a control character in a string"),
+                c => out.push(c),
+            }
+        }
+        self.fail("an unterminated string")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_documented_formats_and_rejects_bad_tables() {
+        let v1 = r#"{"status":"completed","version":"1.0","server_count":"2","server_list":[
+            {"server_id":"node_0","device":[{"device_id":"0","device_ip":"192.168.1.8","rank_id":"0"},
+                                            {"device_id":"1","rank_id":"1"}]},
+            {"server_id":"node_1","device":[{"device_id":"0","rank_id":"2"}]}]}"#;
+        let t = RankTable::parse(v1).unwrap();
+        assert_eq!(t.size(), 3);
+        assert_eq!(t.entries[2], Entry { rank: 2, device: 0 });
+        let v2 = r#"{"version":"2.0","rank_count":2,"rank_list":[{"rank_id":1,"device_id":3,"local_id":0},
+            {"rank_id":0,"device_id":2,"local_id":1}]}"#;
+        assert_eq!(RankTable::parse(v2).unwrap().entries[0], Entry { rank: 0, device: 2 });
+        for (text, want) in [
+            ("{", "not valid JSON"),
+            ("{\"version\":\"1.0\" // c\n}", "comments"),
+            (r#"{"version":"3.0","status":"completed"}"#, "version \"3.0\""),
+            (r#"{"version":"1.0","status":"initializing","server_list":[]}"#, "status"),
+            (
+                r#"{"version":"1.0","status":"completed","server_list":[{"device":[{"rank_id":"1","device_id":"0"}]}]}"#,
+                "rank_id 0 is missing",
+            ),
+            (
+                r#"{"version":"1.0","status":"completed","server_list":[{"device":[{"rank_id":"0","device_id":"0"},{"rank_id":"0","device_id":"1"}]}]}"#,
+                "appears twice",
+            ),
+            (
+                r#"{"version":"1.0","status":"completed","server_list":[{"device":[{"rank_id":"x","device_id":"0"}]}]}"#,
+                "rank_id",
+            ),
+            (r#"{"version":"2.0","rank_count":3,"rank_list":[{"rank_id":0,"device_id":0}]}"#, "rank_count"),
+        ] {
+            let e = RankTable::parse(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+}
