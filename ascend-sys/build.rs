@@ -56,6 +56,7 @@ mod generate {
         "aclFormat",
         "aclrtMemcpyKind",
         "aclrtMemMallocPolicy",
+        "aclrtEventRecordedStatus",
         "HcclComm",
         "HcclRootInfo",
         "HcclResult",

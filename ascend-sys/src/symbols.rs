@@ -24,6 +24,10 @@ pub const ASCENDCL_SYMBOLS: &[&str] = &[
     "aclrtRecordEvent",
     "aclrtSynchronizeEvent",
     "aclrtStreamWaitEvent",
+    "aclrtQueryEventStatus",
+    "aclrtEventElapsedTime",
+    "aclrtMallocHost",
+    "aclrtFreeHost",
 ];
 
 /// `libnnopbase.so`: aclnn tensors and executors.
