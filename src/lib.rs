@@ -31,6 +31,7 @@ pub mod cpu;
 mod device;
 pub mod dtype;
 mod error;
+mod event;
 pub mod hccl;
 mod layout;
 #[cfg(feature = "mock")]
@@ -43,6 +44,7 @@ mod tensor;
 pub use context::{Backend, Context, BACKEND_ENV};
 pub use dtype::{bf16, f16, DType, Element};
 pub use error::{Error, Result, STATUS_INVALID, STATUS_NULLPTR};
+pub use event::Event;
 pub use stream::Stream;
 pub use tensor::Tensor;
 
