@@ -168,6 +168,69 @@ fn buffers_shared_by_two_streams() {
     .unwrap();
 }
 
+/// A buffer used on a second stream after the first is ordered by an event on the device: the
+/// host does not synchronise either stream (issue 16; the old code called
+/// aclrtSynchronizeStream here), the second launch sees the first one's inputs, the values are
+/// right and the mock's hazard detector counts nothing.
+#[test]
+fn cross_stream_use_is_ordered_by_events_without_host_waits() {
+    isolated(|ctx| -> Result<()> {
+        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
+        let inp = inputs(16);
+        let up = inp.upload(&s1)?;
+        let a = up.run(&s1, OutputMask::ALL)?;
+        let before = stats();
+        let b = up.run(&s2, OutputMask::ALL)?;
+        let after = stats();
+        assert_eq!(after.stream_synchronizes, before.stream_synchronizes, "no host wait for s1");
+        assert_eq!(after.event_synchronizes, before.event_synchronizes);
+        assert_eq!(after.device_synchronizes, before.device_synchronizes);
+        assert!(queued_tasks() > 0, "work is still queued");
+        drop(up);
+        check_result(&s2, &a, OutputMask::ALL, DType::F32, &inp.expected());
+        check_result(&s1, &b, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The public events: a record on one stream, waited for by another, orders a copy read on the
+/// second stream; a query never blocks (not complete while queued on the mock), synchronize
+/// completes it, elapsed time is finite and non-negative; an event of one backend is refused by
+/// a stream of the other.
+#[test]
+fn events_order_streams_and_time_work() {
+    isolated(|ctx| -> Result<()> {
+        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
+        let inp = inputs(17);
+        let start = s1.record_event()?;
+        let up = inp.upload(&s1)?;
+        let out = up.run(&s1, OutputMask::ALL)?;
+        let end = s1.record_event()?;
+        assert!(!end.is_complete()?, "queued on the mock: not complete, and the query did not wait");
+        s2.wait_event(&end)?;
+        drop(end.clone()); // dropping a handle while a wait refers to it is safe
+        end.synchronize()?;
+        assert!(end.is_complete()? && start.is_complete()?);
+        let ms = end.elapsed_ms(&start)?;
+        assert!(ms.is_finite() && ms >= 0.0, "{ms}");
+        check_result(&s2, &out, OutputMask::ALL, DType::F32, &inp.expected());
+        let cpu = Context::cpu().new_stream()?;
+        let cpu_event = cpu.record_event()?;
+        assert!(cpu_event.is_complete()?);
+        cpu_event.synchronize()?;
+        assert!(cpu.record_event()?.elapsed_ms(&cpu_event)? >= 0.0);
+        assert!(s2.wait_event(&cpu_event).is_err(), "a CPU event on an Ascend stream");
+        assert!(cpu.wait_event(&start).is_err(), "an Ascend event on a CPU stream");
+        assert!(start.elapsed_ms(&cpu_event).is_err(), "events of two backends");
+        cpu.wait_event(&cpu_event)?;
+        drop((up, s1));
+        s2.synchronize()?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Tensors and streams are RAII: creating them raises the live counts, dropping them restores
 /// them; an empty tensor allocates nothing.
 #[test]
