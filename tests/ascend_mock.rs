@@ -231,6 +231,84 @@ fn events_order_streams_and_time_work() {
     .unwrap();
 }
 
+/// Pinned host buffers and asynchronous copies: an upload from a `HostBuffer` and a download
+/// into another make no blocking `aclrtMemcpy`; both buffers may be dropped right after the
+/// copies are queued (their drop waits for the stream, so the mock sees no host memory freed
+/// under a queued copy) and the values round-trip exactly; wrong lengths, dtypes and strided
+/// views are refused without queuing anything. On the CPU backend the same calls copy at once.
+#[test]
+fn host_buffers_and_async_copies() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let data: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let mut up = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
+        assert!(up.as_slice().iter().all(|&v| v == 0.0), "starts zeroed");
+        up.as_mut_slice().copy_from_slice(&data);
+        let mut t = Tensor::zeros(&s, DType::F32, &[8, 12])?;
+        let before = stats();
+        t.copy_from_host_async(&s, &up)?;
+        let mut down = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
+        t.copy_to_host_async(&s, &mut down)?;
+        let mid = stats();
+        assert_eq!(mid.blocking_copies, before.blocking_copies, "no blocking copy");
+        assert_eq!(mid.stream_synchronizes, before.stream_synchronizes, "no host wait to queue them");
+        assert_eq!(mid.live_host_allocations, before.live_host_allocations + 1, "pinned memory");
+        drop(up); // waits for the upload before aclrtFreeHost
+        assert_eq!(down.as_slice(), &data[..], "as_slice waits for the download");
+        let mut second = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
+        t.copy_to_host_async(&s, &mut second)?;
+        drop(second); // dropped with the copy still queued
+        assert_eq!(t.to_vec::<f32>(&s)?, data);
+        // refused: wrong length, dtype, strided view
+        let short = ascend::HostBuffer::<f32>::new(ctx, 5)?;
+        assert!(t.copy_from_host_async(&s, &short).is_err());
+        let halves = ascend::HostBuffer::<ascend::f16>::new(ctx, data.len())?;
+        assert!(t.copy_from_host_async(&s, &halves).is_err());
+        let mut strided = Tensor::from_slice_strided(&s, &data, &[8, 6], &[12, 2], 0)?;
+        let h48 = ascend::HostBuffer::<f32>::new(ctx, 48)?;
+        assert!(strided.copy_from_host_async(&s, &h48).is_err());
+        assert_eq!(t.to_vec::<f32>(&s)?, data, "nothing written by a refused call");
+        // the CPU backend
+        let cpu = Context::cpu();
+        let cs = cpu.new_stream()?;
+        let mut ch = ascend::HostBuffer::<f32>::new(&cpu, data.len())?;
+        ch.as_mut_slice().copy_from_slice(&data);
+        let mut ct = Tensor::zeros(&cs, DType::F32, &[8, 12])?;
+        ct.copy_from_host_async(&cs, &ch)?;
+        let mut back = ascend::HostBuffer::<f32>::new(&cpu, data.len())?;
+        ct.copy_to_host_async(&cs, &mut back)?;
+        assert_eq!(back.as_slice(), &data[..]);
+        assert!(t.copy_from_host_async(&s, &ch).is_err(), "a CPU-backend (unpinned) buffer on an Ascend stream");
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// `Context::memory_stats` follows the device allocations: a tensor raises `allocated` by its
+/// bytes and counts one `aclrtMalloc`, dropping it (after its stream) lowers it again, the peak
+/// remembers; the CPU backend reports zeros.
+#[test]
+fn memory_stats_follow_device_allocations() {
+    isolated(|_| -> Result<()> {
+        let ctx = ascend::mock::context(0)?; // a context of its own, so nothing else counts
+        let s = ctx.new_stream()?;
+        assert_eq!(ctx.memory_stats(), ascend::MemoryStats::default());
+        let t = Tensor::zeros(&s, DType::F32, &[10, 3])?;
+        let m = ctx.memory_stats();
+        assert_eq!((m.allocated, m.reserved, m.peak_allocated, m.device_allocations), (120, 120, 120, 1));
+        let u = Tensor::from_slice(&s, &[1f32, 2.], &[2])?;
+        assert_eq!(ctx.memory_stats().peak_allocated, 128);
+        drop((t, u));
+        let m = ctx.memory_stats();
+        assert_eq!((m.allocated, m.peak_allocated, m.device_allocations), (0, 128, 2));
+        ctx.empty_cache()?;
+        assert_eq!(Context::cpu().memory_stats(), ascend::MemoryStats::default());
+        Context::cpu().empty_cache()?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Tensors and streams are RAII: creating them raises the live counts, dropping them restores
 /// them; an empty tensor allocates nothing.
 #[test]

@@ -285,3 +285,38 @@ pub(crate) unsafe fn event_elapsed_ms(cann: &Cann, start: aclrtEvent, end: aclrt
     check(cann, "aclrtEventElapsedTime", cann.acl.aclrtEventElapsedTime(&mut ms, start, end))?;
     Ok(ms)
 }
+
+/// `aclrtMemcpyAsync` of `count` bytes on `stream`.
+///
+/// # Safety
+/// Both ranges are valid for `count` bytes (device ranges inside one live allocation, host ranges
+/// pinned memory) and stay valid and untouched by the host until the copy has run.
+pub(crate) unsafe fn memcpy_async(
+    cann: &Cann,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: aclrtMemcpyKind,
+    stream: aclrtStream,
+) -> Result<()> {
+    check(cann, "aclrtMemcpyAsync", cann.acl.aclrtMemcpyAsync(dst, count, src, count, kind, stream))
+}
+
+/// `aclrtMallocHost`: `bytes` (non-zero) of page-locked host memory.
+pub(crate) fn malloc_host(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
+    let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer.
+    check(cann, "aclrtMallocHost", unsafe { cann.acl.aclrtMallocHost(&mut p, bytes) })?;
+    if p.is_null() {
+        return Err(Error::NullHandle { call: "aclrtMallocHost", message: recent_error(cann) });
+    }
+    Ok(p)
+}
+
+/// `aclrtFreeHost`.
+///
+/// # Safety
+/// `p` came from [`malloc_host`] and no queued copy still uses it.
+pub(crate) unsafe fn free_host(cann: &Cann, p: *mut c_void) -> Result<()> {
+    check(cann, "aclrtFreeHost", cann.acl.aclrtFreeHost(p))
+}

@@ -29,6 +29,7 @@ impl DeviceAlloc {
         }
         device.bind()?;
         let ptr = acl::malloc(device.cann, bytes)?;
+        device.memory.allocated(bytes);
         Ok(DeviceAlloc { device, ptr, bytes })
     }
 
@@ -50,6 +51,7 @@ impl Drop for DeviceAlloc {
         if self.ptr.is_null() {
             return;
         }
+        self.device.memory.released(self.bytes);
         let result = self.device.bind().and_then(|()| {
             // SAFETY: `ptr` came from aclrtMalloc and the owner guarantees no pending work uses it.
             unsafe { acl::free(self.device.cann, self.ptr) }

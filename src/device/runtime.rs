@@ -1,6 +1,7 @@
 //! Process-wide runtime initialisation and per-thread device binding.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ascend_sys::Cann;
@@ -12,6 +13,30 @@ use crate::error::{Error, Result};
 pub(crate) struct Device {
     pub(crate) cann: &'static Cann,
     pub(crate) id: i32,
+    /// Device memory accounting of this context (see `Context::memory_stats`).
+    pub(crate) memory: MemoryCounters,
+}
+
+/// Bytes and calls of the device allocations made through one [`Device`].
+#[derive(Debug, Default)]
+pub(crate) struct MemoryCounters {
+    pub(crate) allocated: AtomicUsize,
+    pub(crate) peak_allocated: AtomicUsize,
+    pub(crate) device_allocations: AtomicU64,
+}
+
+impl MemoryCounters {
+    /// An `aclrtMalloc` of `bytes` succeeded.
+    pub(crate) fn allocated(&self, bytes: usize) {
+        let now = self.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_allocated.fetch_max(now, Ordering::Relaxed);
+        self.device_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An allocation of `bytes` was freed (or deliberately leaked: no longer held by a value).
+    pub(crate) fn released(&self, bytes: usize) {
+        self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -47,7 +72,7 @@ impl Device {
         if id < 0 || id as u32 >= count {
             return Err(Error::NoDevice { device: id, count });
         }
-        let device = Arc::new(Device { cann, id });
+        let device = Arc::new(Device { cann, id, memory: MemoryCounters::default() });
         device.bind()?;
         Ok(device)
     }
