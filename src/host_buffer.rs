@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ascend_sys::aclrtMemcpyKind;
 
 use crate::context::{Context, ContextKind};
-use crate::device::{enqueue_using, report, report_drop_error, Device, StreamInner};
+use crate::device::{enqueue_using, report, report_drop_error, Device, EventInner, StreamInner};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -18,7 +18,8 @@ use crate::tensor::Tensor;
 /// A copy queued on a stream records the stream on the buffer, like a device buffer: reading
 /// ([`as_slice`](Self::as_slice)) or writing ([`as_mut_slice`](Self::as_mut_slice)) the
 /// elements, and dropping the buffer, first wait for every stream that queued a copy of it, so
-/// safe code never sees or frees memory a copy is still using. `Send + Sync`.
+/// safe code never sees memory a copy is still using. Dropping never blocks: the pinned block is
+/// freed once events recorded after its queued copies have completed. `Send + Sync`.
 pub struct HostBuffer<T: Element> {
     ptr: *mut T,
     len: usize,
@@ -58,6 +59,7 @@ impl<T: Element> HostBuffer<T> {
         let users = Mutex::new(Vec::new());
         match &ctx.kind {
             ContextKind::Ascend(device) if bytes > 0 => {
+                device.reap_host_frees(false);
                 device.bind()?;
                 let p = crate::acl::malloc_host(device.cann, bytes)?.cast::<T>();
                 // SAFETY: `p` is a fresh allocation of `bytes` bytes (aligned for any scalar, as
@@ -140,21 +142,33 @@ impl<T: Element> HostBuffer<T> {
 }
 
 impl<T: Element> Drop for HostBuffer<T> {
+    /// Never waits for queued copies: with copies still queued, an event is recorded after them
+    /// on each stream and the pinned block is freed later, once those events have completed
+    /// (checked without blocking at the next `HostBuffer::new` or drop on the device, and at
+    /// the device's teardown). Only when an event cannot be recorded does it wait instead.
     fn drop(&mut self) {
-        let waited = Self::wait_for_copies(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
-        let Some(device) = self.pinned.take() else { return };
-        if let Err(e) = waited {
-            report_drop_error("aclrtSynchronizeStream (before aclrtFreeHost)", &e);
-            report(format_args!("leaking pinned host memory that a queued copy may still use"));
+        let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let Some(device) = self.pinned.take() else {
+            // CPU memory: copies on the CPU backend run when they are submitted.
             return;
+        };
+        let mut events = Vec::with_capacity(users.len());
+        for s in &users {
+            let recorded = EventInner::new(device.clone()).and_then(|e| s.record(&e).map(|()| e));
+            match recorded {
+                Ok(e) => events.push(e),
+                Err(_) => {
+                    // No event: wait for the stream instead (leak the block if even that fails).
+                    if let Err(e) = s.synchronize() {
+                        report_drop_error("aclrtSynchronizeStream (before aclrtFreeHost)", &e);
+                        report(format_args!("leaking pinned host memory that a queued copy may still use"));
+                        return;
+                    }
+                }
+            }
         }
-        let result = device.bind().and_then(|()| {
-            // SAFETY: `ptr` came from aclrtMallocHost and no queued copy uses it (waited above).
-            unsafe { crate::acl::free_host(device.cann, self.ptr.cast()) }
-        });
-        if let Err(e) = result {
-            report_drop_error("aclrtFreeHost", &e);
-        }
+        device.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner()).push((self.ptr as usize, events));
+        device.reap_host_frees(false);
     }
 }
 

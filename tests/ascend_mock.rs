@@ -253,12 +253,17 @@ fn host_buffers_and_async_copies() {
         assert_eq!(mid.blocking_copies, before.blocking_copies, "no blocking copy");
         assert_eq!(mid.stream_synchronizes, before.stream_synchronizes, "no host wait to queue them");
         assert_eq!(mid.live_host_allocations, before.live_host_allocations + 1, "pinned memory");
-        drop(up); // waits for the upload before aclrtFreeHost
+        drop(up); // the upload is still queued: freed once an event after it completed
         assert_eq!(down.as_slice(), &data[..], "as_slice waits for the download");
         let mut second = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
         t.copy_to_host_async(&s, &mut second)?;
-        drop(second); // dropped with the copy still queued
+        let queued = stats();
+        drop(second); // dropped with the copy still queued: no wait, the free is deferred
+        let dropped = stats();
+        assert_eq!(dropped.stream_synchronizes, queued.stream_synchronizes, "drop does not block");
+        assert_eq!(dropped.live_host_allocations, queued.live_host_allocations, "not freed yet");
         assert_eq!(t.to_vec::<f32>(&s)?, data);
+        assert_eq!(stats().live_host_allocations, queued.live_host_allocations - 1, "freed after the sync");
         // refused: wrong length, dtype, strided view
         let short = ascend::HostBuffer::<f32>::new(ctx, 5)?;
         assert!(t.copy_from_host_async(&s, &short).is_err());

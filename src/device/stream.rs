@@ -65,6 +65,9 @@ impl StreamInner {
         let mut spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner());
         // Pool events (no one else holds them) are kept for reuse; a user's `Event` is let go.
         spare.extend(done.into_iter().filter(|e| Arc::strong_count(e) == 1));
+        drop(spare);
+        // Pinned blocks dropped while copies were queued here may be free to go now.
+        self.device.reap_host_frees(false);
         Ok(())
     }
 
