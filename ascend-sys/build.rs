@@ -54,6 +54,7 @@ mod generate {
         "aclrtMemcpyKind",
         "aclrtMemMallocPolicy",
         "aclSysParamOpt",
+        "aclrtEventRecordedStatus",
         "HcclComm",
         "HcclRootInfo",
         "HcclResult",

@@ -137,6 +137,10 @@ typedef enum {
     ACL_OPT_ENABLE_DEBUG_KERNEL = 1,
     ACL_OPT_STRONG_CONSISTENCY = 2
 } aclSysParamOpt;
+typedef enum aclrtEventRecordedStatus {
+    ACL_EVENT_RECORDED_STATUS_NOT_READY = 0,
+    ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
+} aclrtEventRecordedStatus;
 
 /* ---- libascendcl.so: ACL runtime (acl.h, acl_rt.h) ---------------------------------------- */
 aclError aclInit(const char *configPath);
@@ -165,6 +169,11 @@ aclError aclrtDestroyEvent(aclrtEvent event);
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
 aclError aclrtSynchronizeEvent(aclrtEvent event);
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);
+aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *status);
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent);
+
+aclError aclrtMallocHost(void **hostPtr, size_t size);
+aclError aclrtFreeHost(void *hostPtr);
 
 aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value);
 aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #pragma GCC visibility push(default)
 #include "wrapper.h"
@@ -546,6 +547,9 @@ static size_t g_nallocs, g_cap_allocs;
 static htab g_alloc_by_id;
 static uint64_t g_next_alloc_id = 1;
 static uint64_t g_device_mallocs;
+/* Call counters of host-blocking and allocating runtime calls (ascend_mock_stats). */
+static uint64_t g_stream_syncs, g_event_syncs, g_device_syncs, g_device_frees, g_blocking_copies;
+static uint64_t g_host_mallocs, g_live_host_allocs;
 
 /* Index of the first allocation whose base is > p. */
 static size_t alloc_upper(uintptr_t p) {
@@ -898,7 +902,9 @@ static void range_poison(const ascend_mock_range *r, poison_cause *cause) {
 }
 
 /* ---- devices, streams, events, tasks ------------------------------------------------------------- */
-enum { TASK_COPY, TASK_OP, TASK_EVENT, TASK_WAIT };
+/* TASK_EVENT_WAIT: the marker aclrtStreamWaitEvent leaves on the waiting stream (a no-op when it
+ * runs); while it is queued, destroying its event is a violation. */
+enum { TASK_COPY, TASK_OP, TASK_EVENT, TASK_WAIT, TASK_EVENT_WAIT };
 
 typedef struct task task;
 struct task {
@@ -938,7 +944,14 @@ typedef struct event {
     int device;
     stream *recorded_on; /* valid while a record is pending: a stream is drained before it goes */
     uint64_t recorded_seq, completed_seq;
+    double completed_ms; /* CLOCK_MONOTONIC time at which the last completed record ran */
 } event;
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 typedef struct device {
     int refcount;
@@ -1156,6 +1169,7 @@ static int run_task(stream *s, task *t, char *why, size_t cap) {
             event *e = event_get(t->event_handle);
             if (e && e->recorded_seq == t->event_seq) {
                 e->completed_seq = t->event_seq;
+                e->completed_ms = now_ms();
                 e->recorded_on = NULL;
             }
             break;
@@ -1501,6 +1515,7 @@ aclError aclrtSynchronizeDevice(void) {
     ascend_mock_lock();
     int r = ascend_mock_runtime_ready_locked(api);
     if (!r) {
+        g_device_syncs++;
         int dev = current_device();
         for (stream *s = g_streams; s; s = s->next) {
             if (s->device == dev) {
@@ -1586,6 +1601,7 @@ aclError aclrtSynchronizeStream(aclrtStream h) {
         r = stream_resolve(api, h, &s);
     }
     if (!r) {
+        g_stream_syncs++;
         char why[WHY_MAX] = "";
         int sst = drain(s, why, sizeof why);
         if (sst) {
@@ -1693,6 +1709,7 @@ aclError aclrtFree(void *devPtr) {
                     }
                 }
             }
+            g_device_frees++;
             memmove(&g_allocs[i - 1], &g_allocs[i], (g_nallocs - i) * sizeof *g_allocs);
             g_nallocs--;
             htab_del(&g_alloc_by_id, a->id);
@@ -1784,6 +1801,9 @@ aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, a
     int n = 0;
     if (!r) {
         r = copy_check(api, dst, destMax, src, count, kind, ranges, &n);
+    }
+    if (!r) {
+        g_blocking_copies++;
     }
     if (!r && count) {
         hazard_check(api, NULL, ranges, (size_t)n);
@@ -1938,6 +1958,17 @@ aclError aclrtDestroyEvent(aclrtEvent h) {
     if (!r) {
         r = event_resolve(api, h, &e);
     }
+    for (stream *s = g_streams; s && !r; s = s->next) {
+        for (task *t = s->head; t; t = t->next) {
+            if (t->kind == TASK_EVENT_WAIT && t->event_handle == e->handle) {
+                r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                            "event %p is still waited for by %s (aclrtStreamWaitEvent queued there has not run): "
+                            "synchronize that stream before destroying the event",
+                            h, s->name);
+                break;
+            }
+        }
+    }
     if (!r) {
         ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_EVENT, e->handle);
         free(e);
@@ -1989,6 +2020,7 @@ aclError aclrtSynchronizeEvent(aclrtEvent eh) {
         r = event_resolve(api, eh, &e);
     }
     if (!r) {
+        g_event_syncs++;
         r = event_wait(api, e->handle);
     }
     ascend_mock_unlock();
@@ -2012,8 +2044,158 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
         r = event_resolve(api, eh, &e);
     }
     if (!r) {
-        /* The mock device is in order: running the recorded work now is a valid schedule. */
-        r = event_wait(api, e->handle);
+        /* The mock device is in order: running the recorded work now is a valid schedule. The
+         * waiting stream keeps a marker until it runs, so destroying the event before then (which
+         * CANN forbids) is caught. */
+        uint64_t handle = e->handle;
+        r = event_wait(api, handle);
+        task *t = xcalloc(1, sizeof *t);
+        t->kind = TASK_EVENT_WAIT;
+        t->what = "event wait";
+        t->event_handle = handle;
+        enqueue(s, t);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) {
+    static const char api[] = "aclrtQueryEventStatus";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    ascend_mock_lock();
+    int r = ascend_mock_runtime_ready_locked(api);
+    event *e = NULL;
+    if (!r) {
+        r = event_resolve(api, eh, &e);
+    }
+    if (!r && !status) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "status is null.");
+    }
+    if (!r) {
+        /* Non-blocking: runs nothing. Never recorded = NOT_READY, as rtEventQueryStatus reports. */
+        int done = e->recorded_seq != 0 && e->completed_seq >= e->recorded_seq;
+        *status = done ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
+    static const char api[] = "aclrtEventElapsedTime";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    ascend_mock_lock();
+    int r = ascend_mock_runtime_ready_locked(api);
+    event *a = NULL, *b = NULL;
+    if (!r && !ms) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "ms is null.");
+    }
+    if (!r) {
+        r = event_resolve(api, start, &a);
+    }
+    if (!r) {
+        r = event_resolve(api, end, &b);
+    }
+    if (!r) {
+        const event *pending = (!a->recorded_seq || a->completed_seq < a->recorded_seq) ? a : b;
+        if (!pending->recorded_seq || pending->completed_seq < pending->recorded_seq) {
+            r = fail(ACL_ERROR_RT_PARAM_INVALID, api,
+                     "The %s event %p has not completed (record it and synchronize first).",
+                     pending == a ? "start" : "end", pending == a ? start : end);
+        } else {
+            *ms = (float)(b->completed_ms - a->completed_ms);
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- pinned host memory ----------------------------------------------------------------------------- */
+static htab g_host_allocs; /* base address -> size (boxed) of aclrtMallocHost blocks */
+
+aclError aclrtMallocHost(void **hostPtr, size_t size) {
+    static const char api[] = "aclrtMallocHost";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        if (hostPtr) {
+            *hostPtr = NULL;
+        }
+        return st;
+    }
+    ascend_mock_lock();
+    int r = ascend_mock_runtime_ready_locked(api);
+    if (!r && !hostPtr) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "hostPtr is null.");
+    }
+    if (!r && size == 0) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "size is 0.");
+    }
+    if (!r) {
+        void *p = malloc(size);
+        if (!p) {
+            r = fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api, "Cannot allocate %zu bytes of host memory.", size);
+            *hostPtr = NULL;
+        } else {
+            size_t *boxed = xcalloc(1, sizeof *boxed);
+            *boxed = size;
+            htab_put(&g_host_allocs, (uint64_t)(uintptr_t)p, boxed);
+            g_host_mallocs++;
+            g_live_host_allocs++;
+            *hostPtr = p;
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtFreeHost(void *hostPtr) {
+    static const char api[] = "aclrtFreeHost";
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    ascend_mock_lock();
+    int r = ascend_mock_runtime_ready_locked(api);
+    if (!r && !hostPtr) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "hostPtr is null.");
+    }
+    size_t *boxed = NULL;
+    if (!r) {
+        boxed = htab_get(&g_host_allocs, (uint64_t)(uintptr_t)hostPtr);
+        if (!boxed) {
+            r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                        "%p is not a live aclrtMallocHost block (double free, or not from aclrtMallocHost)", hostPtr);
+        }
+    }
+    if (!r) {
+        uintptr_t lo = (uintptr_t)hostPtr, hi = lo + *boxed;
+        for (stream *s = g_streams; s && !r; s = s->next) {
+            for (task *t = s->head; t; t = t->next) {
+                uintptr_t a = 0;
+                if (t->kind == TASK_COPY) {
+                    a = (uintptr_t)(t->nranges && t->ranges[0].write ? t->src : t->dst);
+                }
+                if (a && a < hi && a + t->count > lo) {
+                    /* refused (the block stays allocated), so the queued copy stays memory-safe */
+                    r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                                "%p: a %s queued on %s still uses this host memory; synchronize the stream (or an "
+                                "event after the copy) before freeing",
+                                hostPtr, t->what, s->name);
+                    break;
+                }
+            }
+        }
+    }
+    if (!r) {
+        htab_del(&g_host_allocs, (uint64_t)(uintptr_t)hostPtr);
+        free(boxed);
+        free(hostPtr);
+        g_live_host_allocs--;
     }
     ascend_mock_unlock();
     return r;
@@ -2034,6 +2216,13 @@ void ascend_mock_get_stats(ascend_mock_stats *out) {
     out->queued_tasks = g_queued_tasks;
     out->poisoned_bytes = g_poisoned_bytes;
     out->live_comms = g_live_comms;
+    out->stream_synchronizes = g_stream_syncs;
+    out->event_synchronizes = g_event_syncs;
+    out->device_synchronizes = g_device_syncs;
+    out->device_frees = g_device_frees;
+    out->blocking_copies = g_blocking_copies;
+    out->host_mallocs = g_host_mallocs;
+    out->live_host_allocations = g_live_host_allocs;
     ascend_mock_unlock();
     out->violations = ascend_mock_violation_count();
 }

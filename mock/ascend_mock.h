@@ -21,8 +21,8 @@ extern "C" {
 #define ASCEND_MOCK_GARBAGE_BYTE 0xA5
 
 /* Process-wide counters. The live_* fields count objects alive now; device_mallocs and violations
- * are totals since the library was loaded. The layout is fixed (ten uint64_t; fields are only
- * ever appended). */
+ * are totals since the library was loaded. The layout is fixed (seventeen uint64_t; fields are
+ * only ever appended). */
 typedef struct ascend_mock_stats {
     uint64_t live_allocations; /* aclrtMalloc blocks not yet freed */
     uint64_t live_tensors;     /* aclCreateTensor handles not yet destroyed */
@@ -35,6 +35,13 @@ typedef struct ascend_mock_stats {
     uint64_t poisoned_bytes;   /* device bytes of live allocations that a skipped task should have
                                   written and nothing wrote since: reading them is an error */
     uint64_t live_comms;       /* HCCL communicators (libhccl.so) made and not yet destroyed */
+    uint64_t stream_synchronizes; /* total aclrtSynchronizeStream calls that passed their checks */
+    uint64_t event_synchronizes;  /* total aclrtSynchronizeEvent calls that passed their checks */
+    uint64_t device_synchronizes; /* total aclrtSynchronizeDevice calls that passed their checks */
+    uint64_t device_frees;        /* total successful aclrtFree calls */
+    uint64_t blocking_copies;     /* total aclrtMemcpy (host-blocking) calls that passed their checks */
+    uint64_t host_mallocs;        /* total successful aclrtMallocHost calls */
+    uint64_t live_host_allocations; /* aclrtMallocHost blocks not yet freed */
 } ascend_mock_stats;
 
 /* Fills *out with the current counters. */

@@ -19,6 +19,23 @@ pub enum Backend {
 /// Environment variable that forces [`Context::auto`]'s choice: `cpu` or `ascend`.
 pub const BACKEND_ENV: &str = "ASCEND_BACKEND";
 
+/// Device memory of a [`Context`] ([`Context::memory_stats`]): bytes and counts.
+///
+/// Memory is returned to the device (`aclrtFree`) when the last value using it is dropped and
+/// its streams have finished; nothing is cached yet, so `reserved` equals `allocated`. On the
+/// CPU backend every field is 0 (tensors are host memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStats {
+    /// Bytes of device memory held by live tensors, workspaces and buffers now.
+    pub allocated: usize,
+    /// Bytes of device memory this context holds from the runtime now (allocated plus cached).
+    pub reserved: usize,
+    /// The largest `allocated` seen since the context was made.
+    pub peak_allocated: usize,
+    /// Total `aclrtMalloc` calls this context made.
+    pub device_allocations: u64,
+}
+
 /// A backend and, for Ascend, a device of a loaded toolkit. Cheap to clone; `Send + Sync`.
 #[derive(Clone, Debug)]
 pub struct Context {
@@ -143,6 +160,33 @@ impl Context {
                 d.bind()?;
                 crate::acl::ctx_set_sys_param(d.cann, ascend_sys::aclSysParamOpt::ACL_OPT_DETERMINISTIC, i64::from(on))
             }
+        }
+    }
+
+    /// The device memory this context (and its clones) holds: see [`MemoryStats`]. Contexts made
+    /// by separate `Context::ascend` calls count separately.
+    pub fn memory_stats(&self) -> MemoryStats {
+        match &self.kind {
+            ContextKind::Cpu => MemoryStats::default(),
+            ContextKind::Ascend(d) => {
+                use std::sync::atomic::Ordering::Relaxed;
+                let allocated = d.memory.allocated.load(Relaxed);
+                MemoryStats {
+                    allocated,
+                    reserved: allocated,
+                    peak_allocated: d.memory.peak_allocated.load(Relaxed),
+                    device_allocations: d.memory.device_allocations.load(Relaxed),
+                }
+            }
+        }
+    }
+
+    /// Returns cached device memory to the runtime. Nothing is cached yet (memory is freed when
+    /// its last user drops), so this only checks the context; a no-op on the CPU backend.
+    pub fn empty_cache(&self) -> Result<()> {
+        match &self.kind {
+            ContextKind::Cpu => Ok(()),
+            ContextKind::Ascend(d) => d.bind(),
         }
     }
 

@@ -39,7 +39,9 @@ pub mod cpu;
 mod device;
 pub mod dtype;
 mod error;
+mod event;
 pub mod hccl;
+mod host_buffer;
 mod layout;
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
@@ -49,9 +51,11 @@ mod stream;
 pub mod sync_batch_norm;
 mod tensor;
 
-pub use context::{Backend, Context, BACKEND_ENV};
+pub use context::{Backend, Context, MemoryStats, BACKEND_ENV};
 pub use dtype::{bf16, f16, DType, Element};
 pub use error::{Error, Result, STATUS_INVALID, STATUS_NULLPTR};
+pub use event::Event;
+pub use host_buffer::HostBuffer;
 pub use stream::Stream;
 pub use tensor::Tensor;
 

@@ -87,6 +87,20 @@ pub struct MockStats {
     pub poisoned_bytes: u64,
     /// HCCL communicators (`libhccl.so` of the mock) made and not yet destroyed.
     pub live_comms: u64,
+    /// Total `aclrtSynchronizeStream` calls (host waits for one stream).
+    pub stream_synchronizes: u64,
+    /// Total `aclrtSynchronizeEvent` calls (host waits for one event).
+    pub event_synchronizes: u64,
+    /// Total `aclrtSynchronizeDevice` calls (host waits for every stream of a device).
+    pub device_synchronizes: u64,
+    /// Total successful `aclrtFree` calls (each a possible device-wide stall on hardware).
+    pub device_frees: u64,
+    /// Total blocking `aclrtMemcpy` calls (the host waits for the copy).
+    pub blocking_copies: u64,
+    /// Total successful `aclrtMallocHost` calls (pinned host memory).
+    pub host_mallocs: u64,
+    /// `aclrtMallocHost` blocks not yet freed with `aclrtFreeHost`.
+    pub live_host_allocations: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -113,6 +127,13 @@ struct RawStats {
     queued_tasks: u64,
     poisoned_bytes: u64,
     live_comms: u64,
+    stream_synchronizes: u64,
+    event_synchronizes: u64,
+    device_synchronizes: u64,
+    device_frees: u64,
+    blocking_copies: u64,
+    host_mallocs: u64,
+    live_host_allocations: u64,
 }
 
 struct Api {
@@ -177,6 +198,13 @@ pub fn stats() -> MockStats {
         violations: raw.violations,
         poisoned_bytes: raw.poisoned_bytes,
         live_comms: raw.live_comms,
+        stream_synchronizes: raw.stream_synchronizes,
+        event_synchronizes: raw.event_synchronizes,
+        device_synchronizes: raw.device_synchronizes,
+        device_frees: raw.device_frees,
+        blocking_copies: raw.blocking_copies,
+        host_mallocs: raw.host_mallocs,
+        live_host_allocations: raw.live_host_allocations,
     }
 }
 

@@ -168,6 +168,152 @@ fn buffers_shared_by_two_streams() {
     .unwrap();
 }
 
+/// A buffer used on a second stream after the first is ordered by an event on the device: the
+/// host does not synchronise either stream (issue 16; the old code called
+/// aclrtSynchronizeStream here), the second launch sees the first one's inputs, the values are
+/// right and the mock's hazard detector counts nothing.
+#[test]
+fn cross_stream_use_is_ordered_by_events_without_host_waits() {
+    isolated(|ctx| -> Result<()> {
+        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
+        let inp = inputs(16);
+        let up = inp.upload(&s1)?;
+        let a = up.run(&s1, OutputMask::ALL)?;
+        let before = stats();
+        let b = up.run(&s2, OutputMask::ALL)?;
+        let after = stats();
+        assert_eq!(after.stream_synchronizes, before.stream_synchronizes, "no host wait for s1");
+        assert_eq!(after.event_synchronizes, before.event_synchronizes);
+        assert_eq!(after.device_synchronizes, before.device_synchronizes);
+        assert!(queued_tasks() > 0, "work is still queued");
+        drop(up);
+        check_result(&s2, &a, OutputMask::ALL, DType::F32, &inp.expected());
+        check_result(&s1, &b, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The public events: a record on one stream, waited for by another, orders a copy read on the
+/// second stream; a query never blocks (not complete while queued on the mock), synchronize
+/// completes it, elapsed time is finite and non-negative; an event of one backend is refused by
+/// a stream of the other.
+#[test]
+fn events_order_streams_and_time_work() {
+    isolated(|ctx| -> Result<()> {
+        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
+        let inp = inputs(17);
+        let start = s1.record_event()?;
+        let up = inp.upload(&s1)?;
+        let out = up.run(&s1, OutputMask::ALL)?;
+        let end = s1.record_event()?;
+        assert!(!end.is_complete()?, "queued on the mock: not complete, and the query did not wait");
+        s2.wait_event(&end)?;
+        drop(end.clone()); // dropping a handle while a wait refers to it is safe
+        end.synchronize()?;
+        assert!(end.is_complete()? && start.is_complete()?);
+        let ms = end.elapsed_ms(&start)?;
+        assert!(ms.is_finite() && ms >= 0.0, "{ms}");
+        check_result(&s2, &out, OutputMask::ALL, DType::F32, &inp.expected());
+        let cpu = Context::cpu().new_stream()?;
+        let cpu_event = cpu.record_event()?;
+        assert!(cpu_event.is_complete()?);
+        cpu_event.synchronize()?;
+        assert!(cpu.record_event()?.elapsed_ms(&cpu_event)? >= 0.0);
+        assert!(s2.wait_event(&cpu_event).is_err(), "a CPU event on an Ascend stream");
+        assert!(cpu.wait_event(&start).is_err(), "an Ascend event on a CPU stream");
+        assert!(start.elapsed_ms(&cpu_event).is_err(), "events of two backends");
+        cpu.wait_event(&cpu_event)?;
+        drop((up, s1));
+        s2.synchronize()?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Pinned host buffers and asynchronous copies: an upload from a `HostBuffer` and a download
+/// into another make no blocking `aclrtMemcpy`; both buffers may be dropped right after the
+/// copies are queued (their drop waits for the stream, so the mock sees no host memory freed
+/// under a queued copy) and the values round-trip exactly; wrong lengths, dtypes and strided
+/// views are refused without queuing anything. On the CPU backend the same calls copy at once.
+#[test]
+fn host_buffers_and_async_copies() {
+    isolated(|ctx| -> Result<()> {
+        let s = ctx.new_stream()?;
+        let data: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let mut up = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
+        assert!(up.as_slice().iter().all(|&v| v == 0.0), "starts zeroed");
+        up.as_mut_slice().copy_from_slice(&data);
+        let mut t = Tensor::zeros(&s, DType::F32, &[8, 12])?;
+        let before = stats();
+        t.copy_from_host_async(&s, &up)?;
+        let mut down = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
+        t.copy_to_host_async(&s, &mut down)?;
+        let mid = stats();
+        assert_eq!(mid.blocking_copies, before.blocking_copies, "no blocking copy");
+        assert_eq!(mid.stream_synchronizes, before.stream_synchronizes, "no host wait to queue them");
+        assert_eq!(mid.live_host_allocations, before.live_host_allocations + 1, "pinned memory");
+        drop(up); // the upload is still queued: freed once an event after it completed
+        assert_eq!(down.as_slice(), &data[..], "as_slice waits for the download");
+        let mut second = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
+        t.copy_to_host_async(&s, &mut second)?;
+        let queued = stats();
+        drop(second); // dropped with the copy still queued: no wait, the free is deferred
+        let dropped = stats();
+        assert_eq!(dropped.stream_synchronizes, queued.stream_synchronizes, "drop does not block");
+        assert_eq!(dropped.live_host_allocations, queued.live_host_allocations, "not freed yet");
+        assert_eq!(t.to_vec::<f32>(&s)?, data);
+        assert_eq!(stats().live_host_allocations, queued.live_host_allocations - 1, "freed after the sync");
+        // refused: wrong length, dtype, strided view
+        let short = ascend::HostBuffer::<f32>::new(ctx, 5)?;
+        assert!(t.copy_from_host_async(&s, &short).is_err());
+        let halves = ascend::HostBuffer::<ascend::f16>::new(ctx, data.len())?;
+        assert!(t.copy_from_host_async(&s, &halves).is_err());
+        let mut strided = Tensor::from_slice_strided(&s, &data, &[8, 6], &[12, 2], 0)?;
+        let h48 = ascend::HostBuffer::<f32>::new(ctx, 48)?;
+        assert!(strided.copy_from_host_async(&s, &h48).is_err());
+        assert_eq!(t.to_vec::<f32>(&s)?, data, "nothing written by a refused call");
+        // the CPU backend
+        let cpu = Context::cpu();
+        let cs = cpu.new_stream()?;
+        let mut ch = ascend::HostBuffer::<f32>::new(&cpu, data.len())?;
+        ch.as_mut_slice().copy_from_slice(&data);
+        let mut ct = Tensor::zeros(&cs, DType::F32, &[8, 12])?;
+        ct.copy_from_host_async(&cs, &ch)?;
+        let mut back = ascend::HostBuffer::<f32>::new(&cpu, data.len())?;
+        ct.copy_to_host_async(&cs, &mut back)?;
+        assert_eq!(back.as_slice(), &data[..]);
+        assert!(t.copy_from_host_async(&s, &ch).is_err(), "a CPU-backend (unpinned) buffer on an Ascend stream");
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// `Context::memory_stats` follows the device allocations: a tensor raises `allocated` by its
+/// bytes and counts one `aclrtMalloc`, dropping it (after its stream) lowers it again, the peak
+/// remembers; the CPU backend reports zeros.
+#[test]
+fn memory_stats_follow_device_allocations() {
+    isolated(|_| -> Result<()> {
+        let ctx = ascend::mock::context(0)?; // a context of its own, so nothing else counts
+        let s = ctx.new_stream()?;
+        assert_eq!(ctx.memory_stats(), ascend::MemoryStats::default());
+        let t = Tensor::zeros(&s, DType::F32, &[10, 3])?;
+        let m = ctx.memory_stats();
+        assert_eq!((m.allocated, m.reserved, m.peak_allocated, m.device_allocations), (120, 120, 120, 1));
+        let u = Tensor::from_slice(&s, &[1f32, 2.], &[2])?;
+        assert_eq!(ctx.memory_stats().peak_allocated, 128);
+        drop((t, u));
+        let m = ctx.memory_stats();
+        assert_eq!((m.allocated, m.peak_allocated, m.device_allocations), (0, 128, 2));
+        ctx.empty_cache()?;
+        assert_eq!(Context::cpu().memory_stats(), ascend::MemoryStats::default());
+        Context::cpu().empty_cache()?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Tensors and streams are RAII: creating them raises the live counts, dropping them restores
 /// them; an empty tensor allocates nothing.
 #[test]

@@ -19,8 +19,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use ascend::mock::{self, MockStats};
 use ascend_sys::{
-    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtEvent, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream,
-    Cann,
+    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtEvent, aclrtEventRecordedStatus, aclrtMemMallocPolicy,
+    aclrtMemcpyKind, aclrtStream, Cann,
 };
 use half::{bf16, f16};
 
@@ -1712,10 +1712,24 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
     let want = MockStats {
         device_mallocs: m.base.device_mallocs + (THREADS * ROUNDS * 7) as u64,
         violations: m.base.violations + THREADS as u64,
-        ..m.base
+        ..with_call_totals(m.base, &after)
     };
     assert_eq!(after, want);
     assert!(m.messages().iter().all(|v| v.contains("is not a live device allocation")), "{:#?}", m.messages());
+}
+
+/// `base` with the call totals (synchronises, frees, blocking copies, host allocations) of
+/// `after`: they grow with every call, so snapshots compare only the other counters.
+fn with_call_totals(base: MockStats, after: &MockStats) -> MockStats {
+    MockStats {
+        stream_synchronizes: after.stream_synchronizes,
+        event_synchronizes: after.event_synchronizes,
+        device_synchronizes: after.device_synchronizes,
+        device_frees: after.device_frees,
+        blocking_copies: after.blocking_copies,
+        host_mallocs: after.host_mallocs,
+        ..base
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1747,7 +1761,11 @@ fn skip_launch(m: &Mock, case: &mut Case, args: &Args, s: aclrtStream) -> *mut c
 #[track_caller]
 fn expect_clean_end(m: &Mock, violations: u64) {
     let after = mock::stats();
-    let want = MockStats { device_mallocs: after.device_mallocs, violations: m.base.violations + violations, ..m.base };
+    let want = MockStats {
+        device_mallocs: after.device_mallocs,
+        violations: m.base.violations + violations,
+        ..with_call_totals(m.base, &after)
+    };
     assert_eq!(after, want);
     assert_eq!(mock::live_events_and_queued_tasks().1, 0);
 }
@@ -2372,4 +2390,147 @@ fn values_nan_and_inf_propagate() {
     assert!(xmu[2].is_nan() && xmu[3].is_nan());
     case.release(&m);
     m.expect_violations(0, "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events, pinned host memory and call counters (issue 16)
+
+fn query(c: &Cann, e: aclrtEvent) -> (i32, aclrtEventRecordedStatus) {
+    let mut status = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE;
+    // SAFETY: `status` is a valid out-pointer; the mock checks the handle.
+    let st = unsafe { c.acl.aclrtQueryEventStatus(e, &mut status) };
+    (st, status)
+}
+
+/// Events as CANN documents them: a query never blocks (NOT_READY until the record ran, also
+/// for an event never recorded), elapsed time needs both events completed, and destroying an
+/// event that a queued aclrtStreamWaitEvent still refers to is a violation.
+#[test]
+fn events_query_elapsed_time_and_destroy_while_waited_on() {
+    const DONE: aclrtEventRecordedStatus = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE;
+    const NOT_READY: aclrtEventRecordedStatus = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    let m = Mock::new();
+    let (a, b) = (m.stream(), m.stream());
+    let c = m.c;
+    let d = m.malloc(4096);
+    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut start: aclrtEvent = ptr::null_mut();
+    let mut end: aclrtEvent = ptr::null_mut();
+    let before = mock::stats();
+    // SAFETY: handles from the mock; host buffers outlive the synchronisations below.
+    unsafe {
+        assert_eq!(c.acl.aclrtCreateEvent(&mut start), 0);
+        assert_eq!(c.acl.aclrtCreateEvent(&mut end), 0);
+        assert_eq!(query(c, start), (0, NOT_READY), "never recorded");
+        assert_eq!(c.acl.aclrtRecordEvent(start, a), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 4096, src.as_ptr().cast(), 4096, H2D, a), 0);
+        assert_eq!(c.acl.aclrtRecordEvent(end, a), 0);
+        assert_eq!(query(c, end), (0, NOT_READY), "queued, not run: a query runs nothing");
+        let mut ms = -1f32;
+        assert_eq!(c.acl.aclrtEventElapsedTime(&mut ms, start, end), 107000, "not completed yet");
+        assert_eq!(ms, -1.0, "nothing written on failure");
+        assert_eq!(c.acl.aclrtSynchronizeEvent(end), 0);
+        assert_eq!(query(c, start), (0, DONE));
+        assert_eq!(query(c, end), (0, DONE));
+        assert_eq!(c.acl.aclrtEventElapsedTime(&mut ms, start, end), 0, "{}", m.err());
+        assert!(ms.is_finite() && ms >= 0.0, "{ms}");
+        // a wait queued on b keeps the event in use until b runs it
+        assert_eq!(c.acl.aclrtRecordEvent(end, a), 0);
+        assert_eq!(c.acl.aclrtStreamWaitEvent(b, end), 0);
+        assert_eq!(c.acl.aclrtDestroyEvent(end), 107000);
+        m.expect_violations(1, "is still waited for by");
+        assert_eq!(m.sync(b), 0);
+        assert_eq!(c.acl.aclrtDestroyEvent(end), 0, "{}", m.err());
+        assert_eq!(c.acl.aclrtDestroyEvent(start), 0);
+    }
+    let after = mock::stats();
+    assert_eq!(after.event_synchronizes - before.event_synchronizes, 1);
+    assert_eq!(after.stream_synchronizes - before.stream_synchronizes, 1);
+    assert_eq!(m.d2h(d, 4096), src);
+    assert_eq!(m.sync(a), 0);
+    assert_eq!(m.free(d), 0);
+    assert_eq!(m.destroy_stream(a), 0);
+    assert_eq!(m.destroy_stream(b), 0);
+    m.expect_violations(1, "");
+}
+
+/// The cross-stream hazard detector on the raw API: two copies on different streams writing the
+/// same device bytes, with nothing ordering them, are a violation; the same pair ordered by an
+/// event (record on the first stream, wait on the second) is accepted and the second write wins.
+#[test]
+fn hazard_detector_catches_an_unordered_pair_and_accepts_an_event_ordered_one() {
+    let m = Mock::new();
+    let (a, b) = (m.stream(), m.stream());
+    let c = m.c;
+    let d = m.malloc(256);
+    let first: Vec<u8> = (0..256u32).map(|i| (i % 13) as u8 + 1).collect();
+    let second: Vec<u8> = (0..256u32).map(|i| (i % 17) as u8 + 100).collect();
+    // SAFETY: handles from the mock; host buffers outlive the synchronisations below.
+    unsafe {
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 256, first.as_ptr().cast(), 256, H2D, a), 0);
+        // overlapping bytes [128, 256), both writing, nothing in between
+        assert_eq!(c.acl.aclrtMemcpyAsync(at(d, 128), 128, second.as_ptr().cast(), 128, H2D, b), 0);
+        m.expect_violations(1, "with no synchronization in between");
+        assert_eq!(m.sync(a), 0);
+        assert_eq!(m.sync(b), 0);
+        // ordered by an event: accepted
+        let mut ev: aclrtEvent = ptr::null_mut();
+        assert_eq!(c.acl.aclrtCreateEvent(&mut ev), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 256, first.as_ptr().cast(), 256, H2D, a), 0);
+        assert_eq!(c.acl.aclrtRecordEvent(ev, a), 0);
+        assert_eq!(c.acl.aclrtStreamWaitEvent(b, ev), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(at(d, 128), 128, second.as_ptr().cast(), 128, H2D, b), 0);
+        m.expect_violations(1, "");
+        assert_eq!(m.sync(b), 0);
+        assert_eq!(m.sync(a), 0);
+        assert_eq!(c.acl.aclrtDestroyEvent(ev), 0);
+    }
+    let mut want = first[..128].to_vec();
+    want.extend_from_slice(&second[..128]);
+    assert_eq!(m.d2h(d, 256), want);
+    assert_eq!(m.free(d), 0);
+    assert_eq!(m.destroy_stream(a), 0);
+    assert_eq!(m.destroy_stream(b), 0);
+    m.expect_violations(1, "");
+}
+
+/// Pinned host memory: aclrtMallocHost blocks are host memory an async copy may use; freeing one
+/// while a queued copy still reads it is a violation; a double free is refused. The counters see
+/// each allocation, free, blocking copy and synchronise.
+#[test]
+fn pinned_host_memory_and_call_counters() {
+    let m = Mock::new();
+    let s = m.stream();
+    let c = m.c;
+    let d = m.malloc(64);
+    let before = mock::stats();
+    // SAFETY: pointers from the mock; each copy stays inside its 64-byte block.
+    unsafe {
+        let mut h: *mut c_void = ptr::null_mut();
+        assert_eq!(c.acl.aclrtMallocHost(&mut h, 64), 0);
+        let bytes: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5A).collect();
+        ptr::copy_nonoverlapping(bytes.as_ptr(), h.cast::<u8>(), 64);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 64, h, 64, H2D, s), 0);
+        assert_eq!(m.sync(s), 0);
+        assert_eq!(m.d2h(d, 64), bytes);
+        assert_eq!(mock::stats().live_host_allocations, before.live_host_allocations + 1);
+        // freed while a queued copy still reads it: refused, the block stays
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 64, h, 64, H2D, s), 0);
+        assert_eq!(c.acl.aclrtFreeHost(h), 107000);
+        m.expect_violations(1, "still uses this host memory");
+        assert_eq!(m.sync(s), 0);
+        assert_eq!(c.acl.aclrtFreeHost(h), 0, "{}", m.err());
+        assert_eq!(c.acl.aclrtFreeHost(h), 107000);
+        m.expect_violations(2, "not a live aclrtMallocHost block");
+    }
+    let after = mock::stats();
+    assert_eq!(after.host_mallocs - before.host_mallocs, 1);
+    assert_eq!(after.live_host_allocations, before.live_host_allocations);
+    assert_eq!(after.stream_synchronizes - before.stream_synchronizes, 2);
+    assert_eq!(after.blocking_copies - before.blocking_copies, 1, "the one aclrtMemcpy of d2h");
+    assert_eq!(after.device_frees, before.device_frees);
+    assert_eq!(m.free(d), 0);
+    assert_eq!(mock::stats().device_frees, before.device_frees + 1);
+    assert_eq!(m.destroy_stream(s), 0);
+    m.expect_violations(2, "");
 }

@@ -163,6 +163,24 @@ enum Step {
         b: usize,
         max: bool,
     },
+    /// An event recorded on stream `from`, waited for by stream `to` (when both exist on one
+    /// device), dropped at once; its query must not fail.
+    Event {
+        from: usize,
+        to: usize,
+    },
+    /// Fills a pinned `HostBuffer` and copies it into the slot asynchronously (`f32`
+    /// contiguous slots); the host buffer is dropped before anything waits for the copy.
+    AsyncUpload {
+        slot: usize,
+        stream: usize,
+        seed: u64,
+    },
+    /// Copies the slot into a pinned `HostBuffer` asynchronously and compares it with the twin.
+    AsyncRead {
+        slot: usize,
+        stream: usize,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -222,8 +240,12 @@ fn step() -> impl Strategy<Value = Step> {
         2 => slot.clone().prop_map(|slot| Step::DropTensor { slot }),
         2 => (slot.clone(), stream.clone(), any::<u64>())
             .prop_map(|(slot, stream, seed)| Step::Refill { slot, stream, seed }),
-        3 => (slot, stream.clone()).prop_map(|(slot, stream)| Step::Read { slot, stream }),
-        1 => stream.prop_map(|stream| Step::Sync { stream }),
+        3 => (slot.clone(), stream.clone()).prop_map(|(slot, stream)| Step::Read { slot, stream }),
+        1 => stream.clone().prop_map(|stream| Step::Sync { stream }),
+        2 => (stream.clone(), stream.clone()).prop_map(|(from, to)| Step::Event { from, to }),
+        2 => (slot.clone(), stream.clone(), any::<u64>())
+            .prop_map(|(slot, stream, seed)| Step::AsyncUpload { slot, stream, seed }),
+        2 => (slot.clone(), stream.clone()).prop_map(|(slot, stream)| Step::AsyncRead { slot, stream }),
         6 => launch().prop_map(Step::Launch),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
         // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
@@ -507,6 +529,91 @@ impl World {
                         }
                         fault_error();
                     }
+                }
+            }
+            Step::Event { from, to } => {
+                let (Some((a, da)), Some((b, db))) = (&self.streams[*from], &self.streams[*to]) else {
+                    return Ok(());
+                };
+                match a.record_event() {
+                    Ok(e) => {
+                        let waited = b.wait_event(&e);
+                        if da != db {
+                            return expect_invalid("event of another device", &waited);
+                        }
+                        if let Err(err) = waited.and_then(|()| e.is_complete()) {
+                            if !faulted {
+                                return Err(fail(format!("event: {err:?}")));
+                            }
+                            fault_error();
+                        }
+                    }
+                    Err(e) if !faulted => return Err(fail(format!("record event: {e:?}"))),
+                    Err(_) => fault_error(),
+                }
+            }
+            Step::AsyncUpload { slot, stream, seed } => {
+                let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
+                    return Ok(());
+                };
+                if t.mock.dtype() != DType::F32 || !t.mock.is_contiguous() {
+                    return Ok(());
+                }
+                let data = rng_values(*seed, t.cpu.numel(), *slot < BIG);
+                let mut h = match ascend::HostBuffer::<f32>::new(s.context(), data.len()) {
+                    Ok(h) => h,
+                    Err(e) if !faulted => return Err(fail(format!("host buffer: {e:?}"))),
+                    Err(_) => {
+                        fault_error();
+                        return Ok(());
+                    }
+                };
+                h.as_mut_slice().copy_from_slice(&data);
+                let mock = t.mock.copy_from_host_async(s, &h);
+                drop(h); // the copy is still queued
+                if *sdev != t.device {
+                    return expect_invalid("async upload across devices", &mock);
+                }
+                t.cpu.copy_from_slice(&self.cpu, &data).map_err(|e| fail(format!("cpu refill: {e:?}")))?;
+                match mock {
+                    Ok(()) => t.known = true,
+                    Err(e) if !faulted => return Err(fail(format!("async upload: {e:?}"))),
+                    Err(_) => {
+                        fault_error();
+                        t.known = false;
+                    }
+                }
+            }
+            Step::AsyncRead { slot, stream } => {
+                let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &self.slots[*slot]) else {
+                    return Ok(());
+                };
+                if t.mock.dtype() != DType::F32 || !t.mock.is_contiguous() {
+                    return Ok(());
+                }
+                let mut h = match ascend::HostBuffer::<f32>::new(s.context(), t.cpu.numel()) {
+                    Ok(h) => h,
+                    Err(e) if !faulted => return Err(fail(format!("host buffer: {e:?}"))),
+                    Err(_) => {
+                        fault_error();
+                        return Ok(());
+                    }
+                };
+                let read = t.mock.copy_to_host_async(s, &mut h).map(|()| h);
+                if *sdev != t.device {
+                    return expect_invalid("async read across devices", &read);
+                }
+                let cpu = t.cpu.to_vec::<f32>(&self.cpu).map_err(|e| fail(format!("cpu read: {e:?}")))?;
+                match read {
+                    Ok(h) if t.known && !faulted => {
+                        if bits(h.as_slice()) != bits(&cpu) {
+                            return Err(fail(format!("slot {slot}: async read {:?}, the twin {cpu:?}", h.as_slice())));
+                        }
+                        COMPARED.fetch_add(1, Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(e) if !faulted => return Err(fail(format!("async read of slot {slot}: {e:?}"))),
+                    Err(_) => fault_error(),
                 }
             }
             Step::Launch(l) => return self.launch_one(l, faulted),

@@ -26,6 +26,10 @@ pub const ASCENDCL_SYMBOLS: &[&str] = &[
     "aclrtStreamWaitEvent",
     "aclrtCtxSetSysParamOpt",
     "aclrtCtxGetSysParamOpt",
+    "aclrtQueryEventStatus",
+    "aclrtEventElapsedTime",
+    "aclrtMallocHost",
+    "aclrtFreeHost",
 ];
 
 /// `libnnopbase.so`: aclnn tensors and executors.

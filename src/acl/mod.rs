@@ -8,7 +8,8 @@ use std::ffi::{c_void, CStr};
 use std::ptr;
 
 use ascend_sys::{
-    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann,
+    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtEvent, aclrtEventRecordedStatus, aclrtMemMallocPolicy,
+    aclrtMemcpyKind, aclrtStream, Cann,
 };
 
 use crate::error::{Error, Result};
@@ -226,4 +227,102 @@ pub(crate) fn op_fn<F: Copy>(f: &std::result::Result<F, libloading::Error>, call
 pub(crate) fn ctx_set_sys_param(cann: &Cann, opt: ascend_sys::aclSysParamOpt, value: i64) -> Result<()> {
     // SAFETY: plain value arguments; the caller has bound the device (its default context).
     check(cann, "aclrtCtxSetSysParamOpt", unsafe { cann.acl.aclrtCtxSetSysParamOpt(opt, value) })
+}
+
+/// `aclrtCreateEvent`.
+pub(crate) fn create_event(cann: &Cann) -> Result<aclrtEvent> {
+    let mut event: aclrtEvent = ptr::null_mut();
+    // SAFETY: `event` is a valid out-pointer.
+    check(cann, "aclrtCreateEvent", unsafe { cann.acl.aclrtCreateEvent(&mut event) })?;
+    if event.is_null() {
+        return Err(Error::NullHandle { call: "aclrtCreateEvent", message: recent_error(cann) });
+    }
+    Ok(event)
+}
+
+/// `aclrtDestroyEvent`.
+///
+/// # Safety
+/// `event` is live, no queued `aclrtStreamWaitEvent` still refers to it, and it is not used afterwards.
+pub(crate) unsafe fn destroy_event(cann: &Cann, event: aclrtEvent) -> Result<()> {
+    check(cann, "aclrtDestroyEvent", cann.acl.aclrtDestroyEvent(event))
+}
+
+/// `aclrtRecordEvent`.
+///
+/// # Safety
+/// `event` and `stream` are live, on the device bound to this thread.
+pub(crate) unsafe fn record_event(cann: &Cann, event: aclrtEvent, stream: aclrtStream) -> Result<()> {
+    check(cann, "aclrtRecordEvent", cann.acl.aclrtRecordEvent(event, stream))
+}
+
+/// `aclrtStreamWaitEvent`: later work on `stream` waits (on the device) for the event.
+///
+/// # Safety
+/// `event` and `stream` are live; the event stays alive until the wait has run.
+pub(crate) unsafe fn stream_wait_event(cann: &Cann, stream: aclrtStream, event: aclrtEvent) -> Result<()> {
+    check(cann, "aclrtStreamWaitEvent", cann.acl.aclrtStreamWaitEvent(stream, event))
+}
+
+/// `aclrtQueryEventStatus`: whether the event's last record has run (never blocks).
+///
+/// # Safety
+/// `event` is live.
+pub(crate) unsafe fn event_is_complete(cann: &Cann, event: aclrtEvent) -> Result<bool> {
+    let mut status = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    check(cann, "aclrtQueryEventStatus", cann.acl.aclrtQueryEventStatus(event, &mut status))?;
+    Ok(status == aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE)
+}
+
+/// `aclrtSynchronizeEvent`: blocks the host until the event completes.
+///
+/// # Safety
+/// `event` is live.
+pub(crate) unsafe fn synchronize_event(cann: &Cann, event: aclrtEvent) -> Result<()> {
+    check(cann, "aclrtSynchronizeEvent", cann.acl.aclrtSynchronizeEvent(event))
+}
+
+/// `aclrtEventElapsedTime`: milliseconds from `start` to `end`.
+///
+/// # Safety
+/// Both events are live.
+pub(crate) unsafe fn event_elapsed_ms(cann: &Cann, start: aclrtEvent, end: aclrtEvent) -> Result<f32> {
+    let mut ms = 0f32;
+    check(cann, "aclrtEventElapsedTime", cann.acl.aclrtEventElapsedTime(&mut ms, start, end))?;
+    Ok(ms)
+}
+
+/// `aclrtMemcpyAsync` of `count` bytes on `stream`.
+///
+/// # Safety
+/// Both ranges are valid for `count` bytes (device ranges inside one live allocation, host ranges
+/// pinned memory) and stay valid and untouched by the host until the copy has run.
+pub(crate) unsafe fn memcpy_async(
+    cann: &Cann,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: aclrtMemcpyKind,
+    stream: aclrtStream,
+) -> Result<()> {
+    check(cann, "aclrtMemcpyAsync", cann.acl.aclrtMemcpyAsync(dst, count, src, count, kind, stream))
+}
+
+/// `aclrtMallocHost`: `bytes` (non-zero) of page-locked host memory.
+pub(crate) fn malloc_host(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
+    let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer.
+    check(cann, "aclrtMallocHost", unsafe { cann.acl.aclrtMallocHost(&mut p, bytes) })?;
+    if p.is_null() {
+        return Err(Error::NullHandle { call: "aclrtMallocHost", message: recent_error(cann) });
+    }
+    Ok(p)
+}
+
+/// `aclrtFreeHost`.
+///
+/// # Safety
+/// `p` came from [`malloc_host`] and no queued copy still uses it.
+pub(crate) unsafe fn free_host(cann: &Cann, p: *mut c_void) -> Result<()> {
+    check(cann, "aclrtFreeHost", cann.acl.aclrtFreeHost(p))
 }

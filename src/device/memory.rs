@@ -29,6 +29,7 @@ impl DeviceAlloc {
         }
         device.bind()?;
         let ptr = acl::malloc(device.cann, bytes)?;
+        device.memory.allocated(bytes);
         Ok(DeviceAlloc { device, ptr, bytes })
     }
 
@@ -50,6 +51,7 @@ impl Drop for DeviceAlloc {
         if self.ptr.is_null() {
             return;
         }
+        self.device.memory.released(self.bytes);
         let result = self.device.bind().and_then(|()| {
             // SAFETY: `ptr` came from aclrtMalloc and the owner guarantees no pending work uses it.
             unsafe { acl::free(self.device.cann, self.ptr) }
@@ -111,11 +113,16 @@ impl DeviceBuffer {
 ///
 /// Every buffer's list of streams is locked (in address order, so two calls never deadlock, and
 /// each buffer once however often it is listed); work that other streams queued on a buffer is
-/// waited for, so accesses from different streams never overlap; `enqueue` runs; and `stream` is
-/// recorded on every buffer before any lock is released. So no other thread can free a buffer,
-/// or enqueue on it from another stream, between the recording and the enqueue: a buffer is
-/// freed only after every stream that may use it has finished. `stream` is recorded even when
-/// `enqueue` fails (it may have queued part of its work; recording too much only costs a sync).
+/// ordered before this work on the device (an event recorded on each such stream, waited for by
+/// `stream`: the host does not block), so accesses from different streams never overlap;
+/// `enqueue` runs; and `stream` is recorded on every buffer before any lock is released. So no
+/// other thread can free a buffer, or enqueue on it from another stream, between the recording
+/// and the enqueue: a buffer is freed only after every stream that may use it has finished.
+/// `stream` is recorded even when `enqueue` fails (it may have queued part of its work;
+/// recording too much only costs a sync).
+///
+/// Once `stream` waits for an earlier stream's event, the earlier stream is forgotten: waiting
+/// for `stream` (as drop does) implies its work has completed.
 pub(crate) fn enqueue_using<R>(
     stream: &Arc<StreamInner>,
     buffers: &[&DeviceBuffer],
@@ -125,11 +132,15 @@ pub(crate) fn enqueue_using<R>(
     sorted.sort_by_key(|b| std::ptr::from_ref::<DeviceBuffer>(b) as usize);
     sorted.dedup_by(|a, b| std::ptr::eq(*a, *b));
     let mut guards: Vec<MutexGuard<'_, Vec<Arc<StreamInner>>>> = sorted.iter().map(|b| b.lock_users()).collect();
+    // Each earlier stream once, however many buffers it used.
+    let mut ordered: Vec<Arc<StreamInner>> = Vec::new();
     for users in &mut guards {
-        // Ordered after other streams: wait for each, then forget it (it has finished with the
-        // buffer). On failure the unsynchronised ones stay listed, so drop still waits for them.
+        // On failure the unordered ones stay listed, so drop still waits for them.
         while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
-            users[i].synchronize()?;
+            if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
+                stream.order_after(&users[i])?;
+                ordered.push(users[i].clone());
+            }
             users.swap_remove(i);
         }
     }

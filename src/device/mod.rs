@@ -5,15 +5,19 @@
 //! * [`StreamInner`]: an `aclrtStream`, synchronised and destroyed on drop, with the workspace
 //!   reused by the operator on that stream.
 //! * [`DeviceAlloc`] / [`DeviceBuffer`]: device memory; a buffer remembers every stream that
-//!   enqueued work on it and synchronises them before `aclrtFree`.
+//!   enqueued work on it and synchronises them before `aclrtFree`; work of another stream on it
+//!   is ordered after them by an event on the device, not by a host wait.
+//! * [`EventInner`]: an `aclrtEvent`.
 //! * [`descriptor::AclTensor`] and [`executor::Executor`]: `aclTensor` and `aclOpExecutor`.
 
 pub(crate) mod descriptor;
+mod event;
 pub(crate) mod executor;
 mod memory;
 mod runtime;
 mod stream;
 
+pub(crate) use event::EventInner;
 pub(crate) use memory::{enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
 pub(crate) use stream::StreamInner;

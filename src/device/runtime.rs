@@ -1,6 +1,7 @@
 //! Process-wide runtime initialisation and per-thread device binding.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ascend_sys::Cann;
@@ -12,6 +13,71 @@ use crate::error::{Error, Result};
 pub(crate) struct Device {
     pub(crate) cann: &'static Cann,
     pub(crate) id: i32,
+    /// Device memory accounting of this context (see `Context::memory_stats`).
+    pub(crate) memory: MemoryCounters,
+    /// Pinned host blocks (addresses from `aclrtMallocHost`) whose owner was dropped while
+    /// copies were queued on them, each with an event recorded after those copies on every
+    /// stream that used it: freed once all its events have completed.
+    pub(crate) deferred_host_frees: Mutex<Vec<(usize, Vec<Arc<super::EventInner>>)>>,
+}
+
+impl Device {
+    /// Frees the deferred pinned blocks whose events have all completed (queried, never
+    /// waited for); with `wait`, waits for the events first (teardown).
+    pub(crate) fn reap_host_frees(&self, wait: bool) {
+        let mut list = self.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|(ptr, events)| {
+            let done =
+                events.iter().all(|e| if wait { e.synchronize().is_ok() } else { e.is_complete().unwrap_or(false) });
+            if !done {
+                return true;
+            }
+            let result = self.bind().and_then(|()| {
+                // SAFETY: `ptr` came from aclrtMallocHost, its owner is gone, and every copy
+                // that used it came before one of these events, all of which have completed.
+                unsafe { acl::free_host(self.cann, *ptr as *mut std::ffi::c_void) }
+            });
+            if let Err(e) = result {
+                super::report_drop_error("aclrtFreeHost", &e);
+            }
+            false
+        });
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Every stream is gone (each holds the device), so every event has completed.
+        self.reap_host_frees(true);
+        let left = self.deferred_host_frees.get_mut().unwrap_or_else(|p| p.into_inner()).len();
+        if left > 0 {
+            super::report(format_args!("leaking {left} pinned host blocks whose copies could not be waited for"));
+            // The events are leaked with them: a failed wait may leave a copy running.
+            std::mem::forget(std::mem::take(self.deferred_host_frees.get_mut().unwrap_or_else(|p| p.into_inner())));
+        }
+    }
+}
+
+/// Bytes and calls of the device allocations made through one [`Device`].
+#[derive(Debug, Default)]
+pub(crate) struct MemoryCounters {
+    pub(crate) allocated: AtomicUsize,
+    pub(crate) peak_allocated: AtomicUsize,
+    pub(crate) device_allocations: AtomicU64,
+}
+
+impl MemoryCounters {
+    /// An `aclrtMalloc` of `bytes` succeeded.
+    pub(crate) fn allocated(&self, bytes: usize) {
+        let now = self.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_allocated.fetch_max(now, Ordering::Relaxed);
+        self.device_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An allocation of `bytes` was freed (or deliberately leaked: no longer held by a value).
+    pub(crate) fn released(&self, bytes: usize) {
+        self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -47,7 +113,12 @@ impl Device {
         if id < 0 || id as u32 >= count {
             return Err(Error::NoDevice { device: id, count });
         }
-        let device = Arc::new(Device { cann, id });
+        let device = Arc::new(Device {
+            cann,
+            id,
+            memory: MemoryCounters::default(),
+            deferred_host_frees: Mutex::new(Vec::new()),
+        });
         device.bind()?;
         Ok(device)
     }

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use ascend_sys::aclrtStream;
 
-use super::{leaked, report_drop_error, Device, DeviceAlloc, Leak};
+use super::{leaked, report_drop_error, Device, DeviceAlloc, EventInner, Leak};
 use crate::acl;
 use crate::error::Result;
 
@@ -17,6 +17,12 @@ pub(crate) struct StreamInner {
     borrowed: bool,
     /// The workspace reused by operator launches on this stream (grown, never shrunk).
     workspace: Mutex<Option<DeviceAlloc>>,
+    /// Events that waits queued on this stream refer to: kept alive until the stream has been
+    /// synchronised (CANN forbids destroying an event a queued wait uses).
+    waited: Mutex<Vec<Arc<EventInner>>>,
+    /// The pool of events for ordering other streams before this one: events whose waits have
+    /// run (recycled from `waited` at each synchronise), recorded again on the next use.
+    spare_events: Mutex<Vec<Arc<EventInner>>>,
 }
 
 // SAFETY: an aclrtStream is a handle into the device's default context, which CANN shares by all
@@ -37,7 +43,14 @@ impl StreamInner {
     pub(crate) fn new(device: Arc<Device>) -> Result<Arc<Self>> {
         device.bind()?;
         let raw = acl::create_stream(device.cann)?;
-        Ok(Arc::new(StreamInner { device, raw, borrowed: false, workspace: Mutex::new(None) }))
+        Ok(Arc::new(StreamInner {
+            device,
+            raw,
+            borrowed: false,
+            workspace: Mutex::new(None),
+            waited: Mutex::new(Vec::new()),
+            spare_events: Mutex::new(Vec::new()),
+        }))
     }
 
     /// A stream the caller created and owns: used and synchronised like any other, never
@@ -46,7 +59,14 @@ impl StreamInner {
     /// # Safety
     /// `raw` is a live `aclrtStream` of `device` that outlives the returned value.
     pub(crate) unsafe fn borrowed(device: Arc<Device>, raw: aclrtStream) -> Arc<Self> {
-        Arc::new(StreamInner { device, raw, borrowed: true, workspace: Mutex::new(None) })
+        Arc::new(StreamInner {
+            device,
+            raw,
+            borrowed: true,
+            workspace: Mutex::new(None),
+            waited: Mutex::new(Vec::new()),
+            spare_events: Mutex::new(Vec::new()),
+        })
     }
 
     /// The raw handle, valid while `self` lives.
@@ -54,11 +74,53 @@ impl StreamInner {
         self.raw
     }
 
-    /// Blocks until all work enqueued on this stream has completed.
+    /// Blocks until all work enqueued on this stream has completed; the waits it queued have
+    /// then run, so their events go back to the pool (or are released).
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: `raw` is live while `self` is, and the device is bound on this thread.
-        unsafe { acl::synchronize_stream(self.device.cann, self.raw) }
+        unsafe { acl::synchronize_stream(self.device.cann, self.raw) }?;
+        let done = std::mem::take(&mut *self.waited.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner());
+        // Pool events (no one else holds them) are kept for reuse; a user's `Event` is let go.
+        spare.extend(done.into_iter().filter(|e| Arc::strong_count(e) == 1));
+        drop(spare);
+        // Pinned blocks dropped while copies were queued here may be free to go now.
+        self.device.reap_host_frees(false);
+        Ok(())
+    }
+
+    /// Records `event` on this stream (`aclrtRecordEvent`).
+    pub(crate) fn record(&self, event: &EventInner) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: both handles are live; the device (the same for both, checked by callers) is bound.
+        unsafe { acl::record_event(self.device.cann, event.raw(), self.raw) }
+    }
+
+    /// Makes later work on this stream wait, on the device, for `event`
+    /// (`aclrtStreamWaitEvent`); the stream keeps the event alive until the wait has run.
+    pub(crate) fn wait(&self, event: Arc<EventInner>) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: both handles are live; the event is kept in `waited` until this stream has
+        // been synchronised (or dropped, which synchronises first).
+        unsafe { acl::stream_wait_event(self.device.cann, self.raw, event.raw()) }?;
+        self.waited.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        Ok(())
+    }
+
+    /// Orders later work on this stream after all work queued so far on `earlier`: an event
+    /// from the pool recorded on `earlier`, waited for by this stream. The host never waits.
+    pub(crate) fn order_after(&self, earlier: &StreamInner) -> Result<()> {
+        let pooled = self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let event = match pooled {
+            Some(e) => e,
+            None => EventInner::new(self.device.clone())?,
+        };
+        if let Err(e) = earlier.record(&event) {
+            self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+            return Err(e);
+        }
+        self.wait(event)
     }
 
     /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
@@ -98,6 +160,8 @@ impl Drop for StreamInner {
             Ok(()) => drop(workspace),
             Err(e) => {
                 report_drop_error("aclrtSynchronizeStream", &e);
+                // Queued waits may still refer to these events: leak them rather than destroy them.
+                std::mem::forget(std::mem::take(self.waited.get_mut().unwrap_or_else(|p| p.into_inner())));
                 // Work may still be using the workspace: leak it rather than free it.
                 if workspace.as_ref().is_some_and(|w| !w.ptr().is_null()) {
                     leaked(Leak::Allocation);

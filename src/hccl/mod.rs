@@ -32,8 +32,8 @@ mod rendezvous;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::context::{Context, ContextKind};

@@ -45,6 +45,12 @@ pub struct AscendCl {
     pub aclrtRecordEvent: unsafe extern "C" fn(event: aclrtEvent, stream: aclrtStream) -> aclError,
     pub aclrtSynchronizeEvent: unsafe extern "C" fn(event: aclrtEvent) -> aclError,
     pub aclrtStreamWaitEvent: unsafe extern "C" fn(stream: aclrtStream, event: aclrtEvent) -> aclError,
+    pub aclrtQueryEventStatus:
+        unsafe extern "C" fn(event: aclrtEvent, status: *mut aclrtEventRecordedStatus) -> aclError,
+    pub aclrtEventElapsedTime:
+        unsafe extern "C" fn(ms: *mut f32, startEvent: aclrtEvent, endEvent: aclrtEvent) -> aclError,
+    pub aclrtMallocHost: unsafe extern "C" fn(hostPtr: *mut *mut ::std::os::raw::c_void, size: usize) -> aclError,
+    pub aclrtFreeHost: unsafe extern "C" fn(hostPtr: *mut ::std::os::raw::c_void) -> aclError,
     pub aclrtCtxSetSysParamOpt: unsafe extern "C" fn(opt: aclSysParamOpt, value: i64) -> aclError,
     pub aclrtCtxGetSysParamOpt: unsafe extern "C" fn(opt: aclSysParamOpt, value: *mut i64) -> aclError,
 }
@@ -82,6 +88,10 @@ impl AscendCl {
         let aclrtRecordEvent = __library.get(b"aclrtRecordEvent\0").map(|sym| *sym)?;
         let aclrtSynchronizeEvent = __library.get(b"aclrtSynchronizeEvent\0").map(|sym| *sym)?;
         let aclrtStreamWaitEvent = __library.get(b"aclrtStreamWaitEvent\0").map(|sym| *sym)?;
+        let aclrtQueryEventStatus = __library.get(b"aclrtQueryEventStatus\0").map(|sym| *sym)?;
+        let aclrtEventElapsedTime = __library.get(b"aclrtEventElapsedTime\0").map(|sym| *sym)?;
+        let aclrtMallocHost = __library.get(b"aclrtMallocHost\0").map(|sym| *sym)?;
+        let aclrtFreeHost = __library.get(b"aclrtFreeHost\0").map(|sym| *sym)?;
         let aclrtCtxSetSysParamOpt = __library.get(b"aclrtCtxSetSysParamOpt\0").map(|sym| *sym)?;
         let aclrtCtxGetSysParamOpt = __library.get(b"aclrtCtxGetSysParamOpt\0").map(|sym| *sym)?;
         Ok(AscendCl {
@@ -107,6 +117,10 @@ impl AscendCl {
             aclrtRecordEvent,
             aclrtSynchronizeEvent,
             aclrtStreamWaitEvent,
+            aclrtQueryEventStatus,
+            aclrtEventElapsedTime,
+            aclrtMallocHost,
+            aclrtFreeHost,
             aclrtCtxSetSysParamOpt,
             aclrtCtxGetSysParamOpt,
         })
@@ -199,6 +213,18 @@ impl AscendCl {
     }
     pub unsafe fn aclrtStreamWaitEvent(&self, stream: aclrtStream, event: aclrtEvent) -> aclError {
         (self.aclrtStreamWaitEvent)(stream, event)
+    }
+    pub unsafe fn aclrtQueryEventStatus(&self, event: aclrtEvent, status: *mut aclrtEventRecordedStatus) -> aclError {
+        (self.aclrtQueryEventStatus)(event, status)
+    }
+    pub unsafe fn aclrtEventElapsedTime(&self, ms: *mut f32, startEvent: aclrtEvent, endEvent: aclrtEvent) -> aclError {
+        (self.aclrtEventElapsedTime)(ms, startEvent, endEvent)
+    }
+    pub unsafe fn aclrtMallocHost(&self, hostPtr: *mut *mut ::std::os::raw::c_void, size: usize) -> aclError {
+        (self.aclrtMallocHost)(hostPtr, size)
+    }
+    pub unsafe fn aclrtFreeHost(&self, hostPtr: *mut ::std::os::raw::c_void) -> aclError {
+        (self.aclrtFreeHost)(hostPtr)
     }
     pub unsafe fn aclrtCtxSetSysParamOpt(&self, opt: aclSysParamOpt, value: i64) -> aclError {
         (self.aclrtCtxSetSysParamOpt)(opt, value)

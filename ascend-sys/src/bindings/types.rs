@@ -111,6 +111,13 @@ impl aclSysParamOpt {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct aclSysParamOpt(pub ::std::os::raw::c_uint);
+impl aclrtEventRecordedStatus {
+    pub const ACL_EVENT_RECORDED_STATUS_NOT_READY: aclrtEventRecordedStatus = aclrtEventRecordedStatus(0);
+    pub const ACL_EVENT_RECORDED_STATUS_COMPLETE: aclrtEventRecordedStatus = aclrtEventRecordedStatus(1);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct aclrtEventRecordedStatus(pub ::std::os::raw::c_uint);
 pub type HcclComm = *mut ::std::os::raw::c_void;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -1,0 +1,156 @@
+//! Host stalls and device allocations per steady training step on the mock CANN (issue 16).
+//!
+//! Prints, per rank and step of one SyncBatchNorm layer (`forward` + `backward`, `[4, 64, 8, 8]`
+//! f32 per rank, 2 ranks as threads, allocating API, temporaries dropped each step): the
+//! synchronises of each kind, `aclrtMalloc` / `aclrtFree`, blocking copies and pinned host
+//! allocations counted by the mock; then the same counts for a steady loop of one operator
+//! through `_into` and through the allocating API; and reserved / peak device memory.
+//! Counts are process-wide in the mock, so the ranks' steps are fenced by barriers and the
+//! totals divided by ranks × steps. Run: `cargo bench --features mock --bench async_step`.
+
+use std::sync::Barrier;
+
+use ascend::hccl::Communicator;
+use ascend::mock::{stats, MockStats};
+use ascend::ops::{batch_norm_reduce_backward, batch_norm_reduce_backward_into, OutputMask, ReduceBackwardOut};
+use ascend::{sync_batch_norm, Context, DType, Tensor};
+
+const RANKS: usize = 2;
+const STEPS: u64 = 20;
+const SHAPE: [usize; 4] = [4, 64, 8, 8];
+
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn print_counts(what: &str, a: &MockStats, b: &MockStats, per: u64) {
+    let d = |f: fn(&MockStats) -> u64| (f(b) - f(a)) as f64 / per as f64;
+    println!(
+        "{what:<44} stream syncs {:>5.2}  event syncs {:>5.2}  device syncs {:>5.2}  aclrtMalloc {:>5.2}  aclrtFree {:>5.2}  \
+         blocking copies {:>5.2}  aclrtMallocHost {:>5.2}",
+        d(|s| s.stream_synchronizes),
+        d(|s| s.event_synchronizes),
+        d(|s| s.device_synchronizes),
+        d(|s| s.device_mallocs),
+        d(|s| s.device_frees),
+        d(|s| s.blocking_copies),
+        d(|s| s.host_mallocs),
+    );
+}
+
+fn main() -> ascend::Result<()> {
+    std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
+    let ctxs: Vec<Context> = (0..RANKS as i32).map(ascend::mock::context).collect::<ascend::Result<_>>()?;
+    let comms = Communicator::init_all(&ctxs)?;
+    let barrier = Barrier::new(RANKS);
+    let snapshots = std::sync::Mutex::new(Vec::new());
+    let n: usize = SHAPE.iter().product();
+    std::thread::scope(|sc| -> ascend::Result<()> {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(&ctxs)
+            .map(|(comm, ctx)| {
+                let (barrier, snapshots) = (&barrier, &snapshots);
+                sc.spawn(move || -> ascend::Result<()> {
+                    let r = comm.rank() as u64;
+                    let s = ctx.new_stream()?;
+                    let x = Tensor::from_slice(&s, &values(1 + r, n), &SHAPE)?;
+                    let dy = Tensor::from_slice(&s, &values(10 + r, n), &SHAPE)?;
+                    let w = Tensor::from_slice(&s, &values(20, SHAPE[1]), &[SHAPE[1]])?;
+                    let b = Tensor::from_slice(&s, &values(21, SHAPE[1]), &[SHAPE[1]])?;
+                    let step = || -> ascend::Result<()> {
+                        let (y, saved) =
+                            sync_batch_norm::forward(&comm, &s, &x, Some(&w), Some(&b), None, None, 0.1, 1e-5)?;
+                        let grads = sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&w), OutputMask::ALL)?;
+                        drop((y, saved, grads));
+                        Ok(())
+                    };
+                    for _ in 0..2 {
+                        step()?;
+                    }
+                    s.synchronize()?;
+                    barrier.wait();
+                    if r == 0 {
+                        snapshots.lock().unwrap().push(stats());
+                    }
+                    barrier.wait();
+                    for _ in 0..STEPS {
+                        step()?;
+                    }
+                    barrier.wait();
+                    if r == 0 {
+                        snapshots.lock().unwrap().push(stats());
+                    }
+                    barrier.wait();
+                    s.synchronize()?;
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("rank panicked")?;
+        }
+        Ok(())
+    })?;
+    let snaps = snapshots.into_inner().unwrap();
+    println!("per rank and steady step ({RANKS} ranks as threads, {STEPS} steps, {SHAPE:?} f32):");
+    print_counts("SyncBatchNorm forward + backward", &snaps[0], &snaps[1], RANKS as u64 * STEPS);
+    println!("(collectives per step by construction of sync_batch_norm: see its source; the mock does not count them)");
+
+    // One operator in a steady loop on device 0: `_into` and allocating.
+    let ctx = &ctxs[0];
+    let s = ctx.new_stream()?;
+    let c = SHAPE[1];
+    let dy = Tensor::from_slice(&s, &values(30, n), &SHAPE)?;
+    let x = Tensor::from_slice(&s, &values(31, n), &SHAPE)?;
+    let mean = Tensor::from_slice(&s, &values(32, c), &[c])?;
+    let invstd = Tensor::from_slice(&s, &vec![1.5f32; c], &[c])?;
+    let mut outs: Vec<Tensor> = (0..4).map(|_| Tensor::zeros(&s, DType::F32, &[c])).collect::<ascend::Result<_>>()?;
+    let run_into = |outs: &mut [Tensor]| -> ascend::Result<()> {
+        let [a, b, g, h] = outs else { unreachable!() };
+        batch_norm_reduce_backward_into(
+            &s,
+            &dy,
+            &x,
+            &mean,
+            &invstd,
+            None,
+            OutputMask::ALL,
+            ReduceBackwardOut { sum_dy: Some(a), sum_dy_xmu: Some(b), grad_weight: Some(g), grad_bias: Some(h) },
+        )
+    };
+    run_into(&mut outs)?;
+    s.synchronize()?;
+    let a = stats();
+    for _ in 0..STEPS {
+        run_into(&mut outs)?;
+    }
+    let b = stats();
+    print_counts("batch_norm_reduce_backward_into loop", &a, &b, STEPS);
+    drop(batch_norm_reduce_backward(&s, &dy, &x, &mean, &invstd, None, OutputMask::ALL)?);
+    s.synchronize()?;
+    let a = stats();
+    for _ in 0..STEPS {
+        drop(batch_norm_reduce_backward(&s, &dy, &x, &mean, &invstd, None, OutputMask::ALL)?);
+    }
+    let b = stats();
+    print_counts("batch_norm_reduce_backward (allocating) loop", &a, &b, STEPS);
+    s.synchronize()?;
+    let m = ctx.memory_stats();
+    println!(
+        "device 0 memory: reserved {} B, peak allocated {} B, reserved / peak = {:.2}, aclrtMalloc calls {}",
+        m.reserved,
+        m.peak_allocated,
+        m.reserved as f64 / m.peak_allocated.max(1) as f64,
+        m.device_allocations
+    );
+    Ok(())
+}

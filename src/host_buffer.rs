@@ -1,0 +1,284 @@
+//! [`HostBuffer`]: pinned host memory for asynchronous copies, and the copies themselves.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ascend_sys::aclrtMemcpyKind;
+
+use crate::context::{Context, ContextKind};
+use crate::device::{enqueue_using, report, report_drop_error, Device, EventInner, StreamInner};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::tensor::Tensor;
+
+/// `len` elements of host memory that asynchronous copies may use: page-locked
+/// (`aclrtMallocHost`) on Ascend, a plain allocation on the CPU backend. Starts zeroed.
+///
+/// A copy queued on a stream records the stream on the buffer, like a device buffer: reading
+/// ([`as_slice`](Self::as_slice)) or writing ([`as_mut_slice`](Self::as_mut_slice)) the
+/// elements, and dropping the buffer, first wait for every stream that queued a copy of it, so
+/// safe code never sees memory a copy is still using. Dropping never blocks: the pinned block is
+/// freed once events recorded after its queued copies have completed. `Send + Sync`.
+pub struct HostBuffer<T: Element> {
+    ptr: *mut T,
+    len: usize,
+    /// The toolkit's device for pinned memory; `None` on the CPU backend (then `ptr` comes from
+    /// the vector below) or for an empty buffer.
+    pinned: Option<Arc<Device>>,
+    /// Owns the memory `ptr` points into on the CPU backend (its heap block never moves).
+    _host: Vec<T>,
+    users: Mutex<Vec<Arc<StreamInner>>>,
+}
+
+// SAFETY: the buffer owns its memory uniquely; host memory is usable from any thread; the list
+// of streams is behind a mutex and every access to the elements waits for those streams first.
+unsafe impl<T: Element> Send for HostBuffer<T> {}
+// SAFETY: `&HostBuffer` reads the elements only after the queued copies into it have completed
+// (`as_slice` waits), and only queues copies that read it.
+unsafe impl<T: Element> Sync for HostBuffer<T> {}
+
+impl<T: Element> std::fmt::Debug for HostBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("dtype", &T::DTYPE)
+            .field("len", &self.len)
+            .field("pinned", &self.pinned.is_some())
+            .finish()
+    }
+}
+
+impl<T: Element> HostBuffer<T> {
+    /// `len` zeroed elements: pinned memory (`aclrtMallocHost`) on an Ascend context, a host
+    /// vector on the CPU backend.
+    pub fn new(ctx: &Context, len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| Error::invalid("len", format!("{len} elements of {} exceed the address space", T::DTYPE)))?;
+        let users = Mutex::new(Vec::new());
+        match &ctx.kind {
+            ContextKind::Ascend(device) if bytes > 0 => {
+                device.reap_host_frees(false);
+                device.bind()?;
+                let p = crate::acl::malloc_host(device.cann, bytes)?.cast::<T>();
+                // SAFETY: `p` is a fresh allocation of `bytes` bytes (aligned for any scalar, as
+                // malloc is); all-zero bytes are a valid f32/f16/bf16/i32.
+                unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
+                Ok(HostBuffer { ptr: p, len, pinned: Some(device.clone()), _host: Vec::new(), users })
+            }
+            _ => {
+                let mut host = Vec::new();
+                host.try_reserve_exact(len).map_err(|_| Error::HostAlloc { bytes })?;
+                host.resize(len, T::default());
+                let ptr = host.as_mut_ptr();
+                Ok(HostBuffer { ptr, len, pinned: None, _host: host, users })
+            }
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn lock_users(&self) -> MutexGuard<'_, Vec<Arc<StreamInner>>> {
+        self.users.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for every stream that queued a copy of this buffer.
+    fn wait_for_copies(users: &mut Vec<Arc<StreamInner>>) -> Result<()> {
+        while let Some(s) = users.last() {
+            s.synchronize()?;
+            users.pop();
+        }
+        Ok(())
+    }
+
+    /// The elements, after every queued copy of this buffer has completed (this waits for their
+    /// streams). If a stream cannot be synchronised the copy may still be running: the error is
+    /// reported on standard error and the slice is empty.
+    pub fn as_slice(&self) -> &[T] {
+        if let Err(e) = Self::wait_for_copies(&mut self.lock_users()) {
+            report(format_args!("HostBuffer::as_slice: a queued copy could not be waited for: {e}"));
+            return &[];
+        }
+        // SAFETY: `ptr` holds `len` initialised elements owned by `self`; no queued copy uses
+        // them any more, and a new one writing them needs `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The elements, writable, after every queued copy of this buffer has completed (this waits
+    /// for their streams). If a stream cannot be synchronised the error is reported on standard
+    /// error and the slice is empty.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        if let Err(e) = Self::wait_for_copies(self.users.get_mut().unwrap_or_else(|p| p.into_inner())) {
+            report(format_args!("HostBuffer::as_mut_slice: a queued copy could not be waited for: {e}"));
+            return &mut [];
+        }
+        // SAFETY: as in `as_slice`; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Queues `copy` (which uses this buffer's memory) on `inner`, after the copies other
+    /// streams queued on it (ordered on the device by events), and records `inner` on it.
+    fn enqueue_copy(&self, inner: &Arc<StreamInner>, copy: impl FnOnce(*mut c_void) -> Result<()>) -> Result<()> {
+        let mut users = self.lock_users();
+        while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, inner)) {
+            inner.order_after(&users[i])?;
+            users.swap_remove(i);
+        }
+        let result = copy(self.ptr.cast());
+        if users.is_empty() {
+            users.push(inner.clone());
+        }
+        result
+    }
+}
+
+impl<T: Element> Drop for HostBuffer<T> {
+    /// Never waits for queued copies: with copies still queued, an event is recorded after them
+    /// on each stream and the pinned block is freed later, once those events have completed
+    /// (checked without blocking at the next `HostBuffer::new` or drop on the device, and at
+    /// the device's teardown). Only when an event cannot be recorded does it wait instead.
+    fn drop(&mut self) {
+        let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let Some(device) = self.pinned.take() else {
+            // CPU memory: copies on the CPU backend run when they are submitted.
+            return;
+        };
+        let mut events = Vec::with_capacity(users.len());
+        for s in &users {
+            let recorded = EventInner::new(device.clone()).and_then(|e| s.record(&e).map(|()| e));
+            match recorded {
+                Ok(e) => events.push(e),
+                Err(_) => {
+                    // No event: wait for the stream instead (leak the block if even that fails).
+                    if let Err(e) = s.synchronize() {
+                        report_drop_error("aclrtSynchronizeStream (before aclrtFreeHost)", &e);
+                        report(format_args!("leaking pinned host memory that a queued copy may still use"));
+                        return;
+                    }
+                }
+            }
+        }
+        device.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner()).push((self.ptr as usize, events));
+        device.reap_host_frees(false);
+    }
+}
+
+/// The device address of a contiguous tensor's first element and its byte count, checking that
+/// `n` elements of `T` match it.
+fn contiguous_target<T: Element>(t: &Tensor, n: usize, what: &'static str) -> Result<()> {
+    if t.dtype() != T::DTYPE {
+        return Err(Error::invalid(what, format!("the tensor holds {}, the host buffer {}", t.dtype(), T::DTYPE)));
+    }
+    if !t.is_contiguous() {
+        return Err(Error::invalid("tensor", "asynchronous copies need a contiguous view"));
+    }
+    if t.numel() != n {
+        return Err(Error::invalid(
+            what,
+            format!("the tensor has {} elements (shape {:?}), the host buffer {n}", t.numel(), t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+/// The Ascend stream of a copy, checking that `h` is pinned memory of the same toolkit.
+fn pinned_stream<'s, T: Element>(stream: &'s Stream, h: &HostBuffer<T>) -> Result<&'s Arc<StreamInner>> {
+    let Some((inner, device)) = stream.ascend() else {
+        return Err(stream.mismatch("stream", "the call needs an Ascend stream"));
+    };
+    if h.len > 0 && !h.pinned.as_ref().is_some_and(|d| std::ptr::eq(d.cann, device.cann)) {
+        return Err(Error::invalid("host", "the host buffer was not made by HostBuffer::new on an Ascend context"));
+    }
+    Ok(inner)
+}
+
+impl Tensor {
+    /// Copies `h` into this tensor, asynchronously on `stream` (`aclrtMemcpyAsync` host →
+    /// device; a plain copy on the CPU backend). The tensor must be contiguous, of `T`'s dtype
+    /// and `h.len()` elements. `h` is recorded on the stream: reading or dropping it waits for
+    /// the copy.
+    pub fn copy_from_host_async<T: Element>(&mut self, stream: &Stream, h: &HostBuffer<T>) -> Result<()> {
+        self.check_stream(stream, "tensor")?;
+        contiguous_target::<T>(self, h.len, "host")?;
+        if stream.ascend().is_none() {
+            return self.copy_from_slice(stream, h.as_slice());
+        }
+        let inner = pinned_stream(stream, h)?;
+        let Some((buffer, device)) = self.device_buffer() else {
+            return Err(Error::invalid("tensor", "a host tensor reached the Ascend backend"));
+        };
+        let bytes = h.len * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let dst = buffer.ptr().cast::<u8>().wrapping_add(self.offset() * std::mem::size_of::<T>()).cast::<c_void>();
+        h.enqueue_copy(inner, |src| {
+            enqueue_using(inner, &[buffer], || {
+                device.bind()?;
+                // SAFETY: [dst, dst+bytes) is the contiguous view inside the buffer (checked at
+                // creation); the buffer and the pinned host memory are recorded on the stream
+                // (the buffer by enqueue_using, the host buffer by enqueue_copy) before any lock
+                // is released, so neither is freed or touched by the host before the copy ran.
+                unsafe {
+                    crate::acl::memcpy_async(
+                        device.cann,
+                        dst,
+                        src,
+                        bytes,
+                        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
+                        inner.raw(),
+                    )
+                }
+            })
+        })
+    }
+
+    /// Copies this tensor into `h`, asynchronously on `stream` (`aclrtMemcpyAsync` device →
+    /// host; a plain copy on the CPU backend). The tensor must be contiguous, of `T`'s dtype and
+    /// `h.len()` elements. `h` is recorded on the stream: reading or dropping it waits for the
+    /// copy.
+    pub fn copy_to_host_async<T: Element>(&self, stream: &Stream, h: &mut HostBuffer<T>) -> Result<()> {
+        self.check_stream(stream, "tensor")?;
+        contiguous_target::<T>(self, h.len, "host")?;
+        if stream.ascend().is_none() {
+            let values = self.to_vec::<T>(stream)?;
+            h.as_mut_slice().copy_from_slice(&values);
+            return Ok(());
+        }
+        let inner = pinned_stream(stream, h)?;
+        let Some((buffer, device)) = self.device_buffer() else {
+            return Err(Error::invalid("tensor", "a host tensor reached the Ascend backend"));
+        };
+        let bytes = h.len * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let src = buffer.ptr().cast::<u8>().wrapping_add(self.offset() * std::mem::size_of::<T>()).cast::<c_void>();
+        h.enqueue_copy(inner, |dst| {
+            enqueue_using(inner, &[buffer], || {
+                device.bind()?;
+                // SAFETY: as in `copy_from_host_async`, with the roles swapped; `&mut h` keeps
+                // the host from reading the buffer before `as_slice` waited for the copy.
+                unsafe {
+                    crate::acl::memcpy_async(
+                        device.cann,
+                        dst,
+                        src.cast_const(),
+                        bytes,
+                        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+                        inner.raw(),
+                    )
+                }
+            })
+        })
+    }
+}
