@@ -17,6 +17,7 @@
 #include "wrapper.h"
 #include "mock_internal.h"
 #pragma GCC visibility pop
+#include "ascend_mock.h"
 
 enum {
     ACLNN_SUCCESS = 0,
@@ -26,6 +27,12 @@ enum {
 };
 
 static int g_aclnn_initialized;
+/* Successful aclCreateTensor calls (ascend_mock_tensors_created). */
+static uint64_t g_tensors_created;
+
+__attribute__((visibility("default"))) uint64_t ascend_mock_tensors_created(void) {
+    return __atomic_load_n(&g_tensors_created, __ATOMIC_RELAXED);
+}
 
 /* Counts a violation, sets the error text and returns NULL (aclCreateTensor's failure). */
 static aclTensor *reject(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -154,6 +161,7 @@ aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDat
     t->data = tensorData;
     t->alloc_id = alloc_id;
     t->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_TENSOR, t);
+    __atomic_fetch_add(&g_tensors_created, 1, __ATOMIC_RELAXED);
     aclTensor *h = (aclTensor *)(uintptr_t)t->handle;
     ascend_mock_unlock();
     return h;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "opapi.h"
+#include "ascend_mock.h"
 
 /* ---- f16 / bf16 <-> f32 ------------------------------------------------------------------------- */
 static float bits_f32(uint32_t u) {
@@ -261,8 +262,16 @@ static void op_task_drop(void *payload) {
 }
 
 /* ---- phase 1 ------------------------------------------------------------------------------------------- */
+/* Phase-1 calls of every operator, successful or not (ascend_mock_phase1_calls). */
+static uint64_t g_phase1_calls;
+
+__attribute__((visibility("default"))) uint64_t ascend_mock_phase1_calls(void) {
+    return __atomic_load_n(&g_phase1_calls, __ATOMIC_RELAXED);
+}
+
 aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *workspaceSize,
                            aclOpExecutor **executor) {
+    __atomic_fetch_add(&g_phase1_calls, 1, __ATOMIC_RELAXED);
     int st;
     if (ascend_mock_take_fault(op->phase1, &st)) {
         return st;

@@ -249,3 +249,26 @@ fn misuse_of_repeatable_executors_is_a_violation() {
         s.free(m);
     }
 }
+
+/// The launch counters count what the launch path does: today (no launch cache) every
+/// `batch_norm_stats_into` makes its three descriptors and runs phase 1, every time.
+#[test]
+fn launch_counters_count_descriptors_and_phase1_calls() {
+    common::mock::isolated(|ctx| {
+        let s = ctx.new_stream().unwrap();
+        let x = random_input(4);
+        let input = ascend::Tensor::from_slice(&s, &x, &[N, C]).unwrap();
+        let mut mean = ascend::Tensor::zeros(&s, ascend::DType::F32, &[C]).unwrap();
+        let mut invstd = ascend::Tensor::zeros(&s, ascend::DType::F32, &[C]).unwrap();
+        let before = ascend::mock::launch_counters();
+        for _ in 0..3 {
+            ascend::ops::batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
+        }
+        let after = ascend::mock::launch_counters();
+        assert_eq!(after.tensors_created - before.tensors_created, 9);
+        assert_eq!(after.phase1_calls - before.phase1_calls, 3);
+        let (m, v) = reference(&x);
+        assert_close(&mean.to_vec::<f32>(&s).unwrap(), &m, "mean");
+        assert_close(&invstd.to_vec::<f32>(&s).unwrap(), &v, "invstd");
+    });
+}
