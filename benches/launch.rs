@@ -2,7 +2,9 @@
 //!
 //! Per steady `batch_norm_stats_into` launch (same shapes every time), printed next to raw C
 //! sequences through `ascend-sys` measured in the same run, on the same stream and tensors:
-//! - the descriptors created and phase-1 calls per launch (`ascend::mock::launch_counters`);
+//! - the descriptors created and phase-1 calls per launch (`ascend::mock::launch_counters`), and
+//!   the Rust heap allocations per launch (a counting global allocator; the mock's C side is
+//!   not counted);
 //! - host time of our launch vs the raw uncached sequence (3 × `aclCreateTensor`, phase 1,
 //!   phase 2, 3 × `aclDestroyTensor`);
 //! - host time of the raw cached sequence a launch cache would run (a repeatable executor:
@@ -13,9 +15,11 @@
 //! happens after each timed batch. Every figure is the best of several batches. The raw
 //! sequences use their own allocations of the same sizes.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::c_void;
 use std::hint::black_box;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ascend::ops::batch_norm_stats_into;
@@ -28,6 +32,32 @@ const C: usize = 4;
 const EPS: f64 = 1e-5;
 const BATCH: usize = 200;
 const REPEATS: usize = 7;
+
+/// The system allocator, counting allocations (for the heap allocations per launch).
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to `System` unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `GlobalAlloc::alloc`'s, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -122,15 +152,19 @@ fn main() {
     // Descriptors and phase-1 calls per steady launch.
     batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
     let before = ascend::mock::launch_counters();
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..BATCH {
         batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
     }
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
     let after = ascend::mock::launch_counters();
     s.synchronize().unwrap();
     println!(
-        "per launch: {:.1} aclCreateTensor, {:.1} phase-1 calls (no launch cache on this branch)",
+        "per launch: {:.1} aclCreateTensor, {:.1} phase-1 calls, {:.1} Rust heap allocations (no launch cache \
+         on this branch)",
         (after.tensors_created - before.tensors_created) as f64 / BATCH as f64,
-        (after.phase1_calls - before.phase1_calls) as f64 / BATCH as f64
+        (after.phase1_calls - before.phase1_calls) as f64 / BATCH as f64,
+        allocations as f64 / BATCH as f64
     );
 
     let ours = best_ns(&s, || batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap());
