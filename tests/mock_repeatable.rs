@@ -3,7 +3,8 @@
 //! `aclnnBatchNormStats`: a repeatable executor launches again, after its tensors were rebound
 //! to new memory (values checked against an f64 reference); launching it with a tensor whose
 //! memory was freed and not rebound, rebinding a non-repeatable executor, or rebinding to an
-//! address that does not hold the storage are violations.
+//! address that does not hold the storage are violations, and so is launching one on a second
+//! stream while its launch on the first has not run.
 #![cfg(feature = "mock")]
 
 mod common;
@@ -12,7 +13,9 @@ use std::ffi::c_void;
 use std::ptr;
 
 use ascend_sys::symbols::BATCH_NORM_STATS;
-use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, Cann};
+use ascend_sys::{
+    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann,
+};
 
 const N: usize = 6;
 const C: usize = 3;
@@ -116,11 +119,15 @@ impl Session {
     }
 
     fn phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
+        self.phase2_on(ws, size, exec, ptr::null_mut())
+    }
+
+    fn phase2_on(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor, stream: aclrtStream) -> i32 {
         let api = self.c.operator(&BATCH_NORM_STATS).unwrap();
         let f = api.aclnnBatchNormStats.as_ref().unwrap();
         // SAFETY: the executor is live (or deliberately not, for the violation cases); the
-        // workspace holds `size` bytes; the default stream.
-        unsafe { f(ws, size, exec, ptr::null_mut()) }
+        // workspace holds `size` bytes; `stream` is live or null (the default stream).
+        unsafe { f(ws, size, exec, stream) }
     }
 }
 
@@ -271,4 +278,50 @@ fn launch_counters_count_descriptors_and_phase1_calls() {
         assert_close(&mean.to_vec::<f32>(&s).unwrap(), &m, "mean");
         assert_close(&invstd.to_vec::<f32>(&s).unwrap(), &v, "invstd");
     });
+}
+
+/// A repeatable executor launched on a second stream while its launch on the first has not run
+/// is a violation; once the first stream has drained, launching it on another is fine.
+#[test]
+fn a_repeatable_executor_on_two_streams_at_once_is_a_violation() {
+    let _guard = common::mock::lock();
+    let _ctx = common::mock::context();
+    let s = Session::new();
+    let x = random_input(5);
+    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
+    let input = s.tensor(&[N as i64, C as i64], input_mem);
+    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (size, exec) = s.phase1(input, mean, invstd);
+    let ws = s.malloc(size as usize);
+    let (mut a, mut b): (aclrtStream, aclrtStream) = (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: valid out-pointers; a live executor fresh from phase 1.
+    unsafe {
+        assert_eq!(s.c.acl.aclrtCreateStream(&mut a), 0);
+        assert_eq!(s.c.acl.aclrtCreateStream(&mut b), 0);
+        assert_eq!(s.c.nnopbase.aclSetAclOpExecutorRepeatable(exec), 0);
+    }
+    assert_eq!(s.phase2_on(ws, size, exec, a), 0);
+    assert_eq!(s.phase2_on(ws, size, exec, a), 0, "again on the same stream: ordered, fine");
+    let v = violations_of(|| assert_ne!(s.phase2_on(ws, size, exec, b), 0));
+    assert!(v.len() == 1 && v[0].contains("two streams at once"), "{v:?}");
+    // SAFETY: `a` is live.
+    assert_eq!(unsafe { s.c.acl.aclrtSynchronizeStream(a) }, 0);
+    assert_eq!(s.phase2_on(ws, size, exec, b), 0, "after stream a drained");
+    let (m, v) = reference(&x);
+    // SAFETY: `b` is live.
+    assert_eq!(unsafe { s.c.acl.aclrtSynchronizeStream(b) }, 0);
+    assert_close(&s.download(mean_mem, C), &m, "mean");
+    assert_close(&s.download(invstd_mem, C), &v, "invstd");
+    // SAFETY: both streams have drained; the caller owns the executor and descriptors.
+    unsafe {
+        assert_eq!(s.c.nnopbase.aclDestroyAclOpExecutor(exec), 0);
+        assert_eq!(s.c.acl.aclrtDestroyStream(a), 0);
+        assert_eq!(s.c.acl.aclrtDestroyStream(b), 0);
+    }
+    for t in [input, mean, invstd] {
+        s.destroy(t);
+    }
+    for m in [input_mem, mean_mem, invstd_mem, ws] {
+        s.free(m);
+    }
 }
