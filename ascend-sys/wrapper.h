@@ -185,6 +185,8 @@ aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDat
 aclnnStatus aclDestroyTensor(const aclTensor *tensor);
 aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor);
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor);
+aclnnStatus aclSetInputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr);
+aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr);
 aclnnStatus aclnnInit(const char *configPath);
 
 /* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_backward_reduce.h --------------- */

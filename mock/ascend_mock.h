@@ -74,6 +74,13 @@ uint64_t ascend_mock_violation_count(void);
  * length plus one, or 0 when that message is not (or no longer) kept. */
 size_t ascend_mock_violation_message(uint64_t index, char *buf, size_t cap);
 
+/* Launch-path counters, for measuring what a steady loop costs on the host. Exported by the
+ * library that owns each (not by libascendcl.so): libnnopbase.so counts aclTensor descriptors
+ * created (successful aclCreateTensor calls), libopapi.so counts phase-1 calls
+ * (aclnn*GetWorkspaceSize, successful or not). Process-wide totals since load. */
+uint64_t ascend_mock_tensors_created(void);
+uint64_t ascend_mock_phase1_calls(void);
+
 #ifdef __cplusplus
 }
 #endif

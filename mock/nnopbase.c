@@ -17,6 +17,7 @@
 #include "wrapper.h"
 #include "mock_internal.h"
 #pragma GCC visibility pop
+#include "ascend_mock.h"
 
 enum {
     ACLNN_SUCCESS = 0,
@@ -26,6 +27,12 @@ enum {
 };
 
 static int g_aclnn_initialized;
+/* Successful aclCreateTensor calls (ascend_mock_tensors_created). */
+static uint64_t g_tensors_created;
+
+__attribute__((visibility("default"))) uint64_t ascend_mock_tensors_created(void) {
+    return __atomic_load_n(&g_tensors_created, __ATOMIC_RELAXED);
+}
 
 /* Counts a violation, sets the error text and returns NULL (aclCreateTensor's failure). */
 static aclTensor *reject(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -154,6 +161,7 @@ aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDat
     t->data = tensorData;
     t->alloc_id = alloc_id;
     t->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_TENSOR, t);
+    __atomic_fetch_add(&g_tensors_created, 1, __ATOMIC_RELAXED);
     aclTensor *h = (aclTensor *)(uintptr_t)t->handle;
     ascend_mock_unlock();
     return h;
@@ -222,6 +230,79 @@ aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
     }
     ascend_mock_unlock();
     return r;
+}
+
+/* aclSetInputTensorAddr / aclSetOutputTensorAddr: rebinds the device address of a tensor of a
+ * repeatable executor. As the opapi (aclnn operator) path of nnopbase does, the address is set on the
+ * aclTensor itself, so the executor's next phase-2 call uses it; `index` (the tensor's position among
+ * the operator's present inputs, or outputs, see docs/cann/API.md 2.4) is not checked by the mock.
+ * Rejected (violation): a dead or non-repeatable executor, a dead tensor, an address that is not
+ * 32-byte aligned or whose storage does not lie inside one live device allocation. */
+static aclnnStatus set_tensor_addr(const char *api, aclOpExecutor *executor, aclTensor *tensor, void *addr) {
+    int st;
+    if (ascend_mock_take_fault(api, &st)) {
+        return st;
+    }
+    if (!executor || !tensor) {
+        ascend_mock_set_error("%s failed. ERROR: %d. %s is null.", api, ACLNN_ERR_INNER_NULLPTR,
+                              executor ? "tensor" : "executor");
+        return ACLNN_ERR_INNER_NULLPTR;
+    }
+    ascend_mock_lock();
+    int r = ACLNN_SUCCESS;
+    ascend_mock_executor *e = executor_get(api, executor, &r);
+    if (!e) {
+        ascend_mock_unlock();
+        return r;
+    }
+    if (!e->repeatable) {
+        ascend_mock_violation("%s: executor %p of %s is not repeatable (call aclSetAclOpExecutorRepeatable first)",
+                              api, (void *)executor, e->op);
+        ascend_mock_set_error("%s failed. ERROR: %d. executor %p is not repeatable.", api, ACLNN_ERR_PARAM_INVALID,
+                              (void *)executor);
+        ascend_mock_unlock();
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    int state;
+    ascend_mock_tensor *t =
+        ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_TENSOR, (uint64_t)(uintptr_t)tensor, &state);
+    if (!t) {
+        ascend_mock_violation("%s: tensor %p is %s", api, (void *)tensor, ascend_mock_state_text(state));
+        ascend_mock_set_error("%s failed. ERROR: %d. tensor %p is %s.", api, ACLNN_ERR_PARAM_INVALID, (void *)tensor,
+                              ascend_mock_state_text(state));
+        ascend_mock_unlock();
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    uint64_t bytes = t->storage_numel * t->elem_size;
+    uint64_t alloc_id = 0;
+    const char *why = NULL;
+    if (((uintptr_t)addr & 31) != 0) {
+        why = "is not 32-byte aligned";
+    } else if (!addr && bytes > 0) {
+        why = "is null but the storage is not empty";
+    } else if (addr && !ascend_mock_mem_find_locked(addr, bytes, &alloc_id, NULL, NULL)) {
+        why = "does not hold the tensor's storage inside one live device allocation";
+    }
+    if (why) {
+        ascend_mock_violation("%s: address %p for tensor %p %s", api, addr, (void *)tensor, why);
+        ascend_mock_set_error("%s failed. ERROR: %d. address %p %s.", api, ACLNN_ERR_PARAM_INVALID, addr, why);
+        ascend_mock_unlock();
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    t->data = addr;
+    t->alloc_id = alloc_id;
+    ascend_mock_unlock();
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclSetInputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr) {
+    (void)index;
+    return set_tensor_addr("aclSetInputTensorAddr", executor, tensor, addr);
+}
+
+aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr) {
+    (void)index;
+    return set_tensor_addr("aclSetOutputTensorAddr", executor, tensor, addr);
 }
 
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "opapi.h"
+#include "ascend_mock.h"
 
 /* ---- f16 / bf16 <-> f32 ------------------------------------------------------------------------- */
 static float bits_f32(uint32_t u) {
@@ -240,12 +241,19 @@ typedef struct op_executor {
     ascend_mock_executor base; /* first: the toolkit's executor head */
     const mock_op *op;
     mock_op_call call;
+    /* A repeatable executor: its launches queued and not yet run or skipped, and their stream
+     * (a repeatable executor must not be launched on two streams at once). */
+    uint64_t inflight;
+    aclrtStream stream;
 } op_executor;
 
 typedef struct op_task {
     const mock_op *op;
     mock_op_call call;
+    uint64_t executor; /* the repeatable executor's handle (0: not repeatable) */
 } op_task;
+
+static op_executor *op_executor_get(const mock_op *op, aclOpExecutor *executor, int *state);
 
 static void op_executor_destroy(ascend_mock_executor *e) {
     free(e);
@@ -257,12 +265,28 @@ static int op_task_run(void *payload) {
 }
 
 static void op_task_drop(void *payload) {
+    op_task *k = payload;
+    if (k->executor) {
+        int state;
+        op_executor *e = op_executor_get(k->op, (aclOpExecutor *)(uintptr_t)k->executor, &state);
+        if (e && e->inflight) {
+            e->inflight--;
+        }
+    }
     free(payload);
 }
 
 /* ---- phase 1 ------------------------------------------------------------------------------------------- */
+/* Phase-1 calls of every operator, successful or not (ascend_mock_phase1_calls). */
+static uint64_t g_phase1_calls;
+
+__attribute__((visibility("default"))) uint64_t ascend_mock_phase1_calls(void) {
+    return __atomic_load_n(&g_phase1_calls, __ATOMIC_RELAXED);
+}
+
 aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *workspaceSize,
                            aclOpExecutor **executor) {
+    __atomic_fetch_add(&g_phase1_calls, 1, __ATOMIC_RELAXED);
     int st;
     if (ascend_mock_take_fault(op->phase1, &st)) {
         return st;
@@ -486,6 +510,19 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
         nranges++;
     }
     k->call.ws = e->call.ws_size ? workspace : NULL;
+    if (e->base.repeatable) {
+        if (e->inflight && e->stream != stream) {
+            free(k);
+            r = p2_violation(op, ACLNN_ERR_PARAM_INVALID,
+                             "repeatable executor %p is launched on stream %p while its launch on stream %p has not "
+                             "run yet: a repeatable executor must not be launched on two streams at once",
+                             (void *)executor, (void *)stream, (void *)e->stream);
+            goto out;
+        }
+        e->inflight++;
+        e->stream = stream;
+        k->executor = e->base.handle;
+    }
     ascend_mock_enqueue_locked(op->phase2, stream, ranges, nranges, op_task_run, op_task_drop, k);
     if (e->base.repeatable) {
         e->base.launches++;

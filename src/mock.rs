@@ -338,3 +338,47 @@ pub fn leaks() -> Leaks {
     let [allocations, tensors, executors, streams, communicators] = crate::device::leaks();
     Leaks { allocations, tensors, executors, streams, communicators }
 }
+
+/// What the launch path has cost the host so far in this process, counted by the mock: the
+/// numbers a steady loop should keep flat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchCounters {
+    /// `aclTensor` descriptors created (successful `aclCreateTensor` calls).
+    pub tensors_created: u64,
+    /// Phase-1 calls (`aclnn*GetWorkspaceSize`, successful or not).
+    pub phase1_calls: u64,
+}
+
+/// The mock's [`LaunchCounters`] now (process-wide totals).
+///
+/// # Panics
+/// Only if the mock toolkit that this crate's build script produced cannot be loaded (a broken build).
+pub fn launch_counters() -> LaunchCounters {
+    type Counter = unsafe extern "C" fn() -> u64;
+    struct Counters {
+        tensors_created: Counter,
+        phase1_calls: Counter,
+        _libraries: [libloading::Library; 2],
+    }
+    static COUNTERS: OnceLock<Counters> = OnceLock::new();
+    let counters = COUNTERS.get_or_init(|| {
+        let load = |name: &str, symbol: &str| {
+            let path = toolkit_dir().join("lib64").join(name);
+            // SAFETY: the mock's own library, built by this crate's build script; its initialisers
+            // only set up static state, and loading the path `ascend_sys::load_from` loads yields
+            // the same (reference-counted) instance.
+            let library = unsafe { libloading::Library::new(&path) }
+                .unwrap_or_else(|e| panic!("the mock CANN build is broken: cannot load {}: {e}", path.display()));
+            // SAFETY: declared in mock/ascend_mock.h as `uint64_t f(void)`; the library outlives
+            // the pointer (kept in `Counters`).
+            let f: Counter = *unsafe { library.get(symbol.as_bytes()) }
+                .unwrap_or_else(|e| panic!("the mock CANN build is broken: {} lacks {symbol}: {e}", path.display()));
+            (f, library)
+        };
+        let (tensors_created, nnopbase) = load(ascend_sys::loader::NNOPBASE, "ascend_mock_tensors_created\0");
+        let (phase1_calls, opapi) = load(ascend_sys::loader::OPAPI, "ascend_mock_phase1_calls\0");
+        Counters { tensors_created, phase1_calls, _libraries: [nnopbase, opapi] }
+    });
+    // SAFETY: both take no arguments and only read an atomic counter.
+    unsafe { LaunchCounters { tensors_created: (counters.tensors_created)(), phase1_calls: (counters.phase1_calls)() } }
+}

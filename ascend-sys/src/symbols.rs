@@ -33,8 +33,15 @@ pub const ASCENDCL_SYMBOLS: &[&str] = &[
 ];
 
 /// `libnnopbase.so`: aclnn tensors and executors.
-pub const NNOPBASE_SYMBOLS: &[&str] =
-    &["aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor", "aclnnInit"];
+pub const NNOPBASE_SYMBOLS: &[&str] = &[
+    "aclCreateTensor",
+    "aclDestroyTensor",
+    "aclSetAclOpExecutorRepeatable",
+    "aclDestroyAclOpExecutor",
+    "aclSetInputTensorAddr",
+    "aclSetOutputTensorAddr",
+    "aclnnInit",
+];
 
 /// An aclnn operator: the two functions of its two-phase API, and the package whose op library
 /// exports it on split installs (CANN 8.5+: `libopapi_nn.so`, `libopapi_math.so`; before, all

@@ -16,6 +16,18 @@ pub struct NnOpBase {
     pub aclDestroyTensor: unsafe extern "C" fn(tensor: *const aclTensor) -> aclnnStatus,
     pub aclSetAclOpExecutorRepeatable: unsafe extern "C" fn(executor: *mut aclOpExecutor) -> aclnnStatus,
     pub aclDestroyAclOpExecutor: unsafe extern "C" fn(executor: *mut aclOpExecutor) -> aclnnStatus,
+    pub aclSetInputTensorAddr: unsafe extern "C" fn(
+        executor: *mut aclOpExecutor,
+        index: usize,
+        tensor: *mut aclTensor,
+        addr: *mut ::std::os::raw::c_void,
+    ) -> aclnnStatus,
+    pub aclSetOutputTensorAddr: unsafe extern "C" fn(
+        executor: *mut aclOpExecutor,
+        index: usize,
+        tensor: *mut aclTensor,
+        addr: *mut ::std::os::raw::c_void,
+    ) -> aclnnStatus,
     pub aclnnInit: unsafe extern "C" fn(configPath: *const ::std::os::raw::c_char) -> aclnnStatus,
 }
 impl NnOpBase {
@@ -35,6 +47,8 @@ impl NnOpBase {
         let aclDestroyTensor = __library.get(b"aclDestroyTensor\0").map(|sym| *sym)?;
         let aclSetAclOpExecutorRepeatable = __library.get(b"aclSetAclOpExecutorRepeatable\0").map(|sym| *sym)?;
         let aclDestroyAclOpExecutor = __library.get(b"aclDestroyAclOpExecutor\0").map(|sym| *sym)?;
+        let aclSetInputTensorAddr = __library.get(b"aclSetInputTensorAddr\0").map(|sym| *sym)?;
+        let aclSetOutputTensorAddr = __library.get(b"aclSetOutputTensorAddr\0").map(|sym| *sym)?;
         let aclnnInit = __library.get(b"aclnnInit\0").map(|sym| *sym)?;
         Ok(NnOpBase {
             __library,
@@ -42,6 +56,8 @@ impl NnOpBase {
             aclDestroyTensor,
             aclSetAclOpExecutorRepeatable,
             aclDestroyAclOpExecutor,
+            aclSetInputTensorAddr,
+            aclSetOutputTensorAddr,
             aclnnInit,
         })
     }
@@ -77,6 +93,24 @@ impl NnOpBase {
     }
     pub unsafe fn aclDestroyAclOpExecutor(&self, executor: *mut aclOpExecutor) -> aclnnStatus {
         (self.aclDestroyAclOpExecutor)(executor)
+    }
+    pub unsafe fn aclSetInputTensorAddr(
+        &self,
+        executor: *mut aclOpExecutor,
+        index: usize,
+        tensor: *mut aclTensor,
+        addr: *mut ::std::os::raw::c_void,
+    ) -> aclnnStatus {
+        (self.aclSetInputTensorAddr)(executor, index, tensor, addr)
+    }
+    pub unsafe fn aclSetOutputTensorAddr(
+        &self,
+        executor: *mut aclOpExecutor,
+        index: usize,
+        tensor: *mut aclTensor,
+        addr: *mut ::std::os::raw::c_void,
+    ) -> aclnnStatus {
+        (self.aclSetOutputTensorAddr)(executor, index, tensor, addr)
     }
     pub unsafe fn aclnnInit(&self, configPath: *const ::std::os::raw::c_char) -> aclnnStatus {
         (self.aclnnInit)(configPath)
