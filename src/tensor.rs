@@ -247,6 +247,71 @@ impl Tensor {
         layout::is_contiguous(&self.shape, &self.strides)
     }
 
+    /// A tensor view over device memory the caller owns (another library's, a C++ engine's, or
+    /// this crate's own through [`device_ptr`](Self::device_ptr)): `dtype` elements viewed with
+    /// `shape`, `strides` and `offset` (in elements) inside the `storage_bytes` bytes starting at
+    /// `ptr` on the device of `stream`. The crate never frees that memory. Like any tensor it goes
+    /// through the one launch path: every stream that enqueues work on it is recorded, and dropping
+    /// the tensor waits for that work, so the caller may free the memory once the tensor is gone.
+    ///
+    /// Errors (nothing is made): a CPU stream, a null or misaligned `ptr` (it must be aligned to
+    /// the dtype's size; CANN itself wants the 32 bytes `aclrtMalloc` gives), a view outside
+    /// `storage_bytes`.
+    ///
+    /// # Safety
+    /// `ptr` points to at least `storage_bytes` bytes of device memory of `stream`'s device that
+    /// stay allocated, and are neither freed nor written by anything else but work ordered with
+    /// this tensor's streams, until the returned tensor (and every tensor or call borrowing it)
+    /// has been dropped.
+    pub unsafe fn from_raw_device(
+        stream: &Stream,
+        ptr: *mut std::ffi::c_void,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        storage_bytes: usize,
+    ) -> Result<Tensor> {
+        let Some((_, device)) = stream.ascend() else {
+            return Err(stream.mismatch("stream", "foreign device memory needs an Ascend stream"));
+        };
+        let size = dtype.size_in_bytes();
+        if ptr.is_null() || (ptr as usize) % size != 0 {
+            return Err(Error::invalid(
+                "ptr",
+                format!("expected a non-null device address aligned to {size} bytes ({dtype}), got {ptr:p}"),
+            ));
+        }
+        let storage_len = storage_bytes / size;
+        layout::check_view(shape, strides, offset, storage_len).map_err(|m| Error::invalid("strides", m))?;
+        // SAFETY: the caller's guarantee: `storage_bytes` of live device memory of this device at
+        // `ptr`, kept until this tensor and its work are gone.
+        let buffer = unsafe { DeviceBuffer::foreign(device.clone(), ptr, storage_len * size) };
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            storage_len,
+            storage: Storage::Device(DeviceStorage { buffer }),
+        })
+    }
+
+    /// The device address of the tensor's storage (element 0 of the storage, not of the view:
+    /// add `offset()` elements for the view's first one) and `None` on the CPU backend. The
+    /// storage holds [`storage_len`](Self::storage_len) elements of [`dtype`](Self::dtype).
+    ///
+    /// Valid only while the tensor lives. Work this crate enqueued on it may still be running:
+    /// synchronise its stream (or wait for an [`Event`](crate::Event) recorded after that work)
+    /// before another library reads or writes the memory, and keep this crate off the tensor
+    /// while the other library's work runs.
+    pub fn device_ptr(&self) -> Option<*mut std::ffi::c_void> {
+        match &self.storage {
+            Storage::Device(d) => Some(d.buffer.ptr()),
+            Storage::Host(_) => None,
+        }
+    }
+
     /// Whether the tensor lives in device memory (Ascend backend).
     pub fn is_device(&self) -> bool {
         matches!(self.storage, Storage::Device(_))

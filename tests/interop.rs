@@ -153,3 +153,93 @@ fn a_foreign_communicator_runs_collectives_and_is_not_destroyed_on_drop() {
     // SAFETY: rejected before the handle is used.
     assert!(unsafe { Communicator::from_raw(&ctx, std::ptr::null_mut()) }.is_err());
 }
+
+/// Σ over the channel dim 1 of a contiguous [n, c] matrix, in f64.
+fn channel_sums(v: &[f32], c: usize) -> Vec<f64> {
+    let mut s = vec![0f64; c];
+    for (i, x) in v.iter().enumerate() {
+        s[i % c] += f64::from(*x);
+    }
+    s
+}
+
+#[test]
+fn a_tensor_over_foreign_device_memory_runs_operators_and_never_frees_it() {
+    let _g = setup();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let (n, c) = (6, 3);
+    let data = random(n * c, 17);
+    // The "caller's" memory: a tensor the caller keeps, handed over by its raw device pointer.
+    let owner = Tensor::from_slice(&s, &data, &[n, c]).unwrap();
+    let ptr = owner.device_ptr().expect("a device tensor has a device pointer");
+    assert!(Tensor::from_slice(&Context::cpu().new_stream().unwrap(), &data, &[n, c]).unwrap().device_ptr().is_none());
+    let before = ascend::mock::stats();
+    let bytes = owner.storage_len() * 4;
+    // The view's work runs on a stream of its own, dropped at the end (with its workspace).
+    let owner_stream = s;
+    let s = ctx.new_stream().unwrap();
+    // SAFETY: `owner` keeps the memory allocated until after `view` (and its work) is gone.
+    let view = unsafe { Tensor::from_raw_device(&s, ptr, ascend::DType::F32, &[n, c], &[c, 1], 0, bytes) }.unwrap();
+    let mean = Tensor::zeros(&s, ascend::DType::F32, &[c]).unwrap();
+    let invstd = Tensor::from_slice(&s, &[1f32; 3], &[c]).unwrap();
+    let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
+    let r = batch_norm_reduce_backward(&s, &view, &view, &mean, &invstd, None, mask).unwrap();
+    drop(view); // waits for its work; frees nothing
+    let got: Vec<f32> = r.grad_bias.unwrap().to_vec(&s).unwrap();
+    for (g, e) in got.iter().zip(channel_sums(&data, c)) {
+        assert!((f64::from(*g) - e).abs() <= 1e-5 * e.abs().max(1.0), "gradBias {g} vs {e}");
+    }
+    drop((mean, invstd, s));
+    let s = owner_stream;
+    let after = ascend::mock::stats();
+    assert_eq!(after.live_allocations, before.live_allocations, "the foreign view freed nothing");
+    assert_eq!(after.violations, before.violations);
+    assert_eq!(owner.to_vec::<f32>(&s).unwrap(), data, "the owner's memory is intact and still its own");
+
+    // Refused before anything is made: a CPU stream, a null or misaligned pointer, a view
+    // outside the storage.
+    let cpu = Context::cpu().new_stream().unwrap();
+    // SAFETY: every call below is refused before the pointer is used.
+    unsafe {
+        let f32_ = ascend::DType::F32;
+        assert!(Tensor::from_raw_device(&cpu, ptr, f32_, &[n, c], &[c, 1], 0, bytes).is_err());
+        assert_eq!(
+            Tensor::from_raw_device(&s, std::ptr::null_mut(), f32_, &[1], &[1], 0, 4).unwrap_err().status(),
+            Some(161002)
+        );
+        let odd = ptr.cast::<u8>().wrapping_add(2).cast();
+        assert_eq!(Tensor::from_raw_device(&s, odd, f32_, &[1], &[1], 0, 4).unwrap_err().status(), Some(161002));
+        assert_eq!(
+            Tensor::from_raw_device(&s, ptr, f32_, &[n, c], &[c, 1], 1, bytes).unwrap_err().status(),
+            Some(161002),
+            "one element past the storage"
+        );
+    }
+    assert_eq!(ascend::mock::stats().live_allocations, before.live_allocations);
+}
+
+#[test]
+fn the_mock_catches_foreign_memory_that_is_too_small_or_freed() {
+    let _g = setup();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let c = 4;
+    let mean = Tensor::zeros(&s, ascend::DType::F32, &[c]).unwrap();
+    let invstd = Tensor::from_slice(&s, &[1f32; 4], &[c]).unwrap();
+    let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
+    // A storage the caller claims is 16 elements, over an allocation of 8.
+    let small = Tensor::from_slice(&s, &random(8, 3), &[2, c]).unwrap();
+    let ptr = small.device_ptr().unwrap();
+    let before = ascend::mock::stats().violations;
+    // SAFETY: deliberately false (the extent is larger than the allocation): the mock must catch
+    // it when the memory is described to CANN, before any kernel reads it.
+    let lie = unsafe { Tensor::from_raw_device(&s, ptr, ascend::DType::F32, &[4, c], &[c, 1], 0, 64) }.unwrap();
+    let r = batch_norm_reduce_backward(&s, &lie, &lie, &mean, &invstd, None, mask);
+    let sync = s.synchronize();
+    assert!(
+        r.is_err() || sync.is_err() || ascend::mock::stats().violations > before,
+        "memory beyond the caller's allocation was used unnoticed"
+    );
+    assert!(ascend::mock::stats().violations > before, "the mock counts the out-of-allocation view");
+}

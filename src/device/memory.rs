@@ -7,12 +7,15 @@ use super::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::acl;
 use crate::error::Result;
 
-/// One `aclrtMalloc` allocation, freed on drop. The owner guarantees no pending work uses it by
-/// then (see [`DeviceBuffer`] for memory shared with streams).
+/// One `aclrtMalloc` allocation, freed on drop, or device memory another owner keeps (never
+/// freed here). The owner guarantees no pending work uses it by then (see [`DeviceBuffer`] for
+/// memory shared with streams).
 pub(crate) struct DeviceAlloc {
     device: Arc<Device>,
     ptr: *mut c_void,
     bytes: usize,
+    /// Whether this value frees the memory (false for the caller's memory).
+    owned: bool,
 }
 
 // SAFETY: the pointer is a device address, meaningful from any thread that binds the device
@@ -25,12 +28,21 @@ impl DeviceAlloc {
     /// Allocates `bytes` (0 allocates nothing and yields a null pointer).
     pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
         if bytes == 0 {
-            return Ok(DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes });
+            return Ok(DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes, owned: true });
         }
         device.bind()?;
         let ptr = acl::malloc(device.cann, bytes)?;
         device.memory.allocated(bytes);
-        Ok(DeviceAlloc { device, ptr, bytes })
+        Ok(DeviceAlloc { device, ptr, bytes, owned: true })
+    }
+
+    /// `bytes` of device memory at `ptr` that another owner allocated and frees.
+    ///
+    /// # Safety
+    /// `ptr` is the start of `bytes` of device memory of `device` that stays allocated until this
+    /// value and every piece of work enqueued on it have finished.
+    pub(crate) unsafe fn foreign(device: Arc<Device>, ptr: *mut c_void, bytes: usize) -> Self {
+        DeviceAlloc { device, ptr, bytes, owned: false }
     }
 
     pub(crate) fn ptr(&self) -> *mut c_void {
@@ -48,7 +60,7 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        if self.ptr.is_null() {
+        if self.ptr.is_null() || !self.owned {
             return;
         }
         self.device.memory.released(self.bytes);
@@ -74,6 +86,16 @@ pub(crate) struct DeviceBuffer {
 impl DeviceBuffer {
     pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
         Ok(DeviceBuffer { alloc: Some(DeviceAlloc::new(device, bytes)?), users: Mutex::new(Vec::new()) })
+    }
+
+    /// A buffer over the caller's device memory (see [`DeviceAlloc::foreign`]): recorded on
+    /// streams and synchronised on drop like any buffer, never freed.
+    ///
+    /// # Safety
+    /// As [`DeviceAlloc::foreign`].
+    pub(crate) unsafe fn foreign(device: Arc<Device>, ptr: *mut c_void, bytes: usize) -> Self {
+        // SAFETY: the caller's guarantee, passed on.
+        DeviceBuffer { alloc: Some(unsafe { DeviceAlloc::foreign(device, ptr, bytes) }), users: Mutex::new(Vec::new()) }
     }
 
     fn alloc(&self) -> &DeviceAlloc {
@@ -171,7 +193,7 @@ impl Drop for DeviceBuffer {
                 "leaking {} bytes of device memory whose stream could not be synchronised",
                 alloc.bytes()
             ));
-            if !alloc.ptr.is_null() {
+            if !alloc.ptr.is_null() && alloc.owned {
                 leaked(Leak::Allocation);
             }
             std::mem::forget(alloc);
