@@ -276,7 +276,7 @@ impl Tensor {
             return Err(stream.mismatch("stream", "foreign device memory needs an Ascend stream"));
         };
         let size = dtype.size_in_bytes();
-        if ptr.is_null() || (ptr as usize) % size != 0 {
+        if ptr.is_null() || !(ptr as usize).is_multiple_of(size) {
             return Err(Error::invalid(
                 "ptr",
                 format!("expected a non-null device address aligned to {size} bytes ({dtype}), got {ptr:p}"),
