@@ -58,8 +58,11 @@ mod sealed {
 pub trait Element: Copy + Default + Send + Sync + PartialEq + fmt::Debug + 'static + sealed::Sealed {
     /// The dtype of this type.
     const DTYPE: DType;
-    /// Widens to f32 (exact for every element type).
+    /// Widens to f32: exact for f32, f16 and bf16; an i32 beyond 2^24 in magnitude is rounded to
+    /// nearest (use [`to_f64`](Element::to_f64) for an exact conversion).
     fn to_f32(self) -> f32;
+    /// Widens to f64 (exact for every element type).
+    fn to_f64(self) -> f64;
     /// Narrows from f32, rounding to nearest even.
     fn from_f32(v: f32) -> Self;
     /// Narrows from f64 with one rounding to nearest even.
@@ -70,6 +73,12 @@ pub trait Element: Copy + Default + Send + Sync + PartialEq + fmt::Debug + 'stat
     /// Wraps a mutable slice of this type.
     #[doc(hidden)]
     fn slice_mut(s: &mut [Self]) -> SliceMut<'_>;
+    /// The slice as this type, when it holds this type (`None` for another dtype).
+    #[doc(hidden)]
+    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]>;
+    /// The mutable slice as this type, when it holds this type (`None` for another dtype).
+    #[doc(hidden)]
+    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]>;
 }
 
 impl Element for f32 {
@@ -79,6 +88,22 @@ impl Element for f32 {
     }
     fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
         SliceMut::F32(s)
+    }
+    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
+        match s {
+            SliceRef::F32(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
+        match s {
+            SliceMut::F32(s) => Some(s),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -102,6 +127,22 @@ impl Element for f16 {
     fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
         SliceMut::F16(s)
     }
+    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
+        match s {
+            SliceRef::F16(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
+        match s {
+            SliceMut::F16(s) => Some(s),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -112,7 +153,7 @@ impl Element for f16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
+        f16_from_f64(v)
     }
 }
 
@@ -124,6 +165,22 @@ impl Element for bf16 {
     fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
         SliceMut::BF16(s)
     }
+    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
+        match s {
+            SliceRef::BF16(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
+        match s {
+            SliceMut::BF16(s) => Some(s),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
@@ -134,7 +191,7 @@ impl Element for bf16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
+        bf16_from_f64(v)
     }
 }
 
@@ -145,6 +202,22 @@ impl Element for i32 {
     }
     fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
         SliceMut::I32(s)
+    }
+    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
+        match s {
+            SliceRef::I32(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
+        match s {
+            SliceMut::I32(s) => Some(s),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
     }
     /// Exact up to 2^24 in magnitude, rounded to nearest beyond.
     #[inline(always)]
@@ -161,6 +234,37 @@ impl Element for i32 {
     fn from_f64(v: f64) -> Self {
         v.round() as i32
     }
+}
+
+/// `v` rounded to f32 toward zero, with the lowest significand bit set when that is inexact
+/// (rounding to odd). Rounding the result once more, to nearest even, into a format of at most 22
+/// significand bits (f16: 11, bf16: 8) gives the correctly rounded `v` (Boldo and Melquiond,
+/// "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", 2008).
+#[inline]
+fn f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if v.is_nan() || f64::from(f) == v {
+        return f;
+    }
+    let mut bits = f.to_bits();
+    if f64::from(f).abs() > v.abs() {
+        // Rounded away from zero (to infinity at most): one step back toward zero.
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// `v` rounded once, to nearest even, into f16. (`half`'s own `f16::from_f64` drops the low 32
+/// significand bits first, so a value just above a tie can round down.)
+#[inline]
+pub(crate) fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_round_to_odd(v))
+}
+
+/// `v` rounded once, to nearest even, into bf16 (see [`f16_from_f64`]).
+#[inline]
+pub(crate) fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_round_to_odd(v))
 }
 
 /// A borrowed host slice of one of the element types.
@@ -209,7 +313,18 @@ impl SliceRef<'_> {
         self.len() == 0
     }
 
-    /// Element `i` widened to f32. `i` must be in bounds.
+    /// Element `i` widened to f64 (exact for every dtype). `i` must be in bounds.
+    #[inline]
+    pub(crate) fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            SliceRef::F32(s) => f64::from(s[i]),
+            SliceRef::F16(s) => s[i].to_f64(),
+            SliceRef::BF16(s) => s[i].to_f64(),
+            SliceRef::I32(s) => f64::from(s[i]),
+        }
+    }
+
+    /// Element `i` widened to f32 (an i32 beyond 2^24 is rounded). `i` must be in bounds.
     #[inline]
     pub(crate) fn get_f32(&self, i: usize) -> f32 {
         match self {
@@ -252,9 +367,48 @@ impl SliceMut<'_> {
     pub(crate) fn set_f64(&mut self, i: usize, v: f64) {
         match self {
             SliceMut::F32(s) => s[i] = v as f32,
-            SliceMut::F16(s) => s[i] = f16::from_f64(v),
-            SliceMut::BF16(s) => s[i] = bf16::from_f64(v),
+            SliceMut::F16(s) => s[i] = f16_from_f64(v),
+            SliceMut::BF16(s) => s[i] = bf16_from_f64(v),
             SliceMut::I32(s) => s[i] = v.round() as i32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// f64 → f16/bf16 rounds once to nearest even, also for a value just above a tie whose
+    /// distinguishing bit lies in the low 32 significand bits of the f64.
+    #[test]
+    fn narrowing_from_f64_rounds_once() {
+        let tie = f64::from((1u32 << 24) + (1 << 16)); // a bf16 tie between 2^24 and 2^24 + 2^17
+        assert_eq!(bf16_from_f64(tie).to_f64(), 16_777_216.0);
+        assert_eq!(bf16_from_f64(tie + 1.0).to_f64(), 16_908_288.0);
+        assert_eq!(bf16_from_f64(-(tie + 1.0)).to_f64(), -16_908_288.0);
+        let h = 1.0 + 2f64.powi(-11); // an f16 tie between 1 and 1 + 2^-10
+        assert_eq!(f16_from_f64(h).to_f64(), 1.0);
+        assert_eq!(f16_from_f64(h + 2f64.powi(-40)).to_f64(), 1.0 + 2f64.powi(-10));
+        assert_eq!(f16_from_f64(h - 2f64.powi(-40)).to_f64(), 1.0);
+        for v in [0.0, -0.0, 1.0, 65504.0, 65520.0, 1e300, -1e300, 1e-300, f64::INFINITY, 5.960464477539063e-8] {
+            assert_eq!(f16_from_f64(v).to_bits(), f16::from_f32(v as f32).to_bits(), "{v:e}");
+            assert_eq!(bf16_from_f64(v).to_bits(), bf16::from_f32(v as f32).to_bits(), "{v:e}");
+        }
+        assert!(f16_from_f64(f64::NAN).is_nan() && bf16_from_f64(f64::NAN).is_nan());
+        // Underflow: below half the smallest subnormal gives zero, just above it the subnormal.
+        let min = 2f64.powi(-24);
+        assert_eq!(f16_from_f64(min / 2.0).to_bits(), 0);
+        assert_eq!(f16_from_f64(min / 2.0 * (1.0 + 2f64.powi(-40))).to_bits(), 1);
+        assert_eq!(f16_from_f64(-min / 2.0 * (1.0 + 2f64.powi(-40))).to_bits(), 0x8001);
+        assert_eq!(bf16_from_f64(1e-300).to_bits(), 0);
+    }
+
+    /// Widening to f64 is exact for every element type, i32 included.
+    #[test]
+    fn widening_to_f64_is_exact() {
+        for v in [16_777_217i32, -16_777_219, i32::MIN, i32::MAX] {
+            assert_eq!(v.to_f64() as i64, i64::from(v));
+            assert_eq!(SliceRef::I32(&[v]).get_f64(0) as i64, i64::from(v));
         }
     }
 }

@@ -21,16 +21,13 @@ pub(crate) enum HostData {
 
 impl HostData {
     fn from_slice<T: Element>(data: &[T]) -> Result<Self> {
-        // Exactly one arm matches T::DTYPE; the conversion is then the identity.
-        Ok(match T::DTYPE {
-            DType::F32 => HostData::F32(try_collect(data.iter().map(|v| v.to_f32()), data.len())?),
-            DType::F16 => HostData::F16(try_collect(data.iter().map(|v| f16::from_f32(v.to_f32())), data.len())?),
-            DType::BF16 => HostData::BF16(try_collect(data.iter().map(|v| bf16::from_f32(v.to_f32())), data.len())?),
-            // i32 is exact (an i32 → f32 → i32 round trip is not): copied as it is.
-            DType::I32 => match T::slice_ref(data) {
-                SliceRef::I32(s) => HostData::I32(try_collect(s.iter().copied(), s.len())?),
-                _ => HostData::I32(try_collect(data.iter().map(|v| v.to_f32() as i32), data.len())?),
-            },
+        // T's own dtype: a byte copy (no conversion, NaN payloads kept).
+        let n = data.len();
+        Ok(match T::slice_ref(data) {
+            SliceRef::F32(s) => HostData::F32(try_collect(s.iter().copied(), n)?),
+            SliceRef::F16(s) => HostData::F16(try_collect(s.iter().copied(), n)?),
+            SliceRef::BF16(s) => HostData::BF16(try_collect(s.iter().copied(), n)?),
+            SliceRef::I32(s) => HostData::I32(try_collect(s.iter().copied(), n)?),
         })
     }
 
@@ -356,11 +353,22 @@ impl Tensor {
         }
         let (shape, strides, offset) = (&self.shape, &self.strides, self.offset);
         let scatter = |h: &mut HostData| {
-            let mut view = ViewMut::from_host(h, shape, strides, offset);
             let mut values = data.iter();
+            let mut storage = h.as_slice_mut();
+            if let Some(dst) = T::of_slice_mut(&mut storage) {
+                // The tensor's own dtype: element copies (no conversion, NaN payloads kept).
+                layout::for_each_index(shape, strides, offset, |i| {
+                    if let Some(&v) = values.next() {
+                        dst[i] = v;
+                    }
+                });
+                return;
+            }
+            // Another dtype: widened exactly to f64, then rounded once into the tensor's dtype.
+            let mut view = ViewMut::from_host(h, shape, strides, offset);
             layout::for_each_index(shape, strides, offset, |i| {
                 if let Some(v) = values.next() {
-                    view.set_f64(i, f64::from(v.to_f32()));
+                    view.set_f64(i, v.to_f64());
                 }
             });
         };
@@ -478,6 +486,16 @@ fn gather<T: Element>(v: &View<'_>) -> Result<Vec<T>> {
     let n = layout::numel(v.shape()).unwrap_or(usize::MAX);
     let mut out = Vec::new();
     out.try_reserve_exact(n).map_err(|_| Error::HostAlloc { bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
-    v.for_each_f32(|x| out.push(T::from_f32(x)));
+    if let Some(data) = T::of_slice_ref(v.storage()) {
+        // The tensor's own dtype: a byte copy (one memcpy when contiguous), no conversion.
+        let run = v.offset().checked_add(n).and_then(|end| data.get(v.offset()..end));
+        match run {
+            Some(run) if layout::is_contiguous(v.shape(), v.strides()) => out.extend_from_slice(run),
+            _ => layout::for_each_index(v.shape(), v.strides(), v.offset(), |i| out.push(data[i])),
+        }
+        return Ok(out);
+    }
+    // Another dtype: widened exactly to f64, then rounded once into T.
+    v.for_each_f64(|x| out.push(T::from_f64(x)));
     Ok(out)
 }

@@ -140,6 +140,11 @@ impl<'a> View<'a> {
         &self.geom.strides
     }
 
+    /// The view's offset into its storage, in elements.
+    pub(crate) fn offset(&self) -> usize {
+        self.geom.offset
+    }
+
     pub(crate) fn meta(&self) -> Meta<'_> {
         self.geom.meta(self.dtype(), self.data.len())
     }
@@ -149,8 +154,15 @@ impl<'a> View<'a> {
         self.data
     }
 
-    /// Calls `f` with every element (widened to f32) in row-major order. The view must have been
-    /// bounds-checked.
+    /// Calls `f` with every element (widened to f64, exact for every dtype) in row-major order.
+    /// The view must have been bounds-checked.
+    pub(crate) fn for_each_f64(&self, mut f: impl FnMut(f64)) {
+        let g = &self.geom;
+        layout::for_each_index(g.shape, &g.strides, g.offset, |i| f(self.data.get_f64(i)));
+    }
+
+    /// Calls `f` with every element (widened to f32; an i32 beyond 2^24 is rounded) in row-major
+    /// order. The view must have been bounds-checked.
     pub(crate) fn for_each_f32(&self, mut f: impl FnMut(f32)) {
         let g = &self.geom;
         layout::for_each_index(g.shape, &g.strides, g.offset, |i| f(self.data.get_f32(i)));
@@ -230,8 +242,8 @@ impl<'a> ViewMut<'a> {
         }
         match &mut self.data {
             SliceMut::F32(s) => put(s, offset, stride, values, |v| v as f32),
-            SliceMut::F16(s) => put(s, offset, stride, values, crate::dtype::f16::from_f64),
-            SliceMut::BF16(s) => put(s, offset, stride, values, crate::dtype::bf16::from_f64),
+            SliceMut::F16(s) => put(s, offset, stride, values, crate::dtype::f16_from_f64),
+            SliceMut::BF16(s) => put(s, offset, stride, values, crate::dtype::bf16_from_f64),
             SliceMut::I32(s) => put(s, offset, stride, values, |v| v.round() as i32),
         }
     }

@@ -30,6 +30,11 @@ impl Raw {
 
     /// A contiguous device tensor of `dtype` and `shape` holding `bytes`.
     pub fn tensor(&mut self, dtype: aclDataType, shape: &[i64], bytes: &[u8]) -> *mut aclTensor {
+        self.tensor_in(aclFormat::ACL_FORMAT_ND, dtype, shape, bytes)
+    }
+
+    /// [`tensor`](Raw::tensor) with storage format `format` (e.g. a private one, NC1HWC0).
+    pub fn tensor_in(&mut self, format: aclFormat, dtype: aclDataType, shape: &[i64], bytes: &[u8]) -> *mut aclTensor {
         let mut mem = ptr::null_mut();
         if !bytes.is_empty() {
             let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
@@ -52,7 +57,7 @@ impl Raw {
                 dtype,
                 strides.as_ptr(),
                 0,
-                aclFormat::ACL_FORMAT_ND,
+                format,
                 shape.as_ptr(),
                 shape.len() as u64,
                 mem,
@@ -67,6 +72,12 @@ impl Raw {
     pub fn f32s(&mut self, shape: &[i64], values: &[f32]) -> *mut aclTensor {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
         self.tensor(F32, shape, &bytes)
+    }
+
+    /// An f32 tensor of `values` in storage format `format`.
+    pub fn f32s_in(&mut self, format: aclFormat, shape: &[i64], values: &[f32]) -> *mut aclTensor {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        self.tensor_in(format, F32, shape, &bytes)
     }
 
     /// An int32 tensor of `values`.
