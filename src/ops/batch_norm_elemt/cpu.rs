@@ -1,6 +1,7 @@
 //! The CPU kernel of [`batch_norm_elemt`](super::batch_norm_elemt): per element, in f32,
-//! `(x − mean[c])·scale[c] + bias[c]` with `scale[c] = |invstd[c]|·weight[c]` rounded once from the
-//! exact product; over any strides through [`channelwise::map`] (runs of one channel for NCHW,
+//! `(x − mean[c])·scale[c] + bias[c]` with `scale[c] = r[c]·weight[c]` rounded once from the
+//! exact product, where `r[c] = 1/sqrt((1/invstd[c]² − eps) + eps)` in f32 is the factor CANN
+//! normalises by (it rebuilds the variance from invstd, `docs/cann/SYNCBN.md`); over any strides through [`channelwise::map`] (runs of one channel for NCHW,
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
@@ -21,6 +22,7 @@ pub(super) fn run(
     bias: Option<&Tensor>,
     mean: &Tensor,
     invstd: &Tensor,
+    eps: f32,
     output: &mut Tensor,
 ) -> Result<()> {
     let c = input.shape()[1];
@@ -31,12 +33,14 @@ pub(super) fn run(
         Some(b) => channel_values(b, "bias")?,
         None => vec![0.0; c],
     };
-    // |invstd|: CANN rebuilds the variance from invstd² and normalises by 1/sqrt(var + eps), so a
-    // negative invstd acts as its magnitude there; the CPU gives the same values. The product of
+    // CANN rebuilds the variance from invstd² and normalises by 1/sqrt(var + eps), every step in
+    // f32 (so a negative invstd acts as its magnitude, and an eps that dwarfs 1/invstd² gives
+    // what f32 gives); the same f32 steps here give the same factor, bit for bit. The product of
     // two f32 values is exact in f64: one rounding.
+    let factor = |s: f32| 1.0 / ((1.0 / (s * s) - eps) + eps).sqrt();
     let scale: Vec<f32> = match &weight {
-        Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(i.abs()) * f64::from(w)) as f32).collect(),
-        None => invstd.iter().map(|i| i.abs()).collect(),
+        Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(factor(i)) * f64::from(w)) as f32).collect(),
+        None => invstd.iter().map(|&i| factor(i)).collect(),
     };
     let p = Params { mean: tile(&mean), scale: tile(&scale), bias: tile(&bias) };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());

@@ -126,7 +126,7 @@ pub fn prepare_batch_norm_elemt<'a>(
             if empty {
                 return Ok(());
             }
-            cpu::run(input, weight, bias, mean, invstd, output)
+            cpu::run(input, weight, bias, mean, invstd, eps as f32, output)
         })),
         Some(_) => ascend_prepare(stream, input, weight, bias, mean, invstd, eps, output).map(Prepared::ascend),
     }

@@ -170,6 +170,8 @@ pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
     let running = running_mean.zip(running_var);
     match stream.ascend() {
         None => Ok(Prepared::cpu(move || {
+            // CANN's kernel takes momentum and eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
+            let (momentum, eps) = (f64::from(momentum as f32), f64::from(eps as f32));
             cpu_launch(plan, [mean, invstd, counts], running, momentum, eps, mean_all, invstd_all)
         })),
         Some(_) => {

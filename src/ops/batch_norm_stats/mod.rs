@@ -75,7 +75,8 @@ pub fn prepare_batch_norm_stats<'a>(
     mean.check_stream(stream, "mean")?;
     invstd.check_stream(stream, "invstd")?;
     match stream.ascend() {
-        None => Ok(Prepared::cpu(move || cpu_launch(input, eps, mean, invstd))),
+        // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
+        None => Ok(Prepared::cpu(move || cpu_launch(input, f64::from(eps as f32), mean, invstd))),
         Some(_) => ascend_prepare(stream, input, eps, mean, invstd).map(Prepared::ascend),
     }
 }
