@@ -89,7 +89,7 @@ pub fn forward<'a>(
         ));
     }
     let world = comm.size() as usize;
-    validate_forward(s, input, c, world, weight, bias, running_mean.as_deref(), running_var.as_deref(), eps)?;
+    validate_forward(s, input, c, world, weight, bias, running_mean.as_deref(), running_var.as_deref(), momentum, eps)?;
     let (mean, invstd) = local_stats(s, input, c, eps)?;
     let mut mean_all = Tensor::zeros(s, DType::F32, &[world, c])?;
     let mut invstd_all = Tensor::zeros(s, DType::F32, &[world, c])?;
@@ -147,17 +147,26 @@ fn validate_forward(
     bias: Option<&Tensor>,
     running_mean: Option<&Tensor>,
     running_var: Option<&Tensor>,
+    momentum: f64,
     eps: f64,
 ) -> Result<()> {
     if input.dtype() != DType::BF16 {
-        checks::batch_norm_stats(s, input)?;
+        checks::batch_norm_stats(s, input, eps)?;
     }
     let stat = per_channel_stand_in(s, c)?;
     checks::batch_norm_elemt(s, input, weight, bias, &stat, &stat, eps)?;
     let (rows, row_strides, one) = ([world, c], [0, 0], [world]);
     let gathered = Meta { dtype: DType::F32, shape: &rows, strides: &row_strides, offset: 0, storage_len: 1 };
     let counts = Meta { dtype: DType::F32, shape: &one, strides: &[0], offset: 0, storage_len: 1 };
-    checks::batch_norm_gather_stats_with_counts(s, input, [&gathered, &gathered, &counts], running_mean, running_var)
+    checks::batch_norm_gather_stats_with_counts(
+        s,
+        input,
+        [&gathered, &gathered, &counts],
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+    )
 }
 
 /// The local mean and invstd (`[C]` f32) of `input`: `batch_norm_stats`, or for bf16 (which it

@@ -122,7 +122,8 @@ fn entry() -> impl Strategy<Value = Entry> {
     ]
 }
 
-/// eps/momentum: ordinary values mostly, edges sometimes: 0, NaN, ±inf, negative, beyond f32,
+/// eps/momentum: ordinary values mostly, edges sometimes: 0, NaN, ±inf, negative (small enough
+/// that no variance of the data cancels it), beyond f32,
 /// below f32's smallest subnormal (0 in f32, which CANN's kernels take these scalars in). `huge`
 /// adds a valid eps that dwarfs every variance: the operators whose result then depends only on
 /// f32 steps both backends take alike (stats, elemt) draw it; gather's running variance then
@@ -135,7 +136,7 @@ fn scalar(ordinary: f64, huge: bool) -> impl Strategy<Value = f64> {
         1 => Just(f64::NAN),
         1 => Just(f64::INFINITY),
         1 => Just(f64::NEG_INFINITY),
-        1 => Just(-1.0),
+        1 => Just(-1e-3),
         1 => Just(1e39),
         1 => Just(1e-300),
         1 => Just(huge),
@@ -394,6 +395,9 @@ fn tolerance(dtype: DType) -> f64 {
 /// The two reads agree: exactly (`exact`), or within the dtype's tolerance, NaN for NaN and
 /// infinities of one sign.
 fn compare(what: &str, dtype: DType, mock: &Read, cpu: &Read, exact: bool) -> Outcome {
+    // gradInput is a difference of terms up to ~64 (values to 4, invstd to 4) that CANN's
+    // reduction forms as Σdy·x − mean·Σdy, the CPU's directly: its error scales with the terms.
+    let floor = if what.ends_with("gradInput") { 64.0 } else { 1.0 };
     COMPARED.fetch_add(1, Relaxed);
     match (mock, cpu) {
         (Read::Ints(m), Read::Ints(c)) if m == c => Ok(()),
@@ -406,7 +410,7 @@ fn compare(what: &str, dtype: DType, mock: &Read, cpu: &Read, exact: bool) -> Ou
                 } else if a.is_infinite() || b.is_infinite() {
                     a == b
                 } else {
-                    (a - b).abs() <= tolerance(dtype) * a.abs().max(b.abs()).max(1.0)
+                    (a - b).abs() <= tolerance(dtype) * a.abs().max(b.abs()).max(floor)
                 };
                 if !same {
                     return Err(fail(format!("{what}: element {i}: mock {a:e}, cpu {b:e}\n mock {m:?}\n cpu  {c:?}")));

@@ -12,8 +12,10 @@
  *
  * The compute follows ops-nn: N = the sum of every element of counter (cast to f32, summed in
  * order in f32); meanDy = sumDy / N and meanDyXmu = sumDyXmu / N in f32; then, in f16 when all of
- * gradOut, input, mean, invstd, weight, sumDy and sumDyXmu are F16 (a missing weight, filled with
- * ones, does not prevent it; meanDy and meanDyXmu are then rounded to f16), else in f32:
+ * gradOut, input, mean, invstd, weight, sumDy and sumDyXmu are F16 (meanDy and meanDyXmu are then
+ * rounded to f16), else in f32. A missing weight is filled with ones as an f32 tensor (ops-nn
+ * aclnn_batch_norm_elemt_backward.cpp:313, FillScalar: norm_tensor_util.cpp:190 makes DT_FLOAT),
+ * so it computes in f32:
  *   gradInput = (gradOut - meanDy - (input - mean) * (invstd * invstd) * meanDyXmu) * invstd * weight
  * one rounding per operation, in that order, the result rounded into gradInput's dtype and written
  * through its view. Deterministic, as the real op is.
@@ -49,7 +51,9 @@ static int elemt_backward_run(const mock_op *op, mock_op_call *k) {
     int has_w = k->args[T_WEIGHT].used;
     int half = 1;
     for (int i = T_GRAD; i <= T_SUMDYXMU; i++) {
-        if (k->args[i].used && k->t[i].dtype != ACL_FLOAT16) {
+        /* A missing weight is filled with an f32 ones tensor (ops-nn FillScalar), which promotes the
+         * compute to f32. */
+        if (k->args[i].used ? k->t[i].dtype != ACL_FLOAT16 : i == T_WEIGHT) {
             half = 0;
         }
     }

@@ -82,8 +82,10 @@ impl Channels {
 
 /// Per-channel values `v` (one per channel) repeated to `v.len() + BLOCK` values, so that every
 /// block's values are one contiguous window (see [`Channels::window`]): `tiled[j] = v[j % C]`.
-pub(crate) fn tile<T: Copy>(v: &[T]) -> Vec<T> {
-    v.iter().cycle().take(v.len() + BLOCK).copied().collect()
+/// [`Error::HostAlloc`](crate::Error::HostAlloc) when the host cannot hold them (C is the caller's).
+pub(crate) fn tile<T: Copy>(v: &[T]) -> crate::Result<Vec<T>> {
+    let n = v.len().saturating_add(BLOCK);
+    super::host::try_collect(n, v.iter().cycle().take(n).copied())
 }
 
 /// The map function: `f(inputs, out, channels)` for one block (every slice of one length).
@@ -358,7 +360,7 @@ mod tests {
         let src = Src { data: SliceRef::F32(x), strides: xs, offset: xo };
         let dst = Dst { data: SliceMut::F32(y), strides: ys, offset: yo };
         let c = shape[1];
-        let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>());
+        let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
         map(shape, [src], dst, threads, &|[x], out, ch| match ch.window() {
             Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
             Window::From(start) => {

@@ -29,12 +29,39 @@ pub(crate) fn write_vector(t: &mut Tensor, name: &'static str, values: impl Into
     Ok(())
 }
 
-/// The elements of a validated host tensor in row-major order, widened to f64 (empty for a device
-/// tensor).
-pub(crate) fn values(t: &Tensor) -> Vec<f64> {
-    let mut v = Vec::with_capacity(t.numel());
-    if let Some(view) = t.as_host_view() {
-        view.for_each_f32(|x| v.push(f64::from(x)));
-    }
-    v
+/// An empty vector with room for `n` elements, or [`Error::HostAlloc`] when the host cannot hold
+/// it. Every buffer or work table whose length derives from a caller's count (a view's element
+/// count, which a zero-stride view makes as large as it likes, or a channel count) is made here
+/// or by [`try_vec`] / [`try_collect`], never with `Vec::with_capacity` or `vec!` (which abort the
+/// process when the allocation fails).
+pub(crate) fn try_with_capacity<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::HostAlloc { bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
+    Ok(v)
+}
+
+/// `n` copies of `value`, or [`Error::HostAlloc`] (see [`try_with_capacity`]).
+pub(crate) fn try_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// The items of `values` (at most `n` are taken, the capacity reserved up front), or
+/// [`Error::HostAlloc`] (see [`try_with_capacity`]).
+pub(crate) fn try_collect<T>(n: usize, values: impl IntoIterator<Item = T>) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(n)?;
+    v.extend(values.into_iter().take(n));
+    Ok(v)
+}
+
+/// The elements of a validated host tensor in row-major order, widened exactly to f64 (empty for a
+/// device tensor), or [`Error::HostAlloc`] for more than the host can hold.
+pub(crate) fn values(t: &Tensor) -> Result<Vec<f64>> {
+    let Some(view) = t.as_host_view() else {
+        return Ok(Vec::new());
+    };
+    let mut v = try_with_capacity(t.numel())?;
+    view.for_each_f64(|x| v.push(x));
+    Ok(v)
 }

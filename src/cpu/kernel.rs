@@ -33,9 +33,10 @@ use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 
 use crate::dtype::Element;
+use crate::error::Result;
 
 mod lanes;
-use super::pool;
+use super::{host, pool};
 #[cfg(test)]
 mod tests;
 
@@ -102,7 +103,7 @@ pub(crate) fn channel_sums<T: Element>(
     mean: &[f32],
     with_xmu: bool,
     threads: usize,
-) -> ChannelSums {
+) -> Result<ChannelSums> {
     channel_sums_with(Isa::detect(), MIN_BYTES_PER_THREAD, TINY_ELEMS, dy, x, mean, with_xmu, threads)
 }
 
@@ -118,9 +119,14 @@ fn channel_sums_with<T: Element>(
     mean: &[f32],
     with_xmu: bool,
     threads: usize,
-) -> ChannelSums {
+) -> Result<ChannelSums> {
     let c = dy.shape.get(1).copied().unwrap_or(0);
-    let zeros = || ChannelSums { sum_dy: vec![0.0; c], sum_dy_xmu: with_xmu.then(|| vec![0.0; c]) };
+    let zeros = || -> Result<ChannelSums> {
+        Ok(ChannelSums {
+            sum_dy: host::try_vec(c, 0.0)?,
+            sum_dy_xmu: with_xmu.then(|| host::try_vec(c, 0.0)).transpose()?,
+        })
+    };
     let rank = dy.shape.len();
     // Outside the validated contract (rank, strides, shapes) there is nothing sound to read.
     if !(2..=MAX_DIMS + 1).contains(&rank)
@@ -134,7 +140,7 @@ fn channel_sums_with<T: Element>(
     let mean: Cow<'_, [f32]> = if mean.len() >= c {
         Cow::Borrowed(&mean[..c])
     } else {
-        Cow::Owned((0..c).map(|i| mean.get(i).copied().unwrap_or(f32::NAN)).collect())
+        Cow::Owned(host::try_collect(c, (0..c).map(|i| mean.get(i).copied().unwrap_or(f32::NAN)))?)
     };
     let geo = Geometry::new(&dy, &x);
     let threads = match threads {
@@ -310,7 +316,7 @@ struct Kernel<'a, T> {
 }
 
 impl<T: Element> Kernel<'_, T> {
-    fn run<const XMU: bool>(&self) -> ChannelSums {
+    fn run<const XMU: bool>(&self) -> Result<ChannelSums> {
         match self.geo.path() {
             Path::Runs => self.runs::<XMU>(),
             Path::Rows(super_row) => self.rows::<XMU>(super_row),
@@ -322,10 +328,10 @@ impl<T: Element> Kernel<'_, T> {
     /// f32 lane per channel, positions in order, then f64 (one block: the same error bound as
     /// the other paths). No allocation but the results, no SIMD set-up: a [4, 2] call is mostly
     /// validation.
-    fn tiny<const XMU: bool>(&self) -> ChannelSums {
+    fn tiny<const XMU: bool>(&self) -> Result<ChannelSums> {
         let g = self.geo;
-        let mut sum_dy = Vec::with_capacity(g.c);
-        let mut sum_m = Vec::with_capacity(if XMU { g.c } else { 0 });
+        let mut sum_dy = host::try_with_capacity(g.c)?;
+        let mut sum_m = host::try_with_capacity(if XMU { g.c } else { 0 })?;
         for (ch, &mean) in self.mean.iter().enumerate().take(g.c) {
             let mut o = Odometer::new(g.dims(), 0, g.od + ch * g.csd, g.ox + ch * g.csx);
             let (mut a, mut m) = (0f32, 0f32);
@@ -342,11 +348,11 @@ impl<T: Element> Kernel<'_, T> {
                 sum_m.push(f64::from(m));
             }
         }
-        ChannelSums { sum_dy, sum_dy_xmu: XMU.then_some(sum_m) }
+        Ok(ChannelSums { sum_dy, sum_dy_xmu: XMU.then_some(sum_m) })
     }
 
     /// Runs path: items are blocks `(channel, b)`; one partial per item.
-    fn runs<const XMU: bool>(&self) -> ChannelSums {
+    fn runs<const XMU: bool>(&self) -> Result<ChannelSums> {
         let g = self.geo;
         let (outer, inner) = g.dims().split_at(g.nd - 1);
         let l = inner[0].n;
@@ -383,7 +389,7 @@ impl<T: Element> Kernel<'_, T> {
                 ((i / nseg) % g.c, i / (nseg * g.c) * nseg + i % nseg)
             }
         };
-        let mut parts = vec![0.0; if XMU { 2 * n_items } else { n_items }];
+        let mut parts = host::try_vec(if XMU { n_items.saturating_mul(2) } else { n_items }, 0.0)?;
         let (pd, pm) = parts.split_at_mut(n_items);
         parallel(
             n_items,
@@ -418,18 +424,19 @@ impl<T: Element> Kernel<'_, T> {
                     }
                 }
             },
-        );
+        )?;
         // Each channel's blocks in block order, whatever the item numbering.
         let (pd, pm) = parts.split_at(n_items);
-        let fold = |p: &[f64]| (0..g.c).map(|ch| (0..nb).fold(0.0, |a, b| a + p[item_of(ch, b)])).collect();
-        ChannelSums { sum_dy: fold(pd), sum_dy_xmu: XMU.then(|| fold(pm)) }
+        let fold =
+            |p: &[f64]| host::try_collect(g.c, (0..g.c).map(|ch| (0..nb).fold(0.0, |a, b| a + p[item_of(ch, b)])));
+        Ok(ChannelSums { sum_dy: fold(pd)?, sum_dy_xmu: XMU.then(|| fold(pm)).transpose()? })
     }
 
     /// Rows path. `super_row = Some(w)`: the `[R, C]` matrix is contiguous and is cut into
     /// super-rows of `w` lanes (lane j ↔ channel j mod C); `None`: one row per reduction
     /// position, lane j ↔ channel j. Items are `(row tile, lane chunk)`, tile-major; each writes
     /// one f64 partial per lane.
-    fn rows<const XMU: bool>(&self, super_row: Option<usize>) -> ChannelSums {
+    fn rows<const XMU: bool>(&self, super_row: Option<usize>) -> Result<ChannelSums> {
         let g = self.geo;
         let c = g.c;
         let dims = g.dims();
@@ -454,16 +461,17 @@ impl<T: Element> Kernel<'_, T> {
         let n_items = ntiles * nchunks;
         // Lane j's mean: channel j mod C (super-rows) or channel j.
         let super_means: Vec<f32> = match super_row {
-            Some(_) => self.mean.iter().copied().cycle().take(w).collect(),
+            Some(_) => host::try_collect(w, self.mean.iter().copied().cycle())?,
             None => Vec::new(),
         };
         let mean_lanes: &[f32] = if super_row.is_some() { &super_means } else { self.mean };
         let off = |i: usize| (i / nchunks) * w + (i % nchunks) * cw;
         let n_parts = ntiles * w;
-        let mut parts = vec![0.0; if XMU { 2 * n_parts } else { n_parts }];
+        let mut parts = host::try_vec(if XMU { n_parts.saturating_mul(2) } else { n_parts }, 0.0)?;
         let (pd, pm) = parts.split_at_mut(n_parts);
         parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
+            // At most 2·MAX_ROW_LANES lanes: a fixed size, not the caller's.
             let mut acc = vec![0f32; if XMU { 2 * cw } else { cw }];
             let (acc_d, acc_m) = acc.split_at_mut(cw);
             let mut rows: Vec<(usize, usize)> = Vec::new();
@@ -520,24 +528,24 @@ impl<T: Element> Kernel<'_, T> {
                     r0 = rb;
                 }
             }
-        });
+        })?;
         let (pd, pm) = parts.split_at(n_parts);
         // Channel ch: its lanes ch, ch + C, ... (w is a multiple of C) of each tile in order.
-        let fold = |p: &[f64]| {
-            let mut out = vec![0.0; c];
+        let fold = |p: &[f64]| -> Result<Vec<f64>> {
+            let mut out = host::try_vec(c, 0.0)?;
             for seg in p.chunks_exact(c) {
                 for (o, v) in out.iter_mut().zip(seg) {
                     *o += v;
                 }
             }
-            out
+            Ok(out)
         };
-        ChannelSums { sum_dy: fold(pd), sum_dy_xmu: XMU.then(|| fold(pm)) }
+        Ok(ChannelSums { sum_dy: fold(pd)?, sum_dy_xmu: XMU.then(|| fold(pm)).transpose()? })
     }
 
     /// Gather path: items are `(position block, channel chunk)`, block-major; each writes one
     /// partial per channel of its chunk.
-    fn gather<const XMU: bool>(&self) -> ChannelSums {
+    fn gather<const XMU: bool>(&self) -> Result<ChannelSums> {
         let g = self.geo;
         let c = g.c;
         let dims = g.dims();
@@ -547,7 +555,7 @@ impl<T: Element> Kernel<'_, T> {
         let n_items = nblocks * nchunks;
         let off = |i: usize| (i / nchunks) * c + (i % nchunks) * cb;
         let n_parts = nblocks * c;
-        let mut parts = vec![0.0; if XMU { 2 * n_parts } else { n_parts }];
+        let mut parts = host::try_vec(if XMU { n_parts.saturating_mul(2) } else { n_parts }, 0.0)?;
         let (pd, pm) = parts.split_at_mut(n_parts);
         // Per view: walk channels innermost when its channel stride is the smaller one, else
         // positions innermost (so each view is read along its shorter stride).
@@ -557,9 +565,13 @@ impl<T: Element> Kernel<'_, T> {
         let row = GATHER_POSITIONS + 16;
         parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
-            let mut bufd = vec![T::default(); cb * row];
-            let mut bufx = vec![T::default(); if XMU { cb * row } else { 0 }];
-            let mut offs = vec![(0usize, 0usize); GATHER_POSITIONS];
+            // Tiles of at most GATHER_CHANNELS × (GATHER_POSITIONS + 16): fixed sizes, not the
+            // caller's.
+            let (mut bufd, mut bufx, mut offs) = (
+                vec![T::default(); cb * row],
+                vec![T::default(); if XMU { cb * row } else { 0 }],
+                vec![(0usize, 0usize); GATHER_POSITIONS],
+            );
             for item in items {
                 let (p, k) = (item / nchunks, item % nchunks);
                 let (c0, nc) = (k * cb, cb.min(c - k * cb));
@@ -586,10 +598,11 @@ impl<T: Element> Kernel<'_, T> {
                     }
                 }
             }
-        });
+        })?;
         let (pd, pm) = parts.split_at(n_parts);
-        let fold = |p: &[f64]| (0..c).map(|ch| p[ch..].iter().step_by(c).fold(0.0, |a, &v| a + v)).collect();
-        ChannelSums { sum_dy: fold(pd), sum_dy_xmu: XMU.then(|| fold(pm)) }
+        let fold =
+            |p: &[f64]| host::try_collect(c, (0..c).map(|ch| p[ch..].iter().step_by(c).fold(0.0, |a, &v| a + v)));
+        Ok(ChannelSums { sum_dy: fold(pd)?, sum_dy_xmu: XMU.then(|| fold(pm)).transpose()? })
     }
 }
 
@@ -680,7 +693,15 @@ fn lcm8(c: usize) -> usize {
 /// gets the partials `off(start)..off(end)` of `pd` (and of `pm` unless it is empty). `off` is
 /// non-decreasing with `off(n_items) == pd.len()`. Which thread runs a range never changes a
 /// result.
-fn parallel<O, W>(n_items: usize, threads: usize, chunks: usize, off: O, pd: &mut [f64], pm: &mut [f64], work: W)
+fn parallel<O, W>(
+    n_items: usize,
+    threads: usize,
+    chunks: usize,
+    off: O,
+    pd: &mut [f64],
+    pm: &mut [f64],
+    work: W,
+) -> Result<()>
 where
     O: Fn(usize) -> usize,
     W: Fn(Range<usize>, &mut [f64], &mut [f64]) + Sync,
@@ -688,12 +709,13 @@ where
     let chunks = chunks.clamp(1, n_items.max(1));
     if threads <= 1 || chunks == 1 {
         work(0..n_items, pd, pm);
-        return;
+        return Ok(());
     }
     type Chunk<'a> = Mutex<Option<(Range<usize>, &'a mut [f64], &'a mut [f64])>>;
     let (mut rest_d, mut rest_m) = (pd, pm);
-    let jobs: Vec<Chunk<'_>> = (0..chunks)
-        .map(|t| {
+    let jobs: Vec<Chunk<'_>> = host::try_collect(
+        chunks,
+        (0..chunks).map(|t| {
             let (i0, i1) = (n_items * t / chunks, n_items * (t + 1) / chunks);
             let len = off(i1) - off(i0);
             let (d, rd) = std::mem::take(&mut rest_d).split_at_mut(len);
@@ -702,8 +724,8 @@ where
             let (m, rm) = std::mem::take(&mut rest_m).split_at_mut(m_len);
             rest_m = rm;
             Mutex::new(Some((i0..i1, d, m)))
-        })
-        .collect();
+        }),
+    )?;
     // Each chunk is claimed once by the pool; the lock is never contended (a poisoned one still
     // holds valid data).
     pool::run(threads, chunks, &|k| {
@@ -712,4 +734,5 @@ where
             work(r, d, m);
         }
     });
+    Ok(())
 }

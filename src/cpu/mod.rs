@@ -170,18 +170,18 @@ impl<'a> View<'a> {
 
     /// The view's elements in row-major order as f32, for per-channel vectors: borrowed when the
     /// view is contiguous f32 already.
-    fn to_f32s(&self) -> Cow<'_, [f32]> {
+    fn to_f32s(&self) -> Result<Cow<'_, [f32]>> {
         let g = &self.geom;
         let n: usize = g.shape.iter().product();
         if let SliceRef::F32(data) = self.data {
             let run = g.offset.checked_add(n).and_then(|end| data.get(g.offset..end));
             if let (true, Some(run)) = (layout::is_contiguous(g.shape, &g.strides), run) {
-                return Cow::Borrowed(run);
+                return Ok(Cow::Borrowed(run));
             }
         }
-        let mut v = Vec::with_capacity(n);
+        let mut v = host::try_with_capacity(n)?;
         self.for_each_f32(|x| v.push(x));
-        Cow::Owned(v)
+        Ok(Cow::Owned(v))
     }
 
     fn kernel_view<T: Element>(&self, data: &'a [T]) -> kernel::StridedView<'_, T> {
@@ -285,11 +285,12 @@ pub fn batch_norm_reduce_backward(
             metas.each_ref().map(Option::as_ref),
         )?
     };
-    run(&plan, mask, grad_out, input, mean, invstd, outs);
-    Ok(())
+    run(&plan, mask, grad_out, input, mean, invstd, outs)
 }
 
-/// Runs the validated operator: the sums, then each enabled output rounded once from f64.
+/// Runs the validated operator: the sums, then each enabled output rounded once from f64. A work
+/// table the host cannot hold (a huge broadcast view) is [`Error::HostAlloc`](crate::Error::HostAlloc),
+/// before any output is written.
 pub(crate) fn run(
     plan: &Plan,
     mask: OutputMask,
@@ -298,16 +299,19 @@ pub(crate) fn run(
     mean: View<'_>,
     invstd: View<'_>,
     mut outs: [Option<ViewMut<'_>>; 4],
-) {
+) -> Result<()> {
     let c = plan.channels;
     let with_xmu = mask.input_g || mask.weight_g;
     if !(with_xmu || mask.bias_g) {
-        return;
+        return Ok(());
     }
     let sums = if plan.empty {
-        kernel::ChannelSums { sum_dy: vec![0.0; c], sum_dy_xmu: with_xmu.then(|| vec![0.0; c]) }
+        kernel::ChannelSums {
+            sum_dy: host::try_vec(c, 0.0)?,
+            sum_dy_xmu: with_xmu.then(|| host::try_vec(c, 0.0)).transpose()?,
+        }
     } else {
-        let mean = mean.to_f32s();
+        let mean = mean.to_f32s()?;
         match (grad_out.data, input.data) {
             (SliceRef::F32(dy), SliceRef::F32(x)) => {
                 kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, max_threads())
@@ -319,8 +323,8 @@ pub(crate) fn run(
                 kernel::channel_sums(grad_out.kernel_view(dy), input.kernel_view(x), &mean, with_xmu, max_threads())
             }
             // Validation guarantees gradOut and input share a dtype.
-            _ => return,
-        }
+            _ => return Ok(()),
+        }?
     };
     let xmu = sums.sum_dy_xmu.as_deref().unwrap_or(&[]);
     let [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = &mut outs;
@@ -331,7 +335,7 @@ pub(crate) fn run(
         o.write(xmu.iter().copied());
     }
     if let Some(o) = grad_weight {
-        let invstd = invstd.to_f32s();
+        let invstd = invstd.to_f32s()?;
         // Empty input: +0 whatever invstd holds (0·(−1) would be −0, 0·NaN NaN), as on Ascend.
         let empty = plan.empty;
         o.write(xmu.iter().zip(invstd.iter()).map(|(&s, &i)| if empty { 0.0 } else { s * f64::from(i) }));
@@ -339,4 +343,5 @@ pub(crate) fn run(
     if let Some(o) = grad_bias {
         o.write(sums.sum_dy.iter().copied());
     }
+    Ok(())
 }

@@ -234,6 +234,16 @@ pub(crate) fn same_shape(name: &'static str, m: &Meta<'_>, of: &str, expected: &
     Ok(())
 }
 
+/// Checks a scalar argument (eps, momentum) that CANN computes with in f32: it must be finite in
+/// f32 (NaN, ±inf and anything that rounds to ±inf in f32 are refused), so that the CPU backend,
+/// which computes in f64, and CANN see the same value class. The one rule of every operator.
+pub(crate) fn f32_scalar(name: &'static str, v: f64) -> Result<()> {
+    if v.is_finite() && (v as f32).is_finite() {
+        return Ok(());
+    }
+    Err(Error::invalid(name, format!("must be finite in f32 (CANN computes with it in f32), got {v}")))
+}
+
 /// Checks that argument `name`'s dtype is a floating-point one (f32, f16, bf16): every DType
 /// today. The match is exhaustive on purpose, so that a new DType (e.g. an integer one) must be
 /// decided on here: `DType::I32 => Err(Error::invalid(name, "..."))`.

@@ -172,8 +172,8 @@ fn check_case<T: Element>(shape: &[usize], ld: Layout, lx: Layout, seed: u64, th
     let runs =
         isas().into_iter().map(|isa| (isa, 0)).chain((elems <= TINY_ELEMS).then_some((Isa::detect(), TINY_ELEMS)));
     for (isa, tiny) in runs {
-        let got = channel_sums_with(isa, 1024, tiny, dy.view(), x.view(), &mean, true, threads);
-        let no_xmu = channel_sums_with(isa, 1024, tiny, dy.view(), x.view(), &mean, false, threads);
+        let got = channel_sums_with(isa, 1024, tiny, dy.view(), x.view(), &mean, true, threads).unwrap();
+        let no_xmu = channel_sums_with(isa, 1024, tiny, dy.view(), x.view(), &mean, false, threads).unwrap();
         assert_eq!(no_xmu.sum_dy_xmu, None);
         let gm = got.sum_dy_xmu.as_ref().expect("xmu requested");
         for ch in 0..shape[1] {
@@ -309,7 +309,8 @@ fn thread_count_independence() {
         let dy: Buf<bf16> = make(shape, ld, &mut rng, |r| r.uniform(-2.0, 2.0));
         let x: Buf<bf16> = make(shape, lx, &mut rng, |r| r.uniform(-3.0, 3.0));
         let mean: Vec<f32> = (0..shape[1]).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-        let run = |threads, xmu| channel_sums_with(Isa::detect(), 4096, 0, dy.view(), x.view(), &mean, xmu, threads);
+        let run =
+            |threads, xmu| channel_sums_with(Isa::detect(), 4096, 0, dy.view(), x.view(), &mean, xmu, threads).unwrap();
         let one = run(1, true);
         for threads in [2, 3, 8, 0] {
             let got = run(threads, true);
@@ -324,9 +325,9 @@ fn thread_count_independence() {
     let x: Buf<f32> = make(&shape, Contig, &mut rng, |r| r.uniform(-3.0, 3.0));
     assert!(dy.data.len() * 8 >= 8 * MIN_BYTES_PER_THREAD);
     let mean = [0.1, 0.2, 0.3];
-    let one = channel_sums(dy.view(), x.view(), &mean, true, 1);
+    let one = channel_sums(dy.view(), x.view(), &mean, true, 1).unwrap();
     for threads in [2, 3, 8, 0] {
-        assert!(bits_eq(&one, &channel_sums(dy.view(), x.view(), &mean, true, threads)), "threads {threads}");
+        assert!(bits_eq(&one, &channel_sums(dy.view(), x.view(), &mean, true, threads).unwrap()), "threads {threads}");
     }
 }
 
@@ -352,7 +353,8 @@ fn parallel_covers_every_item_once() {
                     pd[2 * k + 1] += 1.0;
                 }
             },
-        );
+        )
+        .unwrap();
         let expect: Vec<f64> = (0..n).flat_map(|i| [i as f64, 1.0]).collect();
         assert_eq!(pd, expect, "n {n} threads {threads}");
         let mut ranges = ranges.into_inner().unwrap();
@@ -370,7 +372,7 @@ fn long_channel<T: Element>(shape: &[usize], layout: Layout) -> (f64, f64) {
     let x: Buf<T> = make(shape, layout, &mut rng, |r| r.uniform(0.5, 5.0));
     let mean = vec![0.25f32; shape[1]];
     let (rd, rm, _, _) = reference(&dy, &x, &mean);
-    let got = channel_sums(dy.view(), x.view(), &mean, true, 0);
+    let got = channel_sums(dy.view(), x.view(), &mean, true, 0).unwrap();
     let gm = got.sum_dy_xmu.expect("xmu");
     let rel = |a: f64, b: f64| ((a - b) / b).abs();
     let ed = (0..shape[1]).map(|c| rel(got.sum_dy[c], rd[c])).fold(0.0, f64::max);
@@ -405,7 +407,7 @@ fn cancellation_two_pass() {
         let r = shape.iter().product::<usize>() / c;
         let mean: Vec<f32> = sum_x.iter().map(|&s| (s / r as f64) as f32).collect();
         let (_, rm, _, _) = reference(&dy, &x, &mean);
-        let got = channel_sums(dy.view(), x.view(), &mean, true, 0);
+        let got = channel_sums(dy.view(), x.view(), &mean, true, 0).unwrap();
         let gm = got.sum_dy_xmu.expect("xmu");
         for ch in 0..c {
             let rel = ((gm[ch] - rm[ch]) / rm[ch]).abs();
@@ -445,7 +447,7 @@ fn nan_and_inf_propagate() {
         let i = at(&dy, 2);
         dy.data[i] = f32::INFINITY; // ch 2: Σdy = +inf
         mean[3] = f32::INFINITY; // ch 3: every term −inf, none NaN
-        let got = channel_sums(dy.view(), x.view(), &mean, true, 1);
+        let got = channel_sums(dy.view(), x.view(), &mean, true, 1).unwrap();
         let m = got.sum_dy_xmu.expect("xmu");
         let ctx = format!("{shape:?} {layout:?}");
         assert!(got.sum_dy[0].is_nan() && m[0].is_nan(), "{ctx}");
@@ -460,15 +462,15 @@ fn empty_inputs_give_zeros() {
     for shape in [&[0, 3, 4][..], &[2, 3, 0], &[2, 3, 4, 0, 5], &[0, 2]] {
         let strides = crate::layout::contiguous_strides(shape);
         let v = StridedView { data: &[] as &[f32], shape, strides: &strides, offset: 0 };
-        let got = channel_sums(v, v, &[1.0; 3][..shape[1]], true, 0);
+        let got = channel_sums(v, v, &[1.0; 3][..shape[1]], true, 0).unwrap();
         assert_eq!(got.sum_dy, vec![0.0; shape[1]]);
         assert_eq!(got.sum_dy_xmu, Some(vec![0.0; shape[1]]));
-        let got = channel_sums(v, v, &[1.0; 3][..shape[1]], false, 0);
+        let got = channel_sums(v, v, &[1.0; 3][..shape[1]], false, 0).unwrap();
         assert_eq!(got.sum_dy_xmu, None);
     }
     let shape = [4, 0, 2];
     let v = StridedView { data: &[] as &[bf16], shape: &shape, strides: &[0, 2, 1], offset: 0 };
-    assert_eq!(channel_sums(v, v, &[], true, 0), ChannelSums { sum_dy: vec![], sum_dy_xmu: Some(vec![]) });
+    assert_eq!(channel_sums(v, v, &[], true, 0).unwrap(), ChannelSums { sum_dy: vec![], sum_dy_xmu: Some(vec![]) });
 }
 
 #[test]
@@ -479,7 +481,7 @@ fn small_known_values() {
     let (shape, strides) = ([4, 2], [2, 1]);
     let dy = StridedView { data: &dy[..], shape: &shape, strides: &strides, offset: 0 };
     let x = StridedView { data: &x[..], shape: &shape, strides: &strides, offset: 0 };
-    let got = channel_sums(dy, x, &[1.0, 1.0], true, 0);
+    let got = channel_sums(dy, x, &[1.0, 1.0], true, 0).unwrap();
     assert_eq!(got.sum_dy, vec![7.0, 8.0]);
     assert_eq!(got.sum_dy_xmu, Some(vec![21.0, 30.0]));
 }
@@ -502,16 +504,9 @@ fn isa_throughput() {
             for (k, &isa) in isas.iter().enumerate().skip(1) {
                 let t = std::time::Instant::now();
                 for _ in 0..20 {
-                    std::hint::black_box(channel_sums_with(
-                        isa,
-                        MIN_BYTES_PER_THREAD,
-                        0,
-                        dy.view(),
-                        x.view(),
-                        &mean,
-                        true,
-                        1,
-                    ));
+                    std::hint::black_box(
+                        channel_sums_with(isa, MIN_BYTES_PER_THREAD, 0, dy.view(), x.view(), &mean, true, 1).unwrap(),
+                    );
                 }
                 best[k] = best[k].min(t.elapsed().as_secs_f64() / 20.0);
             }

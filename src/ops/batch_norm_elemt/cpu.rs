@@ -5,6 +5,7 @@
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
+use crate::cpu::host;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -31,7 +32,7 @@ pub(super) fn run(
     let weight = weight.map(|w| channel_values(w, "weight")).transpose()?;
     let bias = match bias {
         Some(b) => channel_values(b, "bias")?,
-        None => vec![0.0; c],
+        None => host::try_vec(c, 0.0)?,
     };
     // CANN rebuilds the variance from invstd² and normalises by 1/sqrt(var + eps), every step in
     // f32 (so a negative invstd acts as its magnitude, and an eps that dwarfs 1/invstd² gives
@@ -39,10 +40,12 @@ pub(super) fn run(
     // two f32 values is exact in f64: one rounding.
     let factor = |s: f32| 1.0 / ((1.0 / (s * s) - eps) + eps).sqrt();
     let scale: Vec<f32> = match &weight {
-        Some(w) => invstd.iter().zip(w).map(|(&i, &w)| (f64::from(factor(i)) * f64::from(w)) as f32).collect(),
-        None => invstd.iter().map(|&i| factor(i)).collect(),
+        Some(w) => {
+            host::try_collect(c, invstd.iter().zip(w).map(|(&i, &w)| (f64::from(factor(i)) * f64::from(w)) as f32))?
+        }
+        None => host::try_collect(c, invstd.iter().map(|&i| factor(i)))?,
     };
-    let p = Params { mean: tile(&mean), scale: tile(&scale), bias: tile(&bias) };
+    let p = Params { mean: tile(&mean)?, scale: tile(&scale)?, bias: tile(&bias)? };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
     let Some(x) = input.as_host_view() else {
         return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
@@ -77,12 +80,12 @@ fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
     }
 }
 
-/// A validated `[C]` vector, widened to f32 (exact).
+/// A validated `[C]` float vector, widened to f32 (exact for f32, f16 and bf16).
 pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
     let Some(v) = t.as_host_view() else {
         return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
     };
-    let mut out = Vec::with_capacity(t.shape()[0]);
+    let mut out = host::try_with_capacity(t.numel())?;
     v.for_each_f32(|x| out.push(x));
     Ok(out)
 }

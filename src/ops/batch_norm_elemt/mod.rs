@@ -162,9 +162,7 @@ fn validate_inputs(
         }
     }
     let n = validate::in_storage("input", &x)?;
-    if !(eps.is_finite() && (eps as f32).is_finite()) {
-        return Err(Error::invalid("eps", format!("must be finite in f32 (CANN computes with it in f32), got {eps}")));
-    }
+    validate::f32_scalar("eps", eps)?;
     Ok(n == 0)
 }
 

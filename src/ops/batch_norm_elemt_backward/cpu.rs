@@ -1,13 +1,13 @@
 //! The CPU kernel of [`batch_norm_elemt_backward`](super::batch_norm_elemt_backward): `N` and the
-//! per-channel coefficients in f64, then per element in f64 from the exact (f32-widened) inputs
+//! per-channel coefficients in f64, then per element in f64 from the exact (widened) inputs
 //! `((dy − a[c]) − (x − mean[c])·b[c])·k[c]` with `a = sumDy/N`, `b = invstd²·sumDyXmu/N`,
 //! `k = invstd·weight`, rounded to f32 (then to the output dtype); over any strides through
 //! [`channelwise::map`].
 
 use super::Args;
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
+use crate::cpu::host;
 use crate::error::{Error, Result};
-use crate::ops::batch_norm_elemt::cpu::channel_values;
 use crate::tensor::Tensor;
 
 /// The per-channel constants, in f64, [`tile`]d.
@@ -23,23 +23,28 @@ struct Coefficients {
 
 /// Runs the validated, non-empty call.
 pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
-    let wide =
-        |t: &Tensor, name| -> Result<Vec<f64>> { Ok(channel_values(t, name)?.into_iter().map(f64::from).collect()) };
-    // N: every element of counter (validated to be [W] or [W, 1]), summed in f64: exact for
-    // integer counts below 2^53.
-    let n: f64 = wide(args.counter, "counter")?.iter().sum();
+    let c = args.input.shape()[1];
+    let wide = |t: &Tensor, name| -> Result<Vec<f64>> {
+        let Some(v) = t.as_host_view() else {
+            return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+        };
+        let mut out = host::try_with_capacity(t.numel())?;
+        v.for_each_f64(|x| out.push(x));
+        Ok(out)
+    };
+    let n = counter_sum(args.counter)?;
     let mean = wide(args.mean, "mean")?;
     let invstd = wide(args.invstd, "invstd")?;
     let sum_dy = wide(args.sum_dy, "sumDy")?;
     let sum_dy_xmu = wide(args.sum_dy_xmu, "sumDyXmu")?;
     let weight = args.weight.map(|w| wide(w, "weight")).transpose()?;
     let k: Vec<f64> = match weight {
-        Some(w) => invstd.iter().zip(w).map(|(i, w)| i * w).collect(),
-        None => invstd.clone(),
+        Some(w) => host::try_collect(c, invstd.iter().zip(w).map(|(i, w)| i * w))?,
+        None => host::try_collect(c, invstd.iter().copied())?,
     };
-    let a: Vec<f64> = sum_dy.iter().map(|s| s / n).collect();
-    let b: Vec<f64> = invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n).collect();
-    let co = Coefficients { mean: tile(&mean), a: tile(&a), b: tile(&b), k: tile(&k) };
+    let a: Vec<f64> = host::try_collect(c, sum_dy.iter().map(|s| s / n))?;
+    let b: Vec<f64> = host::try_collect(c, invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n))?;
+    let co = Coefficients { mean: tile(&mean)?, a: tile(&a)?, b: tile(&b)?, k: tile(&k)? };
     let (shape, out_strides, out_offset) =
         (grad_input.shape().to_vec(), grad_input.strides().to_vec(), grad_input.offset());
     let (Some(dy), Some(x)) = (args.grad_out.as_host_view(), args.input.as_host_view()) else {
@@ -55,6 +60,27 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let dst = Dst { data: out.into_storage(), strides: &out_strides, offset: out_offset };
     channelwise::map(&shape, srcs, dst, 0, &|[dy, x], out, channels| gradient(&co, dy, x, out, channels));
     Ok(())
+}
+
+/// N: every element of counter (validated to be `[W]` or `[W, 1]`), widened exactly and summed in
+/// f64 from +0 (an empty counter gives +0, as CANN's sum; Rust's float `Sum` would give −0): exact
+/// for integer counts below 2^53. A counter broadcast over its W ranks (stride 0) is W times its
+/// element, without walking W elements (nothing ties W to the input).
+fn counter_sum(counter: &Tensor) -> Result<f64> {
+    let Some(v) = counter.as_host_view() else {
+        return Err(Error::invalid("counter", "a device tensor reached the CPU backend"));
+    };
+    let w = counter.shape()[0];
+    if w > 1 && counter.strides()[0] == 0 {
+        let Some(data) = host::storage(counter) else {
+            return Err(Error::invalid("counter", "a device tensor reached the CPU backend"));
+        };
+        // From +0 as the sum is: W·(−0) is −0, 0 + W·(−0) is +0.
+        return Ok(0.0 + w as f64 * data.get_f64(counter.offset()));
+    }
+    let mut n = 0.0;
+    v.for_each_f64(|x| n += x);
+    Ok(n)
 }
 
 /// One block, the same f64 operations for every element whatever the pattern.

@@ -35,8 +35,8 @@ use crate::tensor::Tensor;
 ///   tensor would silently give a wrong `N`: any other shape is rejected (161002).
 /// * dtypes: `grad_out`, `input`, `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu` and
 ///   `grad_input` are each f32, f16 or bf16 (Atlas A2/A3; CANN promotes mixed dtypes to f32);
-///   `counter` is f32 or f16; bf16 is rejected (161002) as CANN rejects it. CANN also accepts an
-///   int32 counter (torch's), which this crate cannot express yet.
+///   `counter` is f32, f16 or i32 ([`DType::I32`](crate::DType::I32), what torch passes); bf16 is
+///   rejected (161002) as CANN rejects it.
 ///
 /// Errors have aclnn's status 161002 (`ACLNN_ERR_PARAM_INVALID`) on both backends; a rejected
 /// call writes nothing.
@@ -44,8 +44,9 @@ use crate::tensor::Tensor;
 /// # Numerics
 /// * Ascend: CANN sums `counter` in f32, divides `sumDy` and `sumDyXmu` by it in f32, then
 ///   computes in f16 when all of gradOut, input, mean, invstd, weight, sumDy and sumDyXmu are
-///   f16, else in f32, and rounds into gradInput's dtype. The mock CANN does the same (a missing
-///   weight counts as f16 there).
+///   f16, else in f32, and rounds into gradInput's dtype. A missing weight is filled with ones as
+///   an **f32** tensor (ops-nn `FillScalar`), so without weight it computes in f32. The mock CANN
+///   does the same.
 /// * CPU: `N` and the per-channel coefficients in f64, then per element in f64 from the exact
 ///   inputs: `((dy − sumDy/N) − (x − mean)·invstd²·sumDyXmu/N)·invstd·weight`, rounded to f32 and
 ///   then (for f16/bf16 outputs) to the output dtype: within an ulp of the output dtype of the

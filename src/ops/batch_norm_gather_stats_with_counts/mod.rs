@@ -55,6 +55,9 @@ struct Plan {
 ///   with only one is rejected with 161002 on both backends: CANN tests only runningMean before
 ///   writing both, so it would write through a missing runningVar or silently skip it).
 ///
+/// `momentum` and `eps` must be finite in f32 (CANN computes with them in f32): NaN, ±inf or a
+/// value beyond f32's range is rejected with 161002 on both backends.
+///
 /// Every tensor may be f32, f16 or bf16 and any strided view. `W = 0` (or `C = 0`) gives mean 0
 /// and invstd NaN and leaves the running statistics untouched. A rank with count 0 still enters
 /// the sums (0·its values): NaN or infinite statistics of an empty rank propagate, as in
@@ -83,6 +86,7 @@ pub fn batch_norm_gather_stats_with_counts(
         running_var.as_deref().map(meta).as_ref(),
         &meta(counts),
     )?;
+    scalars(momentum, eps)?;
     check_streams(stream, [input, mean, invstd, counts], running_mean.as_deref(), running_var.as_deref())?;
     let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
     let mut mean_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
@@ -164,6 +168,7 @@ pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
         &meta(counts),
         [&meta(mean_all), &meta(invstd_all)],
     )?;
+    scalars(momentum, eps)?;
     check_streams(stream, [input, mean, invstd, counts], running_mean.as_deref(), running_var.as_deref())?;
     mean_all.check_stream(stream, "meanAll")?;
     invstd_all.check_stream(stream, "invstdAll")?;
@@ -184,6 +189,13 @@ pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
 
 fn meta(t: &Tensor) -> Meta<'_> {
     Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
+}
+
+/// Checks momentum and eps: finite in f32, as CANN computes with them in f32 (161002 otherwise,
+/// after every check CANN makes).
+fn scalars(momentum: f64, eps: f64) -> Result<()> {
+    validate::f32_scalar("momentum", momentum)?;
+    validate::f32_scalar("eps", eps)
 }
 
 /// Rejects runningMean without runningVar and the reverse (161002).
@@ -312,6 +324,8 @@ pub(crate) fn validate_args(
     [mean, invstd, counts]: [&Meta<'_>; 3],
     running_mean: Option<&Tensor>,
     running_var: Option<&Tensor>,
+    momentum: f64,
+    eps: f64,
 ) -> Result<()> {
     validate_inputs(
         &meta(input),
@@ -327,7 +341,7 @@ pub(crate) fn validate_args(
             t.check_stream(stream, name)?;
         }
     }
-    Ok(())
+    scalars(momentum, eps)
 }
 
 /// Checks that every tensor lives where `stream` runs work.
@@ -359,21 +373,34 @@ struct Global {
 
 /// The operator's math in f64 over host values: `mean`, `invstd` row-major `[W, C]`, `counts`
 /// `[W]`. Two passes per channel: the weighted mean, then the spread around it.
-fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> Vec<Global> {
-    let n: f64 = counts.iter().sum();
-    (0..c)
-        .map(|ch| {
-            let rows = || counts.iter().enumerate().map(move |(j, &nj)| (nj, mean[j * c + ch], invstd[j * c + ch]));
-            let m = rows().map(|(nj, mj, _)| nj * mj).sum::<f64>() / n;
-            let var_n: f64 = rows()
-                .map(|(nj, mj, ij)| {
-                    let var_j = 1.0 / (ij * ij) - eps;
-                    nj * var_j + nj * (mj - m) * (mj - m)
-                })
-                .sum();
-            Global { mean: m, invstd: 1.0 / (var_n / n + eps).sqrt(), unbiased_var: var_n / (n - 1.0) }
-        })
-        .collect()
+/// Sums start at +0 (`fold(0.0, ..)`), as CANN's do: Rust's float `Sum` starts at −0.
+fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> Result<Vec<Global>> {
+    let n = counts.iter().fold(0.0, |a, &v| a + v);
+    let channel = |ch: usize| {
+        let rows = || counts.iter().enumerate().map(move |(j, &nj)| (nj, mean[j * c + ch], invstd[j * c + ch]));
+        let m = rows().fold(0.0, |a, (nj, mj, _)| a + nj * mj) / n;
+        let var_n = rows().fold(0.0, |a, (nj, mj, ij)| {
+            let var_j = 1.0 / (ij * ij) - eps;
+            a + (nj * var_j + nj * (mj - m) * (mj - m))
+        });
+        Global { mean: m, invstd: 1.0 / (var_n / n + eps).sqrt(), unbiased_var: var_n / (n - 1.0) }
+    };
+    host::try_collect(c, (0..c).map(channel))
+}
+
+/// Whether every rank is one and the same row: W > 1 ranks over stride 0 in mean, invstd and
+/// counts alike (a broadcast view, whose W the caller may make as large as it likes).
+fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool {
+    ranks > 1 && [mean, invstd, counts].iter().all(|t| t.strides().first() == Some(&0))
+}
+
+/// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
+fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
+    let Some(data) = host::storage(t) else {
+        return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+    };
+    let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
+    host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
 }
 
 fn cpu_launch(
@@ -390,15 +417,24 @@ fn cpu_launch(
         host::write_vector(mean_all, "meanAll", std::iter::repeat_n(0.0, c))?;
         return host::write_vector(invstd_all, "invstdAll", std::iter::repeat_n(f64::NAN, c));
     }
-    let (m, i, n) = (host::values(mean), host::values(invstd), host::values(counts));
-    if m.len() != plan.ranks * c || i.len() != m.len() || n.len() != plan.ranks {
-        return Err(Error::invalid("mean", "a device tensor reached the CPU backend"));
-    }
-    let g = combine(c, &m, &i, &n, eps);
+    let g = if one_broadcast_row(plan.ranks, [mean, invstd, counts]) {
+        // W copies of one row are that row with W times its count: the same sums, without walking
+        // (or allocating for) W rows.
+        let n = first_row(counts, "counts", 1)?;
+        let weighted = [plan.ranks as f64 * n[0]];
+        combine(c, &first_row(mean, "mean", c)?, &first_row(invstd, "invstd", c)?, &weighted, eps)?
+    } else {
+        let (m, i, n) = (host::values(mean)?, host::values(invstd)?, host::values(counts)?);
+        if m.len() != plan.ranks * c || i.len() != m.len() || n.len() != plan.ranks {
+            return Err(Error::invalid("mean", "a device tensor reached the CPU backend"));
+        }
+        combine(c, &m, &i, &n, eps)?
+    };
+    // Everything that may fail comes before the first write.
+    let old = running.as_ref().map(|(rm, rv)| Ok::<_, Error>((host::values(rm)?, host::values(rv)?))).transpose()?;
     host::write_vector(mean_all, "meanAll", g.iter().map(|g| g.mean))?;
     host::write_vector(invstd_all, "invstdAll", g.iter().map(|g| g.invstd))?;
-    if let Some((rm, rv)) = running {
-        let (old_m, old_v) = (host::values(rm), host::values(rv));
+    if let (Some((rm, rv)), Some((old_m, old_v))) = (running, old) {
         let keep = 1.0 - momentum;
         host::write_vector(rm, "runningMean", g.iter().zip(old_m).map(|(g, r)| keep * r + momentum * g.mean))?;
         host::write_vector(rv, "runningVar", g.iter().zip(old_v).map(|(g, r)| keep * r + momentum * g.unbiased_var))?;
@@ -465,10 +501,10 @@ mod tests {
     fn combine_matches_the_union() {
         let eps = 1e-5;
         let inv = |var: f64| 1.0 / (var + eps).sqrt();
-        let g = combine(1, &[2.0, 4.5], &[inv(2.0 / 3.0), inv(0.25)], &[3.0, 2.0], eps);
+        let g = combine(1, &[2.0, 4.5], &[inv(2.0 / 3.0), inv(0.25)], &[3.0, 2.0], eps).unwrap();
         let all = [1.0, 2.0, 3.0, 4.0, 5.0];
-        let m = all.iter().sum::<f64>() / 5.0;
-        let ss: f64 = all.iter().map(|x| (x - m) * (x - m)).sum();
+        let m = all.iter().fold(0.0, |a, x| a + x) / 5.0;
+        let ss = all.iter().fold(0.0, |a, x| a + (x - m) * (x - m));
         assert!((g[0].mean - m).abs() < 1e-12);
         assert!((g[0].invstd - 1.0 / (ss / 5.0 + eps).sqrt()).abs() < 1e-9);
         assert!((g[0].unbiased_var - ss / 4.0).abs() < 1e-9);

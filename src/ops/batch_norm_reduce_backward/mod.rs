@@ -197,8 +197,7 @@ fn cpu_launch(plan: Plan, mask: OutputMask, inputs: [&Tensor; 4], outs: [Option<
         return Err(Error::invalid("gradOut", "a device tensor reached the CPU backend"));
     };
     let outs = outs.map(|o| o.and_then(|t| t.as_host_view_mut()));
-    cpu::run(&plan, mask, grad_out, input, mean, invstd, outs);
-    Ok(())
+    cpu::run(&plan, mask, grad_out, input, mean, invstd, outs)
 }
 
 /// Phase 1 on Ascend: every tensor described through the shared launch path.

@@ -39,8 +39,9 @@
 
 use std::sync::OnceLock;
 
-use crate::cpu::pool;
+use crate::cpu::{host, pool};
 use crate::dtype::{Element, SliceRef};
+use crate::error::Result;
 
 /// f32 lanes of a block of one channel.
 const LANES: usize = 32;
@@ -138,11 +139,11 @@ impl Moments {
 
 /// Per-channel moments of `input`, on up to `threads` threads (0: every core, but one thread per
 /// [`MIN_BYTES_PER_THREAD`] bytes at most). Bit-identical for any `threads`.
-pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Vec<Moments> {
+pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Result<Vec<Moments>> {
     channel_moments_with(Isa::detect(), input, threads, MIN_BYTES_PER_THREAD)
 }
 
-fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Vec<Moments> {
+fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Result<Vec<Moments>> {
     fn widen_f32(s: &[f32], d: &mut [f32]) {
         d.copy_from_slice(s);
     }
@@ -288,7 +289,9 @@ impl<'a, T: Element> Kernel<'a, T> {
         let mut dims = [Dim::default(); MAX_DIMS];
         let mut nd = 0;
         for k in (0..shape.len().min(MAX_DIMS + 1)).filter(|&k| k != 1) {
-            if shape[k] > 1 {
+            // A dim of stride 0 repeats the same elements: the mean and the biased variance are
+            // those without it, so it is not walked (a broadcast view costs O(its storage)).
+            if shape[k] > 1 && strides.get(k).is_some_and(|&s| s != 0) {
                 dims[nd] = Dim { n: shape[k], s: strides[k] };
                 nd += 1;
             }
@@ -350,9 +353,9 @@ impl<'a, T: Element> Kernel<'a, T> {
         Path::ChannelMajor
     }
 
-    fn run(&self, threads: usize, min_bytes: usize) -> Vec<Moments> {
+    fn run(&self, threads: usize, min_bytes: usize) -> Result<Vec<Moments>> {
         if self.c == 0 || self.empty {
-            return vec![Moments::default(); self.c];
+            return host::try_vec(self.c, Moments::default());
         }
         let threads = if threads == 0 { pool::cores() } else { threads };
         let bytes = self.r.saturating_mul(self.c).saturating_mul(std::mem::size_of::<T>());
@@ -366,7 +369,7 @@ impl<'a, T: Element> Kernel<'a, T> {
     /// Channel-major path. Positions of a channel are cut into blocks that never split a
     /// contiguous inner run shorter than a block (long runs are cut into equal segments); an
     /// item is up to [`ITEM_BLOCKS`] consecutive blocks of one channel.
-    fn channel_major(&self, threads: usize) -> Vec<Moments> {
+    fn channel_major(&self, threads: usize) -> Result<Vec<Moments>> {
         let dims = self.dims();
         let (l, inner_contiguous) = match dims.last() {
             Some(d) => (d.n, d.s == 1),
@@ -398,7 +401,8 @@ impl<'a, T: Element> Kernel<'a, T> {
             }
         };
         let ipc = nb.div_ceil(ITEM_BLOCKS);
-        let parts: Vec<OnceLock<Moments>> = (0..self.c * ipc).map(|_| OnceLock::new()).collect();
+        let n_parts = self.c.saturating_mul(ipc);
+        let parts: Vec<OnceLock<Moments>> = host::try_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
         let in_place = inner_contiguous && l >= MIN_RUN;
         let all_f32 = (self.direct)(self.data);
         pool::run(threads, parts.len(), &|item| {
@@ -465,26 +469,26 @@ impl<'a, T: Element> Kernel<'a, T> {
             // Each item is run exactly once.
             let _ = parts[item].set(acc);
         });
-        (0..self.c)
-            .map(|ch| {
-                parts[ch * ipc..(ch + 1) * ipc]
-                    .iter()
-                    .fold(Moments::default(), |a, p| a.merge(p.get().copied().unwrap_or_default()))
-            })
-            .collect()
+        let channels = (0..self.c).map(|ch| {
+            parts[ch * ipc..(ch + 1) * ipc]
+                .iter()
+                .fold(Moments::default(), |a, p| a.merge(p.get().copied().unwrap_or_default()))
+        });
+        host::try_collect(self.c, channels)
     }
 
     /// Short contiguous runs with the channel dim between them and the outer dims (NCHW with a
     /// small H·W): items are (block of whole runs, chunk of [`TILE_CHANNELS`] channels); the
     /// runs are copied in memory order (run by run across the chunk's channels) into one buffer
     /// per channel, and each channel's buffer is summed as one block.
-    fn short_runs(&self, l: usize, outer: &[Dim], threads: usize) -> Vec<Moments> {
+    fn short_runs(&self, l: usize, outer: &[Dim], threads: usize) -> Result<Vec<Moments>> {
         let nruns = self.r / l;
         let per = (BLOCK / l).max(1);
         let nb = nruns.div_ceil(per);
         let cb = TILE_CHANNELS.min(self.c);
         let nchunks = self.c.div_ceil(cb);
-        let parts: Vec<OnceLock<Vec<Moments>>> = (0..nb * nchunks).map(|_| OnceLock::new()).collect();
+        let n_parts = nb.saturating_mul(nchunks);
+        let parts: Vec<OnceLock<Vec<Moments>>> = host::try_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
         pool::run(threads, parts.len(), &|item| {
             let (b, k) = (item / nchunks, item % nchunks);
             let (c0, nc) = (k * cb, cb.min(self.c - k * cb));
@@ -504,18 +508,17 @@ impl<'a, T: Element> Kernel<'a, T> {
                 let _ = parts[item].set(out);
             });
         });
-        (0..self.c)
-            .map(|ch| {
-                (0..nb).fold(Moments::default(), |a, b| {
-                    a.merge(parts[b * nchunks + ch / cb].get().map_or(Moments::default(), |p| p[ch % cb]))
-                })
+        let channels = (0..self.c).map(|ch| {
+            (0..nb).fold(Moments::default(), |a, b| {
+                a.merge(parts[b * nchunks + ch / cb].get().map_or(Moments::default(), |p| p[ch % cb]))
             })
-            .collect()
+        });
+        host::try_collect(self.c, channels)
     }
 
     /// Channels-last path: rows of `w` lanes (see [`Path::Rows`]); items are (row tile, chunk
     /// of lanes), tile-major; each writes one partial per lane.
-    fn rows(&self, threads: usize, w: usize, flat: bool) -> Vec<Moments> {
+    fn rows(&self, threads: usize, w: usize, flat: bool) -> Result<Vec<Moments>> {
         let c = self.c;
         let total = self.r * c;
         let nrows = if flat { total.div_ceil(w) } else { self.r };
@@ -524,7 +527,8 @@ impl<'a, T: Element> Kernel<'a, T> {
         let nchunks = w.div_ceil(cw);
         let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
         let ntiles = nrows.div_ceil(tile_rows);
-        let parts: Vec<OnceLock<Vec<Moments>>> = (0..ntiles * nchunks).map(|_| OnceLock::new()).collect();
+        let n_parts = ntiles.saturating_mul(nchunks);
+        let parts: Vec<OnceLock<Vec<Moments>>> = host::try_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
         let dims = self.dims();
         // The f32 data, read in place when the matrix is contiguous.
         let direct = if flat { (self.direct)(self.data) } else { None };
@@ -583,19 +587,18 @@ impl<'a, T: Element> Kernel<'a, T> {
             let _ = parts[item].set(out);
         });
         // Channel ch: its lanes ch, ch + C, ... of each tile, in order.
-        (0..c)
-            .map(|ch| {
-                let mut acc = Moments::default();
-                for t in 0..ntiles {
-                    for j in (ch..w).step_by(c) {
-                        if let Some(p) = parts[t * nchunks + j / cw].get() {
-                            acc = acc.merge(p[j % cw]);
-                        }
+        let channels = (0..c).map(|ch| {
+            let mut acc = Moments::default();
+            for t in 0..ntiles {
+                for j in (ch..w).step_by(c) {
+                    if let Some(p) = parts[t * nchunks + j / cw].get() {
+                        acc = acc.merge(p[j % cw]);
                     }
                 }
-                acc
-            })
-            .collect()
+            }
+            acc
+        });
+        host::try_collect(c, channels)
     }
 }
 
@@ -1168,14 +1171,14 @@ mod tests {
             let d = data(len, shape.iter().sum::<usize>() as u64, 1000.0);
             let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: 0 };
             let want = exact(&d, &shape, &st, 0);
-            let base = channel_moments_with(Isa::Portable, input, 1, 1);
+            let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
             for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
                 assert!((m.mean - em).abs() <= 1e-9 * em.abs(), "{shape:?} ch {ch}: mean {} vs {em}", m.mean);
                 assert!((m.m2 - em2).abs() <= 1e-5 * em2, "{shape:?} ch {ch}: m2 {} vs {em2}", m.m2);
             }
             for isa in Isa::supported() {
                 for threads in [1, 2, 3, 7] {
-                    let got = channel_moments_with(isa, input, threads, 1);
+                    let got = channel_moments_with(isa, input, threads, 1).unwrap();
                     assert_eq!(got, base, "{shape:?} {isa:?} threads {threads}");
                 }
             }
@@ -1220,7 +1223,7 @@ mod tests {
             let d = data(len, case, if next(2) == 0 { 0.0 } else { 500.0 });
             let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: off };
             let want = exact(&d, &shape, &st, off);
-            let base = channel_moments_with(Isa::Portable, input, 1, 1);
+            let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
             for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
                 let what = format!("case {case} {shape:?} {st:?} +{off} ch {ch}");
                 let scale = em.abs() + (em2 / m.n).sqrt();
@@ -1228,7 +1231,7 @@ mod tests {
                 assert!((m.m2 - em2).abs() <= 1e-5 * em2 + 1e-9, "{what}: m2 {} vs {em2}", m.m2);
             }
             for isa in Isa::supported() {
-                assert_eq!(channel_moments_with(isa, input, 1 + next(3), 1), base, "case {case} {isa:?}");
+                assert_eq!(channel_moments_with(isa, input, 1 + next(3), 1).unwrap(), base, "case {case} {isa:?}");
             }
             // f16 (converted as read, or widened into buffers) gives its f32 widening's bits
             let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
@@ -1236,8 +1239,8 @@ mod tests {
             let hi = Input { data: SliceRef::F16(&h), ..input };
             let wi = Input { data: SliceRef::F32(&w), ..input };
             for isa in Isa::supported() {
-                let a = channel_moments_with(isa, hi, 2, 1);
-                assert_eq!(a, channel_moments_with(isa, wi, 1, 1), "case {case} {shape:?} {st:?} f16 {isa:?}");
+                let a = channel_moments_with(isa, hi, 2, 1).unwrap();
+                assert_eq!(a, channel_moments_with(isa, wi, 1, 1).unwrap(), "case {case} {shape:?} {st:?} f16 {isa:?}");
             }
         }
     }
@@ -1249,13 +1252,13 @@ mod tests {
         let d = data(shape.iter().product(), 9, 2.0);
         let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
         let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
-        let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2);
-        let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2);
+        let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2).unwrap();
+        let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2).unwrap();
         // the fused f16 pass gives the same bits on every instruction set
         let input = Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 };
-        let base = channel_moments_with(Isa::Portable, input, 1, 1);
+        let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
         for isa in Isa::supported() {
-            assert_eq!(channel_moments_with(isa, input, 3, 1), base, "{isa:?}");
+            assert_eq!(channel_moments_with(isa, input, 3, 1).unwrap(), base, "{isa:?}");
         }
         // in place (f32), converted as read (f16): the lanes follow the data, so the same bits
         assert_eq!(a, b);
@@ -1290,11 +1293,13 @@ mod tests {
     #[test]
     fn empty_and_non_finite() {
         let shape = [0, 2, 3];
-        let m = channel_moments(Input { data: SliceRef::F32(&[]), shape: &shape, strides: &[6, 3, 1], offset: 0 }, 1);
+        let m = channel_moments(Input { data: SliceRef::F32(&[]), shape: &shape, strides: &[6, 3, 1], offset: 0 }, 1)
+            .unwrap();
         assert_eq!(m.len(), 2);
         assert!(m.iter().all(|m| m.mean_invstd(1e-5).0 == 0.0 && m.mean_invstd(1e-5).1.is_nan()));
         let d = [1.0, f32::INFINITY, 2.0, 3.0];
-        let m = channel_moments(Input { data: SliceRef::F32(&d), shape: &[2, 2], strides: &[2, 1], offset: 0 }, 1);
+        let m =
+            channel_moments(Input { data: SliceRef::F32(&d), shape: &[2, 2], strides: &[2, 1], offset: 0 }, 1).unwrap();
         let (mean, inv) = m[0].mean_invstd(0.0);
         assert_eq!(mean, 1.5);
         assert_eq!(inv, 1.0 / 0.25f64.sqrt());

@@ -30,13 +30,15 @@ const STATS_NOTE: &str = "aclnnBatchNormStats writes mean and invstd as f32 only
 /// Per channel `c` (dim 1), over the `n` elements of every other dim:
 /// `mean = Σx/n` and `invstd = 1/sqrt(Σ(x − mean)²/n + eps)` (the biased variance).
 /// An empty input (N or a spatial dim 0) gives `mean = 0` and `invstd = NaN` on both backends.
+/// `eps` must be finite in f32 (CANN computes with it in f32): NaN, ±inf or a value beyond f32's
+/// range is rejected with 161002 on both backends.
 ///
 /// A rejected call returns [`Error::InvalidArgument`] with aclnn's status (161002) and does
 /// nothing. On Ascend the work is asynchronous on `stream`: read results with
 /// [`Tensor::to_vec`]. Results are deterministic (the same bits every run, whatever the thread
 /// count).
 pub fn batch_norm_stats(stream: &Stream, input: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    let c = validate_input(&meta(input))?;
+    let c = validate_input(&meta(input), eps)?;
     input.check_stream(stream, "input")?;
     let mut mean = Tensor::alloc(stream, DType::F32, &[c], false)?;
     let mut invstd = Tensor::alloc(stream, DType::F32, &[c], false)?;
@@ -70,7 +72,7 @@ pub fn prepare_batch_norm_stats<'a>(
     mean: &'a mut Tensor,
     invstd: &'a mut Tensor,
 ) -> Result<Prepared<'a>> {
-    validate_call(&meta(input), &meta(mean), &meta(invstd))?;
+    validate_call(&meta(input), &meta(mean), &meta(invstd), eps)?;
     input.check_stream(stream, "input")?;
     mean.check_stream(stream, "mean")?;
     invstd.check_stream(stream, "invstd")?;
@@ -85,23 +87,25 @@ fn meta(t: &Tensor) -> Meta<'_> {
     Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
 }
 
-/// Validates `input` (dtype, rank, channels, view); returns C.
-fn validate_input(input: &Meta<'_>) -> Result<usize> {
+/// Validates `input` (dtype, rank, channels, view) and eps; returns C.
+fn validate_input(input: &Meta<'_>, eps: f64) -> Result<usize> {
     validate::dtype_in("input", input, &INPUT_DTYPES, INPUT_NOTE)?;
     let c = validate::activation("input", input)?;
     validate::in_storage("input", input)?;
+    validate::f32_scalar("eps", eps)?;
     Ok(c)
 }
 
 /// Validates the input of a [`batch_norm_stats`] call as it does, launching nothing.
-pub(crate) fn validate_args(stream: &Stream, input: &Tensor) -> Result<()> {
-    validate_input(&meta(input))?;
+pub(crate) fn validate_args(stream: &Stream, input: &Tensor, eps: f64) -> Result<()> {
+    validate_input(&meta(input), eps)?;
     input.check_stream(stream, "input")
 }
 
 /// Validates a whole call, in CANN's order: dtypes (input, mean, invstd), then shapes, then what
-/// CANN does not check but would misread (views inside their storage, stride-0 outputs).
-fn validate_call(input: &Meta<'_>, mean: &Meta<'_>, invstd: &Meta<'_>) -> Result<usize> {
+/// CANN does not check but would misread (views inside their storage, stride-0 outputs) or
+/// computes with in f32 (eps must be finite in f32).
+fn validate_call(input: &Meta<'_>, mean: &Meta<'_>, invstd: &Meta<'_>, eps: f64) -> Result<usize> {
     validate::dtype_in("input", input, &INPUT_DTYPES, INPUT_NOTE)?;
     validate::dtype_in("mean", mean, &STATS_DTYPES, STATS_NOTE)?;
     validate::dtype_in("invstd", invstd, &STATS_DTYPES, STATS_NOTE)?;
@@ -109,6 +113,7 @@ fn validate_call(input: &Meta<'_>, mean: &Meta<'_>, invstd: &Meta<'_>) -> Result
     validate::per_channel_output("mean", mean, c)?;
     validate::per_channel_output("invstd", invstd, c)?;
     validate::in_storage("input", input)?;
+    validate::f32_scalar("eps", eps)?;
     Ok(c)
 }
 
@@ -117,9 +122,9 @@ fn cpu_launch(input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) 
         return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
     };
     let view = cpu::Input { data, shape: input.shape(), strides: input.strides(), offset: input.offset() };
-    let stats: Vec<(f64, f64)> = cpu::channel_moments(view, 0).iter().map(|m| m.mean_invstd(eps)).collect();
-    host::write_vector(mean, "mean", stats.iter().map(|s| s.0))?;
-    host::write_vector(invstd, "invstd", stats.iter().map(|s| s.1))
+    let moments = cpu::channel_moments(view, 0)?;
+    host::write_vector(mean, "mean", moments.iter().map(|m| m.mean_invstd(eps).0))?;
+    host::write_vector(invstd, "invstd", moments.iter().map(|m| m.mean_invstd(eps).1))
 }
 
 /// Phase 1 on Ascend. For an empty input CANN's executor itself fills mean with 0 and invstd
