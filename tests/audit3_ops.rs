@@ -1,11 +1,15 @@
 //! Regression tests of audit 3's operator findings (`shared/reviews/audit-3.md`), one per finding:
 //! exact element conversions (F10), host allocations sized by a huge zero-stride view (F11-F14),
-//! the scalar rule of eps/momentum (F15) and the sign of an empty counter's sum (F16).
+//! the scalar rule of eps/momentum (F15) and the sign of an empty counter's sum (F16); then the
+//! three rules read in CANN's ops-nn sources that the mock had wrong.
 //!
 //! Each runs on both backends where the call is cheap on both (the huge broadcast views run on the
 //! CPU only: the mock, like CANN, would walk every one of their 2^40..2^50 elements).
 
 mod common;
+#[cfg(feature = "mock")]
+#[path = "common/raw_mock.rs"]
+mod raw_mock;
 
 use ascend::ops::{self, OutputMask};
 use ascend::{bf16, f16, Context, DType, Error, Result, Stream, Tensor};
@@ -266,4 +270,131 @@ fn f16_an_empty_counter_gives_the_same_values_on_both_backends() {
         }
     }
     assert!(got.windows(2).all(|w| w[0][1..] == w[1][1..]), "{got:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mock against CANN's own sources (ops-nn)
+
+/// `aclnnBatchNormElemtBackward` without weight fills an f32 ones weight (ops-nn `FillScalar`,
+/// `norm/norm_common/op_host/op_api/norm_tensor_util.cpp`), so f16 inputs compute in f32: the
+/// result is the one with an explicit f32 ones weight, bit for bit, on both backends.
+#[test]
+fn cann_rule_elemt_backward_without_weight_computes_f16_inputs_in_f32() {
+    for ctx in common::backends() {
+        let s = ctx.new_stream().unwrap();
+        let mut rng = common::Rng::new(29);
+        let shape = [16, 2, 4];
+        let h = |rng: &mut common::Rng, shape: &[usize], mu: f64, sigma: f64| {
+            common::Data::normal(rng, DType::F16, shape, mu, sigma).tensor(&s).unwrap()
+        };
+        let (dy, x) = (h(&mut rng, &shape, 0.0, 1.0), h(&mut rng, &shape, 0.3, 1.5));
+        let (mean, sum_dy, sum_dy_xmu) =
+            (h(&mut rng, &[2], 0.3, 0.2), h(&mut rng, &[2], 3.0, 4.0), h(&mut rng, &[2], -5.0, 4.0));
+        let invstd = common::Data::uniform(&mut rng, DType::F16, &[2], 0.5, 1.5).tensor(&s).unwrap();
+        let counter = Tensor::from_slice(&s, &[48f32, 80.0], &[2]).unwrap();
+        let ones = Tensor::from_slice(&s, &[1f32, 1.0], &[2]).unwrap();
+        let run = |w: Option<&Tensor>| {
+            let gi =
+                ops::batch_norm_elemt_backward(&s, &dy, &x, &mean, &invstd, w, &sum_dy, &sum_dy_xmu, &counter).unwrap();
+            common::bits(&s, &gi)
+        };
+        assert_eq!(run(None), run(Some(&ones)), "{:?}", ctx.backend());
+    }
+}
+
+#[cfg(feature = "mock")]
+mod raw_formats {
+    use super::raw_mock::Raw;
+    use super::INVALID;
+    use ascend::sys::{aclFormat, symbols};
+
+    const PRIVATE: aclFormat = aclFormat::ACL_FORMAT_NC1HWC0;
+    const ND: aclFormat = aclFormat::ACL_FORMAT_ND;
+
+    /// `aclnnBatchNormElemt` checks the format of input only (private: 161002) and that output's
+    /// equals it (ops-nn `norm/batch_norm_elemt/op_host/op_api/aclnn_batch_norm_elemt.cpp`,
+    /// `CheckFormat(input, output)`): a private format on mean, invstd, weight or bias is accepted.
+    #[test]
+    fn cann_rule_elemt_checks_only_the_input_format() {
+        super::common::mock::isolated(|_ctx| {
+            let mut raw = Raw::new();
+            let api = raw.c.operator(&symbols::BATCH_NORM_ELEMT).expect("the mock exports it");
+            let x_v = [1f32, -2.0, 0.5, 3.0];
+            let phase1 = |raw: &mut Raw, fx, fstat| {
+                let x = raw.f32s_in(fx, &[2, 2], &x_v);
+                let out = raw.f32s_in(fx, &[2, 2], &[0.0; 4]);
+                let mean = raw.f32s_in(fstat, &[2], &[0.5, -0.5]);
+                let invstd = raw.f32s_in(fstat, &[2], &[2.0, 0.5]);
+                let weight = raw.f32s_in(fstat, &[2], &[1.5, 1.0]);
+                let bias = raw.f32s_in(fstat, &[2], &[0.25, 0.0]);
+                let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+                // SAFETY: live handles of this session; the out-pointers are valid locals.
+                let st = unsafe {
+                    api.aclnnBatchNormElemtGetWorkspaceSize(x, weight, bias, mean, invstd, 1e-5, out, &mut ws, &mut ex)
+                };
+                (st, ex, out)
+            };
+            let (st, ex, out) = phase1(&mut raw, ND, PRIVATE);
+            assert_eq!(st, 0, "a private format on mean, invstd, weight and bias is accepted");
+            let null = std::ptr::null_mut();
+            // SAFETY: the executor is fresh from phase 1; workspace 0 with null; default stream.
+            assert_eq!(unsafe { api.aclnnBatchNormElemt(null, 0, ex, null) }, 0);
+            let got = raw.read_f32(out);
+            let want = [(1.0 - 0.5) * 2.0 * 1.5 + 0.25, (-2.0 + 0.5) * 0.5, (0.5 - 0.5) * 3.0 + 0.25, 3.5 * 0.5];
+            assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-5), "{got:?}");
+            let (st, ex, _) = phase1(&mut raw, PRIVATE, ND);
+            assert_eq!((st, ex.is_null()), (INVALID, true), "a private input format is refused");
+        });
+    }
+
+    /// `aclnnBatchNormGatherStatsWithCounts` checks the formats of input, mean, invstd and counts
+    /// only (ops-nn `norm/sync_batch_norm_gather_stats_with_counts/op_host/op_api/
+    /// aclnn_batch_norm_gather_stats_with_counts.cpp`, `CheckFormat`): a private format on
+    /// meanAll, invstdAll, runningMean or runningVar is accepted.
+    #[test]
+    fn cann_rule_gather_checks_only_the_formats_of_input_mean_invstd_and_counts() {
+        super::common::mock::isolated(|_ctx| {
+            let mut raw = Raw::new();
+            let api = raw.c.operator(&symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS).expect("the mock exports it");
+            let phase1 = |raw: &mut Raw, fin, fout| {
+                let x = raw.f32s_in(fin, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+                let mean = raw.f32s_in(fin, &[1, 2], &[0.5, -1.5]);
+                let invstd = raw.f32s_in(fin, &[1, 2], &[2.0, 0.25]);
+                let counts = raw.f32s_in(fin, &[1], &[3.0]);
+                let rm = raw.f32s_in(fout, &[2], &[0.0, 0.0]);
+                let rv = raw.f32s_in(fout, &[2], &[1.0, 1.0]);
+                let mean_all = raw.f32s_in(fout, &[2], &[0.0, 0.0]);
+                let invstd_all = raw.f32s_in(fout, &[2], &[0.0, 0.0]);
+                let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+                // SAFETY: live handles of this session; the out-pointers are valid locals.
+                let st = unsafe {
+                    api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
+                        x, mean, invstd, rm, rv, 0.1, 1e-5, counts, mean_all, invstd_all, &mut ws, &mut ex,
+                    )
+                };
+                (st, ws, ex, mean_all)
+            };
+            let (st, ws, ex, mean_all) = phase1(&mut raw, ND, PRIVATE);
+            assert_eq!(st, 0, "a private format on meanAll, invstdAll, runningMean and runningVar is accepted");
+            let mut mem = std::ptr::null_mut();
+            if ws > 0 {
+                let policy = ascend::sys::aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
+                // SAFETY: `mem` is a valid out-pointer.
+                assert_eq!(unsafe { raw.c.acl.aclrtMalloc(&mut mem, ws as usize, policy) }, 0);
+            }
+            // SAFETY: the executor is fresh from phase 1 with a workspace of its size; default stream.
+            assert_eq!(unsafe { api.aclnnBatchNormGatherStatsWithCounts(mem, ws, ex, std::ptr::null_mut()) }, 0);
+            assert_eq!(raw.read_f32(mean_all), [0.5, -1.5]);
+            if !mem.is_null() {
+                // SAFETY: the allocation above, no longer used (read_f32 synchronised the stream).
+                unsafe { raw.c.acl.aclrtFree(mem) };
+            }
+            let (st, _, ex, _) = phase1(&mut raw, PRIVATE, ND);
+            assert_eq!(
+                (st, ex.is_null()),
+                (INVALID, true),
+                "a private format on input, mean, invstd or counts is refused"
+            );
+        });
+    }
 }

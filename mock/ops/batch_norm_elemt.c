@@ -6,7 +6,7 @@
  * 161002 (its CheckNotNull is wired to ACLNN_ERR_PARAM_INVALID, not 161001); weight and bias are
  * optional (filled with 1 and 0). Then each tensor's dtype must be F32, F16 or BF16 (checked per
  * tensor: mixed dtypes pass), input has 2..8 dims, output has input's shape and format,
- * input.shape[1] != 0, weight/bias/mean/invstd are 1-D [C]; private formats are rejected. An empty
+ * input.shape[1] != 0, weight/bias/mean/invstd are 1-D [C]; a private format of input is rejected (only input's is checked). An empty
  * input gives workspace 0 and an executor that does nothing.
  *
  * The compute follows ops-nn: the variance is rebuilt as var = 1/invstd^2 - eps and inference
@@ -111,12 +111,11 @@ static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format of output %s should be the same as format of input %s.",
                             ascend_mock_format_name(y->format), ascend_mock_format_name(x->format));
     }
-    for (int i = 0; i < NT; i++) {
-        if (on[i] && mock_format_private(t[i]->format)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                                "Format of %s does not support %s; it should be one of ND, NCHW, NHWC, HWCN, NDHWC, NCDHW.",
-                                k_names[i], ascend_mock_format_name(t[i]->format));
-        }
+    /* Only input's format is checked (and output's equals it): ops-nn aclnn_batch_norm_elemt.cpp:70-79. */
+    if (mock_format_private(x->format)) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                            "Format of %s does not support %s; it should be one of ND, NCHW, NHWC, HWCN, NDHWC, NCDHW.",
+                            k_names[T_INPUT], ascend_mock_format_name(x->format));
     }
     int64_t channels = x->dims[1];
     if (channels == 0) {

@@ -4,7 +4,7 @@
  *
  * Phase 1: null checks of input, mean, invstd, counts, meanAll, invstdAll (161001, by the shared
  * helper; runningMean and runningVar are optional), then every tensor's dtype in FLOAT, FLOAT16,
- * BFLOAT16 (counts included: int32 counts are rejected), private formats, input rank 2..8, mean
+ * BFLOAT16 (counts included: int32 counts are rejected), private formats of input, mean, invstd and counts, input rank 2..8, mean
  * and invstd 2-D [W, C] with C = input.shape[1], counts 1-D [W], the running statistics and both
  * outputs [C] (161002).
  * CANN tests only runningMean before writing both running statistics: runningMean without
@@ -114,7 +114,12 @@ static aclnnStatus gather_check(const mock_op *op, mock_op_call *call) {
                                 k_names[i], ascend_mock_dtype_name(t[i]->dtype));
         }
     }
-    for (int i = 0; i < NT; i++) {
+    /* The formats of input, mean, invstd and counts only (ops-nn
+     * aclnn_batch_norm_gather_stats_with_counts.cpp:115-119): meanAll, invstdAll and the running
+     * statistics are not checked. */
+    static const int formatted[] = {T_INPUT, T_MEAN, T_INVSTD, T_COUNTS};
+    for (size_t k = 0; k < sizeof formatted / sizeof formatted[0]; k++) {
+        int i = formatted[k];
         if (t[i] && mock_format_private(t[i]->format)) {
             return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format of %s does not support %s.", k_names[i],
                                 ascend_mock_format_name(t[i]->format));
