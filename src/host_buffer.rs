@@ -212,34 +212,7 @@ impl Tensor {
         if stream.ascend().is_none() {
             return self.copy_from_slice(stream, h.as_slice());
         }
-        let inner = pinned_stream(stream, h)?;
-        let Some((buffer, device)) = self.device_buffer() else {
-            return Err(Error::invalid("tensor", "a host tensor reached the Ascend backend"));
-        };
-        let bytes = h.len * std::mem::size_of::<T>();
-        if bytes == 0 {
-            return Ok(());
-        }
-        let dst = buffer.ptr().cast::<u8>().wrapping_add(self.offset() * std::mem::size_of::<T>()).cast::<c_void>();
-        h.enqueue_copy(inner, |src| {
-            enqueue_using(inner, &[buffer], || {
-                device.bind()?;
-                // SAFETY: [dst, dst+bytes) is the contiguous view inside the buffer (checked at
-                // creation); the buffer and the pinned host memory are recorded on the stream
-                // (the buffer by enqueue_using, the host buffer by enqueue_copy) before any lock
-                // is released, so neither is freed or touched by the host before the copy ran.
-                unsafe {
-                    crate::acl::memcpy_async(
-                        device.cann,
-                        dst,
-                        src,
-                        bytes,
-                        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
-                        inner.raw(),
-                    )
-                }
-            })
-        })
+        self.enqueue_host_copy(stream, h, aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE)
     }
 
     /// Copies this tensor into `h`, asynchronously on `stream` (`aclrtMemcpyAsync` device →
@@ -254,6 +227,12 @@ impl Tensor {
             h.as_mut_slice().copy_from_slice(&values);
             return Ok(());
         }
+        self.enqueue_host_copy(stream, h, aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST)
+    }
+
+    /// The Ascend half of both async copies: `aclrtMemcpyAsync` between this contiguous view and
+    /// the pinned `h`, in the direction `kind`, recorded on `stream` for both.
+    fn enqueue_host_copy<T: Element>(&self, stream: &Stream, h: &HostBuffer<T>, kind: aclrtMemcpyKind) -> Result<()> {
         let inner = pinned_stream(stream, h)?;
         let Some((buffer, device)) = self.device_buffer() else {
             return Err(Error::invalid("tensor", "a host tensor reached the Ascend backend"));
@@ -262,22 +241,21 @@ impl Tensor {
         if bytes == 0 {
             return Ok(());
         }
-        let src = buffer.ptr().cast::<u8>().wrapping_add(self.offset() * std::mem::size_of::<T>()).cast::<c_void>();
-        h.enqueue_copy(inner, |dst| {
+        let view = buffer.ptr().cast::<u8>().wrapping_add(self.offset() * std::mem::size_of::<T>()).cast::<c_void>();
+        h.enqueue_copy(inner, |host| {
             enqueue_using(inner, &[buffer], || {
                 device.bind()?;
-                // SAFETY: as in `copy_from_host_async`, with the roles swapped; `&mut h` keeps
-                // the host from reading the buffer before `as_slice` waited for the copy.
-                unsafe {
-                    crate::acl::memcpy_async(
-                        device.cann,
-                        dst,
-                        src.cast_const(),
-                        bytes,
-                        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
-                        inner.raw(),
-                    )
-                }
+                let (dst, src) = match kind {
+                    aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE => (view, host.cast_const()),
+                    _ => (host, view.cast_const()),
+                };
+                // SAFETY: [view, view+bytes) is the contiguous view inside the buffer (checked at
+                // creation) and `host` the pinned buffer of `bytes`; the device buffer and the
+                // pinned memory are recorded on the stream (the buffer by enqueue_using, the host
+                // buffer by enqueue_copy) before any lock is released, so neither is freed or
+                // touched by the host before the copy ran (for a read into `h`, `&mut h` at the
+                // caller keeps the host off it until `as_slice` waited for the copy).
+                unsafe { crate::acl::memcpy_async(device.cann, dst, src, bytes, kind, inner.raw()) }
             })
         })
     }
