@@ -16,6 +16,15 @@ use ascend::{bf16, f16, Context, DType, Error, Result, Stream, Tensor};
 
 const INVALID: i32 = 161002;
 
+/// Holds the lock of the tests that read the mock's process-wide counters (`common::mock::isolated`
+/// takes it too), so a test allocating on the mock never runs inside another's before/after snapshot.
+fn serial() -> Option<std::sync::MutexGuard<'static, ()>> {
+    #[cfg(feature = "mock")]
+    return Some(common::mock::lock());
+    #[cfg(not(feature = "mock"))]
+    None
+}
+
 /// An i32 beyond 2^24 whose rounding to bf16 differs when it goes through f32 first: it rounds to
 /// the f32 2^24 + 2^16, a bf16 tie that goes to even (2^24), while the exact value lies above the
 /// tie and rounds up to 2^24 + 2^17.
@@ -23,6 +32,7 @@ const DOUBLE_ROUNDING: i32 = (1 << 24) + (1 << 16) + 1;
 
 #[test]
 fn f10_i32_tensors_round_trip_exactly_on_both_backends() {
+    let _serial = serial();
     let v = [16_777_217i32, -16_777_219, 2_000_000_001, i32::MIN + 1, i32::MAX, DOUBLE_ROUNDING];
     for ctx in common::backends() {
         let s = ctx.new_stream().unwrap();
@@ -54,6 +64,7 @@ fn f10_i32_tensors_round_trip_exactly_on_both_backends() {
 /// `to_vec` and `copy_from_slice`, contiguous and strided, for every float dtype.
 #[test]
 fn f10_same_dtype_copies_keep_every_bit() {
+    let _serial = serial();
     let f32s = [f32::from_bits(0x7f80_0001), f32::from_bits(0xff80_1234), 1.5, -0.0];
     let f16s = [f16::from_bits(0x7c01), f16::from_bits(0xfd55), f16::from_bits(0x0001), f16::NEG_ZERO];
     let bf16s = [bf16::from_bits(0x7f81), bf16::from_bits(0xff95), bf16::from_bits(0x0001), bf16::NEG_ZERO];
@@ -92,6 +103,7 @@ fn returned<T>(r: Result<T>, what: &str) -> Option<T> {
 /// 2^40 ranks, all the same row (stride 0 in mean, invstd and counts).
 #[test]
 fn f11_gather_stats_with_a_huge_broadcast_rank_dim_returns_instead_of_aborting() {
+    let _serial = serial();
     let s = Context::cpu().new_stream().unwrap();
     let w = 1usize << 40;
     let input = Tensor::from_slice(&s, &[1f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
@@ -130,6 +142,7 @@ fn f11_gather_stats_with_a_huge_broadcast_rank_dim_returns_instead_of_aborting()
 /// A counter of 2^40 ranks over one element (stride 0): nothing ties W to the input.
 #[test]
 fn f12_elemt_backward_with_a_huge_broadcast_counter_returns_instead_of_aborting() {
+    let _serial = serial();
     let s = Context::cpu().new_stream().unwrap();
     let w = 1usize << 40;
     let mut rng = common::Rng::new(12);
@@ -153,6 +166,7 @@ fn f12_elemt_backward_with_a_huge_broadcast_counter_returns_instead_of_aborting(
 /// 2^50 positions of one element.
 #[test]
 fn f13_batch_norm_stats_of_a_huge_broadcast_input_returns_instead_of_aborting() {
+    let _serial = serial();
     let s = Context::cpu().new_stream().unwrap();
     let input = Tensor::from_slice_strided(&s, &[1.5f32], &[1 << 50, 1], &[0, 0], 0).unwrap();
     let eps = 1e-5;
@@ -176,6 +190,7 @@ fn f13_batch_norm_stats_of_a_huge_broadcast_input_returns_instead_of_aborting() 
 /// 2^50 positions of one element through the reduction kernel.
 #[test]
 fn f14_reduce_backward_of_a_huge_broadcast_input_returns_instead_of_aborting() {
+    let _serial = serial();
     let s = Context::cpu().new_stream().unwrap();
     let dy = Tensor::from_slice_strided(&s, &[0.5f32], &[1 << 50, 1], &[0, 0], 0).unwrap();
     let x = Tensor::from_slice_strided(&s, &[2f32], &[1 << 50, 1], &[0, 0], 0).unwrap();
@@ -192,6 +207,7 @@ fn f14_reduce_backward_of_a_huge_broadcast_input_returns_instead_of_aborting() {
 /// that takes them; at the edge (f32::MAX) they are accepted on both backends alike.
 #[test]
 fn f15_eps_and_momentum_beyond_f32_give_the_same_outcome_on_both_backends() {
+    let _serial = serial();
     let beyond = [1e39, -1e39, f64::INFINITY, f64::NAN, f64::MAX];
     for ctx in common::backends() {
         let s = ctx.new_stream().unwrap();
@@ -255,6 +271,7 @@ fn f15_eps_and_momentum_beyond_f32_give_the_same_outcome_on_both_backends() {
 /// identity −0: N = +0 makes sumDy/N = +inf, so the gradients are −inf (and NaN where x = mean).
 #[test]
 fn f16_an_empty_counter_gives_the_same_values_on_both_backends() {
+    let _serial = serial();
     let mut got = Vec::new();
     for ctx in common::backends() {
         let s = ctx.new_stream().unwrap();
@@ -280,6 +297,7 @@ fn f16_an_empty_counter_gives_the_same_values_on_both_backends() {
 /// result is the one with an explicit f32 ones weight, bit for bit, on both backends.
 #[test]
 fn cann_rule_elemt_backward_without_weight_computes_f16_inputs_in_f32() {
+    let _serial = serial();
     for ctx in common::backends() {
         let s = ctx.new_stream().unwrap();
         let mut rng = common::Rng::new(29);
