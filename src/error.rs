@@ -81,6 +81,14 @@ pub enum Error {
     /// Configuration was invalid (e.g. an unknown `ASCEND_BACKEND` value).
     #[error("configuration: {0}")]
     Config(String),
+    /// A state the crate's types do not yet rule out was reached (say a device tensor in a CPU
+    /// kernel after the stream checks passed): a bug in this crate, not in the call. Please report
+    /// it with the message.
+    #[error("internal error (a bug in this crate): {what}")]
+    Internal {
+        /// Which state was reached, and where.
+        what: String,
+    },
 }
 
 fn status_name(status: i32) -> &'static str {
@@ -121,7 +129,29 @@ impl Error {
         Error::InvalidArgument { argument, message: message.into(), status: STATUS_INVALID }
     }
 
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        Error::Internal { what: what.into() }
+    }
+
     pub(crate) fn null(argument: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument { argument, message: message.into(), status: STATUS_NULLPTR }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An internal state is neither an argument error nor a CANN failure: it carries no status
+    /// and says it is the crate's bug, with what was reached.
+    #[test]
+    fn internal_errors_say_they_are_the_crates_bug() {
+        let e = Error::internal("input: a device tensor reached the CPU backend");
+        assert_eq!(e.status(), None);
+        assert_eq!(e.status_name(), None);
+        assert!(!matches!(e, Error::InvalidArgument { .. } | Error::Config(_)), "{e:?}");
+        let text = e.to_string();
+        assert!(text.contains("a bug in this crate"), "{text}");
+        assert!(text.contains("input: a device tensor reached the CPU backend"), "{text}");
     }
 }

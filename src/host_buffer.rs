@@ -235,7 +235,7 @@ impl Tensor {
     fn enqueue_host_copy<T: Element>(&self, stream: &Stream, h: &HostBuffer<T>, kind: aclrtMemcpyKind) -> Result<()> {
         let inner = pinned_stream(stream, h)?;
         let Some((buffer, device)) = self.device_buffer() else {
-            return Err(Error::invalid("tensor", "a host tensor reached the Ascend backend"));
+            return Err(Error::internal("tensor: a host tensor reached the Ascend backend"));
         };
         let bytes = h.len * std::mem::size_of::<T>();
         if bytes == 0 {

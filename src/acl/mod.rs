@@ -220,7 +220,7 @@ pub(crate) fn phase1(
 /// A function of an op library that [`Cann::operator`] found exported (it is then never an
 /// `Err`; this turns the impossible case into an error rather than a panic).
 pub(crate) fn op_fn<F: Copy>(f: &std::result::Result<F, libloading::Error>, call: &'static str) -> Result<F> {
-    f.as_ref().copied().map_err(|e| Error::Config(format!("{call} is not exported: {e}")))
+    f.as_ref().copied().map_err(|e| Error::internal(format!("{call} is not exported although its library loaded: {e}")))
 }
 
 /// `aclrtCtxSetSysParamOpt(opt, value)` on the thread's current context (bind the device first).

@@ -21,7 +21,7 @@ pub(crate) fn write_vector(t: &mut Tensor, name: &'static str, values: impl Into
         _ => return Err(Error::invalid(name, format!("expected a rank-1 tensor, got shape {:?}", t.shape()))),
     };
     let Some(mut view) = t.as_host_view_mut() else {
-        return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
     };
     for (i, v) in values.into_iter().take(len).enumerate() {
         view.set_f64(offset + i * stride, v);

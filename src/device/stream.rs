@@ -135,7 +135,9 @@ impl StreamInner {
             return f(std::ptr::null_mut());
         }
         let bytes_usize = usize::try_from(bytes).map_err(|_| {
-            crate::Error::Config(format!("workspace of {bytes} bytes does not fit this machine's address space"))
+            crate::Error::internal(format!(
+                "phase 1 asked for a workspace of {bytes} bytes, which does not fit this machine's address space"
+            ))
         })?;
         let mut ws = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
         if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {

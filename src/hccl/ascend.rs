@@ -329,7 +329,7 @@ impl Comm {
 /// The device buffer of a contiguous tensor and the address of its first element.
 fn flat(t: &Tensor) -> Result<(&DeviceBuffer, *mut c_void)> {
     let Some((buffer, _)) = t.device_buffer() else {
-        return Err(Error::invalid("tensor", "a host tensor reached the Ascend backend"));
+        return Err(Error::internal("tensor: a host tensor reached the Ascend backend"));
     };
     let ptr = buffer.ptr().cast::<u8>().wrapping_add(t.offset() * t.dtype().size_in_bytes()).cast();
     Ok((buffer, ptr))

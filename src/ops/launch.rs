@@ -43,7 +43,7 @@ impl<'a> DeviceCall<'a> {
     /// handle lives as long as this call (and the prepared call made from it).
     pub(crate) fn tensor(&mut self, t: &'a Tensor, name: &'static str) -> Result<*mut aclTensor> {
         let Some((buffer, device)) = t.device_buffer() else {
-            return Err(Error::invalid(name, "a host tensor reached the Ascend backend"));
+            return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
         };
         if !device.same(&self.device) {
             return Err(Error::invalid(
@@ -208,7 +208,7 @@ impl Workspace {
 /// used the buffer have finished).
 fn zero_device_view(t: &Tensor) -> Result<()> {
     let Some((buffer, device)) = t.device_buffer() else {
-        return Err(Error::invalid("output", "a host tensor reached the Ascend backend"));
+        return Err(Error::internal("output: a host tensor reached the Ascend backend"));
     };
     buffer.synchronize()?;
     device.bind()?;

@@ -48,10 +48,10 @@ pub(super) fn run(
     let p = Params { mean: tile(&mean)?, scale: tile(&scale)?, bias: tile(&bias)? };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
     let Some(x) = input.as_host_view() else {
-        return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("input: a device tensor reached the CPU backend"));
     };
     let Some(y) = output.as_host_view_mut() else {
-        return Err(Error::invalid("output", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("output: a device tensor reached the CPU backend"));
     };
     let src = Src { data: x.storage(), strides: input.strides(), offset: input.offset() };
     let dst = Dst { data: y.into_storage(), strides: &out_strides, offset: out_offset };
@@ -83,7 +83,7 @@ fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
 /// A validated `[C]` float vector, widened to f32 (exact for f32, f16 and bf16).
 pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
     let Some(v) = t.as_host_view() else {
-        return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
     };
     let mut out = host::try_with_capacity(t.numel())?;
     v.for_each_f32(|x| out.push(x));

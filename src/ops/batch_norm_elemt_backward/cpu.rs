@@ -26,7 +26,7 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let c = args.input.shape()[1];
     let wide = |t: &Tensor, name| -> Result<Vec<f64>> {
         let Some(v) = t.as_host_view() else {
-            return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+            return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
         };
         let mut out = host::try_with_capacity(t.numel())?;
         v.for_each_f64(|x| out.push(x));
@@ -48,10 +48,10 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let (shape, out_strides, out_offset) =
         (grad_input.shape().to_vec(), grad_input.strides().to_vec(), grad_input.offset());
     let (Some(dy), Some(x)) = (args.grad_out.as_host_view(), args.input.as_host_view()) else {
-        return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("input: a device tensor reached the CPU backend"));
     };
     let Some(out) = grad_input.as_host_view_mut() else {
-        return Err(Error::invalid("gradInput", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("gradInput: a device tensor reached the CPU backend"));
     };
     let srcs = [
         Src { data: dy.storage(), strides: args.grad_out.strides(), offset: args.grad_out.offset() },
@@ -68,12 +68,12 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
 /// element, without walking W elements (nothing ties W to the input).
 fn counter_sum(counter: &Tensor) -> Result<f64> {
     let Some(v) = counter.as_host_view() else {
-        return Err(Error::invalid("counter", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("counter: a device tensor reached the CPU backend"));
     };
     let w = counter.shape()[0];
     if w > 1 && counter.strides()[0] == 0 {
         let Some(data) = host::storage(counter) else {
-            return Err(Error::invalid("counter", "a device tensor reached the CPU backend"));
+            return Err(Error::internal("counter: a device tensor reached the CPU backend"));
         };
         // From +0 as the sum is: W·(−0) is −0, 0 + W·(−0) is +0.
         return Ok(0.0 + w as f64 * data.get_f64(counter.offset()));

@@ -397,7 +397,7 @@ fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool
 /// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
 fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
     let Some(data) = host::storage(t) else {
-        return Err(Error::invalid(name, "a device tensor reached the CPU backend"));
+        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
     };
     let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
     host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
@@ -426,7 +426,7 @@ fn cpu_launch(
     } else {
         let (m, i, n) = (host::values(mean)?, host::values(invstd)?, host::values(counts)?);
         if m.len() != plan.ranks * c || i.len() != m.len() || n.len() != plan.ranks {
-            return Err(Error::invalid("mean", "a device tensor reached the CPU backend"));
+            return Err(Error::internal("mean: a device tensor reached the CPU backend"));
         }
         combine(c, &m, &i, &n, eps)?
     };

@@ -194,7 +194,7 @@ fn check_streams(
 fn cpu_launch(plan: Plan, mask: OutputMask, inputs: [&Tensor; 4], outs: [Option<&mut Tensor>; 4]) -> Result<()> {
     let [grad_out, input, mean, invstd] = inputs.map(|t| t.as_host_view());
     let (Some(grad_out), Some(input), Some(mean), Some(invstd)) = (grad_out, input, mean, invstd) else {
-        return Err(Error::invalid("gradOut", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("gradOut: a device tensor reached the CPU backend"));
     };
     let outs = outs.map(|o| o.and_then(|t| t.as_host_view_mut()));
     cpu::run(&plan, mask, grad_out, input, mean, invstd, outs)

@@ -119,7 +119,7 @@ fn validate_call(input: &Meta<'_>, mean: &Meta<'_>, invstd: &Meta<'_>, eps: f64)
 
 fn cpu_launch(input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) -> Result<()> {
     let Some(data) = host::storage(input) else {
-        return Err(Error::invalid("input", "a device tensor reached the CPU backend"));
+        return Err(Error::internal("input: a device tensor reached the CPU backend"));
     };
     let view = cpu::Input { data, shape: input.shape(), strides: input.strides(), offset: input.offset() };
     let moments = cpu::channel_moments(view, 0)?;
