@@ -26,7 +26,7 @@ pub struct Outputs<'a> {
     pub grad_bias: Option<ViewMut<'a>>,
 }
 
-/// The operator over caller-owned host memory, without copying it (see the [module](self)
+/// The operator over caller-owned host memory, without copying it (see the [module](crate::cpu)
 /// docs). Validates like [`ops::batch_norm_reduce_backward_into`](crate::ops::batch_norm_reduce_backward_into)
 /// and writes nothing when it rejects the call.
 pub fn batch_norm_reduce_backward(
