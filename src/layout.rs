@@ -1,6 +1,24 @@
 //! Shapes and strides: row-major strides, element counts, and the bounds check that keeps every
 //! strided view inside its storage.
 
+use crate::dtype::DType;
+
+/// Where one tensor's or view's elements are: dtype, shape, strides and offset (in elements)
+/// and the length of the storage they lie in.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout<'a> {
+    /// The element type.
+    pub dtype: DType,
+    /// The shape.
+    pub shape: &'a [usize],
+    /// The strides, in elements.
+    pub strides: &'a [usize],
+    /// The offset of element 0 into the storage, in elements.
+    pub offset: usize,
+    /// The storage's length, in elements.
+    pub storage_len: usize,
+}
+
 /// Row-major (C-order) strides, in elements, of a contiguous tensor of `shape`.
 pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];

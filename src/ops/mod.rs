@@ -15,7 +15,7 @@
 mod batch_norm_elemt;
 mod batch_norm_elemt_backward;
 mod batch_norm_gather_stats_with_counts;
-mod batch_norm_reduce_backward;
+pub(crate) mod batch_norm_reduce_backward;
 mod batch_norm_stats;
 mod launch;
 mod prepared;

@@ -13,14 +13,7 @@ pub const MIN_RANK: usize = 2;
 pub const MAX_RANK: usize = 8;
 
 /// The layout of one argument.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Meta<'a> {
-    pub dtype: DType,
-    pub shape: &'a [usize],
-    pub strides: &'a [usize],
-    pub offset: usize,
-    pub storage_len: usize,
-}
+pub(crate) use crate::layout::Layout as Meta;
 
 /// What validation established.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

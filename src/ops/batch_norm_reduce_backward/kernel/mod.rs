@@ -36,7 +36,7 @@ use crate::dtype::Element;
 use crate::error::Result;
 
 mod lanes;
-use super::{host, pool};
+use crate::cpu::{host, pool};
 #[cfg(test)]
 mod tests;
 
