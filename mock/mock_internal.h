@@ -153,6 +153,25 @@ void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream stream, co
 /* Live HCCL communicators (kept by libhccl.so, reported in ascend_mock_stats.live_comms). */
 void ascend_mock_count_comms_locked(int delta);
 
+/* Stores NULL in *out unless out is NULL (the out handle of a call that failed). */
+static inline void ascend_mock_null_out(void **out) {
+    if (out) {
+        *out = NULL;
+    }
+}
+
+/* The first statement of an entry point (after the line naming it): when a fault is armed for
+ * `api` (ascend_mock_take_fault), stores NULL in *null_out (pass NULL when the call has no out
+ * handle) and returns the injected status, before any other check. */
+#define MOCK_ENTER(api, null_out)                                                                                   \
+    do {                                                                                                            \
+        int fault_status_;                                                                                          \
+        if (ascend_mock_take_fault((api), &fault_status_)) {                                                        \
+            ascend_mock_null_out(null_out);                                                                         \
+            return fault_status_;                                                                                   \
+        }                                                                                                           \
+    } while (0)
+
 /* Element size of a dtype in bytes, or 0 for an unknown or sub-byte dtype. */
 uint64_t ascend_mock_dtype_size(aclDataType dtype);
 /* CANN's name of a dtype / format (e.g. "DT_FLOAT", "NC1HWC0"). */
