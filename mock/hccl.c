@@ -48,6 +48,7 @@
 #include "wrapper.h"
 #include "mock_internal.h"
 #pragma GCC visibility pop
+#include "half.h"
 
 /* ---- constants --------------------------------------------------------------------------------- */
 enum {
@@ -184,79 +185,6 @@ static int reduce_dtype_supported(int dt) {
     return dt == HCCL_DATA_TYPE_INT8 || dt == HCCL_DATA_TYPE_INT16 || dt == HCCL_DATA_TYPE_INT32 ||
            dt == HCCL_DATA_TYPE_INT64 || dt == HCCL_DATA_TYPE_FP16 || dt == HCCL_DATA_TYPE_FP32 ||
            dt == HCCL_DATA_TYPE_BFP16;
-}
-
-/* ---- f16 / bf16 <-> f32 (as the mock's op library converts) ------------------------------------------ */
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F;
-    uint32_t man = h & 0x3FF;
-    if (exp == 0) {
-        float v = (float)man * bits_f32(0x33800000u); /* man * 2^-24, exact */
-        return bits_f32(f32_bits(v) | sign);
-    }
-    if (exp == 31) {
-        return bits_f32(sign | 0x7F800000u | (man << 13));
-    }
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-static uint16_t f32_to_f16(float f) {
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t a = x & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) {
-        return (uint16_t)(sign | 0x7E00 | ((a >> 13) & 0x3FF));
-    }
-    if (a >= 0x477FF000u) {
-        return (uint16_t)(sign | 0x7C00);
-    }
-    if (a < 0x38800000u) {
-        if (a < 0x33000000u) {
-            return sign;
-        }
-        uint32_t e = a >> 23;
-        uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-        uint32_t shift = 126 - e;
-        uint32_t q = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1))) {
-            q++;
-        }
-        return (uint16_t)(sign | q);
-    }
-    uint32_t h = ((a >> 23) - 112) << 10 | ((a >> 13) & 0x3FF);
-    uint32_t rem = a & 0x1FFF;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) {
-        h++;
-    }
-    return (uint16_t)(sign | h);
-}
-
-static float bf16_to_f32(uint16_t b) {
-    return bits_f32((uint32_t)b << 16);
-}
-
-static uint16_t f32_to_bf16(float f) {
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-        return (uint16_t)((x >> 16) | 0x40);
-    }
-    x += 0x7FFFu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
 }
 
 /* ---- root info ------------------------------------------------------------------------------------- */
@@ -1172,7 +1100,7 @@ static float load_float(int dt, const uint8_t *p) {
         return f;
     }
     memcpy(&h, p, sizeof h);
-    return dt == HCCL_DATA_TYPE_FP16 ? f16_to_f32(h) : bf16_to_f32(h);
+    return dt == HCCL_DATA_TYPE_FP16 ? mock_f16_to_f32(h) : mock_bf16_to_f32(h);
 }
 
 static void store_float(int dt, uint8_t *p, float f) {
@@ -1181,7 +1109,7 @@ static void store_float(int dt, uint8_t *p, float f) {
         memcpy(p, &f, sizeof f);
         return;
     }
-    h = dt == HCCL_DATA_TYPE_FP16 ? f32_to_f16(f) : f32_to_bf16(f);
+    h = dt == HCCL_DATA_TYPE_FP16 ? mock_f32_to_f16(f) : mock_f32_to_bf16(f);
     memcpy(p, &h, sizeof h);
 }
 
