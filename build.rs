@@ -6,8 +6,8 @@
 //! first, found next to them through `$ORIGIN`), and exports that toolkit root to the crate as the
 //! compile-time variable `ASCEND_MOCK_TOOLKIT_DIR` (read by `ascend::mock::toolkit_dir`).
 //! `libascendcl.so` is every file of `mock/acl/` (the runtime, split by concern: see
-//! `mock/acl/internal.h`). `libhccl.so` is `mock/hccl.c`, a strict HCCL whose ranks are threads
-//! or processes.
+//! `mock/acl/internal.h`). `libhccl.so` is every file of `mock/hccl/`, a strict HCCL whose ranks
+//! are threads or processes (see `mock/hccl/internal.h`).
 //!
 //! `libopapi.so` is `mock/opapi.c` (the two phases every operator shares) and every file of
 //! `mock/ops/` (one per operator: its validation and compute). The mock's list of API names
@@ -104,7 +104,7 @@ mod mock {
             ("libascendcl.so", c_sources(&manifest, "mock/acl"), false),
             ("libnnopbase.so", vec![manifest.join("mock/nnopbase.c")], true),
             ("libopapi.so", opapi, true),
-            ("libhccl.so", vec![manifest.join("mock/hccl.c"), manifest.join("mock/hccl_cluster.c")], true),
+            ("libhccl.so", c_sources(&manifest, "mock/hccl"), true),
         ];
 
         let compiler = cc::Build::new().get_compiler();
