@@ -28,6 +28,8 @@ static uint64_t g_stream_syncs, g_event_syncs, g_device_syncs, g_device_frees, g
 static uint64_t g_event_seq;
 static uint64_t g_live_comms;
 static __thread uint64_t tls_mallocs;
+/* ascend_mock_set_device_count's count, or -1: aclInit reads ASCEND_MOCK_DEVICE_COUNT. */
+static int g_device_count_set = -1;
 
 /* ---- init / finalize -------------------------------------------------------------------------------- */
 aclError aclInit(const char *configPath) {
@@ -36,8 +38,8 @@ aclError aclInit(const char *configPath) {
     if (g_initialized) {
         r = fail(ACL_ERROR_REPEAT_INITIALIZE, api, "aclInit was already called in this process.");
     } else {
-        int count = 1;
-        const char *env = getenv("ASCEND_MOCK_DEVICE_COUNT");
+        int count = g_device_count_set >= 0 ? g_device_count_set : 1;
+        const char *env = g_device_count_set >= 0 ? NULL : getenv("ASCEND_MOCK_DEVICE_COUNT");
         if (env && *env) {
             char *end;
             long v = strtol(env, &end, 10);
@@ -723,6 +725,30 @@ void ascend_mock_get_stats(ascend_mock_stats *out) {
     out->live_host_allocations = g_live_host_allocs;
     ascend_mock_unlock();
     out->violations = ascend_mock_violation_count();
+}
+
+int ascend_mock_set_device_count(int count, int *busy_device) {
+    if (count < 0 || count > MAX_DEVICES) {
+        return -1;
+    }
+    ascend_mock_lock();
+    int busy = -1;
+    for (int dev = count; dev < MAX_DEVICES && busy < 0; dev++) {
+        if (device_in_use(dev)) {
+            busy = dev;
+        }
+    }
+    if (busy < 0) {
+        g_device_count_set = count;
+        if (g_initialized) {
+            g_device_count = count;
+        }
+    }
+    ascend_mock_unlock();
+    if (busy >= 0 && busy_device) {
+        *busy_device = busy;
+    }
+    return busy < 0 ? 0 : -2;
 }
 
 uint64_t ascend_mock_thread_device_mallocs(void) {

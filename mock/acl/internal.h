@@ -100,6 +100,8 @@ alloc *alloc_at(uintptr_t p);
 alloc *alloc_containing(uintptr_t p, uint64_t len);
 /* Forgets `a` (with its poison) and frees its block. */
 void alloc_remove(alloc *a);
+/* Whether a live allocation was made on device dev. */
+int alloc_on_device(int dev);
 /* Whether [p, p+len) overlaps any live allocation (len > 0). */
 int overlaps_any(uintptr_t p, uint64_t len);
 
@@ -179,6 +181,8 @@ int current_device(void);
 int init_check(const char *api);
 /* Destroys the default stream of a device (after running its tasks) and unsets it on every thread. */
 void release_device(int dev);
+/* Whether device dev holds live device memory, a created stream, or work queued on its default stream. */
+int device_in_use(int dev);
 
 void stream_link(stream *s);
 void stream_unlink(stream *s);

@@ -110,6 +110,15 @@ alloc *alloc_add(void *p, uint64_t size, int device) {
     return a;
 }
 
+int alloc_on_device(int dev) {
+    for (size_t i = 0; i < g_nallocs; i++) {
+        if (g_allocs[i]->device == dev) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 alloc *alloc_at(uintptr_t p) {
     size_t i = alloc_upper(p);
     return (i > 0 && g_allocs[i - 1]->base == p) ? g_allocs[i - 1] : NULL;

@@ -394,3 +394,12 @@ void release_device(int dev) {
     d->refcount = 0;
     d->gen++;
 }
+
+int device_in_use(int dev) {
+    for (stream *s = g_streams; s; s = s->next) {
+        if (s->device == dev && (s->handle || s->head || s->running)) {
+            return 1;
+        }
+    }
+    return alloc_on_device(dev);
+}
