@@ -331,7 +331,9 @@ pub fn set_device_count(count: u32) -> crate::Result<()> {
              shrink to {count} device(s)"
         ))),
         other => Err(crate::Error::Internal {
-            what: format!("ascend_mock_set_device_count({count}) returned {other}, which mock/ascend_mock.h does not define"),
+            what: format!(
+                "ascend_mock_set_device_count({count}) returned {other}, which mock/ascend_mock.h does not define"
+            ),
         }),
     }
 }

@@ -11,18 +11,14 @@ fn toolkit_includes() -> Vec<&'static str> {
     let start = WRAPPER_H.find("#if defined(ASCEND_SYS_USE_CANN_HEADERS)").expect("wrapper.h has the toolkit branch");
     let branch = &WRAPPER_H[start..];
     let branch = &branch[..branch.find("\n#else").expect("the toolkit branch ends with #else")];
-    branch
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("#include"))
-        .map(|rest| rest.trim().trim_matches('"'))
-        .collect()
+    branch.lines().filter_map(|l| l.trim().strip_prefix("#include")).map(|rest| rest.trim().trim_matches('"')).collect()
 }
 
 #[test]
 fn wrapper_includes_are_the_symbols_headers() {
     let mut included = toolkit_includes();
     let mut listed: Vec<&str> = BASE_HEADERS.iter().copied().chain(OPERATORS.iter().map(|o| o.header)).collect();
-    assert!(included.len() >= OPERATORS.len() + 1, "the parser found only {included:?}: wrapper.h changed shape");
+    assert!(included.len() > OPERATORS.len(), "the parser found only {included:?}: wrapper.h changed shape");
     included.sort_unstable();
     listed.sort_unstable();
     assert_eq!(included, listed, "wrapper.h's toolkit includes vs symbols::BASE_HEADERS + Operator::header");
