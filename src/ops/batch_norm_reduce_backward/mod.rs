@@ -1,13 +1,19 @@
-//! `aclnnBatchNormReduceBackward` on both backends.
+//! `aclnnBatchNormReduceBackward` on both backends: the per-channel reductions of BatchNorm's
+//! backward pass and the building block of SyncBatchNorm.
+//!
+//! Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+//! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
+//! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
 use ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD as OP;
 
 use super::launch::{DeviceCall, DevicePrepared};
 use super::prepared::Prepared;
-use super::validate::{self, Meta, Plan};
-use super::OutputMask;
+use super::validate::Meta;
+use validate::Plan;
 pub(crate) mod cpu;
 pub(crate) mod kernel;
+pub(crate) mod validate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -41,7 +47,11 @@ pub struct ReduceBackwardOut<'a> {
     pub grad_bias: Option<&'a mut Tensor>,
 }
 
-/// Computes the BatchNorm backward reductions into new tensors (see the [module](super) docs).
+/// Computes the BatchNorm backward reductions into new tensors.
+///
+/// Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+/// `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
+/// `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 ///
 /// Arguments are validated first, on both backends alike; a rejected call returns
 /// [`Error::InvalidArgument`] with aclnn's status (161002 invalid) and does nothing. On Ascend this
@@ -242,4 +252,23 @@ fn ascend_prepare<'a>(
         |api| &api.aclnnBatchNormReduceBackward,
         zero,
     )
+}
+
+/// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,
+/// `bias_g` → gradBias (aclnn's `inputG`, `weightG`, `biasG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct OutputMask {
+    /// Compute sumDy and sumDyXmu.
+    pub input_g: bool,
+    /// Compute gradWeight.
+    pub weight_g: bool,
+    /// Compute gradBias.
+    pub bias_g: bool,
+}
+
+impl OutputMask {
+    /// All four outputs.
+    pub const ALL: OutputMask = OutputMask { input_g: true, weight_g: true, bias_g: true };
+    /// No output (the call still validates its arguments).
+    pub const NONE: OutputMask = OutputMask { input_g: false, weight_g: false, bias_g: false };
 }
