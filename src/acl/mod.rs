@@ -202,15 +202,16 @@ pub(crate) unsafe fn destroy_unlaunched_executor(cann: &Cann, e: *mut aclOpExecu
 }
 
 /// Phase 1 of operator `call` (its `GetWorkspaceSize`): `f` makes the call with the
-/// workspace-size and executor out-pointers; the status is checked and a null executor refused.
+/// workspace-size and executor out-pointers (or fails before making it); the status is checked
+/// and a null executor refused.
 pub(crate) fn phase1(
     cann: &Cann,
     call: &'static str,
-    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32,
+    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> Result<i32>,
 ) -> Result<(u64, *mut aclOpExecutor)> {
     let mut size = 0u64;
     let mut executor: *mut aclOpExecutor = ptr::null_mut();
-    check(cann, call, f(&mut size, &mut executor))?;
+    check(cann, call, f(&mut size, &mut executor)?)?;
     if executor.is_null() {
         return Err(Error::NullHandle { call, message: recent_error(cann) });
     }

@@ -13,6 +13,7 @@ mod batch_norm_gather_stats_with_counts;
 pub(crate) mod batch_norm_reduce_backward;
 mod batch_norm_stats;
 mod launch;
+mod operator;
 mod prepared;
 pub(crate) mod validate;
 

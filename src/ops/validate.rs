@@ -6,6 +6,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout;
+use crate::tensor::Tensor;
 
 /// The smallest rank of gradOut and input.
 pub const MIN_RANK: usize = 2;
@@ -14,6 +15,11 @@ pub const MAX_RANK: usize = 8;
 
 /// The layout of one argument.
 pub(crate) use crate::layout::Layout as Meta;
+
+/// The layout of tensor `t`, as the checks take it.
+pub(crate) fn meta(t: &Tensor) -> Meta<'_> {
+    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
+}
 
 /// Checks that the view lies inside its storage (and within int64); returns its element count.
 pub(crate) fn in_storage(name: &'static str, m: &Meta<'_>) -> Result<usize> {

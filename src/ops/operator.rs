@@ -1,0 +1,169 @@
+//! [`Operator`]: what one operator tells the framework, and the one path every call takes.
+//!
+//! An operator is an `Args` struct (its input tensors and scalars) plus one `impl Operator`: its
+//! rules, its CPU kernel, and its phase-1 FFI call. Its allocating, `_into` and `prepare_` entries
+//! are each a few lines over [`prepare`], [`run`] and [`run_checked`], which validate once, check
+//! every tensor's stream once and resolve the backend once, then run the CPU kernel or go through
+//! the one launch path ([`super::launch`]).
+//!
+//! Inputs and outputs are listed apart, each in the order of the operator's aclnn prototype, so
+//! a descriptor's position is its index among the operator's inputs or outputs (what
+//! `aclSetInputTensorAddr`/`aclSetOutputTensorAddr` take, for a later cache of executors), and
+//! phase 1 receives the descriptors and scalars as arguments rather than through a closure made
+//! per call.
+
+use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, symbols, OpApi};
+
+use super::launch::{self, Phase2};
+use super::prepared::Prepared;
+use crate::error::Result;
+use crate::stream::Stream;
+use crate::tensor::Tensor;
+
+/// One tensor argument: the tensor (`None` for an absent optional one) and its aclnn name (for
+/// errors).
+pub(crate) type Arg<'t> = (Option<&'t Tensor>, &'static str);
+
+/// An aclnn operator on both backends.
+pub(crate) trait Operator<'a>: Sized + 'a {
+    /// Its two-phase API in the toolkit.
+    const OP: &'static symbols::Operator;
+    /// The aclnn names of its outputs, in [`Outputs`](Self::Outputs) order.
+    const OUTPUTS: &'static [&'static str];
+    /// The tensors it writes, in its prototype's order.
+    type Outputs: Outputs<'a>;
+    /// What validation established (channels, whether the input is empty, ...).
+    type Plan: Copy + 'a;
+    /// Phase 1's arguments that are not tensors (eps, momentum, the mask), by value.
+    type Scalars: Copy;
+
+    /// Its input tensors in its prototype's order.
+    fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>>;
+    /// Validates the whole call, in CANN's order, with CANN's statuses; nothing is written on a
+    /// rejected call.
+    fn check(&self, outs: &Self::Outputs) -> Result<Self::Plan>;
+    /// Phase 1's scalars.
+    fn scalars(&self) -> Self::Scalars;
+    /// The CPU kernel over the validated call; every tensor is in host memory (the streams were
+    /// checked).
+    fn cpu(self, plan: Self::Plan, outs: Self::Outputs) -> Result<()>;
+    /// Phase 1, `aclnn<Op>GetWorkspaceSize`, found in `api` (use [`crate::acl::op_fn`]).
+    ///
+    /// # Safety
+    /// `h` holds a live descriptor of each tensor of the call (null for an absent one), inputs in
+    /// [`inputs`](Self::inputs) order and outputs in [`Outputs`](Self::Outputs) order, each
+    /// outliving the executor; `size` and `executor` are valid out-pointers.
+    unsafe fn phase1(
+        api: &OpApi,
+        scalars: Self::Scalars,
+        h: Handles<'_>,
+        size: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> Result<aclnnStatus>;
+    /// Phase 2, `aclnn<Op>`, in `api`.
+    fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error>;
+    /// Whether phase 2 leaves the outputs unwritten for this plan (CANN's kernels skip empty
+    /// inputs), so the launch fills them with zeros.
+    fn zero_after_launch(_plan: &Self::Plan) -> bool {
+        false
+    }
+}
+
+/// The descriptors of one call, as phase 1 takes them.
+#[derive(Clone, Copy)]
+pub(crate) struct Handles<'h> {
+    pub(crate) inputs: &'h [*mut aclTensor],
+    pub(crate) outputs: &'h [*mut aclTensor],
+}
+
+impl Handles<'_> {
+    /// Input `i` (null when absent).
+    pub(crate) fn input(&self, i: usize) -> *mut aclTensor {
+        self.inputs.get(i).copied().unwrap_or(std::ptr::null_mut())
+    }
+
+    /// Output `i` (null when absent).
+    pub(crate) fn output(&self, i: usize) -> *mut aclTensor {
+        self.outputs.get(i).copied().unwrap_or(std::ptr::null_mut())
+    }
+}
+
+/// The outputs of a call, borrowed mutably for the CPU kernel and shared for the descriptors.
+pub(crate) trait Outputs<'a>: 'a {
+    /// Each output in order (`None`: absent, or turned off).
+    fn each(&self) -> impl Iterator<Item = Option<&Tensor>>;
+    /// Each output in order, borrowed for the whole call (the Ascend side describes them).
+    fn into_shared(self) -> impl Iterator<Item = Option<&'a Tensor>>;
+}
+
+impl<'a, const N: usize> Outputs<'a> for [&'a mut Tensor; N] {
+    fn each(&self) -> impl Iterator<Item = Option<&Tensor>> {
+        self.iter().map(|t| Some(&**t))
+    }
+    fn into_shared(self) -> impl Iterator<Item = Option<&'a Tensor>> {
+        self.into_iter().map(|t| Some(&*t))
+    }
+}
+
+impl<'a, const N: usize> Outputs<'a> for [Option<&'a mut Tensor>; N] {
+    fn each(&self) -> impl Iterator<Item = Option<&Tensor>> {
+        self.iter().map(|t| t.as_deref())
+    }
+    fn into_shared(self) -> impl Iterator<Item = Option<&'a Tensor>> {
+        self.into_iter().map(|t| t.map(|t| &*t))
+    }
+}
+
+impl<'a, A: Outputs<'a>, B: Outputs<'a>> Outputs<'a> for (A, B) {
+    fn each(&self) -> impl Iterator<Item = Option<&Tensor>> {
+        self.0.each().chain(self.1.each())
+    }
+    fn into_shared(self) -> impl Iterator<Item = Option<&'a Tensor>> {
+        self.0.into_shared().chain(self.1.into_shared())
+    }
+}
+
+/// Checks that every given tensor lives where `stream` runs work, in order.
+pub(crate) fn check_streams<'t>(stream: &Stream, args: impl IntoIterator<Item = Arg<'t>>) -> Result<()> {
+    for (t, name) in args {
+        if let Some(t) = t {
+            t.check_stream(stream, name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Validates the whole call and checks every tensor's stream, once.
+fn checked<'a, O: Operator<'a>>(stream: &Stream, op: &O, outs: &O::Outputs) -> Result<O::Plan> {
+    let plan = op.check(outs)?;
+    check_streams(stream, op.inputs())?;
+    check_streams(stream, outs.each().zip(O::OUTPUTS.iter().copied()))?;
+    Ok(plan)
+}
+
+/// A `prepare_*` entry: validates, checks the streams and resolves the backend, once each; on
+/// Ascend runs phase 1.
+pub(crate) fn prepare<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outputs) -> Result<Prepared<'a>> {
+    let plan = checked(stream, &op, &outs)?;
+    match stream.ascend() {
+        None => Ok(Prepared::cpu(move || op.cpu(plan, outs))),
+        Some((_, device)) => launch::prepare(device, op, plan, outs).map(Prepared::ascend),
+    }
+}
+
+/// An `_into` entry: [`prepare`] and launch on the same stream (with its cached workspace),
+/// without checking again.
+pub(crate) fn run<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outputs) -> Result<()> {
+    let plan = checked(stream, &op, &outs)?;
+    run_checked(stream, op, plan, outs)
+}
+
+/// Runs a call whose arguments are validated and whose tensors are checked against `stream`:
+/// what an allocating entry calls once it has validated its inputs and made its outputs (valid
+/// by construction).
+pub(crate) fn run_checked<'a, O: Operator<'a>>(stream: &Stream, op: O, plan: O::Plan, outs: O::Outputs) -> Result<()> {
+    match stream.ascend() {
+        None => op.cpu(plan, outs),
+        Some((inner, device)) => launch::prepare(device, op, plan, outs)?.launch_on(inner, None),
+    }
+}
