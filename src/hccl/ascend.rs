@@ -210,9 +210,8 @@ impl Comm {
         let acl = &self.device.cann.acl;
         for e in events {
             // SAFETY: `e` came from aclrtCreateEvent on this device and every wait on it has run.
-            if let Err(err) =
-                crate::acl::check(self.device.cann, "aclrtDestroyEvent", unsafe { acl.aclrtDestroyEvent(e) })
-            {
+            let status = unsafe { acl.aclrtDestroyEvent(e) };
+            if let Err(err) = crate::acl::check(self.device.cann, "aclrtDestroyEvent", status) {
                 report_drop_error("aclrtDestroyEvent", &err);
             }
         }

@@ -78,12 +78,13 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(
     let api = device.cann.operator(O::OP)?;
     let launch = crate::acl::op_fn(O::phase2(api), O::OP.name)?;
     device.bind()?;
-    let (scalars, h) = (op.scalars(), Handles { inputs: &inputs, outputs: &outputs });
+    let scalars = op.scalars();
     let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
+        let h = Handles { inputs: &inputs, outputs: &outputs, size, executor };
         // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
         // (null for an absent one), kept alive by `call`, which moves into the prepared call and
-        // outlives the executor; `size` and `executor` are valid out-pointers.
-        unsafe { O::phase1(api, scalars, h, size, executor) }
+        // outlives the executor, and phase1's valid out-pointers.
+        unsafe { O::phase1(api, scalars, h) }
     })?;
     let executor = Executor::new(device.clone(), raw);
     Ok(DevicePrepared { executor: Some(executor), call, workspace_size, op: O::OP, launch, zero_after_launch })

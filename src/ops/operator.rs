@@ -47,19 +47,14 @@ pub(crate) trait Operator<'a>: Sized + 'a {
     /// The CPU kernel over the validated call; every tensor is in host memory (the streams were
     /// checked).
     fn cpu(self, plan: Self::Plan, outs: Self::Outputs) -> Result<()>;
-    /// Phase 1, `aclnn<Op>GetWorkspaceSize`, found in `api` (use [`crate::acl::op_fn`]).
+    /// Phase 1, `aclnn<Op>GetWorkspaceSize` (found in `api` with [`crate::acl::op_fn`]), with the
+    /// call's descriptors and out-pointers `h` and its scalars.
     ///
     /// # Safety
     /// `h` holds a live descriptor of each tensor of the call (null for an absent one), inputs in
     /// [`inputs`](Self::inputs) order and outputs in [`Outputs`](Self::Outputs) order, each
-    /// outliving the executor; `size` and `executor` are valid out-pointers.
-    unsafe fn phase1(
-        api: &OpApi,
-        scalars: Self::Scalars,
-        h: Handles<'_>,
-        size: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> Result<aclnnStatus>;
+    /// outliving the executor, and valid out-pointers.
+    unsafe fn phase1(api: &OpApi, scalars: Self::Scalars, h: Handles<'_>) -> Result<aclnnStatus>;
     /// Phase 2, `aclnn<Op>`, in `api`.
     fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error>;
     /// Whether phase 2 leaves the outputs unwritten for this plan (CANN's kernels skip empty
@@ -69,11 +64,15 @@ pub(crate) trait Operator<'a>: Sized + 'a {
     }
 }
 
-/// The descriptors of one call, as phase 1 takes them.
+/// The descriptors of one call and phase 1's out-pointers.
 #[derive(Clone, Copy)]
 pub(crate) struct Handles<'h> {
     pub(crate) inputs: &'h [*mut aclTensor],
     pub(crate) outputs: &'h [*mut aclTensor],
+    /// Receives the workspace size.
+    pub(crate) size: *mut u64,
+    /// Receives the executor.
+    pub(crate) executor: *mut *mut aclOpExecutor,
 }
 
 impl Handles<'_> {

@@ -5,7 +5,7 @@
 
 pub(in crate::ops) mod cpu;
 
-use ascend_sys::{aclOpExecutor, aclnnStatus, symbols, OpApi};
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
@@ -217,20 +217,14 @@ impl<'a> Operator<'a> for Args<'a> {
         cpu::run(self.input, self.weight, self.bias, self.mean, self.invstd, self.eps as f32, output)
     }
 
-    unsafe fn phase1(
-        api: &OpApi,
-        eps: f64,
-        h: Handles<'_>,
-        size: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> Result<aclnnStatus> {
+    unsafe fn phase1(api: &OpApi, eps: f64, h: Handles<'_>) -> Result<aclnnStatus> {
         let f = crate::acl::op_fn(&api.aclnnBatchNormElemtGetWorkspaceSize, Self::OP.phase1)?;
         let [input, weight, bias, mean, invstd] = [0, 1, 2, 3, 4].map(|i| h.input(i));
         // SAFETY: the signature is the header's (wrapper.h, checked against CANN's headers; mean
         // and invstd are non-const there, and CANN only reads them); the handles are the call's
         // live descriptors in the prototype's order and the out-pointers are valid (this
         // function's contract).
-        Ok(unsafe { f(input, weight, bias, mean, invstd, eps, h.output(0), size, executor) })
+        Ok(unsafe { f(input, weight, bias, mean, invstd, eps, h.output(0), h.size, h.executor) })
     }
 
     fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {

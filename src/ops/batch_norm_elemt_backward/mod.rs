@@ -5,7 +5,7 @@
 
 mod cpu;
 
-use ascend_sys::{aclOpExecutor, aclnnStatus, symbols, OpApi};
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
@@ -240,13 +240,7 @@ impl<'a> Operator<'a> for Args<'a> {
         cpu::run(&self, grad_input)
     }
 
-    unsafe fn phase1(
-        api: &OpApi,
-        (): (),
-        h: Handles<'_>,
-        size: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> Result<aclnnStatus> {
+    unsafe fn phase1(api: &OpApi, (): (), h: Handles<'_>) -> Result<aclnnStatus> {
         let f = crate::acl::op_fn(&api.aclnnBatchNormElemtBackwardGetWorkspaceSize, Self::OP.phase1)?;
         let [grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter] =
             [0, 1, 2, 3, 4, 5, 6, 7].map(|i| h.input(i));
@@ -255,7 +249,7 @@ impl<'a> Operator<'a> for Args<'a> {
         // descriptors in the prototype's order and the out-pointers are valid (this function's
         // contract).
         Ok(unsafe {
-            f(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, h.output(0), size, executor)
+            f(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, h.output(0), h.size, h.executor)
         })
     }
 

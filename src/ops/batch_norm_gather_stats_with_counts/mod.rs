@@ -11,7 +11,7 @@
 //! as PyTorch's CUDA kernel does; that CANN's closed kernel uses `N − 1` too is unconfirmed, the
 //! mock assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
 
-use ascend_sys::{aclOpExecutor, aclnnStatus, symbols, OpApi};
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
@@ -206,13 +206,7 @@ impl<'a> Operator<'a> for Args<'a> {
 
     /// For an empty `mean` CANN's executor itself fills meanAll with 0 and invstdAll with NaN, so
     /// nothing is left for the launch to fill.
-    unsafe fn phase1(
-        api: &OpApi,
-        (momentum, eps): (f64, f64),
-        h: Handles<'_>,
-        size: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> Result<aclnnStatus> {
+    unsafe fn phase1(api: &OpApi, (momentum, eps): (f64, f64), h: Handles<'_>) -> Result<aclnnStatus> {
         let f = crate::acl::op_fn(&api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize, Self::OP.phase1)?;
         let [input, mean, invstd, counts] = [0, 1, 2, 3].map(|i| h.input(i).cast_const());
         let [running_mean, running_var, mean_all, invstd_all] = [0, 1, 2, 3].map(|i| h.output(i));
@@ -231,8 +225,8 @@ impl<'a> Operator<'a> for Args<'a> {
                 counts,
                 mean_all,
                 invstd_all,
-                size,
-                executor,
+                h.size,
+                h.executor,
             )
         })
     }

@@ -5,7 +5,7 @@
 //! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
-use ascend_sys::{aclOpExecutor, aclnnStatus, symbols, OpApi};
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
@@ -191,13 +191,7 @@ impl<'a> Operator<'a> for Args<'a> {
         cpu::run(&plan, self.mask, grad_out, input, mean, invstd, outs)
     }
 
-    unsafe fn phase1(
-        api: &OpApi,
-        mask: OutputMask,
-        h: Handles<'_>,
-        size: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> Result<aclnnStatus> {
+    unsafe fn phase1(api: &OpApi, mask: OutputMask, h: Handles<'_>) -> Result<aclnnStatus> {
         let f = crate::acl::op_fn(&api.aclnnBatchNormReduceBackwardGetWorkspaceSize, Self::OP.phase1)?;
         let [grad_out, input, mean, invstd, weight] = [0, 1, 2, 3, 4].map(|i| h.input(i));
         let [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = [0, 1, 2, 3].map(|i| h.output(i));
@@ -219,8 +213,8 @@ impl<'a> Operator<'a> for Args<'a> {
                 sum_dy_xmu,
                 grad_weight,
                 grad_bias,
-                size,
-                executor,
+                h.size,
+                h.executor,
             )
         })
     }

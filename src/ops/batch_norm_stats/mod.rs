@@ -1,7 +1,7 @@
 //! `aclnnBatchNormStats` on both backends: the per-channel mean and inverse standard deviation
 //! of an activation (the first step of SyncBatchNorm's forward pass).
 
-use ascend_sys::{aclOpExecutor, aclnnStatus, symbols, OpApi};
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
@@ -150,18 +150,12 @@ impl<'a> Operator<'a> for Args<'a> {
 
     /// For an empty input CANN's executor itself fills mean with 0 and invstd with NaN, so
     /// nothing is left for the launch to fill.
-    unsafe fn phase1(
-        api: &OpApi,
-        eps: f64,
-        h: Handles<'_>,
-        size: *mut u64,
-        executor: *mut *mut aclOpExecutor,
-    ) -> Result<aclnnStatus> {
+    unsafe fn phase1(api: &OpApi, eps: f64, h: Handles<'_>) -> Result<aclnnStatus> {
         let f = crate::acl::op_fn(&api.aclnnBatchNormStatsGetWorkspaceSize, Self::OP.phase1)?;
         // SAFETY: the signature is the header's (wrapper.h); the handles are the call's live
         // descriptors in the prototype's order and the out-pointers are valid (this function's
         // contract).
-        Ok(unsafe { f(h.input(0).cast_const(), eps, h.output(0), h.output(1), size, executor) })
+        Ok(unsafe { f(h.input(0).cast_const(), eps, h.output(0), h.output(1), h.size, h.executor) })
     }
 
     fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
