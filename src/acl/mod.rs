@@ -4,6 +4,8 @@
 //! Functions taking raw pointers or handles are `unsafe`: the caller (the safe layer in
 //! [`crate::device`]) guarantees the handles are live and the memory ranges valid.
 
+pub(crate) mod hccl;
+
 use std::ffi::{c_void, CStr};
 use std::ptr;
 
