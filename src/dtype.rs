@@ -65,89 +65,32 @@ mod sealed {
         fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]>;
     }
 
-    impl Sealed for f32 {
-        fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-            SliceRef::F32(s)
-        }
-        fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-            SliceMut::F32(s)
-        }
-        fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-            match s {
-                SliceRef::F32(s) => Some(s),
-                _ => None,
+    /// One element type's conversions: `$t` is held by variant `$v` of both slice enums.
+    macro_rules! sealed {
+        ($($t:ty => $v:ident),*) => {$(
+            impl Sealed for $t {
+                fn slice_ref(s: &[Self]) -> SliceRef<'_> {
+                    SliceRef::$v(s)
+                }
+                fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
+                    SliceMut::$v(s)
+                }
+                fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
+                    match s {
+                        SliceRef::$v(s) => Some(s),
+                        _ => None,
+                    }
+                }
+                fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
+                    match s {
+                        SliceMut::$v(s) => Some(s),
+                        _ => None,
+                    }
+                }
             }
-        }
-        fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-            match s {
-                SliceMut::F32(s) => Some(s),
-                _ => None,
-            }
-        }
+        )*};
     }
-
-    impl Sealed for super::f16 {
-        fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-            SliceRef::F16(s)
-        }
-        fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-            SliceMut::F16(s)
-        }
-        fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-            match s {
-                SliceRef::F16(s) => Some(s),
-                _ => None,
-            }
-        }
-        fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-            match s {
-                SliceMut::F16(s) => Some(s),
-                _ => None,
-            }
-        }
-    }
-
-    impl Sealed for super::bf16 {
-        fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-            SliceRef::BF16(s)
-        }
-        fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-            SliceMut::BF16(s)
-        }
-        fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-            match s {
-                SliceRef::BF16(s) => Some(s),
-                _ => None,
-            }
-        }
-        fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-            match s {
-                SliceMut::BF16(s) => Some(s),
-                _ => None,
-            }
-        }
-    }
-
-    impl Sealed for i32 {
-        fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-            SliceRef::I32(s)
-        }
-        fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-            SliceMut::I32(s)
-        }
-        fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-            match s {
-                SliceRef::I32(s) => Some(s),
-                _ => None,
-            }
-        }
-        fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-            match s {
-                SliceMut::I32(s) => Some(s),
-                _ => None,
-            }
-        }
-    }
+    sealed!(f32 => F32, super::f16 => F16, super::bf16 => BF16, i32 => I32);
 }
 
 /// A Rust element type with a [`DType`]: `f32`, [`struct@f16`], [`struct@bf16`] or `i32`. Sealed.
