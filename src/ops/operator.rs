@@ -166,3 +166,29 @@ pub(crate) fn run_checked<'a, O: Operator<'a>>(stream: &Stream, op: O, plan: O::
         Some((inner, device)) => launch::prepare(device, op, plan, outs)?.launch_on(inner, None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Context;
+
+    /// Outputs are listed in order, absent ones as `None`, the same borrowed mutably (for stream
+    /// checks and the CPU) and shared (for descriptors); the handles of absent or missing
+    /// positions are null.
+    #[test]
+    fn outputs_and_handles_keep_positions() {
+        let stream = Context::cpu().new_stream().unwrap();
+        let mut t: Vec<Tensor> = (0..3).map(|i| Tensor::from_slice(&stream, &[i as f32], &[1]).unwrap()).collect();
+        let [a, b, c] = &mut t[..] else { unreachable!() };
+        let outs = ([Some(a), None], [b, c]);
+        let seen: Vec<Option<f32>> = outs.each().map(|t| t.map(|t| t.to_vec::<f32>(&stream).unwrap()[0])).collect();
+        assert_eq!(seen, [Some(0.0), None, Some(1.0), Some(2.0)]);
+        let shared: Vec<Option<&Tensor>> = outs.into_shared().collect();
+        assert_eq!(shared.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true, true]);
+
+        let (ins, outs) = ([7usize as *mut aclTensor], [std::ptr::null_mut(), 9usize as *mut aclTensor]);
+        let h = Handles { inputs: &ins, outputs: &outs, size: std::ptr::null_mut(), executor: std::ptr::null_mut() };
+        assert_eq!((h.input(0) as usize, h.input(1) as usize), (7, 0));
+        assert_eq!((h.output(0) as usize, h.output(1) as usize, h.output(2) as usize), (0, 9, 0));
+    }
+}
