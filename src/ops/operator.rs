@@ -6,11 +6,12 @@
 //! every tensor's stream once and resolve the backend once, then run the CPU kernel or go through
 //! the one launch path ([`super::launch`]).
 //!
-//! Inputs and outputs are listed apart, each in the order of the operator's aclnn prototype, so
-//! a descriptor's position is its index among the operator's inputs or outputs (what
-//! `aclSetInputTensorAddr`/`aclSetOutputTensorAddr` take, for a later cache of executors), and
-//! phase 1 receives the descriptors and scalars as arguments rather than through a closure made
-//! per call.
+//! Inputs (read only) and outputs (written, in-place ones included: gather's running
+//! statistics) are listed apart, each in the order of the operator's aclnn prototype, and phase 1
+//! receives the descriptors and scalars as arguments rather than through a closure made per call:
+//! what a cache of repeatable executors needs to rebind addresses by position and skip phase 1
+//! (how CANN's `aclSetInputTensorAddr`/`aclSetOutputTensorAddr` indices count in-place and absent
+//! optional tensors is for that cache to establish).
 
 use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, symbols, OpApi};
 
