@@ -53,6 +53,13 @@ impl<'a> DeviceCall<'a> {
     }
 }
 
+/// The most inputs, or outputs, an operator has (aclnn's have at most a dozen tensors).
+const MAX_TENSORS: usize = 16;
+
+fn too_many() -> Error {
+    Error::internal(format!("an operator lists more than {MAX_TENSORS} inputs or outputs"))
+}
+
 /// Phase 1 of `op` on `device`, its streams checked: every tensor described (inputs, then
 /// outputs, each in its prototype's order), the operator resolved in the toolkit on first use (a
 /// toolkit lacking it is [`Error::Load`] naming it), then its `GetWorkspaceSize` with the handles
@@ -64,23 +71,30 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(
     plan: O::Plan,
     outs: O::Outputs,
 ) -> Result<DevicePrepared<'a>> {
-    let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(12) };
-    let mut inputs = Vec::with_capacity(8);
+    let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(MAX_TENSORS) };
+    // The handles live on the stack: describing a call allocates only its descriptor list.
+    let (mut inputs, mut n_in) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
     for (t, name) in op.inputs() {
-        inputs.push(call.describe(t, name)?);
+        *inputs.get_mut(n_in).ok_or_else(too_many)? = call.describe(t, name)?;
+        n_in += 1;
     }
-    let outs: Vec<Option<&'a Tensor>> = outs.into_shared().collect();
-    let mut outputs = Vec::with_capacity(outs.len());
-    for (&t, name) in outs.iter().zip(O::OUTPUTS) {
-        outputs.push(call.describe(t, name)?);
+    let (mut outputs, mut n_out) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
+    let zero = O::zero_after_launch(&plan);
+    let mut zero_after_launch = Vec::new();
+    for (t, name) in outs.into_shared().zip(O::OUTPUTS) {
+        *outputs.get_mut(n_out).ok_or_else(too_many)? = call.describe(t, name)?;
+        n_out += 1;
+        if let (true, Some(t)) = (zero, t) {
+            zero_after_launch.push(t);
+        }
     }
-    let zero_after_launch = if O::zero_after_launch(&plan) { outs.into_iter().flatten().collect() } else { Vec::new() };
+    let (inputs, outputs) = (&inputs[..n_in], &outputs[..n_out]);
     let api = device.cann.operator(O::OP)?;
     let launch = crate::acl::op_fn(O::phase2(api), O::OP.name)?;
     device.bind()?;
     let scalars = op.scalars();
     let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
-        let h = Handles { inputs: &inputs, outputs: &outputs, size, executor };
+        let h = Handles { inputs, outputs, size, executor };
         // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
         // (null for an absent one), kept alive by `call`, which moves into the prepared call and
         // outlives the executor, and phase1's valid out-pointers.
