@@ -5,16 +5,17 @@
 //! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
 //! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
+pub(crate) mod cpu;
+pub(crate) mod kernel;
+pub(crate) mod validate;
+
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
+use self::validate::Plan;
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate::meta;
-use validate::Plan;
-pub(crate) mod cpu;
-pub(crate) mod kernel;
-pub(crate) mod validate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
