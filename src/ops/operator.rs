@@ -17,6 +17,7 @@ use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, symbols, OpApi};
 
 use super::launch::{self, Phase2};
 use super::prepared::Prepared;
+use super::validate;
 use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -41,7 +42,7 @@ pub(crate) trait Operator<'a>: Sized + 'a {
     /// Its input tensors in its prototype's order.
     fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>>;
     /// Validates the whole call, in CANN's order, with CANN's statuses; nothing is written on a
-    /// rejected call.
+    /// rejected call. (That no output overlaps itself is checked after, for every operator.)
     fn check(&self, outs: &Self::Outputs) -> Result<Self::Plan>;
     /// Phase 1's scalars.
     fn scalars(&self) -> Self::Scalars;
@@ -133,9 +134,15 @@ pub(crate) fn check_streams<'t>(stream: &Stream, args: impl IntoIterator<Item = 
     Ok(())
 }
 
-/// Validates the whole call and checks every tensor's stream, once.
+/// Validates the whole call and checks every tensor's stream, once. After the operator's own
+/// rules, every output must not overlap itself (no operator can forget that one).
 fn checked<'a, O: Operator<'a>>(stream: &Stream, op: &O, outs: &O::Outputs) -> Result<O::Plan> {
     let plan = op.check(outs)?;
+    for (t, name) in outs.each().zip(O::OUTPUTS) {
+        if let Some(t) = t {
+            validate::distinct_elements(name, &validate::meta(t))?;
+        }
+    }
     check_streams(stream, op.inputs())?;
     check_streams(stream, outs.each().zip(O::OUTPUTS.iter().copied()))?;
     Ok(plan)
