@@ -418,9 +418,7 @@ fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool
 
 /// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
 fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
-    let Some(data) = host::storage(t) else {
-        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
-    };
+    let data = super::operator::host(t, name)?.storage();
     let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
     host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
 }

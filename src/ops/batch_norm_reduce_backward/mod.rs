@@ -13,11 +13,12 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use self::validate::Plan;
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
+use super::operator::{check_streams, host, host_mut, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate::meta;
+use crate::cpu::ViewMut;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -183,13 +184,13 @@ impl<'a> Operator<'a> for Args<'a> {
     }
 
     fn cpu(self, plan: Plan, outs: Self::Outputs) -> Result<()> {
-        let [grad_out, input, mean, invstd] =
-            [self.grad_out, self.input, self.mean, self.invstd].map(Tensor::as_host_view);
-        let (Some(grad_out), Some(input), Some(mean), Some(invstd)) = (grad_out, input, mean, invstd) else {
-            return Err(Error::internal("gradOut: a device tensor reached the CPU backend"));
-        };
-        let outs = outs.map(|o| o.and_then(|t| t.as_host_view_mut()));
-        cpu::run(&plan, self.mask, grad_out, input, mean, invstd, outs)
+        let (grad_out, input) = (host(self.grad_out, "gradOut")?, host(self.input, "input")?);
+        let (mean, invstd) = (host(self.mean, "mean")?, host(self.invstd, "invstd")?);
+        let mut views: [Option<ViewMut<'_>>; 4] = Default::default();
+        for ((view, out), name) in views.iter_mut().zip(outs).zip(validate::OUTPUT_NAMES) {
+            *view = out.map(|t| host_mut(t, name)).transpose()?;
+        }
+        cpu::run(&plan, self.mask, grad_out, input, mean, invstd, views)
     }
 
     unsafe fn phase1(api: &OpApi, mask: OutputMask, h: Handles<'_>) -> Result<aclnnStatus> {

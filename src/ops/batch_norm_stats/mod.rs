@@ -4,12 +4,12 @@
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
+use super::operator::{check_streams, host, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate::{self, meta};
 use crate::cpu::host;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -136,10 +136,7 @@ impl<'a> Operator<'a> for Args<'a> {
     }
 
     fn cpu(self, _c: usize, [mean, invstd]: Self::Outputs) -> Result<()> {
-        let Some(data) = host::storage(self.input) else {
-            return Err(Error::internal("input: a device tensor reached the CPU backend"));
-        };
-        let input = self.input;
+        let (input, data) = (self.input, host(self.input, "input")?.storage());
         let view = cpu::Input { data, shape: input.shape(), strides: input.strides(), offset: input.offset() };
         let moments = cpu::channel_moments(view, 0)?;
         // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
