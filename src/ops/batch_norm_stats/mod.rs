@@ -34,7 +34,7 @@ const STATS_NOTE: &str = "aclnnBatchNormStats writes mean and invstd as f32 only
 /// `eps` must be finite in f32 (CANN computes with it in f32): NaN, ±inf or a value beyond f32's
 /// range is rejected with 161002 on both backends.
 ///
-/// A rejected call returns [`Error::InvalidArgument`] with aclnn's status (161002) and does
+/// A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002) and does
 /// nothing. On Ascend the work is asynchronous on `stream`: read results with
 /// [`Tensor::to_vec`]. Results are deterministic (the same bits every run, whatever the thread
 /// count).
