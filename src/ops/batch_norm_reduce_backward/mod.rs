@@ -57,8 +57,8 @@ pub struct ReduceBackwardOut<'a> {
 /// `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 ///
 /// Arguments are validated first, on both backends alike; a rejected call returns
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002 invalid) and does nothing. On Ascend this
-/// allocates the outputs (`aclrtMalloc`) and runs [`batch_norm_reduce_backward_into`]; the work is
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002 invalid)
+/// and does nothing. On Ascend this allocates the outputs (`aclrtMalloc`) and runs [`batch_norm_reduce_backward_into`]; the work is
 /// asynchronous: read results with [`Tensor::to_vec`].
 pub fn batch_norm_reduce_backward(
     stream: &Stream,

@@ -34,8 +34,8 @@ const STATS_NOTE: &str = "aclnnBatchNormStats writes mean and invstd as f32 only
 /// `eps` must be finite in f32 (CANN computes with it in f32): NaN, ±inf or a value beyond f32's
 /// range is rejected with 161002 on both backends.
 ///
-/// A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002) and does
-/// nothing. On Ascend the work is asynchronous on `stream`: read results with
+/// A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's
+/// status (161002) and does nothing. On Ascend the work is asynchronous on `stream`: read results with
 /// [`Tensor::to_vec`]. Results are deterministic (the same bits every run, whatever the thread
 /// count).
 pub fn batch_norm_stats(stream: &Stream, input: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
