@@ -58,8 +58,9 @@ pub struct ReduceBackwardOut<'a> {
 ///
 /// Arguments are validated first, on both backends alike; a rejected call returns
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002 invalid)
-/// and does nothing. On Ascend this allocates the outputs (`aclrtMalloc`) and runs [`batch_norm_reduce_backward_into`]; the work is
-/// asynchronous: read results with [`Tensor::to_vec`].
+/// and does nothing. On Ascend this allocates the outputs (`aclrtMalloc`) and runs
+/// [`batch_norm_reduce_backward_into`]; the work is asynchronous: read results with
+/// [`Tensor::to_vec`].
 pub fn batch_norm_reduce_backward(
     stream: &Stream,
     grad_out: &Tensor,
