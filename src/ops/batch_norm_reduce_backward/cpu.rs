@@ -7,11 +7,11 @@
 //! whatever the thread count or the mask.
 
 use super::kernel;
+use super::validate::{self, Plan};
+use super::OutputMask;
 use crate::cpu::{host, max_threads, View, ViewMut};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
-use crate::ops::validate::{self, Plan};
-use crate::ops::OutputMask;
 
 /// Output views for [`batch_norm_reduce_backward`]; those the mask turns on are required.
 #[derive(Debug, Default)]

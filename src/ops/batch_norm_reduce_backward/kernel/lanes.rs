@@ -313,8 +313,11 @@ mod avx2 {
     /// The CPU must support SSE (always true with AVX2).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    // The intrinsic is safe inside this fn on newer compilers, unsafe on rust-version 1.89.
+    #[allow(unused_unsafe)]
     unsafe fn prefetch<T>(p: *const T) {
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+        // SAFETY: SSE is present (this function's contract); prefetching never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
     }
 
     /// The element index each lane holds (inverse of `lane_of`), for f32/f16 and for bf16.
