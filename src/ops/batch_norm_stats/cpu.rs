@@ -39,6 +39,7 @@
 
 use std::sync::OnceLock;
 
+use crate::cpu::isa::Isa;
 use crate::cpu::{host, pool};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
@@ -611,55 +612,15 @@ fn lcm8(c: usize) -> usize {
 // ---------------------------------------------------------------------------------------------
 // The block primitives and their instruction sets
 
-/// The instruction set the block primitives are compiled for, detected at run time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("f16c") {
-                return if has!("avx512f") { Isa::Avx512 } else { Isa::Avx2 };
-            }
-        }
-        Isa::Portable
-    }
-
-    #[cfg(test)]
-    fn supported() -> Vec<Isa> {
-        #[allow(unused_mut)]
-        let mut v = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("f16c") {
-                v.push(Isa::Avx2);
-                if has!("avx512f") {
-                    v.push(Isa::Avx512);
-                }
-            }
-        }
-        v
-    }
-}
-
 /// The moments of one block of one channel, given as contiguous slices.
 fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
     match isa {
         Isa::Portable => runs_any(slices),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { runs_avx2(slices) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL and AVX2.
         Isa::Avx512 => unsafe { runs_avx512(slices) },
     }
 }
@@ -774,7 +735,7 @@ fn runs_one_pass_f16(isa: Isa, slices: &[&[half::f16]]) -> Option<Moments> {
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2 and F16C.
         Isa::Avx2 => unsafe { runs_f16_avx2(slices) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F, AVX2 and F16C.
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL, AVX2 and F16C.
         Isa::Avx512 => unsafe { runs_f16_avx512(slices) },
     }
 }
@@ -1016,10 +977,10 @@ fn rows_block(
     match isa {
         Isa::Portable => rows_any(m, stride, lanes, full, last, s, out),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL and AVX2.
         Isa::Avx512 => unsafe { rows_avx512(m, stride, lanes, full, last, s, out) },
     }
 }

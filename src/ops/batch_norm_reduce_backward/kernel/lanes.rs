@@ -11,6 +11,7 @@
 //! - [`acc_rows`]: rows whose lane `j` belongs to a fixed channel (channels-last); each lane
 //!   accumulates its column over the rows in order; the caller folds lanes to f64.
 
+pub(super) use crate::cpu::isa::Isa;
 use crate::dtype::{bf16, f16, DType, Element};
 use half::slice::HalfFloatSliceExt;
 
@@ -24,80 +25,6 @@ const fn lane_of(dtype: DType, i: usize) -> usize {
         DType::BF16 => 8 * (2 * (i / 16) + (i & 1)) + (i % 16) / 2,
         DType::F32 | DType::F16 => i,
         DType::I32 => panic!("the float kernels never see i32: callers dispatch on float slices only"),
-    }
-}
-
-/// The instruction set the primitives use, detected once per kernel call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Isa {
-    /// Plain Rust (any target).
-    Portable,
-    /// AVX2 + FMA + F16C (x86-64, detected at run time).
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512 F + BW + VL on top of [`Isa::Avx2`] (x86-64, detected at run time).
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    /// The best instruction set this CPU supports, detected once; the environment variable
-    /// `ASCEND_CPU_ISA` = `avx2` or `portable` (read once) forces a lesser one, for
-    /// benchmarks and A/B tests (a set the CPU lacks is never chosen).
-    pub(super) fn detect() -> Isa {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            let best = Isa::best();
-            match std::env::var("ASCEND_CPU_ISA").as_deref() {
-                Ok("portable") => Isa::Portable,
-                #[cfg(target_arch = "x86_64")]
-                Ok("avx2") if best == Isa::Avx512 => Isa::Avx2,
-                _ => best,
-            }
-        })
-    }
-
-    fn best() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                    return Isa::Avx512;
-                }
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
-
-    /// The instruction set's name, as `ASCEND_CPU_ISA` spells it.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Isa::Portable => "portable",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => "avx2",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => "avx512",
-        }
-    }
-
-    /// Every instruction set this CPU supports, portable first (the tests compare them all).
-    #[cfg(test)]
-    pub(super) fn supported() -> Vec<Isa> {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut v = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                v.push(Isa::Avx2);
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                    v.push(Isa::Avx512);
-                }
-            }
-        }
-        v
     }
 }
 

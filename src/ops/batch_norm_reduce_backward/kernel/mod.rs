@@ -161,11 +161,6 @@ fn channel_sums_with<T: Element>(
     }
 }
 
-/// The name of the instruction set [`channel_sums`] uses.
-pub(crate) fn isa_name() -> &'static str {
-    Isa::detect().name()
-}
-
 /// One reduction dim: size and the two views' strides.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Dim {
