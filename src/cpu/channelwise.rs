@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use half::slice::HalfFloatSliceExt;
 
-use super::pool;
+use super::{dims, pool};
 use crate::dtype::{SliceMut, SliceRef};
 
 /// Elements per block handed to the map function.
@@ -141,9 +141,9 @@ pub(crate) fn map<const K: usize>(
 
 /// The dims to walk, outermost first: size-1 dims dropped, ordered by the output's strides
 /// (largest first, ties in logical order), adjacent non-channel dims merged where every tensor's
-/// strides allow it.
+/// strides allow it ([`dims::sort_merge`], with the channel as a fence).
 fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize]) -> Vec<Dim<K>> {
-    let mut dims: Vec<Dim<K>> = (0..shape.len())
+    let mut walk: Vec<Dim<K>> = (0..shape.len())
         .filter(|&d| shape[d] != 1)
         .map(|d| Dim {
             size: shape[d],
@@ -153,23 +153,25 @@ fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize
             dst: dst[d],
         })
         .collect();
-    dims.sort_by_key(|d| std::cmp::Reverse(d.dst));
-    let mut merged: Vec<Dim<K>> = Vec::with_capacity(dims.len());
-    for d in dims {
-        if let Some(outer) = merged.last_mut() {
-            let fits = |so: usize, si: usize| so == si.wrapping_mul(d.size);
-            if !outer.channel && !d.channel && fits(outer.dst, d.dst) && (0..K).all(|k| fits(outer.src[k], d.src[k])) {
-                *outer = Dim { size: outer.size * d.size, ..d };
-                continue;
-            }
-        }
-        merged.push(d);
-    }
+    // Whether `inner` continues `outer` in the output and every input.
+    let nests = |outer: &Dim<K>, inner: &Dim<K>| {
+        dims::nests(outer.dst, inner.dst, inner.size)
+            && (0..K).all(|k| dims::nests(outer.src[k], inner.src[k], inner.size))
+    };
+    let kept = dims::sort_merge(
+        &mut walk,
+        |d| d.dst,
+        |outer, inner| {
+            (!outer.channel && !inner.channel && nests(outer, inner))
+                .then(|| Dim { size: outer.size * inner.size, ..*inner })
+        },
+    );
+    let mut merged = walk;
+    merged.truncate(kept);
     // Channels-last: the innermost dim is the channel and the dim above steps by whole rows in
     // every tensor: walk both as one dim whose channel cycles (long runs even for small C).
     if let [.., outer, inner] = merged[..] {
-        let fits = |so: usize, si: usize| so == si.wrapping_mul(inner.size);
-        if inner.channel && fits(outer.dst, inner.dst) && (0..K).all(|k| fits(outer.src[k], inner.src[k])) {
+        if inner.channel && nests(&outer, &inner) {
             merged.pop();
             let last = merged.len() - 1;
             merged[last] = Dim { size: outer.size * inner.size, period: inner.size, ..inner };

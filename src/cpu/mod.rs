@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) mod channelwise;
+pub(crate) mod dims;
 pub(crate) mod host;
 pub(crate) mod isa;
 pub(crate) mod pool;

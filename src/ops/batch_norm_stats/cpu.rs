@@ -40,7 +40,7 @@
 use std::sync::OnceLock;
 
 use crate::cpu::isa::Isa;
-use crate::cpu::{host, pool};
+use crate::cpu::{dims, host, pool};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
 
@@ -67,8 +67,6 @@ const MAX_SUPER_ROW: usize = 1024;
 const ROW_TILE_ELEMS: usize = 1 << 18;
 /// Fewest input bytes each thread must get before another thread is used.
 pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
-/// Most reduction dims (rank ≤ 8, channel excluded).
-const MAX_DIMS: usize = 7;
 /// Channels per item of the short-runs path.
 const TILE_CHANNELS: usize = 16;
 
@@ -206,44 +204,9 @@ fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
 }
 
 /// One reduction dim: size and stride.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Dim {
-    n: usize,
-    s: usize,
-}
-
-/// Walks positions of a set of dims in row-major order, tracking the storage index.
-#[derive(Clone, Debug)]
-struct Odometer<'a> {
-    dims: &'a [Dim],
-    idx: [usize; MAX_DIMS],
-    pos: usize,
-}
-
-impl<'a> Odometer<'a> {
-    /// Starts at flat position `p` (row-major over `dims`) from storage index `base`.
-    fn new(dims: &'a [Dim], mut p: usize, mut base: usize) -> Self {
-        let mut idx = [0; MAX_DIMS];
-        for (k, d) in dims.iter().enumerate().rev() {
-            idx[k] = p % d.n;
-            p /= d.n;
-            base += idx[k] * d.s;
-        }
-        Odometer { dims, idx, pos: base }
-    }
-
-    fn advance(&mut self) {
-        for (k, d) in self.dims.iter().enumerate().rev() {
-            self.idx[k] += 1;
-            self.pos += d.s;
-            if self.idx[k] < d.n {
-                return;
-            }
-            self.idx[k] = 0;
-            self.pos -= d.s * d.n;
-        }
-    }
-}
+type Dim = dims::Dim<1>;
+/// Walks reduction positions, tracking the storage index (`pos[0]`).
+type Odometer<'a> = dims::Odometer<'a, 1>;
 
 /// The two ways of walking the data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,8 +232,7 @@ struct Kernel<'a, T> {
     c: usize,
     cs: usize,
     offset: usize,
-    dims: [Dim; MAX_DIMS],
-    nd: usize,
+    dims: dims::Dims<1>,
     /// Positions per channel.
     r: usize,
     /// Whether the input has no element.
@@ -287,35 +249,10 @@ impl<'a, T: Element> Kernel<'a, T> {
         fused: Option<FusedRuns<T>>,
     ) -> Self {
         let (shape, strides) = (input.shape, input.strides);
-        let mut dims = [Dim::default(); MAX_DIMS];
-        let mut nd = 0;
-        for k in (0..shape.len().min(MAX_DIMS + 1)).filter(|&k| k != 1) {
-            // A dim of stride 0 repeats the same elements: the mean and the biased variance are
-            // those without it, so it is not walked (a broadcast view costs O(its storage)).
-            if shape[k] > 1 && strides.get(k).is_some_and(|&s| s != 0) {
-                dims[nd] = Dim { n: shape[k], s: strides[k] };
-                nd += 1;
-            }
-        }
-        // Stable insertion sort, stride descending; then merge neighbours that are contiguous.
-        for i in 1..nd {
-            let mut j = i;
-            while j > 0 && dims[j - 1].s < dims[j].s {
-                dims.swap(j - 1, j);
-                j -= 1;
-            }
-        }
-        let mut m = 0;
-        for i in 0..nd {
-            let d = dims[i];
-            if m > 0 && d.s.checked_mul(d.n) == Some(dims[m - 1].s) {
-                dims[m - 1] = Dim { n: dims[m - 1].n * d.n, s: d.s };
-                continue;
-            }
-            dims[m] = d;
-            m += 1;
-        }
-        let r = dims[..m].iter().map(|d| d.n).product();
+        // A dim of stride 0 repeats the same elements: the mean and the biased variance are
+        // those without it, so it is not walked (a broadcast view costs O(its storage)).
+        let dims = dims::Dims::reduction(shape, [strides], |d| d.s[0] != 0);
+        let r = dims.positions();
         Kernel {
             isa,
             data,
@@ -326,21 +263,20 @@ impl<'a, T: Element> Kernel<'a, T> {
             cs: strides.get(1).copied().unwrap_or(0),
             offset: input.offset,
             dims,
-            nd: m,
             r,
             empty: shape.contains(&0),
         }
     }
 
     fn dims(&self) -> &[Dim] {
-        &self.dims[..self.nd]
+        self.dims.as_slice()
     }
 
     fn path(&self) -> Path {
         if self.c > 1 && self.cs == 1 {
             let flat = match self.dims() {
                 [] => true,
-                [d] => d.s == self.c,
+                [d] => d.s == [self.c],
                 _ => false,
             };
             let base = lcm8(self.c);
@@ -373,14 +309,14 @@ impl<'a, T: Element> Kernel<'a, T> {
     fn channel_major(&self, threads: usize) -> Result<Vec<Moments>> {
         let dims = self.dims();
         let (l, inner_contiguous) = match dims.last() {
-            Some(d) => (d.n, d.s == 1),
+            Some(d) => (d.n, d.s == [1]),
             None => (1, true),
         };
         let (outer, _) = dims.split_at(dims.len().saturating_sub(1));
         if inner_contiguous
             && (MIN_RUN..DIRECT_RUN).contains(&l)
             && self.c > 1
-            && outer.last().is_some_and(|d| self.cs < d.s)
+            && outer.last().is_some_and(|d| self.cs < d.s[0])
         {
             return self.short_runs(l, outer, threads);
         }
@@ -421,11 +357,11 @@ impl<'a, T: Element> Kernel<'a, T> {
                     // place (f32), converted as read (f16), else widened into one buffer; the
                     // lanes follow the concatenation, so all three give the same bits.
                     segs.clear();
-                    let mut o = Odometer::new(outer, start / l, base);
+                    let mut o = Odometer::new(outer, start / l, [base]);
                     let (mut p, mut left) = (start % l, len);
                     while left > 0 {
                         let take = left.min(l - p);
-                        segs.push((o.pos + p, take));
+                        segs.push((o.pos[0] + p, take));
                         left -= take;
                         p = 0;
                         o.advance();
@@ -458,9 +394,9 @@ impl<'a, T: Element> Kernel<'a, T> {
                     }
                 } else {
                     buf.resize(len, 0.0);
-                    let mut o = Odometer::new(dims, start, base);
+                    let mut o = Odometer::new(dims, start, [base]);
                     for v in buf.iter_mut() {
-                        *v = self.data[o.pos].to_f32();
+                        *v = self.data[o.pos[0]].to_f32();
                         o.advance();
                     }
                     runs_block(self.isa, &[&buf])
@@ -497,10 +433,10 @@ impl<'a, T: Element> Kernel<'a, T> {
             let len = (r1 - r0) * l;
             TILE_BUFFER.with_borrow_mut(|buf| {
                 buf.resize(buf.len().max(nc * len), 0.0);
-                let mut o = Odometer::new(outer, r0, self.offset + c0 * self.cs);
+                let mut o = Odometer::new(outer, r0, [self.offset + c0 * self.cs]);
                 for i in 0..r1 - r0 {
                     for ci in 0..nc {
-                        let (src, dst) = (o.pos + ci * self.cs, ci * len + i * l);
+                        let (src, dst) = (o.pos[0] + ci * self.cs, ci * len + i * l);
                         (self.widen)(&self.data[src..src + l], &mut buf[dst..dst + l]);
                     }
                     o.advance();
@@ -541,7 +477,7 @@ impl<'a, T: Element> Kernel<'a, T> {
             let mut buf: Vec<f32> = Vec::new();
             let r1 = nrows.min((t + 1) * tile_rows);
             let mut r0 = t * tile_rows;
-            let mut odo = Odometer::new(dims, r0, self.offset + l0);
+            let mut odo = Odometer::new(dims, r0, [self.offset + l0]);
             while r0 < r1 {
                 let rb = r1.min(r0 + ROWS_PER_BLOCK);
                 // Valid lanes of row r of this chunk (only the last super-row may be partial).
@@ -572,7 +508,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                         for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
                             let r = r0 + i;
                             let n = valid(r);
-                            let start = if flat { self.offset + r * w + l0 } else { odo.pos };
+                            let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
                             if n > 0 {
                                 (self.widen)(&self.data[start..start + n], &mut row[..n]);
                             }
