@@ -6,7 +6,7 @@
 //! tensor allows it (never across the channel dim), so the innermost loop is as long as possible:
 //! contiguous NCHW gives runs of `H·W` elements of one channel, channels-last gives rows of `C`
 //! consecutive channels. Each run is processed in blocks of [`BLOCK`] elements: every input is
-//! widened to f32 into a buffer (slice conversions for f16/bf16, hardware F16C where present),
+//! widened to f32 into a buffer ([`widen`](super::widen): F16C for f16 where present),
 //! `f` maps the buffers to an f32 output block, and the block is narrowed (round to nearest even)
 //! into the output. `f` sees whole blocks with the channel pattern of the block: one channel (it
 //! hoists that channel's constants) or a window of a [`tile`]d per-channel array (consecutive
@@ -21,7 +21,8 @@ use std::sync::Mutex;
 
 use half::slice::HalfFloatSliceExt;
 
-use super::{dims, pool};
+use super::isa::Isa;
+use super::{dims, pool, widen};
 use crate::dtype::{SliceMut, SliceRef};
 
 /// Elements per block handed to the map function.
@@ -295,13 +296,8 @@ fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
     let n = out.len();
     match src {
         SliceRef::F32(s) if stride == 1 => out.copy_from_slice(&s[pos..pos + n]),
-        SliceRef::F16(s) if stride == 1 => s[pos..pos + n].convert_to_f32_slice(out),
-        SliceRef::BF16(s) if stride == 1 => {
-            // Exact widening (the bits shifted up); a plain loop vectorises.
-            for (o, v) in out.iter_mut().zip(&s[pos..pos + n]) {
-                *o = f32::from_bits(u32::from(v.to_bits()) << 16);
-            }
-        }
+        SliceRef::F16(s) if stride == 1 => widen::widen(Isa::detect(), &s[pos..pos + n], out),
+        SliceRef::BF16(s) if stride == 1 => widen::widen(Isa::detect(), &s[pos..pos + n], out),
         SliceRef::F32(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride]),
         SliceRef::F16(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride].to_f32()),
         SliceRef::BF16(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride].to_f32()),

@@ -15,6 +15,7 @@ pub(crate) mod host;
 pub(crate) mod isa;
 pub(crate) mod pool;
 mod view;
+pub(crate) mod widen;
 
 pub use crate::ops::batch_norm_reduce_backward::cpu::{batch_norm_reduce_backward, Outputs};
 pub use view::{View, ViewMut};

@@ -40,7 +40,7 @@
 use std::sync::OnceLock;
 
 use crate::cpu::isa::Isa;
-use crate::cpu::{dims, host, pool};
+use crate::cpu::{dims, host, pool, widen};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
 
@@ -143,63 +143,11 @@ pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Result<Vec<Mo
 }
 
 fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Result<Vec<Moments>> {
-    fn widen_f32(s: &[f32], d: &mut [f32]) {
-        d.copy_from_slice(s);
-    }
     match input.data {
-        SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some, None).run(threads, min_bytes),
-        SliceRef::F16(s) => {
-            Kernel::new(isa, input, s, widen_f16, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes)
-        }
-        SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None, None).run(threads, min_bytes),
-        SliceRef::I32(s) => Kernel::new(isa, input, s, widen_i32, |_| None, None).run(threads, min_bytes),
-    }
-}
-
-/// Widens i32 values into `d[..s.len()]` (exactly up to 2^24). Validation rejects i32 input to the
-/// operator; this keeps the kernel total over every element type.
-fn widen_i32(s: &[i32], d: &mut [f32]) {
-    for (o, &v) in d.iter_mut().zip(s) {
-        *o = v as f32;
-    }
-}
-
-/// Widens f16 values (exactly) into `d[..s.len()]`: F16C 8 at a time when the CPU has it.
-fn widen_f16(s: &[half::f16], d: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: AVX and F16C detected just above.
-        return unsafe { widen_f16_f16c(s, d) };
-    }
-    for (d, s) in d.iter_mut().zip(s) {
-        *d = s.to_f32();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-fn widen_f16_f16c(s: &[half::f16], d: &mut [f32]) {
-    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
-    let n = s.len().min(d.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n, so 8 f16 (16 bytes) are readable from s[i..] and 8 f32 writable at
-        // d[i..]; both accesses are unaligned ones.
-        unsafe {
-            let h = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-        i += 8;
-    }
-    for (d, s) in d[i..n].iter_mut().zip(&s[i..n]) {
-        *d = s.to_f32();
-    }
-}
-
-/// Widens bf16 values (exactly: the top half of an f32) into `d[..s.len()]`.
-fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
-    for (d, s) in d.iter_mut().zip(s) {
-        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        SliceRef::F32(s) => Kernel::new(isa, input, s, Some, None).run(threads, min_bytes),
+        SliceRef::F16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes),
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
+        SliceRef::I32(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
     }
 }
 
@@ -225,7 +173,6 @@ type FusedRuns<T> = fn(Isa, &[&[T]]) -> Option<Moments>;
 struct Kernel<'a, T> {
     isa: Isa,
     data: &'a [T],
-    widen: fn(&[T], &mut [f32]),
     direct: fn(&'a [T]) -> Option<&'a [f32]>,
     /// A one pass over runs of `T` converting as it reads, when there is one.
     fused: Option<FusedRuns<T>>,
@@ -244,7 +191,6 @@ impl<'a, T: Element> Kernel<'a, T> {
         isa: Isa,
         input: Input<'a>,
         data: &'a [T],
-        widen: fn(&[T], &mut [f32]),
         direct: fn(&'a [T]) -> Option<&'a [f32]>,
         fused: Option<FusedRuns<T>>,
     ) -> Self {
@@ -256,7 +202,6 @@ impl<'a, T: Element> Kernel<'a, T> {
         Kernel {
             isa,
             data,
-            widen,
             direct,
             fused,
             c: shape.get(1).copied().unwrap_or(0),
@@ -270,6 +215,12 @@ impl<'a, T: Element> Kernel<'a, T> {
 
     fn dims(&self) -> &[Dim] {
         self.dims.as_slice()
+    }
+
+    /// Widens `src` into `dst[..src.len()]` (exactly; see [`widen`]).
+    #[inline]
+    fn widen(&self, src: &[T], dst: &mut [f32]) {
+        widen::widen(self.isa, src, dst)
     }
 
     fn path(&self) -> Path {
@@ -384,7 +335,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                                     buf.resize(len, 0.0);
                                     let mut done = 0;
                                     for &(s, n) in &segs {
-                                        (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
+                                        self.widen(&self.data[s..s + n], &mut buf[done..done + n]);
                                         done += n;
                                     }
                                     runs_block(self.isa, &[&buf])
@@ -437,7 +388,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                 for i in 0..r1 - r0 {
                     for ci in 0..nc {
                         let (src, dst) = (o.pos[0] + ci * self.cs, ci * len + i * l);
-                        (self.widen)(&self.data[src..src + l], &mut buf[dst..dst + l]);
+                        self.widen(&self.data[src..src + l], &mut buf[dst..dst + l]);
                     }
                     o.advance();
                 }
@@ -500,7 +451,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                         if flat && lanes == w {
                             // Whole super-rows: one contiguous stretch, widened at once.
                             let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
-                            (self.widen)(&self.data[start..start + n], &mut buf[..n]);
+                            self.widen(&self.data[start..start + n], &mut buf[..n]);
                             rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
                             r0 = rb;
                             continue;
@@ -510,7 +461,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                             let n = valid(r);
                             let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
                             if n > 0 {
-                                (self.widen)(&self.data[start..start + n], &mut row[..n]);
+                                self.widen(&self.data[start..start + n], &mut row[..n]);
                             }
                             if !flat {
                                 odo.advance();

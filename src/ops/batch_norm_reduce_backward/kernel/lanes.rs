@@ -12,8 +12,10 @@
 //!   accumulates its column over the rows in order; the caller folds lanes to f64.
 
 pub(super) use crate::cpu::isa::Isa;
-use crate::dtype::{bf16, f16, DType, Element};
-use half::slice::HalfFloatSliceExt;
+use crate::dtype::{DType, Element};
+// The lane tests name the element types through `super::*`.
+#[cfg(test)]
+use crate::dtype::{bf16, f16};
 
 /// f32 lanes of a [`sum_runs`] block: 4 AVX2 accumulators of 8, or 2 AVX-512 ones of 16.
 pub(super) const RUN_LANES: usize = 32;
@@ -123,28 +125,9 @@ pub(super) fn fold32(a: &[f32; RUN_LANES]) -> f64 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// Widens `src` into `dst[..src.len()]` with `half`'s vectorised slice conversions.
+/// Widens `src` into `dst[..src.len()]` (the portable path's buffers).
 fn widen<T: Element>(src: &[T], dst: &mut [f32]) {
-    let dst = &mut dst[..src.len()];
-    match T::DTYPE {
-        DType::F32 => {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = s.to_f32();
-            }
-        }
-        DType::F16 => {
-            // SAFETY: `Element` is sealed; `T::DTYPE == F16` only for `half::f16`, so `src` is a
-            // valid `&[f16]` of the same length.
-            let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<f16>(), src.len()) };
-            s.convert_to_f32_slice(dst);
-        }
-        DType::BF16 => {
-            // SAFETY: as above, `T::DTYPE == BF16` only for `half::bf16`.
-            let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<bf16>(), src.len()) };
-            s.convert_to_f32_slice(dst);
-        }
-        DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
-    }
+    crate::cpu::widen::widen(Isa::Portable, src, dst)
 }
 
 mod portable {
