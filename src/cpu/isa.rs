@@ -3,10 +3,10 @@
 //!
 //! Every kernel's instruction-set builds give the same bits, so the choice only changes speed.
 //! The rules:
-//! - The best set this CPU supports is chosen: on x86-64 [`Isa::Avx512`] (AVX-512 F, BW and VL on
-//!   top of AVX2), else [`Isa::Avx2`] (AVX2, FMA and F16C), else [`Isa::Portable`].
+//! - The best set this CPU supports is chosen: on x86-64 `Avx512` (AVX-512 F, BW and VL on top of
+//!   AVX2), else `Avx2` (AVX2, FMA and F16C), else [`Isa::Portable`]; on aarch64 `Neon`.
 //! - `ASCEND_CPU_ISA` (read once, ASCII case and surrounding blanks ignored) names a set by
-//!   [`Isa::name`]: `portable`, `avx2` or `avx512`. A set this CPU supports is used; a set it lacks,
+//!   [`Isa::name`]: `portable`, `avx2`, `avx512` or `neon`. A set this CPU supports is used; a set it lacks,
 //!   or any other value, is reported once on standard error (`ascend: ...`) and the best set is
 //!   used. An empty variable counts as unset. Nothing here ever panics.
 
@@ -26,6 +26,9 @@ pub(crate) enum Isa {
     /// AVX-512 F + BW + VL on top of [`Isa::Avx2`] (x86-64, detected at run time).
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// Advanced SIMD (NEON), part of every aarch64 CPU the target supports.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 impl Isa {
@@ -36,6 +39,8 @@ impl Isa {
         Isa::Avx2,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon,
     ];
 
     /// The instruction set of every kernel call: the best this CPU supports unless
@@ -103,6 +108,8 @@ impl Isa {
                 use std::arch::is_x86_feature_detected as has;
                 Isa::Avx2.available() && has!("avx512f") && has!("avx512bw") && has!("avx512vl")
             }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
         }
     }
 
@@ -114,6 +121,8 @@ impl Isa {
             Isa::Avx2 => "avx2",
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => "avx512",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "neon",
         }
     }
 }
@@ -178,5 +187,8 @@ mod tests {
         assert_eq!(s.first(), Some(&Isa::Portable));
         assert!(s.contains(&Isa::detect()));
         assert_eq!(Isa::best(), *s.last().unwrap());
+        // Every aarch64 CPU the target supports has NEON, so its code is always compared.
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(s, [Isa::Portable, Isa::Neon]);
     }
 }

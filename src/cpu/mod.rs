@@ -36,7 +36,7 @@ pub fn max_threads() -> usize {
     MAX_THREADS.load(Ordering::Relaxed)
 }
 
-/// The instruction set every CPU kernel uses: `"avx512"`, `"avx2"` or `"portable"`. It is the
+/// The instruction set every CPU kernel uses: `"avx512"`, `"avx2"`, `"neon"` or `"portable"`. It is the
 /// best this CPU supports unless the environment variable `ASCEND_CPU_ISA` (`avx2` or
 /// `portable`, read once) asks for a lesser one; a value this CPU cannot honour is reported on
 /// standard error and ignored. Every choice gives the same bits.

@@ -34,6 +34,9 @@ pub(crate) fn widen_ref(isa: Isa, src: SliceRef<'_>, dst: &mut [f32]) {
 fn f16(isa: Isa, s: &[half::f16], d: &mut [f32]) {
     match isa {
         Isa::Portable => d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32()),
+        // `half` converts with the FP16 instructions where the CPU has them.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32()),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only produced after checking AVX2 and F16C.
         Isa::Avx2 | Isa::Avx512 => unsafe { x86::f16_f16c(s, d) },
@@ -45,6 +48,9 @@ fn f16(isa: Isa, s: &[half::f16], d: &mut [f32]) {
 fn bf16(isa: Isa, s: &[half::bf16], d: &mut [f32]) {
     match isa {
         Isa::Portable => bf16_any(s, d),
+        // NEON is in the aarch64 baseline: the loop compiles to `ushll`/`shl` on 128-bit vectors.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => bf16_any(s, d),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only produced after checking AVX2.
         Isa::Avx2 => unsafe { x86::bf16_avx2(s, d) },

@@ -503,6 +503,9 @@ fn lcm8(c: usize) -> usize {
 fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
     match isa {
         Isa::Portable => runs_any(slices),
+        // NEON is in the aarch64 baseline: the fixed-lane loops compile to 128-bit vector code.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => runs_any(slices),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { runs_avx2(slices) },
@@ -612,12 +615,17 @@ fn runs_one_pass_with<T: Copy>(
 /// One pass over f16 runs, converting as it reads (so the loads of main memory overlap the
 /// sums); `None` when not [`one_pass_ok`] (the caller then widens the block and sums it again).
 fn runs_one_pass_f16(isa: Isa, slices: &[&[half::f16]]) -> Option<Moments> {
-    match isa {
-        Isa::Portable => runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
+    let portable = |slices| {
+        runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
             for (t, c) in t.iter_mut().zip(c) {
                 *t = c.to_f32();
             }
-        }),
+        })
+    };
+    match isa {
+        Isa::Portable => portable(slices),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => portable(slices),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2 and F16C.
         Isa::Avx2 => unsafe { runs_f16_avx2(slices) },
@@ -863,6 +871,8 @@ fn rows_block(
 ) {
     match isa {
         Isa::Portable => rows_any(m, stride, lanes, full, last, s, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => rows_any(m, stride, lanes, full, last, s, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },

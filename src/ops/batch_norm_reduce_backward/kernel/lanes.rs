@@ -1,5 +1,6 @@
-//! The block primitives: f32 lanes over at most one block, with a portable implementation and
-//! x86-64 AVX2/FMA/F16C and AVX-512 (F/BW/VL) ones chosen at run time. All give bit-identical
+//! The block primitives: f32 lanes over at most one block, with a portable implementation,
+//! x86-64 AVX2/FMA/F16C and AVX-512 (F/BW/VL) ones chosen at run time, and an aarch64 NEON one
+//! (`lanes/neon.rs`). All give bit-identical
 //! results: same lane for each element, same operation order, fused multiply-add in all, same f64
 //! fold. On AVX-512 CPUs f16 still takes the AVX2 code: a 512-bit half conversion costs two uops
 //! on the two 512-bit ports, and that loop measured 10-15% slower than the 256-bit one on three.
@@ -46,6 +47,10 @@ pub(super) fn sum_runs<T: Element, const XMU: bool>(
 ) -> (f64, f64) {
     match isa {
         Isa::Portable => portable::sum_runs::<T, XMU>(dy, x, runs, mean),
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: `Isa::Neon` is only produced after checking NEON (in every aarch64 CPU the
+        // target supports).
+        Isa::Neon => unsafe { neon::sum_runs::<T, XMU>(dy, x, runs, mean) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
@@ -94,6 +99,9 @@ pub(super) fn acc_rows<T: Element, const XMU: bool>(
     let acc_m = if XMU { &mut acc_m[..len] } else { &mut acc_m[..0] };
     match isa {
         Isa::Portable => portable::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m),
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as in `sum_runs`.
+        Isa::Neon => unsafe { neon::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
@@ -202,6 +210,8 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(test)]
 mod tests;
 

@@ -25,8 +25,8 @@
 //!   free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
 //!   Inputs of at most [`TINY_ELEMS`] elements take a scalar path (no SIMD set-up).
 //! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
-//!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), else portable
-//!   Rust (half's slice conversions); all give the same bits.
+//!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), NEON on
+//!   aarch64, else portable Rust; all give the same bits ([`crate::cpu::isa`]).
 
 use std::borrow::Cow;
 use std::ops::Range;
