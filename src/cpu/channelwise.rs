@@ -24,6 +24,7 @@ use half::slice::HalfFloatSliceExt;
 use super::isa::Isa;
 use super::{dims, pool, widen};
 use crate::dtype::{SliceMut, SliceRef};
+use crate::layout::Strided;
 
 /// Elements per block handed to the map function.
 pub(crate) const BLOCK: usize = 256;
@@ -32,22 +33,12 @@ pub(crate) const CHUNK: usize = 1 << 15;
 /// Below this many bytes read and written, one thread runs the whole map.
 pub(crate) const PARALLEL_BYTES: usize = 1 << 20;
 
-/// A strided input view: its whole storage and the view's strides and offset, in elements. The
-/// view must have been checked to lie inside the storage.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Src<'a> {
-    pub data: SliceRef<'a>,
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+/// A strided input view: its whole storage and the view's [`Layout`](crate::layout::Layout). The
+/// view must have been checked to lie inside the storage; its shape is the output's.
+pub(crate) type Src<'a> = Strided<'a, SliceRef<'a>>;
 
 /// The strided output view, as [`Src`]. It must not overlap itself (checked by validation).
-#[derive(Debug)]
-pub(crate) struct Dst<'a> {
-    pub data: SliceMut<'a>,
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+pub(crate) type Dst<'a> = Strided<'a, SliceMut<'a>>;
 
 /// The channels of the elements of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,26 +95,21 @@ struct Dim<const K: usize> {
     dst: usize,
 }
 
-/// Runs `out = f(inputs)` over every element of `shape` (see the [module](self) docs), on up to
+/// Runs `out = f(inputs)` over every element of the output's shape (see the [module](self) docs), on up to
 /// `threads` threads (0: every core) for large dense outputs. `f(inputs, out, channels)` gets
 /// blocks of equal length (at most [`BLOCK`]).
-pub(crate) fn map<const K: usize>(
-    shape: &[usize],
-    srcs: [Src<'_>; K],
-    dst: Dst<'_>,
-    threads: usize,
-    f: &BlockFn<'_, K>,
-) {
+pub(crate) fn map<const K: usize>(srcs: [Src<'_>; K], dst: Dst<'_>, threads: usize, f: &BlockFn<'_, K>) {
+    let shape = dst.layout.shape;
     let numel: usize = shape.iter().product();
     if numel == 0 {
         return;
     }
-    let dims = walk_order(shape, &srcs, dst.strides);
+    let dims = walk_order(shape, &srcs, dst.layout.strides);
     let dense = is_dense(&dims);
     let element_bytes =
         srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
     let bytes = numel.saturating_mul(element_bytes);
-    let dst_offset = dst.offset;
+    let dst_offset = dst.layout.offset;
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
         run_range(&dims, &srcs, dst_offset, &mut out, 0, numel, f);
@@ -150,7 +136,7 @@ fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize
             size: shape[d],
             channel: d == 1,
             period: 0,
-            src: std::array::from_fn(|k| srcs[k].strides[d]),
+            src: std::array::from_fn(|k| srcs[k].layout.strides[d]),
             dst: dst[d],
         })
         .collect();
@@ -249,7 +235,7 @@ fn run_range<const K: usize>(
     let mut result = [0f32; BLOCK];
     let mut e = lo;
     while e < hi {
-        let mut src_pos: [usize; K] = std::array::from_fn(|k| srcs[k].offset);
+        let mut src_pos: [usize; K] = std::array::from_fn(|k| srcs[k].layout.offset);
         let mut dst_pos = dst_offset;
         for (d, &i) in dims.iter().zip(&idx) {
             for (p, s) in src_pos.iter_mut().zip(d.src) {
@@ -355,11 +341,11 @@ mod tests {
         yo: usize,
         threads: usize,
     ) {
-        let src = Src { data: SliceRef::F32(x), strides: xs, offset: xo };
-        let dst = Dst { data: SliceMut::F32(y), strides: ys, offset: yo };
+        let src = Src::new(SliceRef::F32(x), shape, xs, xo);
+        let dst = Dst::new(SliceMut::F32(y), shape, ys, yo);
         let c = shape[1];
         let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
-        map(shape, [src], dst, threads, &|[x], out, ch| match ch.window() {
+        map([src], dst, threads, &|[x], out, ch| match ch.window() {
             Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
             Window::From(start) => {
                 out.iter_mut().zip(*x).zip(&channel[start..]).for_each(|((o, &v), &c)| *o = 10.0 * v + c)
@@ -448,9 +434,9 @@ mod tests {
     fn half_types() {
         let x: Vec<f16> = [1.0f32, 2.5, -3.0].iter().map(|&v| f16::from_f32(v)).collect();
         let mut y = vec![bf16::ZERO; 3];
-        let src = Src { data: SliceRef::F16(&x), strides: &[3, 1], offset: 0 };
-        let dst = Dst { data: SliceMut::BF16(&mut y), strides: &[3, 1], offset: 0 };
-        map(&[1, 3], [src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0));
+        let src = Src::new(SliceRef::F16(&x), &[1, 3], &[3, 1], 0);
+        let dst = Dst::new(SliceMut::BF16(&mut y), &[1, 3], &[3, 1], 0);
+        map([src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0));
         let want: Vec<bf16> = [1.0f32, 2.5, -3.0].iter().map(|&v| bf16::from_f32(v / 3.0)).collect();
         assert_eq!(y, want);
     }

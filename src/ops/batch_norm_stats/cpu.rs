@@ -43,6 +43,7 @@ use crate::cpu::isa::Isa;
 use crate::cpu::{dims, host, pool, widen};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
+use crate::layout::Strided;
 
 /// f32 lanes of a block of one channel.
 const LANES: usize = 32;
@@ -76,13 +77,7 @@ thread_local! {
 }
 
 /// A validated input view: rank 2..=8, channel = dim 1, every element inside `data`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Input<'a> {
-    pub data: SliceRef<'a>,
-    pub shape: &'a [usize],
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+pub(crate) type Input<'a> = Strided<'a, SliceRef<'a>>;
 
 /// The moments of a set of values, in f64: count, mean, Σ(x − mean)², and the plain sum (which
 /// tells whether a NaN or an infinity was met).
@@ -194,7 +189,7 @@ impl<'a, T: Element> Kernel<'a, T> {
         direct: fn(&'a [T]) -> Option<&'a [f32]>,
         fused: Option<FusedRuns<T>>,
     ) -> Self {
-        let (shape, strides) = (input.shape, input.strides);
+        let (shape, strides) = (input.layout.shape, input.layout.strides);
         // A dim of stride 0 repeats the same elements: the mean and the biased variance are
         // those without it, so it is not walked (a broadcast view costs O(its storage)).
         let dims = dims::Dims::reduction(shape, [strides], |d| d.s[0] != 0);
@@ -206,7 +201,7 @@ impl<'a, T: Element> Kernel<'a, T> {
             fused,
             c: shape.get(1).copied().unwrap_or(0),
             cs: strides.get(1).copied().unwrap_or(0),
-            offset: input.offset,
+            offset: input.layout.offset,
             dims,
             r,
             empty: shape.contains(&0),
@@ -1027,7 +1022,7 @@ mod tests {
         for (shape, st) in cases {
             let len = 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
             let d = data(len, shape.iter().sum::<usize>() as u64, 1000.0);
-            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: 0 };
+            let input = Input::new(SliceRef::F32(&d), &shape, &st, 0);
             let want = exact(&d, &shape, &st, 0);
             let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
             for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
@@ -1079,7 +1074,7 @@ mod tests {
             let off = next(4);
             let len = off + 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
             let d = data(len, case, if next(2) == 0 { 0.0 } else { 500.0 });
-            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: off };
+            let input = Input::new(SliceRef::F32(&d), &shape, &st, off);
             let want = exact(&d, &shape, &st, off);
             let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
             for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
@@ -1094,8 +1089,8 @@ mod tests {
             // f16 (converted as read, or widened into buffers) gives its f32 widening's bits
             let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
             let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
-            let hi = Input { data: SliceRef::F16(&h), ..input };
-            let wi = Input { data: SliceRef::F32(&w), ..input };
+            let hi = input.with_data(SliceRef::F16(&h));
+            let wi = input.with_data(SliceRef::F32(&w));
             for isa in Isa::supported() {
                 let a = channel_moments_with(isa, hi, 2, 1).unwrap();
                 assert_eq!(a, channel_moments_with(isa, wi, 1, 1).unwrap(), "case {case} {shape:?} {st:?} f16 {isa:?}");
@@ -1110,10 +1105,10 @@ mod tests {
         let d = data(shape.iter().product(), 9, 2.0);
         let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
         let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
-        let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2).unwrap();
-        let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2).unwrap();
+        let a = channel_moments(Input::new(SliceRef::F16(&h), &shape, &st, 0), 2).unwrap();
+        let b = channel_moments(Input::new(SliceRef::F32(&w), &shape, &st, 0), 2).unwrap();
         // the fused f16 pass gives the same bits on every instruction set
-        let input = Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 };
+        let input = Input::new(SliceRef::F16(&h), &shape, &st, 0);
         let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
         for isa in Isa::supported() {
             assert_eq!(channel_moments_with(isa, input, 3, 1).unwrap(), base, "{isa:?}");
@@ -1151,13 +1146,11 @@ mod tests {
     #[test]
     fn empty_and_non_finite() {
         let shape = [0, 2, 3];
-        let m = channel_moments(Input { data: SliceRef::F32(&[]), shape: &shape, strides: &[6, 3, 1], offset: 0 }, 1)
-            .unwrap();
+        let m = channel_moments(Input::new(SliceRef::F32(&[]), &shape, &[6, 3, 1], 0), 1).unwrap();
         assert_eq!(m.len(), 2);
         assert!(m.iter().all(|m| m.mean_invstd(1e-5).0 == 0.0 && m.mean_invstd(1e-5).1.is_nan()));
         let d = [1.0, f32::INFINITY, 2.0, 3.0];
-        let m =
-            channel_moments(Input { data: SliceRef::F32(&d), shape: &[2, 2], strides: &[2, 1], offset: 0 }, 1).unwrap();
+        let m = channel_moments(Input::new(SliceRef::F32(&d), &[2, 2], &[2, 1], 0), 1).unwrap();
         let (mean, inv) = m[0].mean_invstd(0.0);
         assert_eq!(mean, 1.5);
         assert_eq!(inv, 1.0 / 0.25f64.sqrt());

@@ -121,7 +121,7 @@ fn cpu_launch(input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) 
     let Some(data) = host::storage(input) else {
         return Err(Error::internal("input: a device tensor reached the CPU backend"));
     };
-    let view = cpu::Input { data, shape: input.shape(), strides: input.strides(), offset: input.offset() };
+    let view = cpu::Input::new(data, input.shape(), input.strides(), input.offset());
     let moments = cpu::channel_moments(view, 0)?;
     host::write_vector(mean, "mean", moments.iter().map(|m| m.mean_invstd(eps).0))?;
     host::write_vector(invstd, "invstd", moments.iter().map(|m| m.mean_invstd(eps).1))

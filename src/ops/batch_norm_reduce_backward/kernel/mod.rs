@@ -34,6 +34,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::layout::Strided;
 
 mod lanes;
 use crate::cpu::{dims, host, pool};
@@ -45,13 +46,7 @@ use lanes::{Isa, Rows, Run};
 /// A read-only strided view over host memory. The caller has validated it: `shape.len() ==
 /// strides.len()` (2..=8), channel = dim 1, and every element's index
 /// `offset + Σ i_k·strides[k]` lies inside `data`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StridedView<'a, T> {
-    pub data: &'a [T],
-    pub shape: &'a [usize],
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+pub(crate) type StridedView<'a, T> = Strided<'a, &'a [T]>;
 
 /// Per-channel sums, each accumulated without cancellation and returned in f64 so that the
 /// caller rounds exactly once into the output dtype.
@@ -118,20 +113,21 @@ fn channel_sums_with<T: Element>(
     with_xmu: bool,
     threads: usize,
 ) -> Result<ChannelSums> {
-    let c = dy.shape.get(1).copied().unwrap_or(0);
+    let (dl, xl) = (&dy.layout, &x.layout);
+    let c = dl.shape.get(1).copied().unwrap_or(0);
     let zeros = || -> Result<ChannelSums> {
         Ok(ChannelSums {
             sum_dy: host::try_vec(c, 0.0)?,
             sum_dy_xmu: with_xmu.then(|| host::try_vec(c, 0.0)).transpose()?,
         })
     };
-    let rank = dy.shape.len();
+    let rank = dl.shape.len();
     // Outside the validated contract (rank, strides, shapes) there is nothing sound to read.
     if !(2..=dims::MAX_DIMS).contains(&rank)
-        || dy.strides.len() != rank
-        || x.shape != dy.shape
-        || x.strides.len() != rank
-        || dy.shape.contains(&0)
+        || dl.strides.len() != rank
+        || xl.shape != dl.shape
+        || xl.strides.len() != rank
+        || dl.shape.contains(&0)
     {
         return zeros();
     }
@@ -180,6 +176,7 @@ struct Geometry {
 
 impl Geometry {
     fn new<T>(dy: &StridedView<'_, T>, x: &StridedView<'_, T>) -> Geometry {
+        let (dy, x) = (&dy.layout, &x.layout);
         let dims = dims::Dims::reduction(dy.shape, [dy.strides, x.strides], |_| true);
         let r = dims.positions();
         Geometry { c: dy.shape[1], csd: dy.strides[1], csx: x.strides[1], od: dy.offset, ox: x.offset, dims, r }
