@@ -6,6 +6,8 @@
 //! conversion measured slower), bf16 is a 16-bit shift that the compiler vectorises for the
 //! chosen instruction set. The conversions are exact, so every [`Isa`] gives the same bits.
 
+use half::slice::HalfFloatSliceExt;
+
 use super::isa::Isa;
 use crate::dtype::{Element, SliceRef};
 
@@ -33,10 +35,11 @@ pub(crate) fn widen_ref(isa: Isa, src: SliceRef<'_>, dst: &mut [f32]) {
 #[inline]
 fn f16(isa: Isa, s: &[half::f16], d: &mut [f32]) {
     match isa {
-        Isa::Portable => d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32()),
-        // `half` converts with the FP16 instructions where the CPU has them.
+        // `half`'s slice conversion, which takes the CPU's conversion instructions where it has
+        // them (F16C on x86-64, FP16 on aarch64), else converts in software: exact either way.
+        Isa::Portable => s.convert_to_f32_slice(d),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32()),
+        Isa::Neon => s.convert_to_f32_slice(d),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only produced after checking AVX2 and F16C.
         Isa::Avx2 | Isa::Avx512 => unsafe { x86::f16_f16c(s, d) },
