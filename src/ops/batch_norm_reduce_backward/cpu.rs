@@ -112,5 +112,5 @@ pub(crate) fn run(
 
 /// The kernel's view of `v`'s elements `data` (its storage, of the matching dtype).
 fn kernel_view<'v, T: Element>(v: &'v View<'_>, data: &'v [T]) -> kernel::StridedView<'v, T> {
-    kernel::StridedView { data, shape: v.shape(), strides: v.strides(), offset: v.offset() }
+    kernel::StridedView::new(data, v.shape(), v.strides(), v.offset())
 }

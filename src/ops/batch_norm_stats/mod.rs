@@ -137,7 +137,7 @@ impl<'a> Operator<'a> for Args<'a> {
 
     fn cpu(self, _c: usize, [mean, invstd]: Self::Outputs) -> Result<()> {
         let (input, data) = (self.input, host(self.input, "input")?.storage());
-        let view = cpu::Input { data, shape: input.shape(), strides: input.strides(), offset: input.offset() };
+        let view = cpu::Input::new(data, input.shape(), input.strides(), input.offset());
         let moments = cpu::channel_moments(view, 0)?;
         // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
         let eps = f64::from(self.eps as f32);
