@@ -319,8 +319,8 @@ fn cann_rule_elemt_backward_without_weight_computes_f16_inputs_in_f32() {
 
 #[cfg(feature = "mock")]
 mod raw_formats {
-    use crate::common::raw_mock::Mock;
     use super::INVALID;
+    use crate::common::raw_mock::Mock;
     use ascend::sys::{aclFormat, symbols};
 
     const PRIVATE: aclFormat = aclFormat::ACL_FORMAT_NC1HWC0;

@@ -190,7 +190,19 @@ impl Framework for Case {
     fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, (m, v): &'a mut (Tensor, Tensor)) -> Result<Prepared<'a>> {
         let Up { input, mean, invstd, counts, running_mean, running_var } = up;
         let (rm, rv) = (Some(running_mean), Some(running_var));
-        prepare_batch_norm_gather_stats_with_counts(s, input, mean, invstd, rm, rv, self.momentum, self.eps, counts, m, v)
+        prepare_batch_norm_gather_stats_with_counts(
+            s,
+            input,
+            mean,
+            invstd,
+            rm,
+            rv,
+            self.momentum,
+            self.eps,
+            counts,
+            m,
+            v,
+        )
     }
 
     fn check(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {

@@ -16,6 +16,8 @@
 //! programs (default 300), `DIFFERENTIAL_SEED` the seed (default: fixed).
 #![cfg(feature = "mock")]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use proptest::prelude::*;
@@ -285,16 +287,13 @@ fn program() -> impl Strategy<Value = Program> {
 // ---------------------------------------------------------------------------------------------
 // Data: the same storage uploaded to both backends
 
-/// xorshift64* values of the given kind, as f64 (exact in every dtype they are stored in, but
+/// Random values of the given kind, as f64 (exact in every dtype they are stored in, but
 /// `Wide` in the float dtypes, which round it once on upload, identically on both backends).
 fn storage(seed: u64, n: usize, values: Values) -> Vec<f64> {
-    let mut x = seed | 1;
+    let mut rng = common::Rng::new(seed);
     (0..n)
         .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+            let r = rng.next_u64() >> 33;
             match values {
                 Values::Small => (r % 9) as f64 - 4.0,
                 Values::Scale => [0.25, 0.5, 1.0, 2.0, 4.0][(r % 5) as usize],

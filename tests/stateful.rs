@@ -22,6 +22,8 @@
 //! (default 700, about 23,000 steps), `STATEFUL_SEED` the seed (default: fixed).
 #![cfg(feature = "mock")]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use proptest::prelude::*;
@@ -319,15 +321,12 @@ fn fail(msg: impl Into<String>) -> TestCaseError {
     TestCaseError::fail(msg.into())
 }
 
-/// xorshift64*.
+/// Random values: small integers (`big`) or signed powers of two.
 fn rng_values(seed: u64, n: usize, big: bool) -> Vec<f32> {
-    let mut x = seed | 1;
+    let mut rng = common::Rng::new(seed);
     (0..n)
         .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+            let r = rng.next_u64() >> 33;
             if big {
                 (r % 9) as f32 - 4.0 // integers in [-4, 4]
             } else {

@@ -4,7 +4,6 @@
 
 use ascend::Context;
 
-
 /// The contexts every case runs on: the CPU always, plus the mock Ascend with `--features mock`.
 pub fn backends() -> Vec<Context> {
     #[allow(unused_mut)]

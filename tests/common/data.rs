@@ -16,7 +16,6 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
     }
 }
 
-
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Row-major strides of `shape`, in elements.

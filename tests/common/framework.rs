@@ -177,11 +177,9 @@ pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
     let base = live();
     let before = written::<F>(&s, &up, &out);
     let phase1 = format!("{}GetWorkspaceSize", F::ACLNN);
-    for (api, code, status) in [
-        ("aclCreateTensor", 161001, None),
-        (phase1.as_str(), 561103, Some(561103)),
-        (F::ACLNN, 361001, Some(361001)),
-    ] {
+    for (api, code, status) in
+        [("aclCreateTensor", 161001, None), (phase1.as_str(), 561103, Some(561103)), (F::ACLNN, 361001, Some(361001))]
+    {
         fail_next_on_this_thread(api, code);
         let err = case.run_into(&mut up, &s, &mut out).unwrap_err();
         if status.is_none() {

@@ -566,3 +566,61 @@ pub fn swap(m: &Mock, a: &mut Args, slot: usize, spec: &Spec, extra: &mut Vec<De
     a.t[slot] = d.t;
     extra.push(d);
 }
+
+/// `p` moved by `bytes` (device addresses are only passed to the mock, never dereferenced here).
+pub fn at(p: *mut c_void, bytes: usize) -> *mut c_void {
+    p.cast::<u8>().wrapping_add(bytes).cast()
+}
+
+/// The mock's algorithm in Rust: f32, sequential within blocks of 256 elements per channel,
+/// blocks added in order; then sumDyXmu = Σdy·x − mean·Σdy, gradWeight = sumDyXmu·invstd.
+/// `dy`/`x` are storages (already rounded through their dtype); mean/invstd per channel.
+pub fn replica(
+    dys: &Spec,
+    dy: &[f32],
+    xs: &Spec,
+    x: &[f32],
+    mean: &[f32],
+    invstd: &[f32],
+    c: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let shape = &dys.shape;
+    let total: i64 = shape.iter().product();
+    let mut blk = vec![0f32; 2 * c];
+    let mut cnt = vec![0u32; c];
+    let mut tot = vec![0f32; 2 * c];
+    let mut idx = vec![0i64; shape.len()];
+    for _ in 0..total {
+        let ch = idx[1] as usize;
+        let vd = dy[dys.pos(&idx)];
+        let vx = x[xs.pos(&idx)];
+        let prod = vd * vx;
+        blk[2 * ch] += vd;
+        blk[2 * ch + 1] += prod;
+        cnt[ch] += 1;
+        if cnt[ch] == 256 {
+            tot[ch] += blk[2 * ch];
+            tot[c + ch] += blk[2 * ch + 1];
+            blk[2 * ch] = 0.0;
+            blk[2 * ch + 1] = 0.0;
+            cnt[ch] = 0;
+        }
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    for ch in 0..c {
+        if cnt[ch] > 0 {
+            tot[ch] += blk[2 * ch];
+            tot[c + ch] += blk[2 * ch + 1];
+        }
+    }
+    let sum_dy = tot[..c].to_vec();
+    let xmu: Vec<f32> = (0..c).map(|ch| tot[c + ch] - mean[ch] * tot[ch]).collect();
+    let gw: Vec<f32> = (0..c).map(|ch| xmu[ch] * invstd[ch]).collect();
+    (sum_dy, xmu, gw)
+}

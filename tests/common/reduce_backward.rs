@@ -12,7 +12,6 @@ use super::data::{for_each_index, read, Data};
 use super::rng::Rng;
 use super::tolerance::assert_close;
 
-
 /// The dtype the allocating API gives (op-plugin's rule): f16 iff input and mean are both f16.
 pub fn allocating_dtype(input: DType, mean: DType) -> DType {
     if input == DType::F16 && mean == DType::F16 {
@@ -21,7 +20,6 @@ pub fn allocating_dtype(input: DType, mean: DType) -> DType {
         DType::F32
     }
 }
-
 
 /// The op's outputs in f64, with per-channel condition sums for the tolerances.
 #[derive(Clone, Debug)]
@@ -91,7 +89,6 @@ pub fn reference(dy: &Data, x: &Data, mean: &Data, invstd: &Data) -> Expected {
     e
 }
 
-
 pub const OUTPUT_NAMES: [&str; 4] = ["sumDy", "sumDyXmu", "gradWeight", "gradBias"];
 
 /// Which outputs `mask` turns on, in [`OUTPUT_NAMES`] order.
@@ -128,7 +125,6 @@ pub fn check_tensor(stream: &Stream, name: &str, t: &Tensor, dtype: DType, i: us
     let (e, cond) = exp.output(i);
     assert_close(name, dtype, &read(stream, t), e, cond, exp.r);
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures

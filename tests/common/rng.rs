@@ -41,6 +41,11 @@ impl Rng {
         self.next_u64() % n
     }
 
+    /// Uniform in [0, n) as an index (n > 0).
+    pub fn index(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
     /// Uniform in [lo, hi), as f32.
     pub fn uniform_f32(&mut self, lo: f32, hi: f32) -> f32 {
         self.uniform(f64::from(lo), f64::from(hi)) as f32

@@ -24,7 +24,6 @@ pub fn tiny(dtype: DType) -> f64 {
     }
 }
 
-
 /// Accumulation slack: the error of an f32 sum of R terms is bounded by `ACC_K·(√R + 1)·u32`
 /// times the sum of the terms' magnitudes (a probabilistic bound; the worst case is R·u32).
 pub const ACC_K: f64 = 8.0;
