@@ -16,7 +16,6 @@ mod self_exec;
 
 use std::env;
 use std::ffi::{c_void, CStr};
-use std::process::{Output, Stdio};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -26,6 +25,7 @@ use ascend_sys::{
     aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclRootInfo,
 };
 use half::{bf16, f16};
+use self_exec::{expect_success, spawn_self};
 
 const DEVICES: u32 = 8;
 const ROLE: &str = "MOCK_HCCL_ROLE";
@@ -894,27 +894,6 @@ fn unhex(s: &str) -> HcclRootInfo {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap() as _;
     }
     ri
-}
-
-/// Re-runs this binary's test `test` alone, with `envs`.
-fn spawn_self(test: &str, envs: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = self_exec::self_command();
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn the test binary")
-}
-
-#[track_caller]
-fn expect_success(what: &str, out: &Output) {
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// What every rank of the process tests does (and checks).
