@@ -18,7 +18,7 @@
 mod common;
 
 use ascend::ops::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_elemt, Prepared};
-use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
+use ascend::{Backend, Context, DType, Result, Stream, Tensor};
 use common::*;
 
 const INVALID: i32 = 161002;
@@ -200,30 +200,9 @@ fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case
     let got = read(s, out);
     let (exp, terms) = case.expected();
     let k = k_factor(ctx);
-    for (i, ((&g, &e), &t)) in got.iter().zip(&exp).zip(&terms).enumerate() {
-        if !e.is_finite() {
-            // NaN where NaN is expected, the same infinity where one is expected.
-            assert!(e.is_nan() && g.is_nan() || g == e, "{what} ({dtype}) element {i}: got {g:e}, expected {e:e}");
-            continue;
-        }
-        let tol = unit_roundoff(dtype) * e.abs() + k * unit_roundoff(DType::F32) * t + tiny(dtype);
-        assert!(
-            (g - e).abs() <= tol,
-            "{what} ({dtype}) element {i}: got {g:e}, expected {e:e} (|diff| {:e} > tol {tol:e})",
-            (g - e).abs()
-        );
-    }
-}
-
-/// Asserts an `InvalidArgument` error with status 161002 naming `argument`.
-fn expect_invalid<T: std::fmt::Debug>(what: &str, r: Result<T>, argument: &str) {
-    match r {
-        Err(Error::InvalidArgument { argument: a, status, message }) => {
-            assert_eq!(status, INVALID, "{what}: status for `{a}`: {message}");
-            assert_eq!(a, argument, "{what}: argument ({message})");
-        }
-        other => panic!("{what}: expected InvalidArgument 161002 naming `{argument}`, got {other:?}"),
-    }
+    let tol =
+        |i: usize, e: f64| unit_roundoff(dtype) * e.abs() + k * unit_roundoff(DType::F32) * terms[i] + tiny(dtype);
+    assert_elements(what, dtype, &got, &exp, tol);
 }
 
 // ---------------------------------------------------------------------------------------------

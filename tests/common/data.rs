@@ -214,3 +214,15 @@ pub fn status_of<T: std::fmt::Debug>(r: Result<T>) -> i32 {
         Err(e) => e.status().unwrap_or_else(|| panic!("error without a status: {e:?}")),
     }
 }
+
+/// Asserts an `InvalidArgument` error with status 161002 (ACLNN_ERR_PARAM_INVALID) naming
+/// `argument`.
+pub fn expect_invalid<T: std::fmt::Debug>(what: &str, r: Result<T>, argument: &str) {
+    match r {
+        Err(ascend::Error::InvalidArgument { argument: a, status, message }) => {
+            assert_eq!(status, 161002, "{what}: status for `{a}`: {message}");
+            assert_eq!(a, argument, "{what}: argument ({message})");
+        }
+        other => panic!("{what}: expected InvalidArgument 161002 naming `{argument}`, got {other:?}"),
+    }
+}

@@ -106,3 +106,21 @@ pub fn ulps(a: f32, b: f32) -> u32 {
     }
     (ordered(a) - ordered(b)).unsigned_abs() as u32
 }
+
+/// Asserts element-wise that `got` matches `exp` for an output of `dtype`: NaN where NaN is
+/// expected, the same infinity where one is expected, else `|got − exp| ≤ tol(i, exp)`.
+pub fn assert_elements(what: &str, dtype: DType, got: &[f64], exp: &[f64], tol: impl Fn(usize, f64) -> f64) {
+    assert_eq!(got.len(), exp.len(), "{what}: length");
+    for (i, (&g, &e)) in got.iter().zip(exp).enumerate() {
+        if !e.is_finite() {
+            assert!(e.is_nan() && g.is_nan() || g == e, "{what} ({dtype}) element {i}: got {g:e}, expected {e:e}");
+            continue;
+        }
+        let tol = tol(i, e);
+        assert!(
+            (g - e).abs() <= tol,
+            "{what} ({dtype}) element {i}: got {g:e}, expected {e:e} (|diff| {:e} > tol {tol:e})",
+            (g - e).abs()
+        );
+    }
+}
