@@ -806,10 +806,9 @@ fn every_operator_collective_and_sync_batch_norm_agrees_with_the_cpu_twin() {
 fn differential() {
     // Two mock devices; read by the mock at aclInit, before which nothing in this binary runs.
     std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
-    let cases = std::env::var("DIFFERENTIAL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
-    let seed: u64 = std::env::var("DIFFERENTIAL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0xD1FF_5EED);
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let cases = common::env_or("DIFFERENTIAL_CASES", 300);
+    let seed: u64 = common::env_or("DIFFERENTIAL_SEED", 0xD1FF_5EED);
+    let seed_bytes = common::seed_bytes(seed);
     let before = ascend::mock::stats();
     let result = {
         let world = std::cell::RefCell::new(World::new().expect("streams and communicators on both backends"));

@@ -1005,10 +1005,9 @@ fn run_program(p: &Program) -> Outcome {
 fn random_programs_on_the_mock_match_the_cpu_twin() {
     // Two mock devices; read by the mock at aclInit, before which nothing in this binary runs.
     std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
-    let cases = std::env::var("STATEFUL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(700);
-    let seed: u64 = std::env::var("STATEFUL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5EED_A5CE);
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let cases = common::env_or("STATEFUL_CASES", 700);
+    let seed: u64 = common::env_or("STATEFUL_SEED", 0x5EED_A5CE);
+    let seed_bytes = common::seed_bytes(seed);
     let config = Config { cases, failure_persistence: None, max_shrink_iters: 4096, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
     let result = runner.run(&program(), |p| run_program(&p));

@@ -56,3 +56,15 @@ impl Rng {
         (0..n).map(|_| self.uniform_f32(lo, hi)).collect()
     }
 }
+
+/// Environment variable `var` parsed, or `default` (case counts and seeds of the random tests).
+pub fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The 32-byte seed of proptest's ChaCha generator for a 64-bit `seed`.
+pub fn seed_bytes(seed: u64) -> [u8; 32] {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes
+}
