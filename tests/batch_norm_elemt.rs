@@ -21,8 +21,6 @@ use ascend::ops::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_el
 use ascend::{Backend, Context, DType, Result, Stream, Tensor};
 use common::*;
 
-const INVALID: i32 = 161002;
-
 type R = Result<()>;
 
 framework_tests!(Case);
@@ -522,6 +520,7 @@ fn nan_and_inf_propagate(ctx: &Context) -> R {
 mod mock_only {
     use super::*;
     use common::mock::isolated;
+    use common::raw_mock::INVALID;
 
     /// What the safe API cannot express, checked on the mock through the raw bindings: CANN's
     /// null quirk for this operator (a null input, mean, invstd or output is 161002, not

@@ -25,8 +25,6 @@ use ascend::ops::{
 use ascend::{Backend, Context, DType, Result, Stream, Tensor};
 use common::*;
 
-const INVALID: i32 = 161002;
-
 type R = Result<()>;
 
 framework_tests!(Case);
@@ -565,6 +563,7 @@ fn nan_and_inf_propagate(ctx: &Context) -> R {
 mod mock_only {
     use super::*;
     use common::mock::isolated;
+    use common::raw_mock::INVALID;
 
     /// What the safe API cannot express, checked on the mock through the raw bindings: a null
     /// required tensor is 161001 (weight may be null); CANN accepts an int32 counter (torch's) and
