@@ -6,6 +6,8 @@
 //! through [`View`]s (shape, strides and offset in elements) and writes into [`ViewMut`]s, so a
 //! CPU user never copies gigabytes just to call the op. It validates exactly as the
 //! [`ops`](crate::ops) entry points do (same errors, same status codes).
+// Host allocations sized by a caller's count are fallible here (.ci/alloc-lint/clippy.toml).
+#![deny(clippy::disallowed_methods)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -24,6 +24,8 @@
 //! Both engines accept the same calls: the (op, dtype) pairs of HCCL's table
 //! ([`Communicator::all_reduce`]), and `HCCL_CONNECT_TIMEOUT` read once, as whole seconds in
 //! 1..=7200 (anything else means the default, 120 s).
+// Host allocations sized by a caller's count are fallible here (.ci/alloc-lint/clippy.toml).
+#![deny(clippy::disallowed_methods)]
 
 mod ascend;
 mod cpu;

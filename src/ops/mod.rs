@@ -6,6 +6,8 @@
 //! statistics from every rank's, and the running statistics), [`batch_norm_elemt`]
 //! (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`] (`aclnnBatchNormElemtBackward`),
 //! SyncBatchNorm's element-wise steps (see their docs).
+// Host allocations sized by a caller's count are fallible here (.ci/alloc-lint/clippy.toml).
+#![deny(clippy::disallowed_methods)]
 
 mod batch_norm_elemt;
 mod batch_norm_elemt_backward;
