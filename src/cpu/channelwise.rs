@@ -97,12 +97,18 @@ struct Dim<const K: usize> {
 
 /// Runs `out = f(inputs)` over every element of the output's shape (see the [module](self) docs), on up to
 /// `threads` threads (0: every core) for large dense outputs. `f(inputs, out, channels)` gets
-/// blocks of equal length (at most [`BLOCK`]).
-pub(crate) fn map<const K: usize>(srcs: [Src<'_>; K], dst: Dst<'_>, threads: usize, f: &BlockFn<'_, K>) {
+/// blocks of equal length (at most [`BLOCK`]). [`Error::HostAlloc`](crate::Error::HostAlloc) when
+/// the host cannot hold the table of parallel chunks (one entry per [`CHUNK`] output elements).
+pub(crate) fn map<const K: usize>(
+    srcs: [Src<'_>; K],
+    dst: Dst<'_>,
+    threads: usize,
+    f: &BlockFn<'_, K>,
+) -> crate::Result<()> {
     let shape = dst.layout.shape;
     let numel: usize = shape.iter().product();
     if numel == 0 {
-        return;
+        return Ok(());
     }
     let dims = walk_order(shape, &srcs, dst.layout.strides);
     let dense = is_dense(&dims);
@@ -113,10 +119,12 @@ pub(crate) fn map<const K: usize>(srcs: [Src<'_>; K], dst: Dst<'_>, threads: usi
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
         run_range(&dims, &srcs, dst_offset, &mut out, 0, numel, f);
-        return;
+        return Ok(());
     }
     // Dense output: chunk k writes storage [offset + k·CHUNK, offset + (k+1)·CHUNK), its own slice.
-    let parts: Vec<Mutex<Part<'_>>> = split(dst.data, dst_offset, numel).into_iter().map(Mutex::new).collect();
+    // The chunk count follows the caller's element count: both tables are fallible.
+    let parts = split(dst.data, dst_offset, numel)?;
+    let parts: Vec<Mutex<Part<'_>>> = super::host::try_collect(parts.len(), parts.into_iter().map(Mutex::new))?;
     pool::run(threads, parts.len(), &|k| {
         let lo = k * CHUNK;
         let hi = numel.min(lo + CHUNK);
@@ -124,12 +132,16 @@ pub(crate) fn map<const K: usize>(srcs: [Src<'_>; K], dst: Dst<'_>, threads: usi
         let mut part = parts[k].lock().unwrap_or_else(|p| p.into_inner());
         run_range(&dims, &srcs, dst_offset, &mut part, lo, hi, f);
     });
+    Ok(())
 }
 
 /// The dims to walk, outermost first: size-1 dims dropped, ordered by the output's strides
 /// (largest first, ties in logical order), adjacent non-channel dims merged where every tensor's
 /// strides allow it ([`dims::sort_merge`], with the channel as a fence).
 fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize]) -> Vec<Dim<K>> {
+    // bounded: one entry per dim of the shape, and the operators validate rank <= MAX_RANK
+    // before they reach the map.
+    #[allow(clippy::disallowed_methods)]
     let mut walk: Vec<Dim<K>> = (0..shape.len())
         .filter(|&d| shape[d] != 1)
         .map(|d| Dim {
@@ -189,19 +201,20 @@ struct Part<'a> {
     base: usize,
 }
 
-/// Splits the dense output `[offset, offset + numel)` into chunks of [`CHUNK`] elements.
-fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> Vec<Part<'_>> {
+/// Splits the dense output `[offset, offset + numel)` into chunks of [`CHUNK`] elements, or
+/// [`Error::HostAlloc`](crate::Error::HostAlloc) for a table the host cannot hold.
+fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> crate::Result<Vec<Part<'_>>> {
     fn chunks<'a, T>(
         s: &'a mut [T],
         offset: usize,
         numel: usize,
         wrap: fn(&'a mut [T]) -> SliceMut<'a>,
-    ) -> Vec<Part<'a>> {
-        s[offset..offset + numel]
+    ) -> crate::Result<Vec<Part<'a>>> {
+        let parts = s[offset..offset + numel]
             .chunks_mut(CHUNK)
             .enumerate()
-            .map(|(k, c)| Part { data: wrap(c), base: offset + k * CHUNK })
-            .collect()
+            .map(|(k, c)| Part { data: wrap(c), base: offset + k * CHUNK });
+        super::host::try_collect(numel.div_ceil(CHUNK), parts)
     }
     match data {
         SliceMut::F32(s) => chunks(s, offset, numel, SliceMut::F32),
@@ -225,6 +238,8 @@ fn run_range<const K: usize>(
     let inner = dims[rank - 1];
     let channel_dim = dims.iter().position(|d| d.channel);
     // The multi-index (walk order) of element `lo`.
+    // bounded: `dims` has at most one entry per dim of the shape (rank <= MAX_RANK, validated).
+    #[allow(clippy::disallowed_methods)]
     let mut idx = vec![0usize; rank];
     let mut rest = lo;
     for (i, d) in dims.iter().enumerate().rev() {
@@ -350,7 +365,8 @@ mod tests {
             Window::From(start) => {
                 out.iter_mut().zip(*x).zip(&channel[start..]).for_each(|((o, &v), &c)| *o = 10.0 * v + c)
             }
-        });
+        })
+        .unwrap();
     }
 
     fn strides(shape: &[usize], order: &[usize]) -> Vec<usize> {
@@ -436,7 +452,7 @@ mod tests {
         let mut y = vec![bf16::ZERO; 3];
         let src = Src::new(SliceRef::F16(&x), &[1, 3], &[3, 1], 0);
         let dst = Dst::new(SliceMut::BF16(&mut y), &[1, 3], &[3, 1], 0);
-        map([src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0));
+        map([src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0)).unwrap();
         let want: Vec<bf16> = [1.0f32, 2.5, -3.0].iter().map(|&v| bf16::from_f32(v / 3.0)).collect();
         assert_eq!(y, want);
     }

@@ -43,6 +43,9 @@ pub(crate) fn try_with_capacity<T>(n: usize) -> Result<Vec<T>> {
 /// `n` copies of `value`, or [`Error::HostAlloc`] (see [`try_with_capacity`]).
 pub(crate) fn try_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
     let mut v = try_with_capacity(n)?;
+    // bounded: the capacity for `n` was reserved just above (try_reserve_exact), so this resize
+    // never allocates.
+    #[allow(clippy::disallowed_methods)]
     v.resize(n, value);
     Ok(v)
 }

@@ -68,6 +68,8 @@ impl Isa {
         if name.is_empty() {
             return (best, None);
         }
+        // bounded: the names of Isa::ALL, a constant list.
+        #[allow(clippy::disallowed_methods)]
         let known = || Isa::ALL.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ");
         match Isa::ALL.iter().copied().find(|i| i.name() == name) {
             Some(isa) if isa.rank() <= best.rank() => (isa, None),
@@ -90,6 +92,8 @@ impl Isa {
     }
 
     /// Every instruction set this CPU supports, least first (the tests compare them all).
+    // bounded: a subset of Isa::ALL, a constant list.
+    #[allow(clippy::disallowed_methods)]
     pub(crate) fn supported() -> Vec<Isa> {
         Isa::ALL.iter().copied().filter(|i| i.available()).collect()
     }

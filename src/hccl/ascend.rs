@@ -64,10 +64,15 @@ pub(super) fn init_all(devices: &[Arc<Device>]) -> Result<Vec<Comm>> {
         }
     }
     let hccl = hccl_of(first)?;
+    // bounded: one id per device of `devices`, a slice already in memory.
+    #[allow(clippy::disallowed_methods)]
     let mut ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
     first.bind()?;
     let raw = calls::comm_init_all(hccl, &mut ids)?;
-    Ok(raw.into_iter().zip(devices).map(|(raw, d)| Comm::new(raw, d.clone(), hccl)).collect())
+    // bounded: one communicator per handle of `raw`, a vector already in memory.
+    #[allow(clippy::disallowed_methods)]
+    let comms = raw.into_iter().zip(devices).map(|(raw, d)| Comm::new(raw, d.clone(), hccl)).collect();
+    Ok(comms)
 }
 
 /// `HcclCommInitRootInfo` on `device`: blocks until every rank has joined.

@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::{hccl_error, ReduceOp, HCCL_ROOT_BYTES};
+use crate::cpu::host::try_vec;
 use crate::dtype::{bf16, f16, DType, SliceMut, SliceRef};
 use crate::error::{Error, Result};
 use crate::tensor::{Storage, Tensor};
@@ -30,14 +31,6 @@ const HCCL_E_INTERNAL: u32 = ascend_sys::HcclResult::HCCL_E_INTERNAL.0;
 /// The most ranks a CPU group takes (each is a thread of this process). HCCL documents no limit
 /// for `HcclCommInitRootInfo`; the mock HCCL takes at most 64.
 pub(crate) const MAX_RANKS: u32 = 4096;
-
-/// A vector of `n` copies of `value`, or `Error::HostAlloc` (`n` comes from the caller).
-fn try_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::HostAlloc { bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
-    v.resize(n, value);
-    Ok(v)
-}
 
 /// `n_ranks` within [`MAX_RANKS`], else `HCCL_E_PARA` naming the call.
 fn check_rank_count(call: &'static str, n_ranks: u32) -> Result<()> {
@@ -173,7 +166,10 @@ pub(super) fn init_all(size: u32, timeout: Duration) -> Result<Vec<Rank>> {
     check_rank_count("HcclCommInitAll", size)?;
     let group = Group::new(size, timeout)?;
     group.lock().joined.iter_mut().for_each(|j| *j = true);
-    Ok((0..size).map(|rank| Rank { group: group.clone(), rank }).collect())
+    // bounded: size <= MAX_RANKS (4096), checked at the top.
+    #[allow(clippy::disallowed_methods)]
+    let ranks = (0..size).map(|rank| Rank { group: group.clone(), rank }).collect();
+    Ok(ranks)
 }
 
 /// Groups being joined through a root info, by group id.
@@ -225,6 +221,8 @@ pub(super) fn init_rank(root: &[u8; HCCL_ROOT_BYTES], n_ranks: u32, rank: u32, t
         let now = Instant::now();
         if now >= deadline {
             state.joined[rank as usize] = false;
+            // bounded: n_ranks <= MAX_RANKS (4096), checked at the top.
+            #[allow(clippy::disallowed_methods)]
             let missing: Vec<usize> =
                 (0..n_ranks as usize).filter(|&r| !state.joined[r] && r != rank as usize).collect();
             return Err(hccl_error(
@@ -347,6 +345,8 @@ fn concat(inputs: Vec<Payload>) -> Result<Payload> {
     }
     macro_rules! gather {
         ($variant:ident) => {{
+            // bounded: one reference per rank's payload, already in memory (`inputs`).
+            #[allow(clippy::disallowed_methods)]
             let parts: Vec<_> = inputs
                 .iter()
                 .filter_map(|p| if let Payload::Bits(Elements::$variant(v)) = p { Some(v) } else { None })
@@ -416,6 +416,8 @@ impl Rank {
         slot.inputs[me] = Some(input);
         slot.arrived += 1;
         if slot.arrived == g.size {
+            // bounded: moves the slot's table (one entry per rank, already in memory) out.
+            #[allow(clippy::disallowed_methods)]
             let mut inputs: Vec<Payload> =
                 slot.inputs.iter_mut().map(|i| i.take().unwrap_or(Payload::Float(Vec::new()))).collect();
             let output = match sig.kind {
@@ -450,6 +452,8 @@ impl Rank {
             }
             let now = Instant::now();
             if now >= deadline {
+                // bounded: size is the group's, <= MAX_RANKS (4096), checked when it was made.
+                #[allow(clippy::disallowed_methods)]
                 let missing: Vec<usize> = match state.slots.get(&seq) {
                     Some(s) => (0..size).filter(|&r| s.inputs[r].is_none()).collect(),
                     None => Vec::new(),

@@ -221,12 +221,17 @@ impl Communicator {
         let size = u32::try_from(contexts.len()).map_err(|_| Error::invalid("contexts", "too many ranks"))?;
         let make = |engine, rank| Communicator { engine, rank, size, _not_sync: PhantomData };
         if contexts.iter().all(|c| matches!(c.kind, ContextKind::Cpu)) {
-            return Ok(cpu::init_all(size, settings().connect_timeout)?
+            // bounded: one communicator per rank of the vector cpu::init_all returned (in memory).
+            #[allow(clippy::disallowed_methods)]
+            let comms = cpu::init_all(size, settings().connect_timeout)?
                 .into_iter()
                 .enumerate()
                 .map(|(r, e)| make(Engine::Cpu(e), r as u32))
-                .collect());
+                .collect();
+            return Ok(comms);
         }
+        // bounded: one device per context of `contexts`, a slice already in memory.
+        #[allow(clippy::disallowed_methods)]
         let devices = contexts
             .iter()
             .map(|c| match &c.kind {
@@ -237,7 +242,10 @@ impl Communicator {
             })
             .collect::<Result<Vec<_>>>()?;
         let comms = ascend::init_all(&devices)?;
-        Ok(comms.into_iter().enumerate().map(|(r, c)| make(Engine::Ascend(c), r as u32)).collect())
+        // bounded: one communicator per handle of `comms`, a vector already in memory.
+        #[allow(clippy::disallowed_methods)]
+        let comms = comms.into_iter().enumerate().map(|(r, c)| make(Engine::Ascend(c), r as u32)).collect();
+        Ok(comms)
     }
 
     /// Rank `rank` of `n_ranks`, meeting the others through `root` (one process per device,

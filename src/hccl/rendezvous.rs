@@ -121,6 +121,8 @@ impl Settings {
     }
 
     fn resolve(&self) -> Result<Vec<SocketAddr>> {
+        // bounded: the addresses the resolver returned, a list it already holds in memory.
+        #[allow(clippy::disallowed_methods)]
         let addrs: Vec<SocketAddr> = (self.addr.as_str(), self.port)
             .to_socket_addrs()
             .map_err(|e| Error::Config(format!("MASTER_ADDR=`{}` does not resolve: {e}", self.addr)))?
@@ -152,6 +154,8 @@ fn read_bytes(s: &mut TcpStream, max: u32) -> std::io::Result<Vec<u8>> {
     if n > max {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a length of {n} bytes")));
     }
+    // bounded: n <= max (TEXT_MAX or ROOT_MAX, at most 1 MiB), checked just above.
+    #[allow(clippy::disallowed_methods)]
     let mut v = vec![0u8; n as usize];
     s.read_exact(&mut v)?;
     Ok(v)
@@ -214,12 +218,16 @@ fn serve(set: &Settings, root: &[u8]) -> Result<()> {
         rendezvous_error(format!("rank 0 cannot listen on {} (MASTER_ADDR:MASTER_PORT): {e}{hint}", set.endpoint()))
     })?;
     listener.set_nonblocking(true).map_err(|e| rendezvous_error(format!("rank 0: {e}")))?;
+    // bounded: world <= MAX_WORLD (65536), checked when the settings were read.
+    #[allow(clippy::disallowed_methods)]
     let mut served = vec![false; set.world as usize];
     served[0] = true;
     let mut strays = Vec::new();
     while served.iter().any(|s| !s) {
         let now = Instant::now();
         if now >= deadline {
+            // bounded: world <= MAX_WORLD (65536), checked when the settings were read.
+            #[allow(clippy::disallowed_methods)]
             let missing: Vec<String> =
                 served.iter().enumerate().filter(|(_, s)| !**s).map(|(r, _)| r.to_string()).collect();
             let strays = if strays.is_empty() { String::new() } else { format!("; refused: {}", strays.join("; ")) };

@@ -71,6 +71,8 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(
     plan: O::Plan,
     outs: O::Outputs,
 ) -> Result<DevicePrepared<'a>> {
+    // bounded: MAX_TENSORS (16) descriptors, a constant.
+    #[allow(clippy::disallowed_methods)]
     let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(MAX_TENSORS) };
     // The handles live on the stack: describing a call allocates only its descriptor list.
     let (mut inputs, mut n_in) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
@@ -157,6 +159,8 @@ impl DevicePrepared<'_> {
         let Some(executor) = self.executor.take() else {
             return Err(Error::internal("a prepared call's executor was launched twice"));
         };
+        // bounded: one buffer per descriptor (at most MAX_TENSORS, a list already in memory).
+        #[allow(clippy::disallowed_methods)]
         let mut buffers: Vec<&DeviceBuffer> = self.call.descriptors.iter().map(AclTensor::buffer).collect();
         buffers.extend(caller_workspace);
         let (cann, op, launch) = (device.cann, self.op, self.launch);
@@ -242,12 +246,10 @@ fn zero_device_view(t: &Tensor) -> Result<()> {
     let es = t.dtype().size_in_bytes();
     let base = buffer.ptr().cast::<u8>();
     let (n, stride) = (t.shape()[0], t.strides()[0]);
-    let runs: Vec<(usize, usize)> = if stride == 1 || n <= 1 {
-        vec![(t.offset(), n)]
-    } else {
-        (0..n).map(|i| (t.offset() + i * stride, 1)).collect()
-    };
-    for (start, len) in runs {
+    // One run of n elements (contiguous), or n runs of one element each `stride` apart: walked
+    // without a table, whose length would be the caller's channel count.
+    let (count, len, step) = if stride == 1 || n <= 1 { (1, n, 0) } else { (n, 1, stride) };
+    for start in (0..count).map(|i| t.offset() + i * step) {
         if len == 0 {
             continue;
         }

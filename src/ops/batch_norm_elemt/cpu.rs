@@ -55,8 +55,7 @@ pub(super) fn run(
     };
     let src = Src::new(x.storage(), input.shape(), input.strides(), input.offset());
     let dst = Dst::new(y.into_storage(), &shape, &out_strides, out_offset);
-    channelwise::map([src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels));
-    Ok(())
+    channelwise::map([src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels))
 }
 
 /// One block: `out = (x − mean)·scale + bias` with its channels' constants. The same f32

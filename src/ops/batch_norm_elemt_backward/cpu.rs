@@ -58,8 +58,7 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
         Src::new(x.storage(), args.input.shape(), args.input.strides(), args.input.offset()),
     ];
     let dst = Dst::new(out.into_storage(), &shape, &out_strides, out_offset);
-    channelwise::map(srcs, dst, 0, &|[dy, x], out, channels| gradient(&co, dy, x, out, channels));
-    Ok(())
+    channelwise::map(srcs, dst, 0, &|[dy, x], out, channels| gradient(&co, dy, x, out, channels))
 }
 
 /// N: every element of counter (validated to be `[W]` or `[W, 1]`), widened exactly and summed in

@@ -327,6 +327,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                             match fused {
                                 Some(m) => m,
                                 None => {
+                                    // bounded: a block's length, <= BLOCK (2048).
+                                    #[allow(clippy::disallowed_methods)]
                                     buf.resize(len, 0.0);
                                     let mut done = 0;
                                     for &(s, n) in &segs {
@@ -339,6 +341,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                         }
                     }
                 } else {
+                    // bounded: a block's length, <= BLOCK (2048).
+                    #[allow(clippy::disallowed_methods)]
                     buf.resize(len, 0.0);
                     let mut o = Odometer::new(dims, start, [base]);
                     for v in buf.iter_mut() {
@@ -378,6 +382,8 @@ impl<'a, T: Element> Kernel<'a, T> {
             let (r0, r1) = (b * per, nruns.min((b + 1) * per));
             let len = (r1 - r0) * l;
             TILE_BUFFER.with_borrow_mut(|buf| {
+                // bounded: nc <= TILE_CHANNELS (16) channels of len <= BLOCK (2048) positions.
+                #[allow(clippy::disallowed_methods)]
                 buf.resize(buf.len().max(nc * len), 0.0);
                 let mut o = Odometer::new(outer, r0, [self.offset + c0 * self.cs]);
                 for i in 0..r1 - r0 {
@@ -387,6 +393,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                     }
                     o.advance();
                 }
+                // bounded: nc <= TILE_CHANNELS (16) entries.
+                #[allow(clippy::disallowed_methods)]
                 let out = buf[..nc * len].chunks_exact(len).map(|ch| runs_block(self.isa, &[ch])).collect();
                 let _ = parts[item].set(out);
             });
@@ -418,6 +426,8 @@ impl<'a, T: Element> Kernel<'a, T> {
         pool::run(threads, parts.len(), &|item| {
             let (t, k) = (item / nchunks, item % nchunks);
             let (l0, lanes) = (k * cw, cw.min(w - k * cw));
+            // bounded: lanes <= cw <= MAX_ROW_LANES (256), per work item, not per element.
+            #[allow(clippy::disallowed_methods)]
             let mut out = vec![Moments::default(); lanes];
             let mut scratch = RowScratch::new(lanes);
             let mut buf: Vec<f32> = Vec::new();
@@ -442,6 +452,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                         rows_block(self.isa, &d[start..], w, lanes, full, last, &mut scratch, &mut out);
                     }
                     None => {
+                        // bounded: ROWS_PER_BLOCK (256) rows of lanes <= MAX_ROW_LANES (256).
+                        #[allow(clippy::disallowed_methods)]
                         buf.resize((rb - r0) * lanes, 0.0);
                         if flat && lanes == w {
                             // Whole super-rows: one contiguous stretch, widened at once.
@@ -846,6 +858,8 @@ struct RowScratch {
 }
 
 impl RowScratch {
+    // bounded: its one caller passes lanes <= MAX_ROW_LANES (256).
+    #[allow(clippy::disallowed_methods)]
     fn new(lanes: usize) -> Self {
         RowScratch { acc: vec![0.0; lanes], shift: vec![0.0; lanes], sd: vec![0.0; lanes], sq: vec![0.0; lanes] }
     }

@@ -393,6 +393,8 @@ impl<T: Element> Kernel<'_, T> {
         parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
             // At most 2·MAX_ROW_LANES lanes: a fixed size, not the caller's.
+            // bounded: cw <= MAX_ROW_LANES (1024), per work range, not per element.
+            #[allow(clippy::disallowed_methods)]
             let mut acc = vec![0f32; if XMU { 2 * cw } else { cw }];
             let (acc_d, acc_m) = acc.split_at_mut(cw);
             let mut rows: Vec<(usize, usize)> = Vec::new();
@@ -488,6 +490,8 @@ impl<T: Element> Kernel<'_, T> {
             let base = off(items.start);
             // Tiles of at most GATHER_CHANNELS × (GATHER_POSITIONS + 16): fixed sizes, not the
             // caller's.
+            // bounded: cb <= GATHER_CHANNELS (16), row = GATHER_POSITIONS + 16 (528).
+            #[allow(clippy::disallowed_methods)]
             let (mut bufd, mut bufx, mut offs) = (
                 vec![T::default(); cb * row],
                 vec![T::default(); if XMU { cb * row } else { 0 }],
@@ -595,6 +599,8 @@ fn cpu_is_amd() -> bool {
             // (Safe to call since Rust 1.94; `unsafe` before.)
             #[allow(unused_unsafe)]
             let r = unsafe { std::arch::x86_64::__cpuid(0) };
+            // bounded: the 12 bytes of the CPUID vendor string.
+            #[allow(clippy::disallowed_methods)]
             let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx].iter().flat_map(|w| w.to_le_bytes()).collect();
             vendor == b"AuthenticAMD" || vendor == b"HygonGenuine"
         }
