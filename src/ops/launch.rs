@@ -159,7 +159,8 @@ impl DevicePrepared<'_> {
         let Some(executor) = self.executor.take() else {
             return Err(Error::internal("a prepared call's executor was launched twice"));
         };
-        // bounded: one buffer per descriptor (at most MAX_TENSORS, a list already in memory).
+        // bounded: one buffer per descriptor (at most 2·MAX_TENSORS: inputs and outputs), a list
+        // already in memory.
         #[allow(clippy::disallowed_methods)]
         let mut buffers: Vec<&DeviceBuffer> = self.call.descriptors.iter().map(AclTensor::buffer).collect();
         buffers.extend(caller_workspace);
