@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ascend_sys::aclrtMemcpyKind;
 
 use crate::context::{Context, ContextKind};
-use crate::device::{enqueue_using, report, report_drop_error, Device, EventInner, StreamInner};
+use crate::device::{enqueue_using, report, report_drop_error, Device, StreamInner};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -154,7 +154,7 @@ impl<T: Element> Drop for HostBuffer<T> {
         };
         let mut events = Vec::with_capacity(users.len());
         for s in &users {
-            let recorded = EventInner::new(device.clone()).and_then(|e| s.record(&e).map(|()| e));
+            let recorded = device.bind().and_then(|()| device.memory.record(device.cann, s));
             match recorded {
                 Ok(e) => events.push(e),
                 Err(_) => {
