@@ -103,7 +103,13 @@ fn main() -> ascend::Result<()> {
     let snaps = snapshots.into_inner().unwrap();
     println!("per rank and steady step ({RANKS} ranks as threads, {STEPS} steps, {SHAPE:?} f32):");
     print_counts("SyncBatchNorm forward + backward", &snaps[0], &snaps[1], RANKS as u64 * STEPS);
-    println!("(collectives per step by construction of sync_batch_norm: see its source; the mock does not count them)");
+    println!(
+        "(collectives per step by construction of sync_batch_norm: 1 all-gather of [mean | invstd | count] in \
+         forward, 1 all-reduce of [sumDy | sumDyXmu] in backward)"
+    );
+    for (r, ctx) in ctxs.iter().enumerate() {
+        print_memory(&format!("rank {r} after the steady steps"), ctx);
+    }
 
     // One operator in a steady loop on device 0: `_into` and allocating.
     let ctx = &ctxs[0];
@@ -144,13 +150,17 @@ fn main() -> ascend::Result<()> {
     let b = stats();
     print_counts("batch_norm_reduce_backward (allocating) loop", &a, &b, STEPS);
     s.synchronize()?;
+    print_memory("device 0 after the operator loops", ctx);
+    Ok(())
+}
+
+fn print_memory(what: &str, ctx: &Context) {
     let m = ctx.memory_stats();
     println!(
-        "device 0 memory: reserved {} B, peak allocated {} B, reserved / peak = {:.2}, aclrtMalloc calls {}",
+        "{what}: reserved {} B, peak allocated {} B, reserved / peak = {:.2}, aclrtMalloc calls {}",
         m.reserved,
         m.peak_allocated,
         m.reserved as f64 / m.peak_allocated.max(1) as f64,
         m.device_allocations
     );
-    Ok(())
 }

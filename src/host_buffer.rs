@@ -204,8 +204,8 @@ fn pinned_stream<'s, T: Element>(stream: &'s Stream, h: &HostBuffer<T>) -> Resul
 impl Tensor {
     /// Copies `h` into this tensor, asynchronously on `stream` (`aclrtMemcpyAsync` host →
     /// device; a plain copy on the CPU backend). The tensor must be contiguous, of `T`'s dtype
-    /// and `h.len()` elements. `h` is recorded on the stream: reading or dropping it waits for
-    /// the copy.
+    /// and `h.len()` elements. `h` is recorded on the stream: reading it waits for the copy,
+    /// dropping it frees the pinned memory only after the copy (without waiting).
     pub fn copy_from_host_async<T: Element>(&mut self, stream: &Stream, h: &HostBuffer<T>) -> Result<()> {
         self.check_stream(stream, "tensor")?;
         contiguous_target::<T>(self, h.len, "host")?;
@@ -217,8 +217,8 @@ impl Tensor {
 
     /// Copies this tensor into `h`, asynchronously on `stream` (`aclrtMemcpyAsync` device →
     /// host; a plain copy on the CPU backend). The tensor must be contiguous, of `T`'s dtype and
-    /// `h.len()` elements. `h` is recorded on the stream: reading or dropping it waits for the
-    /// copy.
+    /// `h.len()` elements. `h` is recorded on the stream: reading it waits for the copy,
+    /// dropping it frees the pinned memory only after the copy (without waiting).
     pub fn copy_to_host_async<T: Element>(&self, stream: &Stream, h: &mut HostBuffer<T>) -> Result<()> {
         self.check_stream(stream, "tensor")?;
         contiguous_target::<T>(self, h.len, "host")?;

@@ -2,26 +2,29 @@
 //! collectives of a [`Communicator`] in the order torch's `SyncBatchNorm` does.
 //!
 //! Forward (per rank, local input of shape `(N_r, C, ...)`):
-//! 1. `batch_norm_stats`: the local mean and invstd per channel (for bf16 input, which
-//!    `aclnnBatchNormStats` rejects on Atlas A2/A3, two `batch_norm_reduce_backward` passes give
-//!    Σx and Σx·(x − mean) instead, and the host turns them into mean and invstd: one more
-//!    synchronisation; two-pass statistics on the CPU, while CANN's reduction kernel sums
-//!    Σx² − mean·Σx in f32, which loses accuracy when |mean| ≫ std);
-//! 2. all-gather of the local mean, invstd and element count per channel (`N_r·H·W...`) from
-//!    every rank (three collectives: this crate has no device-side concatenation);
-//! 3. ranks with no elements are left out (their statistics are NaN: this reads the W counts
-//!    back to the host, one synchronisation, as torch does);
-//! 4. `batch_norm_gather_stats_with_counts`: the global mean and invstd, and the running
-//!    statistics updated in place;
-//! 5. `batch_norm_elemt`: the normalised output.
+//! 1. this rank's `[mean | invstd | count]` (`[2C + 1]` f32) in one buffer: `batch_norm_stats_into`
+//!    on views of it, and the element count per channel (`N_r·H·W...`) uploaded through the
+//!    stream's pinned staging area (no host wait). For bf16 input, which `aclnnBatchNormStats`
+//!    rejects on Atlas A2/A3, two `batch_norm_reduce_backward` passes give Σx and Σx·(x − mean)
+//!    instead, and the host turns them into mean and invstd (host reads: two-pass statistics on
+//!    the CPU, while CANN's reduction kernel sums Σx² − mean·Σx in f32, which loses accuracy when
+//!    |mean| ≫ std). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
+//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2), so no rank reads the counts;
+//! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
+//! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
+//!    invstd, and the running statistics updated in place;
+//! 4. `batch_norm_elemt`: the normalised output.
 //!
 //! Backward:
-//! 1. `batch_norm_reduce_backward`: the local Σdy and Σdy·(x − mean), and this rank's share of
-//!    the weight and bias gradients;
-//! 2. all-reduce (sum) of Σdy and Σdy·(x − mean) (run even when the local input is empty, so the
-//!    other ranks are not left waiting);
+//! 1. `batch_norm_reduce_backward_into`: the local Σdy and Σdy·(x − mean) into the two halves of
+//!    one `[2C]` buffer, and this rank's share of the weight and bias gradients;
+//! 2. one all-reduce (sum) of that buffer (run even when the local input is empty, so the other
+//!    ranks are not left waiting);
 //! 3. `batch_norm_elemt_backward` with the gathered counts: the input gradient, equal (to f32
 //!    accuracy) to BatchNorm's over the whole global batch.
+//!
+//! On Ascend a steady step (f32 or f16 input) makes no host wait and, with the caching
+//! allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and one all-reduce.
 //!
 //! Both validate every argument first, with the rules of the operators they chain, before the
 //! first collective and the first write: a bad argument fails on its own rank before any peer
@@ -40,7 +43,7 @@ use crate::tensor::Tensor;
 use crate::DType;
 
 /// What [`forward`] keeps for [`backward`]: the input (borrowed), the global mean and invstd,
-/// and the per-rank element counts of the ranks that had elements.
+/// and the per-rank element counts (a view of the gathered rows; 0 for an empty rank).
 #[derive(Debug)]
 pub struct Saved<'a> {
     input: &'a Tensor,

@@ -159,7 +159,8 @@ impl DevicePrepared<'_> {
 }
 
 /// A caller-owned operator workspace (`aclrtMalloc`), for the two-phase API's `launch`.
-/// Dropping it waits for the streams that used it. Holds no memory on the CPU backend. Shared by
+/// Dropping it returns the memory to the allocator after the work of the streams that used it,
+/// without waiting. Holds no memory on the CPU backend. Shared by
 /// several threads, launches that use it are ordered (each waits for the other streams first).
 #[derive(Debug)]
 pub struct Workspace {
