@@ -191,14 +191,15 @@ impl Context {
     /// Returns the cached device memory of this context to the runtime (`aclrtFree`): blocks
     /// of dropped tensors that the caching allocator keeps for reuse. It waits on the host for
     /// the work that last used them (`aclrtSynchronizeEvent` on their events), so call it
-    /// outside a steady loop. Tensors alive now keep their memory. A no-op on the CPU backend.
+    /// outside a steady loop. Tensors alive now keep their memory. A block whose wait or
+    /// `aclrtFree` fails stays cached, and the first such error is returned. A no-op on the CPU
+    /// backend.
     pub fn empty_cache(&self) -> Result<()> {
         match &self.kind {
             ContextKind::Cpu => Ok(()),
             ContextKind::Ascend(d) => {
                 d.bind()?;
-                d.memory.empty_cache(d.cann);
-                Ok(())
+                d.memory.empty_cache(d.cann)
             }
         }
     }

@@ -181,6 +181,14 @@ enum Step {
         slot: usize,
         stream: usize,
     },
+    /// (Caching allocator) A stream of the world's shared context of `device`: every such stream
+    /// allocates from one cache, so blocks freed by work on one are reused by the others.
+    SharedStream {
+        slot: usize,
+        device: u8,
+    },
+    /// (Caching allocator) Returns the shared contexts' cached blocks to the device.
+    EmptyCache,
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -257,7 +265,20 @@ fn step() -> impl Strategy<Value = Step> {
     let apis = fault_apis().len();
     prop_oneof![
         8 => base.clone(),
-        1 => (0..apis, base).prop_map(|(api, step)| Step::Fault { api, step: Box::new(step) }),
+        1 => (0..apis, base.clone()).prop_map(|(api, step)| Step::Fault { api, step: Box::new(step) }),
+        2 => cache_step(base),
+    ]
+}
+
+/// The caching allocator's steps: streams sharing a context (and so a cache), `empty_cache`,
+/// and steps run with an injected `aclrtMalloc` failure (which the allocator may absorb by
+/// returning its cache and retrying once).
+fn cache_step(base: impl Strategy<Value = Step> + Clone + 'static) -> impl Strategy<Value = Step> {
+    let malloc = fault_apis().iter().position(|a| *a == "aclrtMalloc").expect("aclrtMalloc is bound");
+    prop_oneof![
+        3 => (0..STREAM_SLOTS, 0..DEVICES).prop_map(|(slot, device)| Step::SharedStream { slot, device }),
+        1 => Just(Step::EmptyCache),
+        2 => base.prop_map(move |step| Step::Fault { api: malloc, step: Box::new(step) }),
     ]
 }
 
@@ -311,6 +332,8 @@ struct World {
     /// A communicator of mock devices 0 and 1 with a stream per rank, made at the first
     /// all-reduce step.
     comms: Option<Vec<(Communicator, Stream)>>,
+    /// The context of each device that `SharedStream` steps make their streams on.
+    shared: [Option<Context>; DEVICES as usize],
 }
 
 type Outcome = std::result::Result<(), TestCaseError>;
@@ -424,7 +447,47 @@ impl World {
             slots: Default::default(),
             apis: fault_apis(),
             comms: None,
+            shared: Default::default(),
         }
+    }
+
+    /// The caching allocator's steps (see [`cache_step`]).
+    fn run_cache_step(&mut self, step: &Step, faulted: bool) -> Outcome {
+        match step {
+            Step::SharedStream { slot, device } => {
+                self.streams[*slot] = None;
+                let ctx = match &self.shared[usize::from(*device)] {
+                    Some(ctx) => Ok(ctx.clone()),
+                    None => ascend::mock::context(i32::from(*device)),
+                };
+                let made = ctx.and_then(|ctx| Ok((ctx.new_stream()?, ctx)));
+                match made {
+                    Ok((s, ctx)) => {
+                        self.streams[*slot] = Some((s, *device));
+                        self.shared[usize::from(*device)] = Some(ctx);
+                    }
+                    Err(e) if !faulted => return Err(fail(format!("shared stream: {e:?}"))),
+                    Err(_) => fault_error(),
+                }
+            }
+            Step::EmptyCache => {
+                for ctx in self.shared.iter().flatten() {
+                    match ctx.empty_cache() {
+                        Ok(()) if !faulted => {
+                            let m = ctx.memory_stats();
+                            if m.reserved != m.allocated {
+                                return Err(fail(format!("empty_cache left cached memory: {m:?}")));
+                            }
+                        }
+                        Ok(()) => {}
+                        Err(e) if !faulted => return Err(fail(format!("empty_cache: {e:?}"))),
+                        Err(_) => fault_error(),
+                    }
+                }
+            }
+            _ => return Err(fail(format!("not a cache step: {step:?}"))),
+        }
+        Ok(())
     }
 
     fn geometry(&self, slot: usize, layout: Layout) -> (Vec<usize>, Vec<usize>, usize, usize) {
@@ -454,6 +517,7 @@ impl World {
                     Err(_) => fault_error(),
                 }
             }
+            Step::SharedStream { .. } | Step::EmptyCache => return self.run_cache_step(step, faulted),
             Step::DropStream { slot } => self.streams[*slot] = None,
             Step::DropTensor { slot } => self.slots[*slot] = None,
             Step::Upload { slot, stream, dt, layout, seed } => {

@@ -173,7 +173,7 @@ impl Allocator {
                 return Ok(found);
             }
         } else {
-            Self::reap(cann, &mut st, false);
+            Self::reap_quietly(cann, &mut st);
         }
         let ptr = match acl::malloc(cann, size) {
             Ok(p) => p,
@@ -260,7 +260,14 @@ impl Allocator {
         st.allocated -= size;
         st.blocks.insert((size, ptr as usize), Cached { size, events });
         if !self.caching {
-            Self::reap(cann, &mut st, false);
+            Self::reap_quietly(cann, &mut st);
+        }
+    }
+
+    /// Frees the blocks whose events have completed, reporting a failed `aclrtFree`.
+    fn reap_quietly(cann: &Cann, st: &mut State) {
+        if let (_, Some(e)) = Self::reap(cann, st, false) {
+            super::report_drop_error("aclrtFree", &e);
         }
     }
 
@@ -310,21 +317,22 @@ impl Allocator {
     /// caching on this does nothing.
     pub(crate) fn reap_now(&self, cann: &Cann) {
         if !self.caching {
-            Self::reap(cann, &mut self.lock(), false);
+            Self::reap_quietly(cann, &mut self.lock());
         }
     }
 
     /// Frees every block in `blocks` whose events have completed (all of them, after waiting,
-    /// with `wait`); returns the bytes freed.
-    fn reap(cann: &Cann, st: &mut State, wait: bool) -> usize {
+    /// with `wait`); returns the bytes freed and the first error (its block stays cached).
+    fn reap(cann: &Cann, st: &mut State, wait: bool) -> (usize, Option<Error>) {
         let State { blocks, spare, reserved, .. } = st;
         let mut freed = 0;
+        let mut first: Option<Error> = None;
         blocks.retain(|&(_, ptr), c| {
             if wait {
                 for (_, e) in &c.events {
                     // Waiting is this call's purpose (teardown, out of memory, empty_cache).
                     if let Err(err) = e.synchronize(cann) {
-                        super::report_drop_error("aclrtSynchronizeEvent (before aclrtFree)", &err);
+                        first.get_or_insert(err);
                         return true; // still in use as far as anyone knows: keep it
                     }
                 }
@@ -340,31 +348,41 @@ impl Allocator {
                     freed += c.size;
                     false
                 }
-                Err(e) => {
-                    super::report_drop_error("aclrtFree", &e);
+                Err(err) => {
+                    first.get_or_insert(err);
                     true
                 }
             }
         });
-        freed
+        (freed, first)
     }
 
     /// Waits for the events of every cached block and frees them all; returns the bytes freed.
     fn release_all(cann: &Cann, st: &mut State) -> usize {
-        Self::reap(cann, st, true)
+        let (freed, err) = Self::reap(cann, st, true);
+        if let Some(e) = err {
+            super::report_drop_error("returning the memory cache (out of memory)", &e);
+        }
+        freed
     }
 
     /// `Context::empty_cache`: returns every cached block to the device, waiting for the work
-    /// that used them (a host wait the caller asked for).
-    pub(crate) fn empty_cache(&self, cann: &Cann) {
-        Self::release_all(cann, &mut self.lock());
+    /// that used them (a host wait the caller asked for). A block whose wait or `aclrtFree`
+    /// fails stays cached, and the first such error is returned.
+    pub(crate) fn empty_cache(&self, cann: &Cann) -> Result<()> {
+        match Self::reap(cann, &mut self.lock(), true).1 {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Teardown (the device is going away, every stream has finished): frees every block and
     /// destroys every event.
     pub(crate) fn teardown(&mut self, cann: &Cann) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        Self::reap(cann, st, true);
+        if let (_, Some(e)) = Self::reap(cann, st, true) {
+            super::report_drop_error("freeing the memory cache", &e);
+        }
         let left: usize = st.blocks.values().map(|c| c.size).sum();
         if left > 0 {
             report(format_args!("leaking {left} bytes of cached device memory whose work could not be waited for"));
