@@ -147,17 +147,7 @@ impl Tensor {
         strides: &[usize],
         offset: usize,
     ) -> Result<Tensor> {
-        layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
-        let host = HostData::from_slice(storage)?;
-        let storage = Self::place(stream, host, false)?;
-        Ok(Tensor {
-            dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-            storage_len: storage_len_of(&storage, T::DTYPE),
-            storage,
-        })
+        Self::uploaded(stream, storage, shape, strides, offset, false)
     }
 
     /// A contiguous tensor of zeros (on Ascend: memory no queued work uses, and the
@@ -212,9 +202,22 @@ impl Tensor {
         strides: &[usize],
         offset: usize,
     ) -> Result<Tensor> {
+        Self::uploaded(stream, storage, shape, strides, offset, true)
+    }
+
+    /// A strided view over a copy of `storage`: [`from_slice_strided`](Self::from_slice_strided),
+    /// or with `staged` [`staged`](Self::staged).
+    fn uploaded<T: Element>(
+        stream: &Stream,
+        storage: &[T],
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        staged: bool,
+    ) -> Result<Tensor> {
         layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
         let host = HostData::from_slice(storage)?;
-        let storage = Self::place(stream, host, true)?;
+        let storage = Self::place(stream, host, staged)?;
         Ok(Tensor {
             dtype: T::DTYPE,
             shape: shape.to_vec(),
