@@ -172,10 +172,11 @@ impl Workspace {
     /// Allocates `bytes` on the device of `stream` (nothing on the CPU backend, or for 0 bytes).
     pub fn new(stream: &Stream, bytes: u64) -> Result<Self> {
         let buffer = match stream.ascend() {
-            Some((_, device)) if bytes > 0 => {
+            Some((inner, _)) if bytes > 0 => {
                 let n = usize::try_from(bytes)
                     .map_err(|_| Error::invalid("workspace", format!("{bytes} bytes do not fit in usize")))?;
-                Some(DeviceBuffer::new(device.clone(), n)?)
+                // From `stream`'s cache: reusable at once by launches on it, ordered otherwise.
+                Some(DeviceBuffer::on_stream(inner, n)?)
             }
             _ => None,
         };
