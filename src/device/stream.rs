@@ -114,18 +114,27 @@ impl StreamInner {
     /// then run, so their events go back to the pool (or are released).
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
+        // Only what was queued before the wait is known done: the waits queued so far, and the
+        // staged uploads (the staging area stays locked across the wait, so no upload of another
+        // thread slips in between).
+        let queued_waits = self.waited.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `raw` is live while `self` is, and the device is bound on this thread.
         unsafe { acl::synchronize_stream(self.device.cann, self.raw) }?;
-        let done = std::mem::take(&mut *self.waited.lock().unwrap_or_else(|p| p.into_inner()));
+        // Every staged upload has run: the whole staging area is free again.
+        staging.used = 0;
+        staging.chunks.iter_mut().for_each(|c| c.busy = false);
+        drop(staging);
+        let done: Vec<Arc<EventInner>> = {
+            let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
+            // (Another thread's synchronise may have taken some of them already.)
+            let n = queued_waits.min(waited.len());
+            waited.drain(..n).collect()
+        };
         let mut spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner());
         // Pool events (no one else holds them) are kept for reuse; a user's `Event` is let go.
         spare.extend(done.into_iter().filter(|e| Arc::strong_count(e) == 1));
         drop(spare);
-        // Every staged upload has run: the whole staging area is free again.
-        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        staging.used = 0;
-        staging.chunks.iter_mut().for_each(|c| c.busy = false);
-        drop(staging);
         // Pinned blocks dropped while copies were queued here, and (caching off) device blocks,
         // may be free to go now.
         self.device.reap_host_frees(false);
@@ -210,14 +219,18 @@ impl StreamInner {
                 dst.bytes()
             )));
         }
-        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let src = self.staging_slot(&mut staging, data.len())?;
-        // SAFETY: `src` is `data.len()` bytes of pinned memory of the staging area that no queued
-        // copy uses (a slot is handed out once until the copies before it are known complete).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), src as *mut u8, data.len()) };
         let device = &self.device;
         let dst_ptr = dst.ptr().cast::<u8>().wrapping_add(offset).cast::<std::ffi::c_void>();
         enqueue_using(self, &[dst], || {
+            // Locked until the copy is queued, so a synchronise frees the staging area only for
+            // uploads queued before it. Lock order: a buffer's stream list, then the staging area
+            // (as `DeviceBuffer::synchronize`, which synchronises streams under its list).
+            let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let src = self.staging_slot(&mut staging, data.len())?;
+            // SAFETY: `src` is `data.len()` bytes of pinned memory of the staging area that no
+            // queued copy uses (a slot is handed out once until the copies before it are known
+            // complete).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), src as *mut u8, data.len()) };
             device.bind()?;
             // SAFETY: [dst_ptr, +len) lies inside `dst` (checked above), recorded on this stream by
             // `enqueue_using`; the staging slot stays untouched and allocated until the copy ran
