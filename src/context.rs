@@ -25,15 +25,16 @@ pub const BACKEND_ENV: &str = "ASCEND_BACKEND";
 /// a dropped tensor's block stays reserved in the cache for later allocations, and goes back to
 /// the device (`aclrtFree`) only at [`Context::empty_cache`], when an allocation fails (the cache
 /// is emptied and the allocation retried once) or when the context's last clone, stream and
-/// tensor are gone. Sizes are the blocks' (requests are rounded up to multiples of 512 bytes, and
-/// above 1 MiB to one of four sizes per power of two). With the environment variable
+/// tensor are gone. `allocated` counts the bytes asked for, `reserved` the blocks (requests are
+/// rounded up to multiples of 512 bytes, and above 1 MiB to one of four sizes per power of two),
+/// so `reserved - allocated` is the cache plus rounding. With the environment variable
 /// `ASCEND_NO_MEMORY_CACHING=1` (read when the context is made) nothing is cached or rounded: a
 /// dropped tensor's memory is freed once the work that used it has completed, and `reserved`
 /// exceeds `allocated` only by memory waiting for that. On the CPU backend every field is 0
 /// (tensors are host memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryStats {
-    /// Bytes of device memory held by live tensors, workspaces and buffers now (block sizes).
+    /// Bytes of device memory held by live tensors, workspaces and buffers now (as asked for).
     pub allocated: usize,
     /// Bytes of device memory this context holds from the runtime now (allocated plus cached,
     /// or waiting to be freed).

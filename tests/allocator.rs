@@ -169,7 +169,7 @@ fn cross_stream_reuse_waits_for_the_events() {
         let out = grad_bias(&a, &dya)?; // [C] f32: one 512-byte block, queued on a
         drop(out);
         let m0 = ctx.memory_stats();
-        assert_eq!(m0.reserved - m0.allocated, 512, "the block is cached: {m0:?}");
+        assert!(m0.reserved >= m0.allocated + 512, "the block is cached: {m0:?}");
         let pending = grad_bias(&b, &dyb)?; // b may not take the block a's queued work uses
         let m1 = ctx.memory_stats();
         assert_eq!(m1.device_allocations, m0.device_allocations + 1, "a new block for b: {m0:?} -> {m1:?}");
@@ -237,10 +237,12 @@ fn allocation_failure_returns_the_cache_and_retries_once() {
         fail_next("aclrtMalloc", 207001);
         let big = Tensor::zeros(&s, DType::F32, &[n, c])?;
         assert!(stats().device_frees > frees, "the cache went back to the device first");
-        assert_eq!(ctx.memory_stats().reserved, ctx.memory_stats().allocated, "nothing cached after recovery");
-        drop(big); // cached: 38400 bytes
-                   // Two failures in a row for a size the cached block does not serve: an error with the
-                   // runtime's status and the sizes.
+        let frees = stats().device_frees;
+        ctx.empty_cache()?;
+        assert_eq!(stats().device_frees, frees, "nothing was cached after the recovery");
+        // Cached now: 38400 bytes. Two failures in a row for a size that block does not serve:
+        // an error with the runtime's status and the sizes.
+        drop(big);
         fail_next("aclrtMalloc", 207001);
         fail_next_on_this_thread("aclrtMalloc", 207001);
         let err = Tensor::zeros(&s, DType::F32, &[n, c + 200]).expect_err("two failures");

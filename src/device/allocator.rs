@@ -97,7 +97,7 @@ struct State {
     /// Events of reused blocks whose last record may still be pending, oldest first: spare once
     /// seen complete.
     limbo: std::collections::VecDeque<RawEvent>,
-    /// Bytes of blocks handed out now, and the largest value seen.
+    /// Bytes asked for by the blocks handed out now (before rounding), and the largest value seen.
     allocated: usize,
     peak: usize,
     /// Bytes held from `aclrtMalloc` now (handed out, cached or waiting to be freed).
@@ -169,8 +169,9 @@ impl Allocator {
         let mut st = self.lock();
         let size = if self.caching { round_size(bytes) } else { bytes };
         if self.caching {
-            if let Some(found) = Self::take_cached(cann, &mut st, size, order) {
-                return Ok(found);
+            if let Some((ptr, block, pending)) = Self::take_cached(cann, &mut st, size, order) {
+                Self::hand_out(&mut st, bytes);
+                return Ok((ptr, block, pending));
             }
         } else {
             Self::reap_quietly(cann, &mut st);
@@ -203,12 +204,13 @@ impl Allocator {
         };
         st.device_allocations += 1;
         st.reserved += size;
-        Self::hand_out(&mut st, size);
+        Self::hand_out(&mut st, bytes);
         Ok((ptr, size, false))
     }
 
-    fn hand_out(st: &mut State, size: usize) {
-        st.allocated += size;
+    /// Counts `bytes` asked for as handed out.
+    fn hand_out(st: &mut State, bytes: usize) {
+        st.allocated += bytes;
         st.peak = st.peak.max(st.allocated);
     }
 
@@ -228,15 +230,15 @@ impl Allocator {
         // they are recorded again only once seen complete.
         let pending = !c.events.is_empty();
         st.limbo.extend(c.events.into_iter().map(|(_, e)| e));
-        Self::hand_out(st, c.size);
         Some((key.1 as *mut c_void, c.size, pending))
     }
 
-    /// Returns a block handed out by [`alloc`](Self::alloc) (`size` as it returned), after
+    /// Returns a block handed out by [`alloc`](Self::alloc) (`size` as it returned, `bytes` as
+    /// asked), after
     /// `users` (the streams whose queued work may still use it: an event is recorded on each).
     /// Never waits, except when an event cannot be recorded: then it synchronises that stream, and
     /// if even that fails, leaks the block (queued work may still use it).
-    pub(crate) fn free(&self, cann: &Cann, ptr: *mut c_void, size: usize, users: &[&StreamInner]) {
+    pub(crate) fn free(&self, cann: &Cann, ptr: *mut c_void, size: usize, bytes: usize, users: &[&StreamInner]) {
         let mut events = Vec::with_capacity(users.len());
         for s in users {
             match self.record(cann, s) {
@@ -247,7 +249,7 @@ impl Allocator {
                         report(format_args!("leaking {size} bytes of device memory that queued work may still use"));
                         leaked(Leak::Allocation);
                         let mut st = self.lock();
-                        st.allocated -= size;
+                        st.allocated -= bytes;
                         st.reserved -= size;
                         // The recorded events stay pending as far as anyone knows: leaked too.
                         std::mem::forget(events);
@@ -257,7 +259,7 @@ impl Allocator {
             }
         }
         let mut st = self.lock();
-        st.allocated -= size;
+        st.allocated -= bytes;
         st.blocks.insert((size, ptr as usize), Cached { size, events });
         if !self.caching {
             Self::reap_quietly(cann, &mut st);
@@ -284,9 +286,9 @@ impl Allocator {
     }
 
     /// A block handed out is leaked by its owner (queued work may still use it): no longer counted.
-    pub(crate) fn forget(&self, size: usize) {
+    pub(crate) fn forget(&self, size: usize, bytes: usize) {
         let mut st = self.lock();
-        st.allocated -= size;
+        st.allocated -= bytes;
         st.reserved -= size;
     }
 

@@ -73,7 +73,7 @@ impl DeviceAlloc {
     pub(crate) fn leak(mut self) {
         if self.owned() {
             self.ptr = std::ptr::null_mut();
-            self.device.memory.forget(self.block);
+            self.device.memory.forget(self.block, self.bytes);
             leaked(Leak::Allocation);
         }
     }
@@ -90,7 +90,7 @@ impl DeviceAlloc {
             leaked(Leak::Allocation);
             return;
         }
-        self.device.memory.free(self.device.cann, ptr, block, users);
+        self.device.memory.free(self.device.cann, ptr, block, self.bytes, users);
     }
 }
 
@@ -104,7 +104,7 @@ impl Drop for DeviceAlloc {
                 leaked(Leak::Allocation);
                 return;
             }
-            self.device.memory.free(self.device.cann, ptr, block, &[]);
+            self.device.memory.free(self.device.cann, ptr, block, self.bytes, &[]);
         }
     }
 }
