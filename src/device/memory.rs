@@ -81,31 +81,27 @@ impl DeviceAlloc {
     /// Returns the memory to the allocator after the work `users` queued on it (see
     /// [`super::allocator::Allocator::free`]): never waits. The caller's memory is left alone.
     pub(crate) fn release(mut self, users: &[&StreamInner]) {
+        self.give_back(users);
+    }
+
+    fn give_back(&mut self, users: &[&StreamInner]) {
         if !self.owned() {
             return;
         }
-        let (ptr, block) = (std::mem::replace(&mut self.ptr, std::ptr::null_mut()), self.block);
+        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
         if let Err(e) = self.device.bind() {
             report_drop_error("aclrtSetDevice (freeing device memory)", &e);
             leaked(Leak::Allocation);
             return;
         }
-        self.device.memory.free(self.device.cann, ptr, block, self.bytes, users);
+        self.device.memory.free(self.device.cann, ptr, self.block, self.bytes, users);
     }
 }
 
 impl Drop for DeviceAlloc {
     /// Returns the memory to the allocator as idle: the owner guarantees no pending work uses it.
     fn drop(&mut self) {
-        if self.owned() {
-            let (ptr, block) = (std::mem::replace(&mut self.ptr, std::ptr::null_mut()), self.block);
-            if let Err(e) = self.device.bind() {
-                report_drop_error("aclrtSetDevice (freeing device memory)", &e);
-                leaked(Leak::Allocation);
-                return;
-            }
-            self.device.memory.free(self.device.cann, ptr, block, self.bytes, &[]);
-        }
+        self.give_back(&[]);
     }
 }
 
@@ -119,8 +115,8 @@ pub(crate) struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// A buffer that nothing orders yet (for host-synchronous writes first, or a caller's
-    /// workspace): an idle block, which no queued work uses.
+    /// A buffer that nothing orders yet (written first by the host): an idle block, which no
+    /// queued work uses.
     pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
         Ok(DeviceBuffer { alloc: Some(DeviceAlloc::new(device, bytes, Order::Idle)?), users: Mutex::new(Vec::new()) })
     }
@@ -188,7 +184,7 @@ impl DeviceBuffer {
 /// other thread can free a buffer, or enqueue on it from another stream, between the recording
 /// and the enqueue: a buffer is freed only after every stream that may use it has finished.
 /// `stream` is recorded even when `enqueue` fails (it may have queued part of its work;
-/// recording too much only costs a sync).
+/// recording too much only costs an event).
 ///
 /// Once `stream` waits for an earlier stream's event, the earlier stream is forgotten: work after
 /// `stream`'s (an event recorded on it at drop, a host wait) is after the earlier stream's too.
