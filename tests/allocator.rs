@@ -5,17 +5,26 @@
 
 use std::sync::Mutex;
 
+use ascend::hccl::Communicator;
 use ascend::mock::{fail_next, fail_next_on_this_thread, stats, violations_since, MockStats};
 use ascend::ops::{batch_norm_reduce_backward, OutputMask};
-use ascend::{Context, DType, Error, Result, Stream, Tensor};
+use ascend::{sync_batch_norm, Context, DType, Error, Result, Stream, Tensor};
 
 /// The mock's counters are process-wide: one test at a time.
 static LOCK: Mutex<()> = Mutex::new(());
 
+/// The lock, with the mock set to two devices first (read at the process's first `aclInit`,
+/// which no test of this binary makes before taking the lock).
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    let g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
+    g
+}
+
 /// Runs `f` on a context of its own, then checks that it caused no mock violation and that
 /// dropping the context returned every device allocation it made.
 fn isolated(f: impl FnOnce(&Context) -> Result<()>) {
-    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = lock();
     ascend::mock::clear_faults();
     let before = stats();
     {
@@ -264,7 +273,7 @@ fn allocation_failure_returns_the_cache_and_retries_once() {
 /// use-after-free check sees each free) and without a host wait at the drop.
 #[test]
 fn caching_off_frees_after_the_work_and_never_waits() {
-    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = lock();
     let before = stats();
     // Only this binary's tests make contexts, one at a time (the lock): none sees the variable.
     std::env::set_var("ASCEND_NO_MEMORY_CACHING", "1");
@@ -336,4 +345,106 @@ fn steady_two_stream_step_allocates_nothing() {
         assert_sums(&b, &y, &data, c)?;
         Ok(())
     });
+}
+
+/// The steady SyncBatchNorm step of issue 16 (forward + backward, two ranks as threads, the
+/// allocating API, every temporary dropped each step): per rank and step no synchronise of any
+/// kind, no `aclrtMalloc` / `aclrtFree`, no blocking copy and no pinned allocation once warm;
+/// reserved memory within 1.5x the peak; and the last step's output equals the CPU backend's
+/// (to f32 accuracy), so the reused memory held the right values.
+#[test]
+fn steady_sync_batch_norm_step_waits_for_nothing_and_allocates_nothing() {
+    let _g = lock();
+    let before = stats();
+    let shape = [4usize, 64, 8, 8]; // the issue's shape
+    let c = shape[1];
+    let n: usize = shape.iter().product();
+    let run = |ctxs: &[Context], counted: bool| -> Result<Vec<Vec<f32>>> {
+        let comms = Communicator::init_all(ctxs)?;
+        let snaps = Mutex::new(Vec::new());
+        let barrier = std::sync::Barrier::new(comms.len());
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .zip(ctxs)
+                .map(|(comm, ctx)| {
+                    let (barrier, snaps) = (&barrier, &snaps);
+                    sc.spawn(move || -> Result<Vec<f32>> {
+                        let r = u64::from(comm.rank());
+                        let s = ctx.new_stream()?;
+                        let x = Tensor::from_slice(&s, &rng(20 + r, n), &shape)?;
+                        let dy = Tensor::from_slice(&s, &rng(30 + r, n), &shape)?;
+                        let w = Tensor::from_slice(&s, &rng(40, c), &[c])?;
+                        let b = Tensor::from_slice(&s, &rng(41, c), &[c])?;
+                        let step = || -> Result<Tensor> {
+                            let (y, saved) =
+                                sync_batch_norm::forward(&comm, &s, &x, Some(&w), Some(&b), None, None, 0.1, 1e-5)?;
+                            let (gx, _, _) =
+                                sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&w), OutputMask::ALL)?;
+                            drop((saved, gx));
+                            Ok(y)
+                        };
+                        // Warm-up in the loop's own shape: each step's output lives until the next
+                        // step has been queued.
+                        let mut y = step()?;
+                        for _ in 0..2 {
+                            y = step()?;
+                        }
+                        s.synchronize()?;
+                        barrier.wait();
+                        if counted && r == 0 {
+                            snaps.lock().unwrap().push(stats());
+                        }
+                        barrier.wait();
+                        for _ in 0..4 {
+                            y = step()?;
+                        }
+                        barrier.wait();
+                        if counted && r == 0 {
+                            snaps.lock().unwrap().push(stats());
+                        }
+                        barrier.wait();
+                        y.to_vec::<f32>(&s)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Result<Vec<_>>>()
+        })
+        .inspect(|_| {
+            if counted {
+                let snaps = snaps.into_inner().unwrap();
+                let (a, b) = (&snaps[0], &snaps[1]);
+                let d = |f: fn(&MockStats) -> u64| f(b) - f(a);
+                assert_eq!(
+                    [
+                        d(|s| s.stream_synchronizes),
+                        d(|s| s.event_synchronizes),
+                        d(|s| s.device_synchronizes),
+                        d(|s| s.device_mallocs),
+                        d(|s| s.device_frees),
+                        d(|s| s.blocking_copies),
+                        d(|s| s.host_mallocs),
+                    ],
+                    [0; 7],
+                    "syncs (stream, event, device), aclrtMalloc, aclrtFree, blocking copies, aclrtMallocHost"
+                );
+                for ctx in ctxs {
+                    let m = ctx.memory_stats();
+                    assert!(m.reserved as f64 <= 1.5 * m.peak_allocated as f64, "reserved within 1.5x the peak: {m:?}");
+                }
+            }
+        })
+    };
+    let mock: Vec<Context> = (0..2).map(ascend::mock::context).collect::<Result<_>>().expect("two mock devices");
+    let on_mock = run(&mock, true).expect("mock ranks");
+    let on_cpu = run(&[Context::cpu(), Context::cpu()], false).expect("cpu ranks");
+    for (m, c) in on_mock.iter().zip(&on_cpu) {
+        for (a, b) in m.iter().zip(c) {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "mock {a} vs cpu {b}");
+        }
+    }
+    drop(mock);
+    let after = stats();
+    assert_eq!(after.violations, before.violations, "{:?}", violations_since(before.violations));
+    assert_eq!(after.live_allocations, before.live_allocations);
 }
