@@ -5,7 +5,9 @@
 //! (`libascendcl.so`, `libnnopbase.so`, `libopapi.so`, `libhccl.so`; the last three link to the
 //! first, found next to them through `$ORIGIN`), and exports that toolkit root to the crate as the
 //! compile-time variable `ASCEND_MOCK_TOOLKIT_DIR` (read by `ascend::mock::toolkit_dir`).
-//! `libhccl.so` is `mock/hccl.c`, a strict HCCL whose ranks are threads or processes.
+//! `libascendcl.so` is every file of `mock/acl/` (the runtime, split by concern: see
+//! `mock/acl/internal.h`). `libhccl.so` is every file of `mock/hccl/`, a strict HCCL whose ranks
+//! are threads or processes (see `mock/hccl/internal.h`).
 //!
 //! `libopapi.so` is `mock/opapi.c` (the two phases every operator shares) and every file of
 //! `mock/ops/` (one per operator: its validation and compute). The mock's list of API names
@@ -30,23 +32,9 @@ mod mock {
 
     use ascend_sys::symbols::{ASCENDCL_SYMBOLS, HCCL_OPTIONAL_SYMBOLS, HCCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS};
 
-    /// Sources and headers of the mock, relative to the crate root (plus every file of mock/ops/).
-    const SOURCES: [&str; 10] = [
-        "mock/acl.c",
-        "mock/acl_sysparam.c",
-        "mock/hccl_cluster.c",
-        "mock/nnopbase.c",
-        "mock/opapi.c",
-        "mock/hccl.c",
-        "mock/opapi.h",
-        "mock/mock_internal.h",
-        "mock/ascend_mock.h",
-        "mock/ops",
-    ];
-
-    /// The operator files, sorted.
-    fn operator_sources(manifest: &Path) -> Vec<PathBuf> {
-        let dir = manifest.join("mock/ops");
+    /// The C files of a folder of the mock, sorted.
+    fn c_sources(manifest: &Path, folder: &str) -> Vec<PathBuf> {
+        let dir = manifest.join(folder);
         let mut files: Vec<PathBuf> = fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -94,9 +82,8 @@ mod mock {
     pub fn build() {
         let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
         let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-        for src in SOURCES {
-            println!("cargo:rerun-if-changed={src}");
-        }
+        // Every source and header of the mock (cargo scans the folder).
+        println!("cargo:rerun-if-changed=mock");
         // Warnings are errors in this project's CI, not in users' builds (a newer compiler may
         // warn about more).
         println!("cargo:rerun-if-env-changed=ASCEND_MOCK_WERROR");
@@ -111,13 +98,13 @@ mod mock {
         write_api_list(&generated);
         fs::write(generated.join("wrapper.h"), ascend_sys::WRAPPER_H).expect("write wrapper.h");
         let mut opapi = vec![manifest.join("mock/opapi.c")];
-        opapi.extend(operator_sources(&manifest));
+        opapi.extend(c_sources(&manifest, "mock/ops"));
         // (library, sources, links to libascendcl)
         let libraries = [
-            ("libascendcl.so", vec![manifest.join("mock/acl.c"), manifest.join("mock/acl_sysparam.c")], false),
+            ("libascendcl.so", c_sources(&manifest, "mock/acl"), false),
             ("libnnopbase.so", vec![manifest.join("mock/nnopbase.c")], true),
             ("libopapi.so", opapi, true),
-            ("libhccl.so", vec![manifest.join("mock/hccl.c"), manifest.join("mock/hccl_cluster.c")], true),
+            ("libhccl.so", c_sources(&manifest, "mock/hccl"), true),
         ];
 
         let compiler = cc::Build::new().get_compiler();

@@ -15,20 +15,15 @@ use ascend::mock::{stats, MockStats};
 use ascend::ops::{batch_norm_reduce_backward, batch_norm_reduce_backward_into, OutputMask, ReduceBackwardOut};
 use ascend::{sync_batch_norm, Context, DType, Tensor};
 
+mod common;
+
 const RANKS: usize = 2;
 const STEPS: u64 = 20;
 const SHAPE: [usize; 4] = [4, 64, 8, 8];
 
+/// `n` values in [-2, 2).
 fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        })
-        .collect()
+    common::random(n, seed, -2.0, 2.0)
 }
 
 fn print_counts(what: &str, a: &MockStats, b: &MockStats, per: u64) {

@@ -13,41 +13,15 @@ use std::time::Instant;
 
 use ascend::ops::{batch_norm_elemt_backward_into, batch_norm_elemt_into};
 use ascend::{bf16, f16, Context, Element, Stream, Tensor};
+use common::{cpu_model, random, strides, threads};
+
+mod common;
 
 const REPS: usize = 15;
 
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Row-major strides of `shape`, or channels-last ones (dim 1 innermost).
-fn strides(shape: &[usize], channels_last: bool) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shape.len()).collect();
-    if channels_last {
-        order.remove(1);
-        order.push(1);
-    }
-    let mut s = vec![0; shape.len()];
-    let mut acc = 1;
-    for &k in order.iter().rev() {
-        s[k] = acc;
-        acc *= shape[k];
-    }
-    s
-}
-
 /// A CPU tensor of `shape` in the given layout holding values in [lo, hi).
 fn tensor<T: Element>(s: &Stream, shape: &[usize], cl: bool, seed: u64, lo: f64, hi: f64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let mut r = seed | 1;
-    let data: Vec<T> = (0..n)
-        .map(|_| {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
-            T::from_f64(lo + (hi - lo) * ((r >> 11) as f64 / (1u64 << 53) as f64))
-        })
-        .collect();
+    let data: Vec<T> = random(shape.iter().product(), seed, lo, hi);
     Tensor::from_slice_strided(s, &data, shape, &strides(shape, cl), 0).expect("tensor")
 }
 
@@ -151,17 +125,6 @@ fn backward<T: Element>(s: &Stream, shape: &[usize], cl: bool) {
         )
         .expect("elemt_backward")
     });
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 fn isa() -> String {

@@ -16,45 +16,9 @@ use std::time::Instant;
 
 use ascend::ops::{batch_norm_gather_stats_with_counts_into, batch_norm_stats_into};
 use ascend::{f16, Context, DType, Element, Stream, Tensor};
+use common::{cpu_model, strides, threads, Rng};
 
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let u = 1.0 - self.unit();
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * self.unit()).cos()
-    }
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Row-major strides of `shape`, or channels-last ones (dim 1 innermost).
-fn strides(shape: &[usize], channels_last: bool) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shape.len()).collect();
-    if channels_last {
-        order.remove(1);
-        order.push(1);
-    }
-    let mut s = vec![0; shape.len()];
-    let mut acc = 1;
-    for &k in order.iter().rev() {
-        s[k] = acc;
-        acc *= shape[k];
-    }
-    s
-}
+mod common;
 
 /// The streaming read: a wrapping sum of the words of `bytes` with 16 independent accumulators.
 #[inline(always)]
@@ -114,7 +78,7 @@ fn words_of(t: &Tensor, s: &Stream) -> Vec<u32> {
 /// Throughput of batch_norm_stats on `shape` (NCHW or channels-last) in `T`.
 fn throughput<T: Element>(s: &Stream, name: &str, shape: &[usize], channels_last: bool, reps: usize, cache: bool) {
     let n: usize = shape.iter().product();
-    let mut r = Rng(0x9E37_79B9 ^ n as u64);
+    let mut r = Rng::new(0x9E37_79B9 ^ n as u64);
     let data: Vec<T> = (0..n).map(|_| T::from_f64(1.0 + r.normal())).collect();
     let st = strides(shape, channels_last);
     let x = Tensor::from_slice_strided(s, &data, shape, &st, 0).expect("input");
@@ -129,7 +93,7 @@ fn throughput<T: Element>(s: &Stream, name: &str, shape: &[usize], channels_last
         let t = Instant::now();
         batch_norm_stats_into(s, &x, 1e-5, &mut m, &mut v).expect("valid call");
         best_k = best_k.min(t.elapsed().as_secs_f64());
-        best_s = best_s.min(stream(&words, cores()));
+        best_s = best_s.min(stream(&words, threads()));
         if cache {
             best_s = best_s.min(stream(&words, 1));
         }
@@ -200,7 +164,7 @@ fn tiny(s: &Stream) -> (f64, f64) {
 /// Relative errors (mean, invstd) against f64 on one channel of x = 1000 + N(0, 1).
 fn accuracy(s: &Stream, shape: &[usize], channels_last: bool) -> (f64, f64) {
     let n: usize = shape.iter().product();
-    let mut r = Rng(77);
+    let mut r = Rng::new(77);
     let data: Vec<f32> = (0..n).map(|_| (1000.0 + r.normal()) as f32).collect();
     let c = shape[1];
     let st = strides(shape, channels_last);
@@ -230,15 +194,9 @@ fn accuracy(s: &Stream, shape: &[usize], channels_last: bool) -> (f64, f64) {
     ((gm - mean).abs() / mean.abs(), (gv - invstd).abs() / invstd)
 }
 
-fn cpu_model() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+/// The CPU's model, thread count and the ISAs the kernels can use.
+fn machine() -> String {
+    let model = cpu_model();
     #[allow(unused_mut)]
     let mut isa = vec!["portable"];
     #[cfg(target_arch = "aarch64")]
@@ -252,13 +210,13 @@ fn cpu_model() -> String {
             isa.push("avx512f");
         }
     }
-    format!("{model}; {} threads; ISA {}", cores(), isa.join("+"))
+    format!("{model}; {} threads; ISA {}", threads(), isa.join("+"))
 }
 
 fn main() {
     let start = Instant::now();
     let s = Context::cpu().new_stream().expect("CPU stream");
-    println!("batch_norm_stats (CPU): {}", cpu_model());
+    println!("batch_norm_stats (CPU): {}", machine());
     println!("best of several interleaved repetitions (other load only slows a run)");
     println!(
         "{:<6} {:<5} {:<14} {:>20} {:>13} {:>7} {:>7} {:>6}",

@@ -25,51 +25,9 @@ use std::time::Instant;
 use ascend::cpu::{self, Outputs, View, ViewMut};
 use ascend::ops::{self, OutputMask};
 use ascend::{bf16, f16, Context, Element, Tensor};
+use common::{cpu_model, random, strides, threads, time_batch, Rng};
 
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-    fn normal(&mut self) -> f64 {
-        let u = 1.0 - self.uniform(0.0, 1.0);
-        let v = self.uniform(0.0, 1.0);
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    }
-}
-
-fn random<T: Element>(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<T> {
-    let mut r = Rng(seed | 1);
-    (0..n).map(|_| T::from_f64(r.uniform(lo, hi))).collect()
-}
-
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Row-major strides of `shape`, or channels-last ones (dim 1 innermost).
-fn strides(shape: &[usize], channels_last: bool) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shape.len()).collect();
-    if channels_last {
-        order.remove(1);
-        order.push(1);
-    }
-    let mut s = vec![0; shape.len()];
-    let mut acc = 1;
-    for &k in order.iter().rev() {
-        s[k] = acc;
-        acc *= shape[k];
-    }
-    s
-}
+mod common;
 
 /// One call of the public entry: sumDy and sumDyXmu into f32 outputs.
 fn op<T: Element>(dy: &[T], x: &[T], shape: &[usize], st: &[usize], mean: &[f32], out: &mut [Vec<f32>; 2]) {
@@ -147,15 +105,6 @@ fn stream(a: &[u32], b: &[u32], threads: usize) -> u32 {
 
 fn chunk(s: &[u32], t: usize, piece: usize) -> &[u32] {
     &s[(t * piece).min(s.len())..((t + 1) * piece).min(s.len())]
-}
-
-/// Seconds per call of `f`: best over `rounds` of the mean over a batch of `batch` calls.
-fn time_batch(batch: usize, mut f: impl FnMut()) -> f64 {
-    let t = Instant::now();
-    for _ in 0..batch {
-        f();
-    }
-    t.elapsed().as_secs_f64() / batch as f64
 }
 
 /// Calls per timed batch so that a batch takes about `target` seconds.
@@ -340,7 +289,7 @@ fn tiny() -> f64 {
 fn accuracy(shape: &[usize], cl: bool, cancel: bool) -> (f64, f64) {
     let n: usize = shape.iter().product();
     let c = shape[1];
-    let mut r = Rng(99);
+    let mut r = Rng::new(99);
     let (dy, x): (Vec<f32>, Vec<f32>) = if cancel {
         (0..n).map(|_| (r.normal() as f32, (1000.0 + r.normal()) as f32)).unzip()
     } else {
@@ -421,19 +370,6 @@ fn profile(spec: &str) {
         "f16" => go::<f16>(&shape, cl, threads, secs),
         _ => go::<bf16>(&shape, cl, threads, secs),
     }
-}
-
-/// The CPU's model name (Linux), else the architecture.
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 fn main() {

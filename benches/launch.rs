@@ -26,6 +26,9 @@ use ascend::ops::batch_norm_stats_into;
 use ascend::{DType, Stream, Tensor};
 use ascend_sys::symbols::BATCH_NORM_STATS;
 use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
+use common::cpu_model;
+
+mod common;
 
 const N: usize = 8;
 const C: usize = 4;
@@ -58,17 +61,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
 
 /// Best time per launch (ns) of `BATCH` calls of `launch`, synchronising `stream` after each batch.
 fn best_ns(stream: &Stream, mut launch: impl FnMut()) -> f64 {

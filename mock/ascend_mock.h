@@ -74,6 +74,17 @@ uint64_t ascend_mock_violation_count(void);
  * length plus one, or 0 when that message is not (or no longer) kept. */
 size_t ascend_mock_violation_message(uint64_t index, char *buf, size_t cap);
 
+/* Sets how many devices the mock has (0..64) from now on, instead of ASCEND_MOCK_DEVICE_COUNT
+ * (which aclInit reads when this was never called; default 1). It takes effect at once
+ * (aclrtGetDeviceCount, aclrtSetDevice, aclrtResetDevice) and outlives aclFinalize; before aclInit
+ * it is remembered for it. Shrinking is refused while a device that would go away is in use: it
+ * holds live device memory, a stream made by aclrtCreateStream, or work queued on its default
+ * stream. A device that goes away while merely set on some thread keeps its state, hidden: on
+ * that thread the runtime calls fail as with no device set, until the count covers it again.
+ * Returns 0; -1 (count out of range) or -2 (a device at or above count is in use, stored in
+ * *busy_device when not NULL), changing nothing. */
+int ascend_mock_set_device_count(int count, int *busy_device);
+
 /* Launch-path counters, for measuring what a steady loop costs on the host. Exported by the
  * library that owns each (not by libascendcl.so): libnnopbase.so counts aclTensor descriptors
  * created (successful aclCreateTensor calls), libopapi.so counts phase-1 calls

@@ -73,7 +73,7 @@ struct ascend_mock_executor {
 /* A device byte range a queued task reads or writes: [addr, addr+len) inside allocation alloc_id.
  * With `view` NULL the task touches every byte of it; else only the bytes of the elements of that
  * tensor view (a snapshot that lives as long as the task's payload), and [addr, addr+len) is the
- * view's span (used for ordering checks). Poison (see acl.c) is tracked on exactly those bytes. */
+ * view's span (used for ordering checks). Poison (see acl/memory.c) is tracked on exactly those bytes. */
 typedef struct ascend_mock_range {
     uintptr_t addr;
     uint64_t len;
@@ -96,7 +96,7 @@ typedef void (*ascend_mock_drop_fn)(void *payload);
  * (ascend_mock_unlock) while it waits for other threads or processes, and must take it back
  * before returning; while the lock is released it must not touch device memory, and after taking
  * it back it must check that its ranges are still alive (ascend_mock_mem_live_locked). The queue
- * keeps the task at the head of its stream meanwhile (see "waiting tasks" in acl.c). Returns 0,
+ * keeps the task at the head of its stream meanwhile (see "waiting tasks" in acl/queue.c). Returns 0,
  * or the status the synchronizing call reports, with the reason in why (its write ranges then
  * become poisoned). Every wait must be bounded. */
 typedef int (*ascend_mock_wait_fn)(void *payload, int skip_status, const char *skip_reason, char *why, size_t cap);
@@ -152,6 +152,25 @@ void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream stream, co
 
 /* Live HCCL communicators (kept by libhccl.so, reported in ascend_mock_stats.live_comms). */
 void ascend_mock_count_comms_locked(int delta);
+
+/* Stores NULL in *out unless out is NULL (the out handle of a call that failed). */
+static inline void ascend_mock_null_out(void **out) {
+    if (out) {
+        *out = NULL;
+    }
+}
+
+/* The first statement of an entry point (after the line naming it): when a fault is armed for
+ * `api` (ascend_mock_take_fault), stores NULL in *null_out (pass NULL when the call has no out
+ * handle) and returns the injected status, before any other check. */
+#define MOCK_ENTER(api, null_out)                                                                                   \
+    do {                                                                                                            \
+        int fault_status_;                                                                                          \
+        if (ascend_mock_take_fault((api), &fault_status_)) {                                                        \
+            ascend_mock_null_out(null_out);                                                                         \
+            return fault_status_;                                                                                   \
+        }                                                                                                           \
+    } while (0)
 
 /* Element size of a dtype in bytes, or 0 for an unknown or sub-byte dtype. */
 uint64_t ascend_mock_dtype_size(aclDataType dtype);

@@ -169,10 +169,7 @@ aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDat
 
 aclnnStatus aclDestroyTensor(const aclTensor *tensor) {
     static const char api[] = "aclDestroyTensor";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return st;
-    }
+    MOCK_ENTER(api, NULL);
     if (!tensor) {
         ascend_mock_set_error("%s failed. ERROR: %d. AclNN_Parameter_Error(EZ1001): tensor is null.", api,
                               ACLNN_ERR_PARAM_NULLPTR);
@@ -214,10 +211,7 @@ static ascend_mock_executor *executor_get(const char *api, aclOpExecutor *execut
 
 aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
     static const char api[] = "aclSetAclOpExecutorRepeatable";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return st;
-    }
+    MOCK_ENTER(api, NULL);
     if (!executor) {
         ascend_mock_set_error("%s failed. ERROR: %d. executor is null.", api, ACLNN_ERR_PARAM_NULLPTR);
         return ACLNN_ERR_PARAM_NULLPTR;
@@ -239,10 +233,7 @@ aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
  * Rejected (violation): a dead or non-repeatable executor, a dead tensor, an address that is not
  * 32-byte aligned or whose storage does not lie inside one live device allocation. */
 static aclnnStatus set_tensor_addr(const char *api, aclOpExecutor *executor, aclTensor *tensor, void *addr) {
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return st;
-    }
+    MOCK_ENTER(api, NULL);
     if (!executor || !tensor) {
         ascend_mock_set_error("%s failed. ERROR: %d. %s is null.", api, ACLNN_ERR_INNER_NULLPTR,
                               executor ? "tensor" : "executor");
@@ -307,10 +298,7 @@ aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, 
 
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
     static const char api[] = "aclDestroyAclOpExecutor";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return st;
-    }
+    MOCK_ENTER(api, NULL);
     if (!executor) {
         ascend_mock_set_error("%s failed. ERROR: %d. executor is null.", api, ACLNN_ERR_INNER_NULLPTR);
         return ACLNN_ERR_INNER_NULLPTR;
@@ -333,10 +321,7 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
 
 aclnnStatus aclnnInit(const char *configPath) {
     (void)configPath;
-    int st;
-    if (ascend_mock_take_fault("aclnnInit", &st)) {
-        return st;
-    }
+    MOCK_ENTER("aclnnInit", NULL);
     ascend_mock_lock();
     if (g_aclnn_initialized) {
         ascend_mock_violation("aclnnInit: called more than once in this process (allowed only once)");

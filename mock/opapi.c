@@ -13,80 +13,6 @@
 #include "opapi.h"
 #include "ascend_mock.h"
 
-/* ---- f16 / bf16 <-> f32 ------------------------------------------------------------------------- */
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-float mock_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F;
-    uint32_t man = h & 0x3FF;
-    if (exp == 0) {
-        /* zero or subnormal: man * 2^-24, exact in f32 */
-        float v = (float)man * bits_f32(0x33800000u); /* 2^-24 */
-        return bits_f32(f32_bits(v) | sign);
-    }
-    if (exp == 31) {
-        return bits_f32(sign | 0x7F800000u | (man << 13));
-    }
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-uint16_t mock_f32_to_f16(float f) {
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t a = x & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) { /* NaN: keep it quiet, keep the top payload bits */
-        return (uint16_t)(sign | 0x7E00 | ((a >> 13) & 0x3FF));
-    }
-    if (a >= 0x477FF000u) { /* >= 65520 (halfway past 65504) rounds to infinity; Inf stays Inf */
-        return (uint16_t)(sign | 0x7C00);
-    }
-    if (a < 0x38800000u) { /* below 2^-14: f16 subnormal or zero */
-        if (a < 0x33000000u) { /* below 2^-25: rounds to zero */
-            return sign;
-        }
-        uint32_t e = a >> 23;                  /* 102..112 */
-        uint32_t m = (a & 0x7FFFFFu) | 0x800000u; /* value = m * 2^(e-150) */
-        uint32_t shift = 126 - e;             /* f16 units of 2^-24: m >> shift */
-        uint32_t q = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1))) {
-            q++;
-        }
-        return (uint16_t)(sign | q);
-    }
-    uint32_t h = ((a >> 23) - 112) << 10 | ((a >> 13) & 0x3FF);
-    uint32_t rem = a & 0x1FFF;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) {
-        h++; /* may carry into the exponent: still correct */
-    }
-    return (uint16_t)(sign | h);
-}
-
-float mock_bf16_to_f32(uint16_t b) {
-    return bits_f32((uint32_t)b << 16);
-}
-
-uint16_t mock_f32_to_bf16(float f) {
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-        return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
-    }
-    x += 0x7FFFu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
 /* ---- element access -------------------------------------------------------------------------------- */
 float mock_load(const ascend_mock_tensor *t, int64_t pos) {
     const uint8_t *p = (const uint8_t *)t->data + (uint64_t)pos * t->elem_size;
@@ -156,6 +82,34 @@ int64_t mock_view_pos(const ascend_mock_tensor *t, uint64_t linear) {
     return pos;
 }
 
+void mock_walk_init(mock_walk *w, const ascend_mock_tensor *const *views, int n) {
+    memset(w, 0, sizeof *w);
+    w->n = n;
+    w->left = mock_numel(views[0]);
+    for (int i = 0; i < n; i++) {
+        w->views[i] = views[i];
+        w->pos[i] = views[i]->offset;
+    }
+}
+
+void mock_walk_step(mock_walk *w) {
+    const ascend_mock_tensor *t = w->views[0];
+    w->left--;
+    for (uint64_t d = t->rank; d-- > 0;) {
+        w->idx[d]++;
+        for (int i = 0; i < w->n; i++) {
+            w->pos[i] += w->views[i]->strides[d];
+        }
+        if (w->idx[d] < t->dims[d]) {
+            break;
+        }
+        for (int i = 0; i < w->n; i++) {
+            w->pos[i] -= w->views[i]->strides[d] * w->views[i]->dims[d];
+        }
+        w->idx[d] = 0;
+    }
+}
+
 const char *mock_shape_text(const ascend_mock_tensor *t, char *buf, size_t cap) {
     size_t n = (size_t)snprintf(buf, cap, "[");
     for (uint64_t i = 0; i < t->rank && n < cap; i++) {
@@ -203,6 +157,18 @@ float mock_sqrt_f32(float x) {
 /* ---- checks ---------------------------------------------------------------------------------------- */
 int mock_dtype_float(aclDataType dt) {
     return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_BF16;
+}
+
+aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, int skip) {
+    for (int i = 0; i < call->nargs; i++) {
+        if (i != skip && call->args[i].used && !mock_dtype_float(call->t[i].dtype)) {
+            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                                "Tensor %s not implemented for %s, should be in dtype support list %s.",
+                                call->args[i].name, ascend_mock_dtype_name(call->t[i].dtype),
+                                "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]");
+        }
+    }
+    return ACLNN_SUCCESS;
 }
 
 int mock_format_private(aclFormat f) {

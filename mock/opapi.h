@@ -16,7 +16,9 @@
 #define ASCEND_MOCK_OPAPI_H
 
 #include <stdint.h>
+#include <string.h>
 
+#include "half.h"
 #include "mock_internal.h"
 #include "wrapper.h"
 
@@ -77,10 +79,48 @@ aclnnStatus mock_op_fail(const mock_op *op, aclnnStatus code, const char *fmt, .
 
 /* ---- helpers for checks and kernels ---- */
 int mock_dtype_float(aclDataType dt);         /* F32, F16 or BF16 */
+/* ops-nn's dtype check of every used tensor argument but `skip` (-1: none): F32, F16 or BF16, in
+ * argument order. Returns 0 or mock_op_fail(...). */
+aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, int skip);
 int mock_format_private(aclFormat f);         /* NC1HWC0, FRACTAL_Z, ... */
 uint64_t mock_numel(const ascend_mock_tensor *t);
 /* Storage position of the linear-th element of the view (row-major order). */
 int64_t mock_view_pos(const ascend_mock_tensor *t, uint64_t linear);
+/* Storage position of element c of a 1-D view (a per-channel vector). */
+static inline int64_t mock_channel_pos(const ascend_mock_tensor *t, int64_t c) {
+    return t->offset + c * t->strides[0];
+}
+
+/* A walk over the elements of up to MOCK_WALK_MAX views of one shape, in row-major order (the
+ * last dimension fastest), the order every mock kernel reads and accumulates in:
+ *     const ascend_mock_tensor *views[] = {x, y};
+ *     mock_walk w;
+ *     for (mock_walk_init(&w, views, 2); w.left; mock_walk_step(&w)) {
+ *         ... w.idx[1] is the channel, w.pos[0] the element's position in x's storage ...
+ *     }
+ * The shape is the first view's; the others must have it. */
+#define MOCK_WALK_MAX 4
+typedef struct mock_walk {
+    int n;
+    uint64_t left;                   /* elements not yet visited, the current one included */
+    const ascend_mock_tensor *views[MOCK_WALK_MAX];
+    int64_t idx[ASCEND_MOCK_MAX_RANK]; /* the current element's multi-index */
+    int64_t pos[MOCK_WALK_MAX];        /* its storage position in each view */
+} mock_walk;
+void mock_walk_init(mock_walk *w, const ascend_mock_tensor *const *views, int n);
+void mock_walk_step(mock_walk *w);
+
+/* f32 element i of an operator's workspace. */
+static inline float mock_ws_get(const uint8_t *ws, int64_t i) {
+    float f;
+    memcpy(&f, ws + (uint64_t)i * sizeof f, sizeof f);
+    return f;
+}
+
+static inline void mock_ws_set(uint8_t *ws, int64_t i, float f) {
+    memcpy(ws + (uint64_t)i * sizeof f, &f, sizeof f);
+}
+
 /* Element `pos` of the storage, converted to f32 (F32/F16/BF16; I32 converted exactly as far as
  * f32 goes). */
 float mock_load(const ascend_mock_tensor *t, int64_t pos);
@@ -89,9 +129,5 @@ void mock_store(const ascend_mock_tensor *t, int64_t pos, float v);
 const char *mock_shape_text(const ascend_mock_tensor *t, char *buf, size_t cap);
 /* sqrt in f32, correctly rounded (the mock links nothing but libc). */
 float mock_sqrt_f32(float x);
-float mock_f16_to_f32(uint16_t h);
-uint16_t mock_f32_to_f16(float f);
-float mock_bf16_to_f32(uint16_t b);
-uint16_t mock_f32_to_bf16(float f);
 
 #endif /* ASCEND_MOCK_OPAPI_H */

@@ -46,12 +46,51 @@ impl fmt::Display for DType {
     }
 }
 
+/// The crate's side of [`Element`]: the conversions between typed slices and [`SliceRef`] /
+/// [`SliceMut`], which stay crate-internal. No one outside can name or implement this trait, so
+/// its methods (reachable only through `Element`'s bound) hand out nothing a caller can name:
+/// hence the allowed `private_interfaces`.
+#[allow(private_interfaces)]
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for super::f16 {}
-    impl Sealed for super::bf16 {}
-    impl Sealed for i32 {}
+    use super::{SliceMut, SliceRef};
+
+    pub trait Sealed: Sized {
+        /// Wraps a slice of this type.
+        fn slice_ref(s: &[Self]) -> SliceRef<'_>;
+        /// Wraps a mutable slice of this type.
+        fn slice_mut(s: &mut [Self]) -> SliceMut<'_>;
+        /// The slice as this type, when it holds this type (`None` for another dtype).
+        fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]>;
+        /// The mutable slice as this type, when it holds this type (`None` for another dtype).
+        fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]>;
+    }
+
+    /// One element type's conversions: `$t` is held by variant `$v` of both slice enums.
+    macro_rules! sealed {
+        ($($t:ty => $v:ident),*) => {$(
+            impl Sealed for $t {
+                fn slice_ref(s: &[Self]) -> SliceRef<'_> {
+                    SliceRef::$v(s)
+                }
+                fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
+                    SliceMut::$v(s)
+                }
+                fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
+                    match s {
+                        SliceRef::$v(s) => Some(s),
+                        _ => None,
+                    }
+                }
+                fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
+                    match s {
+                        SliceMut::$v(s) => Some(s),
+                        _ => None,
+                    }
+                }
+            }
+        )*};
+    }
+    sealed!(f32 => F32, super::f16 => F16, super::bf16 => BF16, i32 => I32);
 }
 
 /// A Rust element type with a [`DType`]: `f32`, [`struct@f16`], [`struct@bf16`] or `i32`. Sealed.
@@ -67,40 +106,10 @@ pub trait Element: Copy + Default + Send + Sync + PartialEq + fmt::Debug + 'stat
     fn from_f32(v: f32) -> Self;
     /// Narrows from f64 with one rounding to nearest even.
     fn from_f64(v: f64) -> Self;
-    /// Wraps a slice of this type.
-    #[doc(hidden)]
-    fn slice_ref(s: &[Self]) -> SliceRef<'_>;
-    /// Wraps a mutable slice of this type.
-    #[doc(hidden)]
-    fn slice_mut(s: &mut [Self]) -> SliceMut<'_>;
-    /// The slice as this type, when it holds this type (`None` for another dtype).
-    #[doc(hidden)]
-    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]>;
-    /// The mutable slice as this type, when it holds this type (`None` for another dtype).
-    #[doc(hidden)]
-    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]>;
 }
 
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
-    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-        SliceRef::F32(s)
-    }
-    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-        SliceMut::F32(s)
-    }
-    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-        match s {
-            SliceRef::F32(s) => Some(s),
-            _ => None,
-        }
-    }
-    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-        match s {
-            SliceMut::F32(s) => Some(s),
-            _ => None,
-        }
-    }
     #[inline(always)]
     fn to_f64(self) -> f64 {
         f64::from(self)
@@ -121,24 +130,6 @@ impl Element for f32 {
 
 impl Element for f16 {
     const DTYPE: DType = DType::F16;
-    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-        SliceRef::F16(s)
-    }
-    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-        SliceMut::F16(s)
-    }
-    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-        match s {
-            SliceRef::F16(s) => Some(s),
-            _ => None,
-        }
-    }
-    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-        match s {
-            SliceMut::F16(s) => Some(s),
-            _ => None,
-        }
-    }
     #[inline(always)]
     fn to_f64(self) -> f64 {
         f16::to_f64(self)
@@ -159,24 +150,6 @@ impl Element for f16 {
 
 impl Element for bf16 {
     const DTYPE: DType = DType::BF16;
-    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-        SliceRef::BF16(s)
-    }
-    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-        SliceMut::BF16(s)
-    }
-    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-        match s {
-            SliceRef::BF16(s) => Some(s),
-            _ => None,
-        }
-    }
-    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-        match s {
-            SliceMut::BF16(s) => Some(s),
-            _ => None,
-        }
-    }
     #[inline(always)]
     fn to_f64(self) -> f64 {
         bf16::to_f64(self)
@@ -197,24 +170,6 @@ impl Element for bf16 {
 
 impl Element for i32 {
     const DTYPE: DType = DType::I32;
-    fn slice_ref(s: &[Self]) -> SliceRef<'_> {
-        SliceRef::I32(s)
-    }
-    fn slice_mut(s: &mut [Self]) -> SliceMut<'_> {
-        SliceMut::I32(s)
-    }
-    fn of_slice_ref(s: SliceRef<'_>) -> Option<&[Self]> {
-        match s {
-            SliceRef::I32(s) => Some(s),
-            _ => None,
-        }
-    }
-    fn of_slice_mut<'a>(s: &'a mut SliceMut<'_>) -> Option<&'a mut [Self]> {
-        match s {
-            SliceMut::I32(s) => Some(s),
-            _ => None,
-        }
-    }
     #[inline(always)]
     fn to_f64(self) -> f64 {
         f64::from(self)
@@ -268,19 +223,17 @@ pub(crate) fn bf16_from_f64(v: f64) -> bf16 {
 }
 
 /// A borrowed host slice of one of the element types.
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
-pub enum SliceRef<'a> {
+pub(crate) enum SliceRef<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
     I32(&'a [i32]),
 }
 
-/// A mutably borrowed host slice of one of the three element types.
-#[doc(hidden)]
+/// A mutably borrowed host slice of one of the element types.
 #[derive(Debug)]
-pub enum SliceMut<'a> {
+pub(crate) enum SliceMut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
     BF16(&'a mut [bf16]),
@@ -306,11 +259,6 @@ impl SliceRef<'_> {
             SliceRef::BF16(s) => s.len(),
             SliceRef::I32(s) => s.len(),
         }
-    }
-
-    /// Whether the slice is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Element `i` widened to f64 (exact for every dtype). `i` must be in bounds.
@@ -355,11 +303,6 @@ impl SliceMut<'_> {
             SliceMut::BF16(s) => s.len(),
             SliceMut::I32(s) => s.len(),
         }
-    }
-
-    /// Whether the slice is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Stores `v` at `i`, rounding once to the element type. `i` must be in bounds.

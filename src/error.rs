@@ -125,6 +125,14 @@ impl Error {
         self.status().and_then(status::name)
     }
 
+    /// A failed HCCL call (or the CPU engine's equivalent) with `HcclResult` `result`, named
+    /// from [`ascend_sys::status::hccl_name`]; an empty `message` is none.
+    pub(crate) fn hccl(call: &'static str, result: u32, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let name = status::hccl_name(result).unwrap_or("unknown HcclResult");
+        Error::Hccl { call, result, name, message: (!message.is_empty()).then_some(message) }
+    }
+
     pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument { argument, message: message.into(), status: STATUS_INVALID }
     }

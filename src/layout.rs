@@ -1,7 +1,7 @@
 //! Shapes and strides: row-major strides, element counts, and the bounds check that keeps every
 //! strided view inside its storage.
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Element, SliceMut, SliceRef};
 
 /// Where one tensor's or view's elements are: dtype, shape, strides and offset (in elements)
 /// and the length of the storage they lie in.
@@ -17,6 +17,74 @@ pub(crate) struct Layout<'a> {
     pub offset: usize,
     /// The storage's length, in elements.
     pub storage_len: usize,
+}
+
+impl<'a> Layout<'a> {
+    /// The layout of a view of `shape`, `strides` and `offset` over `data`.
+    pub(crate) fn of<D: Storage>(data: &D, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        Layout { dtype: data.dtype(), shape, strides, offset, storage_len: data.len() }
+    }
+}
+
+/// Host storage a [`Strided`] view lies in: its element type and length in elements.
+pub(crate) trait Storage {
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// The length, in elements.
+    fn len(&self) -> usize;
+}
+
+impl<T: Element> Storage for &[T] {
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+}
+
+impl Storage for SliceRef<'_> {
+    fn dtype(&self) -> DType {
+        SliceRef::dtype(self)
+    }
+    fn len(&self) -> usize {
+        SliceRef::len(self)
+    }
+}
+
+impl Storage for SliceMut<'_> {
+    fn dtype(&self) -> DType {
+        SliceMut::dtype(self)
+    }
+    fn len(&self) -> usize {
+        SliceMut::len(self)
+    }
+}
+
+/// A strided view over host storage: the storage and the [`Layout`] of the view's elements in it.
+/// The one carrier of the CPU kernels (`&[T]` for a typed kernel, [`SliceRef`] for one that
+/// dispatches on the dtype, [`SliceMut`] for an output). The caller has checked the layout
+/// against the storage.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Strided<'a, D> {
+    /// The storage.
+    pub data: D,
+    /// Where the view's elements lie in it.
+    pub layout: Layout<'a>,
+}
+
+impl<'a, D: Storage> Strided<'a, D> {
+    /// The view of `shape`, `strides` and `offset` (in elements) over `data`.
+    pub(crate) fn new(data: D, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
+        let layout = Layout::of(&data, shape, strides, offset);
+        Strided { data, layout }
+    }
+
+    /// The same view over other storage (of the same length or longer).
+    #[cfg(test)]
+    pub(crate) fn with_data<E: Storage>(&self, data: E) -> Strided<'a, E> {
+        Strided::new(data, self.layout.shape, self.layout.strides, self.layout.offset)
+    }
 }
 
 /// Row-major (C-order) strides, in elements, of a contiguous tensor of `shape`.

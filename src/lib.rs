@@ -31,6 +31,7 @@
 //! backend beside them. With the `mock` feature, `mock` runs the Ascend path on a fake CANN.
 
 #![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;

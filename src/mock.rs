@@ -18,8 +18,9 @@
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
 //! CANN bindings, hence the same instance.
 //!
-//! Environment: `ASCEND_MOCK_DEVICE_COUNT` (read by `aclInit`, default 1, 0..=64) sets how many
-//! devices the mock has.
+//! Devices: the mock has 1 device, or `ASCEND_MOCK_DEVICE_COUNT` (0..=64, read by `aclInit`,
+//! hence once per process in practice), or what [`set_device_count`] set last (at run time; it
+//! takes precedence over the variable).
 //!
 //! HCCL: the mock's `libhccl.so` joins the ranks of a communicator, threads of one process or
 //! separate processes, through a POSIX shared-memory segment named by the root info. Collectives
@@ -145,6 +146,7 @@ struct Api {
     clear_faults: unsafe extern "C" fn(),
     violation_count: unsafe extern "C" fn() -> u64,
     violation_message: unsafe extern "C" fn(u64, *mut c_char, usize) -> usize,
+    set_device_count: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
     /// Keeps the library mapped for the life of the process.
     _library: libloading::Library,
 }
@@ -176,6 +178,7 @@ fn api() -> &'static Api {
             clear_faults: sym!("ascend_mock_clear_faults"),
             violation_count: sym!("ascend_mock_violation_count"),
             violation_message: sym!("ascend_mock_violation_message"),
+            set_device_count: sym!("ascend_mock_set_device_count"),
             _library: library,
         }
     })
@@ -279,6 +282,60 @@ pub fn fail_next_on_this_thread(api: &str, status: i32) {
 pub fn clear_faults() {
     // SAFETY: takes no arguments; only resets the mock's fault tables.
     unsafe { (api().clear_faults)() }
+}
+
+/// The most devices the mock can have.
+pub const MAX_DEVICES: u32 = 64;
+
+/// Sets how many devices the mock has, from now on: a test that needs `n` devices says so
+/// itself, whichever test of the process initialised ACL first.
+///
+/// It takes effect at once, before or after `aclInit`: `aclrtGetDeviceCount` reports `count` and
+/// `aclrtSetDevice` accepts exactly the devices `0..count`, so [`context`]`(d)` (and
+/// `Context::ascend_from`) succeeds for `d < count` and fails with [`Error::NoDevice`] beyond. It
+/// takes precedence over `ASCEND_MOCK_DEVICE_COUNT` and outlives `aclFinalize`.
+///
+/// Shrinking is refused while a device that would go away is in use: it holds live device
+/// memory, a stream from `aclrtCreateStream`, or work queued on its default stream (drop the
+/// tensors, streams and contexts on it first). A device that goes away while merely set on some
+/// thread keeps its state, hidden: runtime calls on that thread fail as with no device set (a
+/// violation, as on CANN), until the count covers the device again.
+///
+/// The count is process-wide: tests in one binary that change it must not run at the same time
+/// (hold a common lock).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] (argument `count`, status 161002) when `count` exceeds
+/// [`MAX_DEVICES`], or when a device at or above `count` is in use; the count is then unchanged.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+///
+/// [`Error::NoDevice`]: crate::Error::NoDevice
+/// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
+pub fn set_device_count(count: u32) -> crate::Result<()> {
+    let invalid = |message: String| crate::Error::InvalidArgument {
+        argument: "count",
+        message,
+        status: crate::error::STATUS_INVALID,
+    };
+    let Some(n) = c_int::try_from(count).ok().filter(|_| count <= MAX_DEVICES) else {
+        return Err(invalid(format!("the mock has at most {MAX_DEVICES} devices, {count} asked for")));
+    };
+    let mut busy: c_int = -1;
+    // SAFETY: `busy` is a valid, writable int for the call; the mock only stores into it.
+    match unsafe { (api().set_device_count)(n, &mut busy) } {
+        0 => Ok(()),
+        -2 => Err(invalid(format!(
+            "device {busy} is in use (it holds device memory, a stream or queued work), so the mock cannot \
+             shrink to {count} device(s)"
+        ))),
+        other => Err(crate::Error::Internal {
+            what: format!(
+                "ascend_mock_set_device_count({count}) returned {other}, which mock/ascend_mock.h does not define"
+            ),
+        }),
+    }
 }
 
 /// The messages of the violations numbered `first..` (0-based, in the order detected), e.g.

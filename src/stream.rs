@@ -78,8 +78,8 @@ impl Stream {
                 "raw",
                 "a null aclrtStream is the default stream; pass a stream from aclrtCreateStream",
             )),
-            // SAFETY: the caller guarantees `raw` is a live stream of this device that outlives it.
             ContextKind::Ascend(d) => {
+                // SAFETY: the caller guarantees `raw` is a live stream of this device that outlives it.
                 Ok(Stream::new(ctx.clone(), Some(unsafe { StreamInner::borrowed(d.clone(), raw) })))
             }
         }

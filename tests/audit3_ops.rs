@@ -7,9 +7,6 @@
 //! CPU only: the mock, like CANN, would walk every one of their 2^40..2^50 elements).
 
 mod common;
-#[cfg(feature = "mock")]
-#[path = "common/raw_mock.rs"]
-mod raw_mock;
 
 use ascend::ops::{self, OutputMask};
 use ascend::{bf16, f16, Context, DType, Error, Result, Stream, Tensor};
@@ -322,8 +319,8 @@ fn cann_rule_elemt_backward_without_weight_computes_f16_inputs_in_f32() {
 
 #[cfg(feature = "mock")]
 mod raw_formats {
-    use super::raw_mock::Raw;
     use super::INVALID;
+    use crate::common::raw_mock::Mock;
     use ascend::sys::{aclFormat, symbols};
 
     const PRIVATE: aclFormat = aclFormat::ACL_FORMAT_NC1HWC0;
@@ -335,10 +332,10 @@ mod raw_formats {
     #[test]
     fn cann_rule_elemt_checks_only_the_input_format() {
         super::common::mock::isolated(|_ctx| {
-            let mut raw = Raw::new();
+            let mut raw = Mock::in_isolated();
             let api = raw.c.operator(&symbols::BATCH_NORM_ELEMT).expect("the mock exports it");
             let x_v = [1f32, -2.0, 0.5, 3.0];
-            let phase1 = |raw: &mut Raw, fx, fstat| {
+            let phase1 = |raw: &mut Mock, fx, fstat| {
                 let x = raw.f32s_in(fx, &[2, 2], &x_v);
                 let out = raw.f32s_in(fx, &[2, 2], &[0.0; 4]);
                 let mean = raw.f32s_in(fstat, &[2], &[0.5, -0.5]);
@@ -372,9 +369,9 @@ mod raw_formats {
     #[test]
     fn cann_rule_gather_checks_only_the_formats_of_input_mean_invstd_and_counts() {
         super::common::mock::isolated(|_ctx| {
-            let mut raw = Raw::new();
+            let mut raw = Mock::in_isolated();
             let api = raw.c.operator(&symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS).expect("the mock exports it");
-            let phase1 = |raw: &mut Raw, fin, fout| {
+            let phase1 = |raw: &mut Mock, fin, fout| {
                 let x = raw.f32s_in(fin, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
                 let mean = raw.f32s_in(fin, &[1, 2], &[0.5, -1.5]);
                 let invstd = raw.f32s_in(fin, &[1, 2], &[2.0, 0.25]);

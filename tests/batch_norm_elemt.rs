@@ -16,33 +16,14 @@
 //! A misread element, a wrong channel or a skipped weight is off by O(1): far beyond these.
 
 mod common;
-#[cfg(feature = "mock")]
-#[path = "common/raw_mock.rs"]
-mod raw_mock;
 
-use ascend::ops::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_elemt, Workspace};
-use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
+use ascend::ops::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_elemt, Prepared};
+use ascend::{Backend, Context, DType, Result, Stream, Tensor};
 use common::*;
-
-const INVALID: i32 = 161002;
 
 type R = Result<()>;
 
-/// Expands each case `fn name(ctx: &Context) -> R` into `cpu::name` and, with the mock feature,
-/// `mock::name` (isolated). The `cross` cases use both backends at once.
-macro_rules! on_both_backends {
-    (local: [$($name:ident),* $(,)?], cross: [$($cross:ident),* $(,)?] $(,)?) => {
-        mod cpu {
-            $( #[test] fn $name() { super::$name(&ascend::Context::cpu()).unwrap(); } )*
-            $( #[test] fn $cross() { crate::common::on_cpu_touching_mock(|ctx| super::$cross(ctx)).unwrap(); } )*
-        }
-        #[cfg(feature = "mock")]
-        mod mock {
-            $( #[test] fn $name() { crate::common::mock::isolated(|ctx| super::$name(ctx)).unwrap(); } )*
-            $( #[test] fn $cross() { crate::common::mock::isolated(|ctx| super::$cross(ctx)).unwrap(); } )*
-        }
-    };
-}
+framework_tests!(Case);
 
 on_both_backends!(
     local: [
@@ -56,8 +37,6 @@ on_both_backends!(
         bad_arguments,
         bad_eps,
         deterministic,
-        two_phase,
-        two_phase_dropped_unlaunched,
         eps_round_trip,
         negative_invstd_acts_as_its_magnitude,
         nan_and_inf_propagate,
@@ -155,6 +134,55 @@ impl Up {
     }
 }
 
+impl Framework for Case {
+    const ACLNN: &'static str = "aclnnBatchNormElemt";
+    const MOCK_WORKSPACE: bool = false;
+    type Up = Up;
+    type Out = Tensor;
+    type Res = Tensor;
+
+    fn small(seed: u64) -> Case {
+        Case::random(seed, &[2, 3, 4], DType::F32, DType::F32, Some(DType::F32))
+    }
+
+    fn mixed(seed: u64) -> Case {
+        Case::random(seed, &[2, 3, 4, 5], DType::F16, DType::F32, Some(DType::BF16))
+    }
+
+    fn upload(&self, s: &Stream) -> Result<Up> {
+        Case::upload(self, s)
+    }
+
+    fn outputs(&self, s: &Stream) -> Result<Tensor> {
+        Data::filled(self.x.dtype, &self.x.shape, 777.0).tensor(s)
+    }
+
+    fn run(&self, up: &mut Up, s: &Stream) -> Result<Tensor> {
+        up.run(s)
+    }
+
+    fn run_into(&self, up: &mut Up, s: &Stream, out: &mut Tensor) -> Result<()> {
+        up.run_into(s, out)
+    }
+
+    fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, out: &'a mut Tensor) -> Result<Prepared<'a>> {
+        let (w, b) = (up.weight.as_ref(), up.bias.as_ref());
+        prepare_batch_norm_elemt(s, &up.x, w, b, &up.mean, &up.invstd, up.eps, out)
+    }
+
+    fn check(&self, ctx: &Context, s: &Stream, what: &str, out: &Tensor) {
+        check(ctx, s, what, out, self.x.dtype, self);
+    }
+
+    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &Tensor) {
+        check(ctx, s, what, res, self.x.dtype, self);
+    }
+
+    fn out_bits(s: &Stream, out: &Tensor) -> Vec<Vec<u32>> {
+        vec![bits(s, out)]
+    }
+}
+
 /// The tolerance factor K of the module docs for `ctx`'s backend.
 fn k_factor(ctx: &Context) -> f64 {
     match ctx.backend() {
@@ -170,30 +198,9 @@ fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case
     let got = read(s, out);
     let (exp, terms) = case.expected();
     let k = k_factor(ctx);
-    for (i, ((&g, &e), &t)) in got.iter().zip(&exp).zip(&terms).enumerate() {
-        if !e.is_finite() {
-            // NaN where NaN is expected, the same infinity where one is expected.
-            assert!(e.is_nan() && g.is_nan() || g == e, "{what} ({dtype}) element {i}: got {g:e}, expected {e:e}");
-            continue;
-        }
-        let tol = unit_roundoff(dtype) * e.abs() + k * unit_roundoff(DType::F32) * t + tiny(dtype);
-        assert!(
-            (g - e).abs() <= tol,
-            "{what} ({dtype}) element {i}: got {g:e}, expected {e:e} (|diff| {:e} > tol {tol:e})",
-            (g - e).abs()
-        );
-    }
-}
-
-/// Asserts an `InvalidArgument` error with status 161002 naming `argument`.
-fn expect_invalid<T: std::fmt::Debug>(what: &str, r: Result<T>, argument: &str) {
-    match r {
-        Err(Error::InvalidArgument { argument: a, status, message }) => {
-            assert_eq!(status, INVALID, "{what}: status for `{a}`: {message}");
-            assert_eq!(a, argument, "{what}: argument ({message})");
-        }
-        other => panic!("{what}: expected InvalidArgument 161002 naming `{argument}`, got {other:?}"),
-    }
+    let tol =
+        |i: usize, e: f64| unit_roundoff(dtype) * e.abs() + k * unit_roundoff(DType::F32) * terms[i] + tiny(dtype);
+    assert_elements(what, dtype, &got, &exp, tol);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,41 +466,6 @@ fn deterministic(ctx: &Context) -> R {
     Ok(())
 }
 
-/// prepare → workspace_size → launch, with the stream's workspace and with a caller's.
-fn two_phase(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let case = Case::random(100, &[2, 3, 4], DType::F32, DType::F16, Some(DType::F32));
-    let up = case.upload(&s)?;
-    let (w, b) = (up.weight.as_ref(), up.bias.as_ref());
-    let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
-    let p = prepare_batch_norm_elemt(&s, &up.x, w, b, &up.mean, &up.invstd, up.eps, &mut out)?;
-    let size = p.workspace_size();
-    if ctx.backend() == Backend::Cpu {
-        assert_eq!(size, 0);
-    }
-    p.launch(&s, None)?;
-    check(ctx, &s, "launch(None)", &out, DType::F32, &case);
-    let mut out2 = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
-    let ws = Workspace::new(&s, size)?;
-    prepare_batch_norm_elemt(&s, &up.x, w, b, &up.mean, &up.invstd, up.eps, &mut out2)?.launch(&s, Some(&ws))?;
-    assert_eq!(bits(&s, &out), bits(&s, &out2));
-    Ok(())
-}
-
-/// A prepared call dropped without launch writes nothing.
-fn two_phase_dropped_unlaunched(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let case = Case::random(101, &[2, 3, 4], DType::F32, DType::F32, None);
-    let up = case.upload(&s)?;
-    let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
-    let p = prepare_batch_norm_elemt(&s, &up.x, None, None, &up.mean, &up.invstd, up.eps, &mut out)?;
-    let _ = format!("{p:?}");
-    drop(p);
-    s.synchronize()?;
-    assert!(read(&s, &out).iter().all(|&v| v == 0.0));
-    Ok(())
-}
-
 /// A large eps next to 1/invstd² (eps·invstd² ≈ 1): the CPU ignores eps (same bits for any eps);
 /// the NPU's round trip loses about eps·invstd² f32 ulps of the scale, within the tolerance.
 fn eps_round_trip(ctx: &Context) -> R {
@@ -542,110 +514,13 @@ fn nan_and_inf_propagate(ctx: &Context) -> R {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Mock CANN: faults and lifetimes
+// Mock CANN: what the safe API cannot express
 
 #[cfg(feature = "mock")]
 mod mock_only {
     use super::*;
-    use ascend::mock::{fail_next_on_this_thread, stats};
     use common::mock::isolated;
-
-    /// The live counters once `ctx`'s cached blocks are returned (a cached block is not a leak).
-    fn live(ctx: &Context) -> [u64; 4] {
-        ctx.empty_cache().expect("empty_cache");
-        let s = stats();
-        [s.live_allocations, s.live_tensors, s.live_executors, s.live_streams]
-    }
-
-    /// A fault injected at each CANN call the op makes fails the call with that status (or
-    /// NullHandle for aclCreateTensor), leaks nothing, writes nothing, and the next call works.
-    #[test]
-    fn faults_at_each_cann_call() {
-        isolated(|ctx| -> R {
-            let s = ctx.new_stream()?;
-            let case = Case::random(120, &[2, 3, 4], DType::F32, DType::F32, Some(DType::F32));
-            let up = case.upload(&s)?;
-            let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
-            up.run_into(&s, &mut out)?; // the stream's workspace cache exists from here on
-            let mut out = Tensor::zeros(&s, DType::F32, &[2, 3, 4])?;
-            let base = live(ctx);
-            for (api, status) in [
-                ("aclCreateTensor", 0),
-                ("aclnnBatchNormElemtGetWorkspaceSize", 561103),
-                ("aclnnBatchNormElemt", 361001),
-            ] {
-                fail_next_on_this_thread(api, status);
-                let err = up.run_into(&s, &mut out).unwrap_err();
-                if status == 0 {
-                    assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{err:?}");
-                } else {
-                    assert_eq!(err.status(), Some(status), "{api}: {err:?}");
-                    assert!(err.to_string().contains(api), "{err}");
-                }
-                assert_eq!(live(ctx), base, "{api}: leaked");
-                assert!(read(&s, &out).iter().all(|&v| v == 0.0), "{api}: wrote the output");
-                // The allocating form frees the output it made.
-                fail_next_on_this_thread(api, status);
-                assert!(up.run(&s).is_err());
-                assert_eq!(live(ctx), base, "{api} (allocating): leaked");
-            }
-            fail_next_on_this_thread("aclrtMalloc", 207001);
-            assert_eq!(up.run(&s).unwrap_err().status(), Some(207001));
-            assert_eq!(live(ctx), base, "aclrtMalloc: leaked");
-            up.run_into(&s, &mut out)?;
-            check(ctx, &s, "after the faults", &out, DType::F32, &case);
-            Ok(())
-        })
-        .unwrap();
-    }
-
-    /// A fault armed at every CANN function the crate binds (but those that destroy or free,
-    /// whose failure is a reported leak by design) before one `_into` and one allocating call:
-    /// each call either succeeds with the right values or fails, writing nothing; nothing leaks
-    /// and the mock counts no violation (checked by `isolated`).
-    #[test]
-    fn a_fault_at_any_cann_call() {
-        use ascend::mock::clear_faults;
-        use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS};
-        let skip = ["Destroy", "Free", "Finalize", "Reset", "GetRecentErrMsg"];
-        let apis: Vec<&str> = ASCENDCL_SYMBOLS
-            .iter()
-            .chain(NNOPBASE_SYMBOLS)
-            .copied()
-            .chain(["aclnnBatchNormElemtGetWorkspaceSize", "aclnnBatchNormElemt"])
-            .filter(|a| !skip.iter().any(|k| a.contains(k)))
-            .collect();
-        isolated(|ctx| -> R {
-            let s = ctx.new_stream()?;
-            let case = Case::random(122, &[2, 3, 4], DType::F32, DType::F32, Some(DType::F32));
-            let up = case.upload(&s)?;
-            let mut failed = Vec::new();
-            for api in apis {
-                let mut out = Tensor::zeros(&s, DType::F32, &case.x.shape)?;
-                fail_next_on_this_thread(api, 507899);
-                let r = up.run_into(&s, &mut out);
-                clear_faults();
-                match r {
-                    Ok(()) => check(ctx, &s, api, &out, DType::F32, &case),
-                    Err(e) => {
-                        failed.push(api);
-                        assert!(read(&s, &out).iter().all(|&v| v == 0.0), "{api}: failed ({e}) but wrote output");
-                    }
-                }
-                fail_next_on_this_thread(api, 507899);
-                let r = up.run(&s);
-                clear_faults();
-                if let Ok(out) = r {
-                    check(ctx, &s, api, &out, DType::F32, &case);
-                }
-            }
-            for api in ["aclCreateTensor", "aclnnBatchNormElemtGetWorkspaceSize", "aclnnBatchNormElemt"] {
-                assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
+    use common::raw_mock::INVALID;
 
     /// What the safe API cannot express, checked on the mock through the raw bindings: CANN's
     /// null quirk for this operator (a null input, mean, invstd or output is 161002, not
@@ -653,7 +528,7 @@ mod mock_only {
     #[test]
     fn raw_null_arguments() {
         isolated(|_ctx| -> R {
-            let mut raw = raw_mock::Raw::new();
+            let mut raw = common::raw_mock::Mock::in_isolated();
             let x = raw.f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
             let mean = raw.f32s(&[3], &[0.5, 1.0, 1.5]);
             let invstd = raw.f32s(&[3], &[2.0, 0.5, 1.0]);
@@ -686,30 +561,6 @@ mod mock_only {
             for (g, w) in got.iter().zip(want) {
                 assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "got {got:?}, want {want:?}");
             }
-            Ok(())
-        })
-        .unwrap();
-    }
-
-    /// Every argument (inputs, output, stream) dropped right after the launch, before the queued
-    /// work ran: no violation, and the allocating result is right.
-    #[test]
-    fn arguments_dropped_right_after_the_launch() {
-        isolated(|ctx| -> R {
-            let case = Case::random(121, &[2, 3, 4, 5], DType::F16, DType::F32, Some(DType::BF16));
-            let s = ctx.new_stream()?;
-            let up = case.upload(&s)?;
-            let out = up.run(&s)?;
-            drop(up);
-            check(ctx, &s, "inputs dropped", &out, DType::F16, &case);
-
-            let s2 = ctx.new_stream()?;
-            let up = case.upload(&s2)?;
-            let mut out = Tensor::zeros(&s2, DType::F16, &case.x.shape)?;
-            up.run_into(&s2, &mut out)?;
-            drop(up);
-            drop(out);
-            drop(s2);
             Ok(())
         })
         .unwrap();

@@ -13,7 +13,7 @@ mod common;
 
 use ascend::ops::{
     batch_norm_gather_stats_with_counts, batch_norm_gather_stats_with_counts_into, batch_norm_stats,
-    prepare_batch_norm_gather_stats_with_counts, Workspace,
+    prepare_batch_norm_gather_stats_with_counts, Prepared,
 };
 use ascend::{Context, DType, Result, Stream, Tensor};
 use common::*;
@@ -22,17 +22,7 @@ const INVALID: i32 = 161002;
 
 type R = Result<()>;
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod cpu {
-            $( #[test] fn $name() { super::$name(&ascend::Context::cpu()).unwrap(); } )*
-        }
-        #[cfg(feature = "mock")]
-        mod mock {
-            $( #[test] fn $name() { crate::common::mock::isolated(|ctx| super::$name(ctx)).unwrap(); } )*
-        }
-    };
-}
+framework_tests!(Case);
 
 on_both_backends!(
     two_ranks_exact,
@@ -43,8 +33,6 @@ on_both_backends!(
     no_rank,
     rejected_calls_write_nothing,
     deterministic,
-    two_phase_with_and_without_workspace,
-    drop_everything_after_launch,
 );
 
 /// Host data of one call.
@@ -167,6 +155,74 @@ impl Up {
     }
 }
 
+impl Framework for Case {
+    const ACLNN: &'static str = "aclnnBatchNormGatherStatsWithCounts";
+    const MOCK_WORKSPACE: bool = true;
+    type Up = Up;
+    type Out = (Tensor, Tensor);
+    type Res = (Tensor, Tensor);
+
+    fn small(seed: u64) -> Case {
+        Case::random(seed, 3, 5, DType::F32, DType::F32)
+    }
+
+    fn mixed(seed: u64) -> Case {
+        Case::random(seed, 4, 3, DType::F32, DType::BF16)
+    }
+
+    fn upload(&self, s: &Stream) -> Result<Up> {
+        Case::upload(self, s)
+    }
+
+    fn outputs(&self, s: &Stream) -> Result<(Tensor, Tensor)> {
+        let c = self.mean.shape[1];
+        Ok((Data::filled(DType::F32, &[c], 42.0).tensor(s)?, Data::filled(DType::F32, &[c], 42.0).tensor(s)?))
+    }
+
+    fn run(&self, up: &mut Up, s: &Stream) -> Result<(Tensor, Tensor)> {
+        up.run(s, self, true)
+    }
+
+    fn run_into(&self, up: &mut Up, s: &Stream, (m, v): &mut (Tensor, Tensor)) -> R {
+        up.run_into(s, self, m, v)
+    }
+
+    fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, (m, v): &'a mut (Tensor, Tensor)) -> Result<Prepared<'a>> {
+        let Up { input, mean, invstd, counts, running_mean, running_var } = up;
+        let (rm, rv) = (Some(running_mean), Some(running_var));
+        prepare_batch_norm_gather_stats_with_counts(
+            s,
+            input,
+            mean,
+            invstd,
+            rm,
+            rv,
+            self.momentum,
+            self.eps,
+            counts,
+            m,
+            v,
+        )
+    }
+
+    fn check(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {
+        check_global(s, what, self, (m, v));
+    }
+
+    fn check_res(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {
+        check_global(s, what, self, (m, v));
+    }
+
+    fn out_bits(s: &Stream, (m, v): &(Tensor, Tensor)) -> Vec<Vec<u32>> {
+        vec![bits(s, m), bits(s, v)]
+    }
+
+    /// The running statistics, updated in place.
+    fn in_place_bits(s: &Stream, up: &Up) -> Vec<Vec<u32>> {
+        vec![bits(s, &up.running_mean), bits(s, &up.running_var)]
+    }
+}
+
 fn check_values(what: &str, w: usize, dtype: DType, got: &[f64], exp: &[f64], abs: &[f64], rel: f64) {
     let u_out = unit_roundoff(dtype);
     assert_eq!(got.len(), exp.len(), "{what}: length");
@@ -177,14 +233,26 @@ fn check_values(what: &str, w: usize, dtype: DType, got: &[f64], exp: &[f64], ab
     }
 }
 
+/// Checks the global outputs meanAll and invstdAll.
+fn check_global(s: &Stream, what: &str, case: &Case, outs: (&Tensor, &Tensor)) {
+    let e = case.expected();
+    let w = case.mean.shape[0];
+    let rel = 4.0 * (w as f64 + 6.0) * unit_roundoff(DType::F32);
+    let zeros = vec![0.0; e.mean.len()];
+    for o in [outs.0, outs.1] {
+        assert_eq!(o.shape(), [case.mean.shape[1]], "{what}: shape");
+    }
+    check_values(&format!("{what} meanAll"), w, outs.0.dtype(), &read(s, outs.0), &e.mean, &e.cond_mean, 0.0);
+    check_values(&format!("{what} invstdAll"), w, outs.1.dtype(), &read(s, outs.1), &e.invstd, &zeros, rel);
+}
+
 /// Checks the global outputs and, when `running`, the updated running statistics.
 fn check_all(s: &Stream, what: &str, case: &Case, up: &Up, outs: (&Tensor, &Tensor), running: bool) {
     let e = case.expected();
     let w = case.mean.shape[0];
     let rel = 4.0 * (w as f64 + 6.0) * unit_roundoff(DType::F32);
     let zeros = vec![0.0; e.mean.len()];
-    check_values(&format!("{what} meanAll"), w, outs.0.dtype(), &read(s, outs.0), &e.mean, &e.cond_mean, 0.0);
-    check_values(&format!("{what} invstdAll"), w, outs.1.dtype(), &read(s, outs.1), &e.invstd, &zeros, rel);
+    check_global(s, what, case, outs);
     let (rm, rv) = (read(s, &up.running_mean), read(s, &up.running_var));
     if running {
         let (dm, dv) = (case.running_mean.dtype, case.running_var.dtype);
@@ -407,176 +475,6 @@ fn deterministic(ctx: &Context) -> R {
     Ok(())
 }
 
-fn two_phase_with_and_without_workspace(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let case = Case::random(26, 3, 5, DType::F32, DType::F32);
-    let mut up = case.upload(&s)?;
-    let (want_m, want_v) = up.run(&s, &case, false)?;
-    let mut m = Tensor::zeros(&s, DType::F32, &[5])?;
-    let mut v = Tensor::zeros(&s, DType::F32, &[5])?;
-    let p = prepare_batch_norm_gather_stats_with_counts(
-        &s, &up.input, &up.mean, &up.invstd, None, None, 0.1, 1e-5, &up.counts, &mut m, &mut v,
-    )?;
-    let ws = Workspace::new(&s, p.workspace_size())?;
-    if ctx.backend() == ascend::Backend::Ascend {
-        assert!(p.workspace_size() > 0, "the mock asks for a workspace");
-    }
-    p.launch(&s, Some(&ws))?;
-    assert_eq!(bits(&s, &m), bits(&s, &want_m));
-    assert_eq!(bits(&s, &v), bits(&s, &want_v));
-    let mut m2 = Tensor::zeros(&s, DType::F32, &[5])?;
-    let mut v2 = Tensor::zeros(&s, DType::F32, &[5])?;
-    prepare_batch_norm_gather_stats_with_counts(
-        &s, &up.input, &up.mean, &up.invstd, None, None, 0.1, 1e-5, &up.counts, &mut m2, &mut v2,
-    )?
-    .launch(&s, None)?;
-    assert_eq!(bits(&s, &v2), bits(&s, &want_v));
-    // dropped unlaunched: nothing written, running statistics included
-    let Up { input, mean, invstd, counts, running_mean, running_var } = &mut up;
-    drop(prepare_batch_norm_gather_stats_with_counts(
-        &s,
-        input,
-        mean,
-        invstd,
-        Some(running_mean),
-        Some(running_var),
-        0.1,
-        1e-5,
-        counts,
-        &mut m2,
-        &mut v2,
-    )?);
-    assert_eq!(read(&s, &up.running_mean), case.running_mean.values());
-    Ok(())
-}
-
-fn drop_everything_after_launch(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let case = Case::random(27, 4, 3, DType::F32, DType::BF16);
-    let mut up = case.upload(&s)?;
-    let mut m = Tensor::zeros(&s, DType::F32, &[3])?;
-    let mut v = Tensor::zeros(&s, DType::F32, &[3])?;
-    up.run_into(&s, &case, &mut m, &mut v)?;
-    drop((up, m, v));
-    s.synchronize()
-}
-
-#[cfg(feature = "mock")]
-mod faults {
-    use super::*;
-    use ascend::mock::fail_next_on_this_thread;
-
-    /// A fault at each CANN call fails the call with that status, leaks nothing (checked by
-    /// `isolated`) and leaves the running statistics and outputs untouched.
-    #[test]
-    fn each_cann_call_fails_cleanly() {
-        common::mock::isolated(|ctx| -> R {
-            let s = ctx.new_stream()?;
-            let case = Case::random(28, 3, 4, DType::F32, DType::F32);
-            let mut up = case.upload(&s)?;
-            let mut m = Data::filled(DType::F32, &[4], 42.0).tensor(&s)?;
-            let mut v = Data::filled(DType::F32, &[4], 42.0).tensor(&s)?;
-            for (api, code, status) in [
-                ("aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize", 161002, Some(161002)),
-                ("aclnnBatchNormGatherStatsWithCounts", 361001, Some(361001)),
-                ("aclCreateTensor", 161001, None),
-            ] {
-                fail_next_on_this_thread(api, code);
-                let err = up.run_into(&s, &case, &mut m, &mut v).unwrap_err();
-                assert_eq!(err.status(), status, "{api}: {err}");
-                assert!(err.to_string().contains(api), "{api}: {err}");
-                assert!(read(&s, &m).iter().all(|&x| x == 42.0), "{api}: wrote meanAll");
-                assert_eq!(read(&s, &up.running_mean), case.running_mean.values(), "{api}: wrote runningMean");
-                fail_next_on_this_thread(api, code);
-                let err = up.run(&s, &case, true).unwrap_err();
-                assert_eq!(err.status(), status, "{api} (allocating): {err}");
-            }
-            ctx.empty_cache()?; // a cached block would serve the request (or a retry after returning the cache)
-            fail_next_on_this_thread("aclrtMalloc", 207001);
-            assert_eq!(status_of(up.run(&s, &case, true)), 207001);
-            Ok(())
-        })
-        .unwrap();
-    }
-}
-
-/// The mock operator called through the raw bindings, for what the safe API never passes.
-#[cfg(feature = "mock")]
-mod raw {
-    use std::ffi::c_void;
-    use std::ptr;
-
-    use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
-
-    /// Device tensors made through `aclCreateTensor`, destroyed and freed on drop.
-    pub struct Raw {
-        pub c: &'static Cann,
-        tensors: Vec<(*mut aclTensor, *mut c_void)>,
-    }
-
-    impl Raw {
-        pub fn new() -> Raw {
-            drop(ascend::mock::context(0).expect("the mock context (initialises ACL)"));
-            let c = ascend_sys::load_from(ascend::mock::toolkit_dir()).expect("the mock loads");
-            // SAFETY: device 0 exists on the mock.
-            assert_eq!(unsafe { c.acl.aclrtSetDevice(0) }, 0);
-            Raw { c, tensors: Vec::new() }
-        }
-
-        /// A contiguous ND tensor of `shape` over fresh device memory.
-        pub fn tensor(&mut self, dt: aclDataType, shape: &[i64]) -> *mut aclTensor {
-            let n = shape.iter().product::<i64>().max(1) as usize;
-            let mut strides = vec![1i64; shape.len()];
-            for k in (0..shape.len().saturating_sub(1)).rev() {
-                strides[k] = strides[k + 1] * shape[k + 1];
-            }
-            let mut p = ptr::null_mut();
-            let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
-            // SAFETY: `p` is a valid out-pointer.
-            assert_eq!(unsafe { self.c.acl.aclrtMalloc(&mut p, n * 4, policy) }, 0);
-            // SAFETY: the arrays live for the call and their lengths are passed; `p` holds `n`
-            // elements of at most 4 bytes, the whole storage.
-            let t = unsafe {
-                self.c.nnopbase.aclCreateTensor(
-                    shape.as_ptr(),
-                    shape.len() as u64,
-                    dt,
-                    strides.as_ptr(),
-                    0,
-                    aclFormat::ACL_FORMAT_ND,
-                    shape.as_ptr(),
-                    shape.len() as u64,
-                    p,
-                )
-            };
-            assert!(!t.is_null(), "aclCreateTensor {shape:?}");
-            self.tensors.push((t, p));
-            t
-        }
-
-        /// Destroys an executor that phase 1 made and that is not launched.
-        pub fn discard(&self, ex: *mut aclOpExecutor) {
-            // SAFETY: a live, unlaunched executor from phase 1.
-            unsafe {
-                assert_eq!(self.c.nnopbase.aclSetAclOpExecutorRepeatable(ex), 0);
-                assert_eq!(self.c.nnopbase.aclDestroyAclOpExecutor(ex), 0);
-            }
-        }
-    }
-
-    impl Drop for Raw {
-        fn drop(&mut self) {
-            for (t, p) in self.tensors.drain(..) {
-                // SAFETY: live handles made by `tensor`, no work queued on them.
-                unsafe {
-                    self.c.nnopbase.aclDestroyTensor(t);
-                    self.c.acl.aclrtFree(p);
-                }
-            }
-        }
-    }
-}
-
 /// The mock's own checks of what the safe API never passes: runningMean without runningVar
 /// (CANN would write through the null runningVar: a violation and 161002), runningVar without
 /// runningMean (CANN silently skips it: a violation, success), int32 counts (161002).
@@ -584,14 +482,13 @@ mod raw {
 #[test]
 fn mock_checks_the_running_pair_and_counts_dtype() {
     use ascend_sys::aclDataType;
-    let _serial = common::mock::lock();
-    let mut r = raw::Raw::new();
+    let mut r = common::raw_mock::Mock::new();
     let api = r.c.operator(&ascend_sys::symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS).expect("exported");
     let f = aclDataType::ACL_FLOAT;
-    let input = r.tensor(f, &[2, 3]);
-    let (mean, invstd) = (r.tensor(f, &[1, 3]), r.tensor(f, &[1, 3]));
-    let (counts, counts_i32) = (r.tensor(f, &[1]), r.tensor(aclDataType::ACL_INT32, &[1]));
-    let (rm, rv, mo, io) = (r.tensor(f, &[3]), r.tensor(f, &[3]), r.tensor(f, &[3]), r.tensor(f, &[3]));
+    let input = r.zeros(f, &[2, 3]);
+    let (mean, invstd) = (r.zeros(f, &[1, 3]), r.zeros(f, &[1, 3]));
+    let (counts, counts_i32) = (r.zeros(f, &[1]), r.zeros(aclDataType::ACL_INT32, &[1]));
+    let (rm, rv, mo, io) = (r.zeros(f, &[3]), r.zeros(f, &[3]), r.zeros(f, &[3]), r.zeros(f, &[3]));
     let call = |rm: *mut ascend_sys::aclTensor, rv: *mut ascend_sys::aclTensor, counts: *mut ascend_sys::aclTensor| {
         let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
         // SAFETY: live handles (or null where the operator allows it); valid out-pointers.

@@ -11,25 +11,15 @@
 
 mod common;
 
-use ascend::ops::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats, Workspace};
-use ascend::{Context, DType, Result, Tensor};
+use ascend::ops::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats, Prepared};
+use ascend::{Context, DType, Result, Stream, Tensor};
 use common::*;
 
 const INVALID: i32 = 161002;
 
 type R = Result<()>;
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod cpu {
-            $( #[test] fn $name() { super::$name(&ascend::Context::cpu()).unwrap(); } )*
-        }
-        #[cfg(feature = "mock")]
-        mod mock {
-            $( #[test] fn $name() { crate::common::mock::isolated(|ctx| super::$name(ctx)).unwrap(); } )*
-        }
-    };
-}
+framework_tests!(StatsCase);
 
 on_both_backends!(
     doc_example,
@@ -40,8 +30,6 @@ on_both_backends!(
     into_writes_strided_outputs,
     rejected_calls_write_nothing,
     deterministic,
-    two_phase_with_and_without_workspace,
-    drop_everything_after_launch,
 );
 
 /// Per channel: (mean, invstd, mean |x|) in f64, two-pass.
@@ -73,6 +61,65 @@ fn check(what: &str, x: &Data, eps: f64, mean: &[f64], invstd: &[f64]) {
         assert!((mean[c] - m).abs() <= tol_m, "{what}: mean[{c}] = {} vs {m} (tol {tol_m:e})", mean[c]);
         let tol_s = s * (2.0 * u + acc);
         assert!((invstd[c] - s).abs() <= tol_s, "{what}: invstd[{c}] = {} vs {s} (tol {tol_s:e})", invstd[c]);
+    }
+}
+
+/// One call's host data, for the framework tests.
+struct StatsCase {
+    x: Data,
+    eps: f64,
+}
+
+impl Framework for StatsCase {
+    const ACLNN: &'static str = "aclnnBatchNormStats";
+    const MOCK_WORKSPACE: bool = true;
+    type Up = Tensor;
+    type Out = (Tensor, Tensor);
+    type Res = (Tensor, Tensor);
+
+    fn small(seed: u64) -> StatsCase {
+        StatsCase { x: Data::normal(&mut Rng::new(seed), DType::F32, &[5, 3, 7], 0.0, 1.0), eps: 1e-5 }
+    }
+
+    fn mixed(seed: u64) -> StatsCase {
+        StatsCase { x: Data::normal(&mut Rng::new(seed), DType::F16, &[4, 3, 9], 0.0, 1.0), eps: 1e-5 }
+    }
+
+    fn upload(&self, s: &Stream) -> Result<Tensor> {
+        self.x.tensor(s)
+    }
+
+    fn outputs(&self, s: &Stream) -> Result<(Tensor, Tensor)> {
+        let c = self.x.shape[1];
+        Ok((Data::filled(DType::F32, &[c], 42.0).tensor(s)?, Data::filled(DType::F32, &[c], 42.0).tensor(s)?))
+    }
+
+    fn run(&self, up: &mut Tensor, s: &Stream) -> Result<(Tensor, Tensor)> {
+        batch_norm_stats(s, up, self.eps)
+    }
+
+    fn run_into(&self, up: &mut Tensor, s: &Stream, (m, v): &mut (Tensor, Tensor)) -> R {
+        batch_norm_stats_into(s, up, self.eps, m, v)
+    }
+
+    fn prepare<'a>(&self, up: &'a mut Tensor, s: &Stream, (m, v): &'a mut (Tensor, Tensor)) -> Result<Prepared<'a>> {
+        prepare_batch_norm_stats(s, up, self.eps, m, v)
+    }
+
+    fn check(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {
+        for o in [m, v] {
+            assert_eq!(o.shape(), [self.x.shape[1]], "{what}: shape");
+            assert_eq!(o.dtype(), DType::F32, "{what}: dtype");
+        }
+        check(what, &self.x, self.eps, &read(s, m), &read(s, v));
+    }
+
+    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &(Tensor, Tensor)) {
+        self.check(ctx, s, what, res);
+    }
+
+    fn out_bits(s: &Stream, (m, v): &(Tensor, Tensor)) -> Vec<Vec<u32>> {
+        vec![bits(s, m), bits(s, v)]
     }
 }
 
@@ -231,90 +278,9 @@ fn deterministic(ctx: &Context) -> R {
     Ok(())
 }
 
-fn two_phase_with_and_without_workspace(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let x = Data::normal(&mut Rng::new(12), DType::F32, &[5, 3, 7], 0.0, 1.0);
-    let t = x.tensor(&s)?;
-    let (want_m, want_v) = batch_norm_stats(&s, &t, 1e-5)?;
-    let mut m = Tensor::zeros(&s, DType::F32, &[3])?;
-    let mut v = Tensor::zeros(&s, DType::F32, &[3])?;
-    let p = prepare_batch_norm_stats(&s, &t, 1e-5, &mut m, &mut v)?;
-    let size = p.workspace_size();
-    if ctx.backend() == ascend::Backend::Ascend {
-        assert!(size > 0, "the mock asks for a workspace, so the caller's is used");
-    }
-    let ws = Workspace::new(&s, size)?;
-    p.launch(&s, Some(&ws))?;
-    assert_eq!(bits(&s, &m), bits(&s, &want_m));
-    assert_eq!(bits(&s, &v), bits(&s, &want_v));
-    // without a workspace: the stream's cached one
-    let mut m2 = Tensor::zeros(&s, DType::F32, &[3])?;
-    let mut v2 = Tensor::zeros(&s, DType::F32, &[3])?;
-    prepare_batch_norm_stats(&s, &t, 1e-5, &mut m2, &mut v2)?.launch(&s, None)?;
-    assert_eq!(bits(&s, &m2), bits(&s, &want_m));
-    // a prepared call dropped unlaunched writes nothing
-    let mut m3 = Tensor::zeros(&s, DType::F32, &[3])?;
-    let mut v3 = Tensor::zeros(&s, DType::F32, &[3])?;
-    drop(prepare_batch_norm_stats(&s, &t, 1e-5, &mut m3, &mut v3)?);
-    assert_eq!(read(&s, &m3), [0.0; 3]);
-    // too small a workspace is refused
-    if size > 0 {
-        let small = Workspace::new(&s, size - 1)?;
-        let p = prepare_batch_norm_stats(&s, &t, 1e-5, &mut m3, &mut v3)?;
-        assert_eq!(status_of(p.launch(&s, Some(&small))), INVALID);
-    }
-    Ok(())
-}
-
-/// Every argument dropped right after the launch: the memory outlives the queued work.
-fn drop_everything_after_launch(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let x = Data::normal(&mut Rng::new(13), DType::F32, &[4, 3, 9], 0.0, 1.0);
-    let t = x.tensor(&s)?;
-    let mut m = Tensor::zeros(&s, DType::F32, &[3])?;
-    let mut v = Tensor::zeros(&s, DType::F32, &[3])?;
-    batch_norm_stats_into(&s, &t, 1e-5, &mut m, &mut v)?;
-    drop((t, m, v));
-    s.synchronize()
-}
-
 #[cfg(feature = "mock")]
 mod faults {
     use super::*;
-    use ascend::mock::fail_next_on_this_thread;
-
-    /// A fault at each CANN call of the operator fails the call with that status and leaks
-    /// nothing (checked by `isolated`); the outputs stay untouched.
-    #[test]
-    fn each_cann_call_fails_cleanly() {
-        common::mock::isolated(|ctx| -> R {
-            let s = ctx.new_stream()?;
-            let t = Data::normal(&mut Rng::new(14), DType::F32, &[4, 3, 9], 0.0, 1.0).tensor(&s)?;
-            let mut m = Data::filled(DType::F32, &[3], 42.0).tensor(&s)?;
-            let mut v = Data::filled(DType::F32, &[3], 42.0).tensor(&s)?;
-            // (API, injected status, the status the error carries: aclCreateTensor returns a
-            // null handle, which has none)
-            for (api, code, status) in [
-                ("aclnnBatchNormStatsGetWorkspaceSize", 161002, Some(161002)),
-                ("aclnnBatchNormStats", 361001, Some(361001)),
-                ("aclCreateTensor", 161001, None),
-            ] {
-                fail_next_on_this_thread(api, code);
-                let err = batch_norm_stats_into(&s, &t, 1e-5, &mut m, &mut v).unwrap_err();
-                assert_eq!(err.status(), status, "{api}: {err}");
-                assert!(err.to_string().contains(api), "{api}: {err}");
-                assert!(read(&s, &m).iter().all(|&x| x == 42.0), "{api}: wrote mean");
-                fail_next_on_this_thread(api, code);
-                let err = batch_norm_stats(&s, &t, 1e-5).unwrap_err();
-                assert_eq!(err.status(), status, "{api} (allocating): {err}");
-            }
-            ctx.empty_cache()?; // a cached block would serve the request (or a retry after returning the cache)
-            fail_next_on_this_thread("aclrtMalloc", 207001);
-            assert_eq!(status_of(batch_norm_stats(&s, &t, 1e-5)), 207001);
-            Ok(())
-        })
-        .unwrap();
-    }
 
     /// A CPU tensor with an Ascend stream (and the reverse) is refused.
     #[test]
@@ -332,95 +298,17 @@ mod faults {
     }
 }
 
-/// The mock operator called through the raw bindings, for what the safe API never passes.
-#[cfg(feature = "mock")]
-mod raw {
-    use std::ffi::c_void;
-    use std::ptr;
-
-    use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
-
-    /// Device tensors made through `aclCreateTensor`, destroyed and freed on drop.
-    pub struct Raw {
-        pub c: &'static Cann,
-        tensors: Vec<(*mut aclTensor, *mut c_void)>,
-    }
-
-    impl Raw {
-        pub fn new() -> Raw {
-            drop(ascend::mock::context(0).expect("the mock context (initialises ACL)"));
-            let c = ascend_sys::load_from(ascend::mock::toolkit_dir()).expect("the mock loads");
-            // SAFETY: device 0 exists on the mock.
-            assert_eq!(unsafe { c.acl.aclrtSetDevice(0) }, 0);
-            Raw { c, tensors: Vec::new() }
-        }
-
-        /// A contiguous ND tensor of `shape` over fresh device memory.
-        pub fn tensor(&mut self, dt: aclDataType, shape: &[i64]) -> *mut aclTensor {
-            let n = shape.iter().product::<i64>().max(1) as usize;
-            let mut strides = vec![1i64; shape.len()];
-            for k in (0..shape.len().saturating_sub(1)).rev() {
-                strides[k] = strides[k + 1] * shape[k + 1];
-            }
-            let mut p = ptr::null_mut();
-            let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
-            // SAFETY: `p` is a valid out-pointer.
-            assert_eq!(unsafe { self.c.acl.aclrtMalloc(&mut p, n * 4, policy) }, 0);
-            // SAFETY: the arrays live for the call and their lengths are passed; `p` holds `n`
-            // elements of at most 4 bytes, the whole storage.
-            let t = unsafe {
-                self.c.nnopbase.aclCreateTensor(
-                    shape.as_ptr(),
-                    shape.len() as u64,
-                    dt,
-                    strides.as_ptr(),
-                    0,
-                    aclFormat::ACL_FORMAT_ND,
-                    shape.as_ptr(),
-                    shape.len() as u64,
-                    p,
-                )
-            };
-            assert!(!t.is_null(), "aclCreateTensor {shape:?}");
-            self.tensors.push((t, p));
-            t
-        }
-
-        /// Destroys an executor that phase 1 made and that is not launched.
-        pub fn discard(&self, ex: *mut aclOpExecutor) {
-            // SAFETY: a live, unlaunched executor from phase 1.
-            unsafe {
-                assert_eq!(self.c.nnopbase.aclSetAclOpExecutorRepeatable(ex), 0);
-                assert_eq!(self.c.nnopbase.aclDestroyAclOpExecutor(ex), 0);
-            }
-        }
-    }
-
-    impl Drop for Raw {
-        fn drop(&mut self) {
-            for (t, p) in self.tensors.drain(..) {
-                // SAFETY: live handles made by `tensor`, no work queued on them.
-                unsafe {
-                    self.c.nnopbase.aclDestroyTensor(t);
-                    self.c.acl.aclrtFree(p);
-                }
-            }
-        }
-    }
-}
-
 /// The mock's own dtype checks (Atlas A2/A3), which the safe API never reaches: bf16 input and
 /// non-f32 mean/invstd are 161002.
 #[cfg(feature = "mock")]
 #[test]
 fn mock_checks_dtypes_as_a2_a3() {
     use ascend_sys::aclDataType as Dt;
-    let _serial = common::mock::lock();
-    let mut r = raw::Raw::new();
+    let mut r = common::raw_mock::Mock::new();
     let api = r.c.operator(&ascend_sys::symbols::BATCH_NORM_STATS).expect("exported");
-    let x = [Dt::ACL_FLOAT, Dt::ACL_FLOAT16, Dt::ACL_BF16].map(|d| r.tensor(d, &[4, 3]));
-    let m = [Dt::ACL_FLOAT, Dt::ACL_FLOAT16].map(|d| r.tensor(d, &[3]));
-    let v = r.tensor(Dt::ACL_FLOAT, &[3]);
+    let x = [Dt::ACL_FLOAT, Dt::ACL_FLOAT16, Dt::ACL_BF16].map(|d| r.zeros(d, &[4, 3]));
+    let m = [Dt::ACL_FLOAT, Dt::ACL_FLOAT16].map(|d| r.zeros(d, &[3]));
+    let v = r.zeros(Dt::ACL_FLOAT, &[3]);
     let call = |x: *mut ascend_sys::aclTensor, m: *mut ascend_sys::aclTensor| {
         let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
         // SAFETY: live handles; valid out-pointers.

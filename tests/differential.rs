@@ -16,6 +16,8 @@
 //! programs (default 300), `DIFFERENTIAL_SEED` the seed (default: fixed).
 #![cfg(feature = "mock")]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use proptest::prelude::*;
@@ -285,16 +287,13 @@ fn program() -> impl Strategy<Value = Program> {
 // ---------------------------------------------------------------------------------------------
 // Data: the same storage uploaded to both backends
 
-/// xorshift64* values of the given kind, as f64 (exact in every dtype they are stored in, but
+/// Random values of the given kind, as f64 (exact in every dtype they are stored in, but
 /// `Wide` in the float dtypes, which round it once on upload, identically on both backends).
 fn storage(seed: u64, n: usize, values: Values) -> Vec<f64> {
-    let mut x = seed | 1;
+    let mut rng = common::Rng::new(seed);
     (0..n)
         .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+            let r = rng.next_u64() >> 33;
             match values {
                 Values::Small => (r % 9) as f64 - 4.0,
                 Values::Scale => [0.25, 0.5, 1.0, 2.0, 4.0][(r % 5) as usize],
@@ -807,10 +806,9 @@ fn every_operator_collective_and_sync_batch_norm_agrees_with_the_cpu_twin() {
 fn differential() {
     // Two mock devices; read by the mock at aclInit, before which nothing in this binary runs.
     std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
-    let cases = std::env::var("DIFFERENTIAL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
-    let seed: u64 = std::env::var("DIFFERENTIAL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0xD1FF_5EED);
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let cases = common::env_or("DIFFERENTIAL_CASES", 300);
+    let seed: u64 = common::env_or("DIFFERENTIAL_SEED", 0xD1FF_5EED);
+    let seed_bytes = common::seed_bytes(seed);
     let before = ascend::mock::stats();
     let result = {
         let world = std::cell::RefCell::new(World::new().expect("streams and communicators on both backends"));

@@ -3,14 +3,17 @@
 //! `async_error` and by the next collective, never a hang.
 #![cfg(feature = "mock")]
 
+#[path = "common/self_exec.rs"]
+mod self_exec;
+
 use std::env;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ascend::hccl::{Communicator, ReduceOp};
 use ascend::{Context, Error, Tensor};
+use self_exec::{expect_success, spawn_self};
 
 const ROLE: &str = "ASCEND_TEST_CLUSTER_ROLE";
 const TABLE: &str = "ASCEND_TEST_CLUSTER_TABLE";
@@ -57,26 +60,6 @@ fn table_v2(n: u32) -> String {
     let ranks: Vec<String> =
         (0..n).map(|r| format!(r#"{{"rank_id":{r},"device_id":{r},"local_id":{r},"level_list":[]}}"#)).collect();
     format!(r#"{{"status":"completed","version":"2.0","rank_count":{n},"rank_list":[{}]}}"#, ranks.join(","))
-}
-
-fn spawn_self(test: &str, envs: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new(env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn the test binary")
-}
-
-#[track_caller]
-fn expect_success(what: &str, out: &Output) {
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Rank `rank`'s data for the all-reduce (distinct per rank, never zeros).

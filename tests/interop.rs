@@ -3,6 +3,8 @@
 //! option lands on the device's context.
 #![cfg(feature = "mock")]
 
+mod common;
+
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use ascend::hccl::{Communicator, ReduceOp};
@@ -22,15 +24,9 @@ fn cann() -> &'static Cann {
     ascend::sys::load_from(ascend::mock::toolkit_dir()).expect("the mock toolkit")
 }
 
-/// Random values in [-1, 1) (a fixed LCG; never all zeros).
+/// Random values in [-1, 1).
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
+    common::Rng::new(seed).vec_f32(n, -1.0, 1.0)
 }
 
 /// `aclrtCtxGetSysParamOpt(ACL_OPT_DETERMINISTIC)` on this thread's current device.

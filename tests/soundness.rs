@@ -20,13 +20,15 @@ fn inputs(seed: u64, shape: &[usize]) -> Inputs {
     Inputs::normal(seed, DType::F32, DType::F32, shape)
 }
 
-/// Runs `f` on the CPU backend and then on a mock context, inside `isolated`.
-fn on_both_backends(f: impl Fn(&Context)) {
-    isolated(|mock| {
-        f(&Context::cpu());
-        f(mock);
-    })
-}
+type R = Result<()>;
+
+on_both_backends!(
+    to_vec_of_a_huge_broadcast_view_is_an_error,
+    size_one_dims_with_huge_strides,
+    weight_given_to_into_on_both_backends,
+    empty_input_gives_positive_zeros_on_both_backends,
+    extents_beyond_i64_are_rejected_on_both_backends,
+);
 
 // ---------------------------------------------------------------------------------------------
 // Finding 1: weight must be recorded on the launch's stream like every other argument.
@@ -205,79 +207,78 @@ fn empty_input_with_a_caller_workspace() {
 // ---------------------------------------------------------------------------------------------
 // Finding 5: reading a huge zero-stride view is an error, not an abort or a panic.
 
-#[test]
-fn to_vec_of_a_huge_broadcast_view_is_an_error() {
-    on_both_backends(|ctx| {
-        let s = ctx.new_stream().unwrap();
-        let t = Tensor::from_slice_strided(&s, &[1.5f32], &[1 << 40], &[0], 0).unwrap();
-        let err = t.to_vec::<f32>(&s).expect_err("2^40 elements do not fit in host memory here");
-        assert!(matches!(err, Error::HostAlloc { .. }), "{:?}: {err:?}", ctx.backend());
-        // A view whose element count overflows usize is refused when it is made.
-        let err = Tensor::from_slice_strided(&s, &[1.5f32], &[1 << 31, 1 << 31, 1 << 2], &[0, 0, 0], 0)
-            .expect_err("2^64 elements overflow");
-        assert_eq!(err.status(), Some(161002), "{err}");
-    });
+fn to_vec_of_a_huge_broadcast_view_is_an_error(ctx: &Context) -> R {
+    let s = ctx.new_stream().unwrap();
+    let t = Tensor::from_slice_strided(&s, &[1.5f32], &[1 << 40], &[0], 0).unwrap();
+    let err = t.to_vec::<f32>(&s).expect_err("2^40 elements do not fit in host memory here");
+    assert!(matches!(err, Error::HostAlloc { .. }), "{:?}: {err:?}", ctx.backend());
+    // A view whose element count overflows usize is refused when it is made.
+    let err = Tensor::from_slice_strided(&s, &[1.5f32], &[1 << 31, 1 << 31, 1 << 2], &[0, 0, 0], 0)
+        .expect_err("2^64 elements overflow");
+    assert_eq!(err.status(), Some(161002), "{err}");
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Finding 6: a size-1 dimension may have any stride CANN accepts without overflowing anywhere.
 
-#[test]
-fn size_one_dims_with_huge_strides() {
-    on_both_backends(|ctx| {
-        let s = ctx.new_stream().unwrap();
-        let data: Vec<f32> = (0..6).map(|v| v as f32).collect();
-        for big in [i64::MAX as usize, usize::MAX] {
-            // [1, 2, 3] with a huge stride on the size-1 leading dim: accepted up to int64's
-            // maximum (what aclTensor describes), rejected with 161002 beyond; never a panic.
-            let t = match Tensor::from_slice_strided(&s, &data, &[1, 2, 3], &[big, 3, 1], 0) {
-                Err(e) if big > i64::MAX as usize => {
-                    assert_eq!(e.status(), Some(161002), "{e}");
-                    continue;
-                }
-                r => r.unwrap(),
-            };
-            assert_eq!(t.to_vec::<f32>(&s).unwrap(), data);
-            let mut t2 = Tensor::from_slice_strided(&s, &data, &[2, 1, 3], &[3, big, 1], 0).unwrap();
-            t2.copy_from_slice(&s, &[5.0f32; 6]).unwrap();
-            assert_eq!(t2.to_vec::<f32>(&s).unwrap(), [5.0; 6]);
-            let c = [1.0f32, 1.0];
-            let (mean, invstd) = (Tensor::from_slice(&s, &c, &[2]).unwrap(), Tensor::from_slice(&s, &c, &[2]).unwrap());
-            let out = batch_norm_reduce_backward(&s, &t, &t, &mean, &invstd, None, OutputMask::ALL).unwrap();
-            // channel 0: x = 0,1,2; channel 1: x = 3,4,5; dy = x; mean 1.
-            assert_eq!(out.sum_dy.unwrap().to_vec::<f32>(&s).unwrap(), [3.0, 12.0]);
-            assert_eq!(out.sum_dy_xmu.unwrap().to_vec::<f32>(&s).unwrap(), [2.0, 38.0]);
-        }
-    });
+fn size_one_dims_with_huge_strides(ctx: &Context) -> R {
+    let s = ctx.new_stream().unwrap();
+    let data: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    for big in [i64::MAX as usize, usize::MAX] {
+        // [1, 2, 3] with a huge stride on the size-1 leading dim: accepted up to int64's
+        // maximum (what aclTensor describes), rejected with 161002 beyond; never a panic.
+        let t = match Tensor::from_slice_strided(&s, &data, &[1, 2, 3], &[big, 3, 1], 0) {
+            Err(e) if big > i64::MAX as usize => {
+                assert_eq!(e.status(), Some(161002), "{e}");
+                continue;
+            }
+            r => r.unwrap(),
+        };
+        assert_eq!(t.to_vec::<f32>(&s).unwrap(), data);
+        let mut t2 = Tensor::from_slice_strided(&s, &data, &[2, 1, 3], &[3, big, 1], 0).unwrap();
+        t2.copy_from_slice(&s, &[5.0f32; 6]).unwrap();
+        assert_eq!(t2.to_vec::<f32>(&s).unwrap(), [5.0; 6]);
+        let c = [1.0f32, 1.0];
+        let (mean, invstd) = (Tensor::from_slice(&s, &c, &[2]).unwrap(), Tensor::from_slice(&s, &c, &[2]).unwrap());
+        let out = batch_norm_reduce_backward(&s, &t, &t, &mean, &invstd, None, OutputMask::ALL).unwrap();
+        // channel 0: x = 0,1,2; channel 1: x = 3,4,5; dy = x; mean 1.
+        assert_eq!(out.sum_dy.unwrap().to_vec::<f32>(&s).unwrap(), [3.0, 12.0]);
+        assert_eq!(out.sum_dy_xmu.unwrap().to_vec::<f32>(&s).unwrap(), [2.0, 38.0]);
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Finding 7: extents beyond i64::MAX (what aclTensor can describe) are rejected alike on both
 // backends, when the tensor is made and when a caller's host view reaches the CPU entry.
 
-#[test]
-fn extents_beyond_i64_are_rejected_on_both_backends() {
+fn extents_beyond_i64_are_rejected_on_both_backends(ctx: &Context) -> R {
     let huge = i64::MAX as usize + 1;
-    on_both_backends(|ctx| {
-        let s = ctx.new_stream().unwrap();
-        let data = [1.0f32; 4];
-        let cases: [(&[usize], &[usize], usize); 4] = [
-            (&[1, 4], &[huge, 1], 0),       // a stride
-            (&[0, 4], &[4, 1], 0),          // (control: accepted)
-            (&[huge, 0], &[1, 1], 0),       // a dim of an empty view
-            (&[1, 4], &[usize::MAX, 1], 0), // the largest stride
-        ];
-        for (i, (shape, strides, offset)) in cases.into_iter().enumerate() {
-            let r = Tensor::from_slice_strided(&s, &data, shape, strides, offset);
-            if i == 1 {
-                r.unwrap();
-            } else {
-                let err = r.expect_err("beyond int64");
-                assert_eq!(err.status(), Some(161002), "{:?} case {i}: {err}", ctx.backend());
-            }
+    let s = ctx.new_stream().unwrap();
+    let data = [1.0f32; 4];
+    let cases: [(&[usize], &[usize], usize); 4] = [
+        (&[1, 4], &[huge, 1], 0),       // a stride
+        (&[0, 4], &[4, 1], 0),          // (control: accepted)
+        (&[huge, 0], &[1, 1], 0),       // a dim of an empty view
+        (&[1, 4], &[usize::MAX, 1], 0), // the largest stride
+    ];
+    for (i, (shape, strides, offset)) in cases.into_iter().enumerate() {
+        let r = Tensor::from_slice_strided(&s, &data, shape, strides, offset);
+        if i == 1 {
+            r.unwrap();
+        } else {
+            let err = r.expect_err("beyond int64");
+            assert_eq!(err.status(), Some(161002), "{:?} case {i}: {err}", ctx.backend());
         }
-    });
-    // The zero-copy CPU entry validates the caller's views the same way.
+    }
+    Ok(())
+}
+
+/// The zero-copy CPU entry validates a caller's host views as tensors are validated.
+#[test]
+fn cpu_entry_rejects_extents_beyond_i64() {
+    let huge = i64::MAX as usize + 1;
     let data = [1.0f32; 8];
     let (shape, strides) = ([1usize, 2, 4], [huge, 4, 1]);
     let c = [1.0f32; 2];
@@ -297,43 +298,39 @@ fn extents_beyond_i64_are_rejected_on_both_backends() {
 
 /// The `_into` entry with weight given, exercised on every backend: the same values (weight never
 /// changes one) and no violation.
-#[test]
-fn weight_given_to_into_on_both_backends() {
-    on_both_backends(|ctx| {
-        let s = ctx.new_stream().unwrap();
-        let inp = inputs(9, &[3, 2, 5]);
-        let up = inp.upload(&s).unwrap();
-        let mut outs = Outs::filled(&s, DType::F32, 2).unwrap();
-        batch_norm_reduce_backward_into(
-            &s,
-            &up.dy,
-            &up.x,
-            &up.mean,
-            &up.invstd,
-            up.weight.as_ref(),
-            OutputMask::ALL,
-            outs.all(),
-        )
-        .unwrap();
-        outs.check(&s, OutputMask::ALL, &inp.expected());
-    });
+fn weight_given_to_into_on_both_backends(ctx: &Context) -> R {
+    let s = ctx.new_stream().unwrap();
+    let inp = inputs(9, &[3, 2, 5]);
+    let up = inp.upload(&s).unwrap();
+    let mut outs = Outs::filled(&s, DType::F32, 2).unwrap();
+    batch_norm_reduce_backward_into(
+        &s,
+        &up.dy,
+        &up.x,
+        &up.mean,
+        &up.invstd,
+        up.weight.as_ref(),
+        OutputMask::ALL,
+        outs.all(),
+    )
+    .unwrap();
+    outs.check(&s, OutputMask::ALL, &inp.expected());
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Found by the stateful test: empty inputs give +0 in every enabled output on both backends,
 // whatever invstd holds (the CPU backend once gave 0·invstd, i.e. −0 for a negative invstd).
 
-#[test]
-fn empty_input_gives_positive_zeros_on_both_backends() {
-    on_both_backends(|ctx| {
-        let s = ctx.new_stream().unwrap();
-        let dy = Tensor::zeros(&s, DType::F32, &[0, 3, 2]).unwrap();
-        let mean = Tensor::from_slice(&s, &[0.5f32, -1.0, 2.0], &[3]).unwrap();
-        let invstd = Tensor::from_slice(&s, &[-1.0f32, f32::NAN, -0.0], &[3]).unwrap();
-        let out = batch_norm_reduce_backward(&s, &dy, &dy, &mean, &invstd, None, OutputMask::ALL).unwrap();
-        for t in [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias] {
-            let v = t.unwrap().to_vec::<f32>(&s).unwrap();
-            assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), [0; 3], "{:?}: {v:?}", ctx.backend());
-        }
-    });
+fn empty_input_gives_positive_zeros_on_both_backends(ctx: &Context) -> R {
+    let s = ctx.new_stream().unwrap();
+    let dy = Tensor::zeros(&s, DType::F32, &[0, 3, 2]).unwrap();
+    let mean = Tensor::from_slice(&s, &[0.5f32, -1.0, 2.0], &[3]).unwrap();
+    let invstd = Tensor::from_slice(&s, &[-1.0f32, f32::NAN, -0.0], &[3]).unwrap();
+    let out = batch_norm_reduce_backward(&s, &dy, &dy, &mean, &invstd, None, OutputMask::ALL).unwrap();
+    for t in [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias] {
+        let v = t.unwrap().to_vec::<f32>(&s).unwrap();
+        assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), [0; 3], "{:?}: {v:?}", ctx.backend());
+    }
+    Ok(())
 }

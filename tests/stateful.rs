@@ -22,6 +22,8 @@
 //! (default 700, about 23,000 steps), `STATEFUL_SEED` the seed (default: fixed).
 #![cfg(feature = "mock")]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use proptest::prelude::*;
@@ -342,15 +344,12 @@ fn fail(msg: impl Into<String>) -> TestCaseError {
     TestCaseError::fail(msg.into())
 }
 
-/// xorshift64*.
+/// Random values: small integers (`big`) or signed powers of two.
 fn rng_values(seed: u64, n: usize, big: bool) -> Vec<f32> {
-    let mut x = seed | 1;
+    let mut rng = common::Rng::new(seed);
     (0..n)
         .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+            let r = rng.next_u64() >> 33;
             if big {
                 (r % 9) as f32 - 4.0 // integers in [-4, 4]
             } else {
@@ -1072,10 +1071,9 @@ fn run_program(p: &Program) -> Outcome {
 fn random_programs_on_the_mock_match_the_cpu_twin() {
     // Two mock devices; read by the mock at aclInit, before which nothing in this binary runs.
     std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2");
-    let cases = std::env::var("STATEFUL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(700);
-    let seed: u64 = std::env::var("STATEFUL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5EED_A5CE);
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let cases = common::env_or("STATEFUL_CASES", 700);
+    let seed: u64 = common::env_or("STATEFUL_SEED", 0x5EED_A5CE);
+    let seed_bytes = common::seed_bytes(seed);
     let config = Config { cases, failure_persistence: None, max_shrink_iters: 4096, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
     let result = runner.run(&program(), |p| run_program(&p));

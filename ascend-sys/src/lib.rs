@@ -12,6 +12,7 @@
 //! Everything here is `unsafe` to call; the safe API is the `ascend` crate.
 
 #![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 pub mod bindings;
 pub mod loader;

@@ -1,7 +1,8 @@
-//! Status codes returned by CANN, by name (docs/cann/API.md section 4), and [`name`] to look one up.
+//! Status codes returned by CANN, by name (docs/cann/API.md section 4), and [`name`] to look one up;
+//! HCCL's `HcclResult` names, and [`hccl_name`].
 //!
 //! aclnn calls return `aclnnStatus` (`int32_t`), runtime calls `aclError` (`int`); both share
-//! one number space, so one table serves both.
+//! one number space, so one table serves both. HCCL's results are a number space of their own.
 
 macro_rules! codes {
     ($($(#[$doc:meta])* $name:ident = $value:expr;)*) => {
@@ -144,6 +145,47 @@ pub fn name(code: i32) -> Option<&'static str> {
     ALL.iter().find(|(v, _)| *v == code).map(|(_, n)| *n)
 }
 
+/// The `HcclResult` values that are stable across HCCL versions (docs/cann/HCCL.md 3.2), as
+/// (value, name): 0 to 24 in order, and `HCCL_E_IN_STATUS`.
+pub const HCCL_RESULTS: &[(u32, &str)] = &[
+    (0, "HCCL_SUCCESS"),
+    (1, "HCCL_E_PARA"),
+    (2, "HCCL_E_PTR"),
+    (3, "HCCL_E_MEMORY"),
+    (4, "HCCL_E_INTERNAL"),
+    (5, "HCCL_E_NOT_SUPPORT"),
+    (6, "HCCL_E_NOT_FOUND"),
+    (7, "HCCL_E_UNAVAIL"),
+    (8, "HCCL_E_SYSCALL"),
+    (9, "HCCL_E_TIMEOUT"),
+    (10, "HCCL_E_OPEN_FILE_FAILURE"),
+    (11, "HCCL_E_TCP_CONNECT"),
+    (12, "HCCL_E_ROCE_CONNECT"),
+    (13, "HCCL_E_TCP_TRANSFER"),
+    (14, "HCCL_E_ROCE_TRANSFER"),
+    (15, "HCCL_E_RUNTIME"),
+    (16, "HCCL_E_DRV"),
+    (17, "HCCL_E_PROFILING"),
+    (18, "HCCL_E_CCE"),
+    (19, "HCCL_E_NETWORK"),
+    (20, "HCCL_E_AGAIN"),
+    (21, "HCCL_E_REMOTE"),
+    (22, "HCCL_E_SUSPENDING"),
+    (23, "HCCL_E_OPRETRY_FAIL"),
+    (24, "HCCL_E_OOM"),
+    (1041, "HCCL_E_IN_STATUS"),
+];
+
+/// The name of an `HcclResult` value (e.g. `9` → `"HCCL_E_TIMEOUT"`), if it is a known one.
+///
+/// ```
+/// assert_eq!(ascend_sys::status::hccl_name(9), Some("HCCL_E_TIMEOUT"));
+/// assert_eq!(ascend_sys::status::hccl_name(1000), None);
+/// ```
+pub fn hccl_name(result: u32) -> Option<&'static str> {
+    HCCL_RESULTS.iter().find(|(v, _)| *v == result).map(|(_, n)| *n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +201,23 @@ mod tests {
         values.sort_unstable();
         values.dedup();
         assert_eq!(values.len(), ALL.len());
+    }
+
+    #[test]
+    fn hccl_names_are_the_bindings_values() {
+        use crate::HcclResult;
+        for (r, n) in [
+            (HcclResult::HCCL_SUCCESS, "HCCL_SUCCESS"),
+            (HcclResult::HCCL_E_PARA, "HCCL_E_PARA"),
+            (HcclResult::HCCL_E_NOT_SUPPORT, "HCCL_E_NOT_SUPPORT"),
+            (HcclResult::HCCL_E_TIMEOUT, "HCCL_E_TIMEOUT"),
+            (HcclResult::HCCL_E_REMOTE, "HCCL_E_REMOTE"),
+            (HcclResult::HCCL_E_OOM, "HCCL_E_OOM"),
+        ] {
+            assert_eq!(hccl_name(r.0), Some(n));
+        }
+        assert_eq!(hccl_name(1041), Some("HCCL_E_IN_STATUS"));
+        assert_eq!(hccl_name(25), None);
+        assert!(HCCL_RESULTS.iter().take(25).enumerate().all(|(i, (v, _))| *v as usize == i));
     }
 }

@@ -43,10 +43,10 @@ pub const NNOPBASE_SYMBOLS: &[&str] = &[
     "aclnnInit",
 ];
 
-/// An aclnn operator: the two functions of its two-phase API, and the package whose op library
-/// exports it on split installs (CANN 8.5+: `libopapi_nn.so`, `libopapi_math.so`; before, all
-/// are in `libopapi.so`). Each operator is resolved when first used, so a toolkit lacking one
-/// fails only that operator.
+/// An aclnn operator: the two functions of its two-phase API, the toolkit header declaring them,
+/// and the package whose op library exports it on split installs (CANN 8.5+: `libopapi_nn.so`,
+/// `libopapi_math.so`; before, all are in `libopapi.so`). Each operator is resolved when first
+/// used, so a toolkit lacking one fails only that operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Operator {
     /// The launch (phase 2), which is also the operator's name, e.g. `aclnnBatchNormStats`.
@@ -55,31 +55,50 @@ pub struct Operator {
     pub phase1: &'static str,
     /// The package: `nn` or `math`.
     pub package: &'static str,
+    /// The toolkit header declaring both functions, relative to its include directory, e.g.
+    /// `aclnnop/aclnn_batch_norm_stats.h` (`wrapper.h` includes it when it binds the toolkit's
+    /// own headers; the `bindgen` build probes for it).
+    pub header: &'static str,
 }
+
+/// The toolkit headers `wrapper.h` includes besides the operators' own (`Operator::header`),
+/// relative to the toolkit's include directory.
+pub const BASE_HEADERS: &[&str] = &["acl/acl.h", "aclnn/acl_meta.h", "aclnn/aclnn_base.h", "hccl/hccl.h"];
 
 /// `aclnnBatchNormReduceBackward` (nn).
 pub const BATCH_NORM_REDUCE_BACKWARD: Operator = Operator {
     name: "aclnnBatchNormReduceBackward",
     phase1: "aclnnBatchNormReduceBackwardGetWorkspaceSize",
     package: "nn",
+    header: "aclnnop/aclnn_batch_norm_backward_reduce.h",
 };
 /// `aclnnBatchNormStats` (math).
-pub const BATCH_NORM_STATS: Operator =
-    Operator { name: "aclnnBatchNormStats", phase1: "aclnnBatchNormStatsGetWorkspaceSize", package: "math" };
+pub const BATCH_NORM_STATS: Operator = Operator {
+    name: "aclnnBatchNormStats",
+    phase1: "aclnnBatchNormStatsGetWorkspaceSize",
+    package: "math",
+    header: "aclnnop/aclnn_batch_norm_stats.h",
+};
 /// `aclnnBatchNormGatherStatsWithCounts` (nn).
 pub const BATCH_NORM_GATHER_STATS_WITH_COUNTS: Operator = Operator {
     name: "aclnnBatchNormGatherStatsWithCounts",
     phase1: "aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize",
     package: "nn",
+    header: "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h",
 };
 /// `aclnnBatchNormElemt` (nn).
-pub const BATCH_NORM_ELEMT: Operator =
-    Operator { name: "aclnnBatchNormElemt", phase1: "aclnnBatchNormElemtGetWorkspaceSize", package: "nn" };
+pub const BATCH_NORM_ELEMT: Operator = Operator {
+    name: "aclnnBatchNormElemt",
+    phase1: "aclnnBatchNormElemtGetWorkspaceSize",
+    package: "nn",
+    header: "aclnnop/aclnn_batch_norm_elemt.h",
+};
 /// `aclnnBatchNormElemtBackward` (nn).
 pub const BATCH_NORM_ELEMT_BACKWARD: Operator = Operator {
     name: "aclnnBatchNormElemtBackward",
     phase1: "aclnnBatchNormElemtBackwardGetWorkspaceSize",
     package: "nn",
+    header: "aclnnop/aclnn_batch_norm_elemt_backward.h",
 };
 
 /// Every operator bound, each in its package (docs/cann/SYNCBN.md section 1).

@@ -29,11 +29,6 @@
 enum { T_INPUT, T_WEIGHT, T_BIAS, T_MEAN, T_INVSTD, T_OUTPUT, NT };
 static const char *const k_names[NT] = {"input", "weight", "bias", "mean", "invstd", "output"};
 
-
-static int64_t pos_along(const ascend_mock_tensor *t, int64_t c) {
-    return t->offset + c * t->strides[0];
-}
-
 /* ---- the compute (a queued task; runs with the toolkit lock held) ------------------------------------ */
 static int elemt_run(const mock_op *op, mock_op_call *k) {
     const ascend_mock_tensor *x = &k->t[T_INPUT], *y = &k->t[T_OUTPUT];
@@ -48,34 +43,22 @@ static int elemt_run(const mock_op *op, mock_op_call *k) {
     }
     float *m = scale + channels, *shift = scale + 2 * channels;
     for (int64_t c = 0; c < channels; c++) {
-        float s = mock_load(invstd, pos_along(invstd, c));
+        float s = mock_load(invstd, mock_channel_pos(invstd, c));
         float var = 1.0f / (s * s) - eps; /* the variance rebuilt from invstd */
         scale[c] = 1.0f / mock_sqrt_f32(var + eps);
-        m[c] = mock_load(mean, pos_along(mean, c));
-        shift[c] = has_b ? mock_load(&k->t[T_BIAS], pos_along(&k->t[T_BIAS], c)) : 0.0f;
+        m[c] = mock_load(mean, mock_channel_pos(mean, c));
+        shift[c] = has_b ? mock_load(&k->t[T_BIAS], mock_channel_pos(&k->t[T_BIAS], c)) : 0.0f;
     }
     const ascend_mock_tensor *w = &k->t[T_WEIGHT];
-    uint64_t rank = x->rank, total = mock_numel(x);
-    int64_t idx[ASCEND_MOCK_MAX_RANK] = {0};
-    int64_t px = x->offset, py = y->offset;
-    for (uint64_t e = 0; e < total; e++) {
-        int64_t c = idx[1];
-        float v = (mock_load(x, px) - m[c]) * scale[c];
+    const ascend_mock_tensor *views[] = {x, y};
+    mock_walk it;
+    for (mock_walk_init(&it, views, 2); it.left; mock_walk_step(&it)) {
+        int64_t c = it.idx[1];
+        float v = (mock_load(x, it.pos[0]) - m[c]) * scale[c];
         if (has_w) {
-            v = v * mock_load(w, pos_along(w, c));
+            v = v * mock_load(w, mock_channel_pos(w, c));
         }
-        mock_store(y, py, v + shift[c]);
-        for (uint64_t d = rank; d-- > 0;) {
-            idx[d]++;
-            px += x->strides[d];
-            py += y->strides[d];
-            if (idx[d] < x->dims[d]) {
-                break;
-            }
-            px -= x->strides[d] * x->dims[d];
-            py -= y->strides[d] * y->dims[d];
-            idx[d] = 0;
-        }
+        mock_store(y, it.pos[1], v + shift[c]);
     }
     free(scale);
     return 0;
@@ -89,14 +72,10 @@ static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
         t[i] = &call->t[i];
         on[i] = call->args[i].used;
     }
-    static const char support[] = "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]";
     char a[256], b[256];
-    for (int i = 0; i < NT; i++) {
-        if (on[i] && !mock_dtype_float(t[i]->dtype)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                                "Tensor %s not implemented for %s, should be in dtype support list %s.", k_names[i],
-                                ascend_mock_dtype_name(t[i]->dtype), support);
-        }
+    aclnnStatus st = mock_check_float_args(op, call, -1);
+    if (st) {
+        return st;
     }
     const ascend_mock_tensor *x = t[T_INPUT], *y = t[T_OUTPUT];
     if (x->rank < 2 || x->rank > 8) {

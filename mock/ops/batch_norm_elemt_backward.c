@@ -40,10 +40,6 @@ static float rnd(int half, float v) {
     return half ? mock_f16_to_f32(mock_f32_to_f16(v)) : v;
 }
 
-static int64_t pos_along(const ascend_mock_tensor *t, int64_t c) {
-    return t->offset + c * t->strides[0];
-}
-
 /* ---- the compute (a queued task; runs with the toolkit lock held) ------------------------------------ */
 static int elemt_backward_run(const mock_op *op, mock_op_call *k) {
     const ascend_mock_tensor *dy = &k->t[T_GRAD], *x = &k->t[T_INPUT], *gi = &k->t[T_GRADIN];
@@ -70,36 +66,22 @@ static int elemt_backward_run(const mock_op *op, mock_op_call *k) {
     }
     float *mean = p, *invstd = p + channels, *w = p + 2 * channels, *mdy = p + 3 * channels, *mdx = p + 4 * channels;
     for (int64_t c = 0; c < channels; c++) {
-        mean[c] = mock_load(&k->t[T_MEAN], pos_along(&k->t[T_MEAN], c));
-        invstd[c] = mock_load(&k->t[T_INVSTD], pos_along(&k->t[T_INVSTD], c));
-        w[c] = has_w ? mock_load(&k->t[T_WEIGHT], pos_along(&k->t[T_WEIGHT], c)) : 1.0f;
-        mdy[c] = rnd(half, mock_load(&k->t[T_SUMDY], pos_along(&k->t[T_SUMDY], c)) / n);
-        mdx[c] = rnd(half, mock_load(&k->t[T_SUMDYXMU], pos_along(&k->t[T_SUMDYXMU], c)) / n);
+        mean[c] = mock_load(&k->t[T_MEAN], mock_channel_pos(&k->t[T_MEAN], c));
+        invstd[c] = mock_load(&k->t[T_INVSTD], mock_channel_pos(&k->t[T_INVSTD], c));
+        w[c] = has_w ? mock_load(&k->t[T_WEIGHT], mock_channel_pos(&k->t[T_WEIGHT], c)) : 1.0f;
+        mdy[c] = rnd(half, mock_load(&k->t[T_SUMDY], mock_channel_pos(&k->t[T_SUMDY], c)) / n);
+        mdx[c] = rnd(half, mock_load(&k->t[T_SUMDYXMU], mock_channel_pos(&k->t[T_SUMDYXMU], c)) / n);
     }
-    uint64_t rank = x->rank, total = mock_numel(x);
-    int64_t idx[ASCEND_MOCK_MAX_RANK] = {0};
-    int64_t pd = dy->offset, px = x->offset, pg = gi->offset;
-    for (uint64_t e = 0; e < total; e++) {
-        int64_t c = idx[1];
-        float xmu = rnd(half, mock_load(x, px) - mean[c]);
+    const ascend_mock_tensor *views[] = {x, dy, gi};
+    mock_walk it;
+    for (mock_walk_init(&it, views, 3); it.left; mock_walk_step(&it)) {
+        int64_t c = it.idx[1];
+        float xmu = rnd(half, mock_load(x, it.pos[0]) - mean[c]);
         float is2 = rnd(half, invstd[c] * invstd[c]);
         float t = rnd(half, rnd(half, xmu * is2) * mdx[c]);
-        float g = rnd(half, rnd(half, mock_load(dy, pd) - mdy[c]) - t);
+        float g = rnd(half, rnd(half, mock_load(dy, it.pos[1]) - mdy[c]) - t);
         g = rnd(half, rnd(half, g * invstd[c]) * w[c]);
-        mock_store(gi, pg, g);
-        for (uint64_t d = rank; d-- > 0;) {
-            idx[d]++;
-            pd += dy->strides[d];
-            px += x->strides[d];
-            pg += gi->strides[d];
-            if (idx[d] < x->dims[d]) {
-                break;
-            }
-            pd -= dy->strides[d] * dy->dims[d];
-            px -= x->strides[d] * x->dims[d];
-            pg -= gi->strides[d] * gi->dims[d];
-            idx[d] = 0;
-        }
+        mock_store(gi, it.pos[2], g);
     }
     free(p);
     return 0;
@@ -113,17 +95,10 @@ static aclnnStatus elemt_backward_check(const mock_op *op, mock_op_call *call) {
         t[i] = &call->t[i];
         on[i] = call->args[i].used;
     }
-    static const char support[] = "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]";
     char a[256], b[256];
-    for (int i = 0; i < NT; i++) {
-        if (i == T_COUNTER || !on[i]) {
-            continue;
-        }
-        if (!mock_dtype_float(t[i]->dtype)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                                "Tensor %s not implemented for %s, should be in dtype support list %s.", k_names[i],
-                                ascend_mock_dtype_name(t[i]->dtype), support);
-        }
+    aclnnStatus st = mock_check_float_args(op, call, T_COUNTER);
+    if (st) {
+        return st;
     }
     aclDataType cdt = t[T_COUNTER]->dtype;
     if (cdt != ACL_FLOAT && cdt != ACL_FLOAT16 && cdt != ACL_INT32) {

@@ -26,16 +26,6 @@ enum { T_GRAD, T_INPUT, T_MEAN, T_INVSTD, T_WEIGHT, T_SUMDY, T_SUMDYXMU, T_GRADW
 static const char *const k_names[NT] = {"gradOut", "input",    "mean",       "invstd",  "weight",
                                         "sumDy",   "sumDyXmu", "gradWeight", "gradBias"};
 
-static float ws_get(const uint8_t *ws, int64_t i) {
-    float f;
-    memcpy(&f, ws + (uint64_t)i * sizeof f, sizeof f);
-    return f;
-}
-
-static void ws_set(uint8_t *ws, int64_t i, float f) {
-    memcpy(ws + (uint64_t)i * sizeof f, &f, sizeof f);
-}
-
 /* ---- the compute (a queued task; runs with the toolkit lock held) ------------------------------------ */
 static int bn_run(const mock_op *op, mock_op_call *k) {
     const ascend_mock_tensor *dy = &k->t[T_GRAD], *x = &k->t[T_INPUT];
@@ -69,48 +59,36 @@ static int bn_run(const mock_op *op, mock_op_call *k) {
     }
     /* workspace: [0, C) running sum(dy), [C, 2C) running sum(dy*x) */
     for (int64_t c = 0; c < 2 * channels; c++) {
-        ws_set(k->ws, c, 0.0f);
+        mock_ws_set(k->ws, c, 0.0f);
     }
-    uint64_t rank = dy->rank, total = mock_numel(dy);
-    int64_t idx[ASCEND_MOCK_MAX_RANK] = {0};
-    int64_t pd = dy->offset, px = x->offset;
-    for (uint64_t e = 0; e < total; e++) {
-        int64_t c = idx[1];
-        float vd = mock_load(dy, pd), vx = mock_load(x, px);
+    const ascend_mock_tensor *views[] = {dy, x};
+    mock_walk it;
+    for (mock_walk_init(&it, views, 2); it.left; mock_walk_step(&it)) {
+        int64_t c = it.idx[1];
+        float vd = mock_load(dy, it.pos[0]), vx = mock_load(x, it.pos[1]);
         float prod = vd * vx;
         blk[2 * c] += vd;
         blk[2 * c + 1] += prod;
         if (++cnt[c] == BLOCK) {
-            ws_set(k->ws, c, ws_get(k->ws, c) + blk[2 * c]);
-            ws_set(k->ws, channels + c, ws_get(k->ws, channels + c) + blk[2 * c + 1]);
+            mock_ws_set(k->ws, c, mock_ws_get(k->ws, c) + blk[2 * c]);
+            mock_ws_set(k->ws, channels + c, mock_ws_get(k->ws, channels + c) + blk[2 * c + 1]);
             blk[2 * c] = 0.0f;
             blk[2 * c + 1] = 0.0f;
             cnt[c] = 0;
         }
-        for (uint64_t d = rank; d-- > 0;) {
-            idx[d]++;
-            pd += dy->strides[d];
-            px += x->strides[d];
-            if (idx[d] < dy->dims[d]) {
-                break;
-            }
-            pd -= dy->strides[d] * dy->dims[d];
-            px -= x->strides[d] * x->dims[d];
-            idx[d] = 0;
-        }
     }
     for (int64_t c = 0; c < channels; c++) {
         if (cnt[c]) {
-            ws_set(k->ws, c, ws_get(k->ws, c) + blk[2 * c]);
-            ws_set(k->ws, channels + c, ws_get(k->ws, channels + c) + blk[2 * c + 1]);
+            mock_ws_set(k->ws, c, mock_ws_get(k->ws, c) + blk[2 * c]);
+            mock_ws_set(k->ws, channels + c, mock_ws_get(k->ws, channels + c) + blk[2 * c + 1]);
         }
     }
     free(blk);
     free(cnt);
 
     for (int64_t c = 0; c < channels; c++) {
-        float sum_dy = ws_get(k->ws, c);
-        float sum_dyx = ws_get(k->ws, channels + c);
+        float sum_dy = mock_ws_get(k->ws, c);
+        float sum_dyx = mock_ws_get(k->ws, channels + c);
         float m = mock_load(mean, mock_view_pos(mean, (uint64_t)c));
         float s = mock_load(invstd, mock_view_pos(invstd, (uint64_t)c));
         float m_sum = m * sum_dy;

@@ -27,16 +27,6 @@
 enum { T_INPUT, T_MEAN, T_INVSTD, NT };
 static const char *const k_names[NT] = {"input", "mean", "invstd"};
 
-static float ws_get(const uint8_t *ws, int64_t i) {
-    float f;
-    memcpy(&f, ws + (uint64_t)i * sizeof f, sizeof f);
-    return f;
-}
-
-static void ws_set(uint8_t *ws, int64_t i, float f) {
-    memcpy(ws + (uint64_t)i * sizeof f, &f, sizeof f);
-}
-
 /* Per channel, into ws[0, C): the f32 sum of x (shift NULL) or of (x - shift[c])^2, in blocks of
  * BLOCK elements of the channel (row-major order). Returns 0, or -1 when out of host memory. */
 static int channel_sums(const ascend_mock_tensor *x, const float *shift, uint8_t *ws) {
@@ -49,37 +39,26 @@ static int channel_sums(const ascend_mock_tensor *x, const float *shift, uint8_t
         return -1;
     }
     for (int64_t c = 0; c < channels; c++) {
-        ws_set(ws, c, 0.0f);
+        mock_ws_set(ws, c, 0.0f);
     }
-    uint64_t rank = x->rank, total = mock_numel(x);
-    int64_t idx[ASCEND_MOCK_MAX_RANK] = {0};
-    int64_t px = x->offset;
-    for (uint64_t e = 0; e < total; e++) {
-        int64_t c = idx[1];
-        float v = mock_load(x, px);
+    mock_walk it;
+    for (mock_walk_init(&it, &x, 1); it.left; mock_walk_step(&it)) {
+        int64_t c = it.idx[1];
+        float v = mock_load(x, it.pos[0]);
         if (shift) {
             float d = v - shift[c];
             v = d * d;
         }
         blk[c] += v;
         if (++cnt[c] == BLOCK) {
-            ws_set(ws, c, ws_get(ws, c) + blk[c]);
+            mock_ws_set(ws, c, mock_ws_get(ws, c) + blk[c]);
             blk[c] = 0.0f;
             cnt[c] = 0;
-        }
-        for (uint64_t d = rank; d-- > 0;) {
-            idx[d]++;
-            px += x->strides[d];
-            if (idx[d] < x->dims[d]) {
-                break;
-            }
-            px -= x->strides[d] * x->dims[d];
-            idx[d] = 0;
         }
     }
     for (int64_t c = 0; c < channels; c++) {
         if (cnt[c]) {
-            ws_set(ws, c, ws_get(ws, c) + blk[c]);
+            mock_ws_set(ws, c, mock_ws_get(ws, c) + blk[c]);
         }
     }
     free(blk);
@@ -107,7 +86,7 @@ static int stats_run(const mock_op *op, mock_op_call *k) {
         return ACL_ERROR_RT_AICORE_EXCEPTION;
     }
     for (int64_t c = 0; c < channels; c++) {
-        m[c] = ws_get(k->ws, c) / n;
+        m[c] = mock_ws_get(k->ws, c) / n;
     }
     if (channel_sums(x, m, k->ws) != 0) {
         free(m);
@@ -115,7 +94,7 @@ static int stats_run(const mock_op *op, mock_op_call *k) {
         return ACL_ERROR_RT_AICORE_EXCEPTION;
     }
     for (int64_t c = 0; c < channels; c++) {
-        float var = ws_get(k->ws, c) / n;
+        float var = mock_ws_get(k->ws, c) / n;
         mock_store(mean, mock_view_pos(mean, (uint64_t)c), m[c]);
         mock_store(invstd, mock_view_pos(invstd, (uint64_t)c), 1.0f / mock_sqrt_f32(var + eps));
     }

@@ -4,6 +4,8 @@
 //! Functions taking raw pointers or handles are `unsafe`: the caller (the safe layer in
 //! [`crate::device`]) guarantees the handles are live and the memory ranges valid.
 
+pub(crate) mod hccl;
+
 use std::ffi::{c_void, CStr};
 use std::ptr;
 
@@ -80,7 +82,8 @@ pub(crate) fn create_stream(cann: &Cann) -> Result<aclrtStream> {
 /// # Safety
 /// `stream` is a live stream of the device bound to this thread.
 pub(crate) unsafe fn synchronize_stream(cann: &Cann, stream: aclrtStream) -> Result<()> {
-    check(cann, "aclrtSynchronizeStream", cann.acl.aclrtSynchronizeStream(stream))
+    // SAFETY: `stream` is live on the bound device (this function's contract).
+    check(cann, "aclrtSynchronizeStream", unsafe { cann.acl.aclrtSynchronizeStream(stream) })
 }
 
 /// `aclrtDestroyStream`.
@@ -88,7 +91,8 @@ pub(crate) unsafe fn synchronize_stream(cann: &Cann, stream: aclrtStream) -> Res
 /// # Safety
 /// `stream` is a live stream, not used afterwards.
 pub(crate) unsafe fn destroy_stream(cann: &Cann, stream: aclrtStream) -> Result<()> {
-    check(cann, "aclrtDestroyStream", cann.acl.aclrtDestroyStream(stream))
+    // SAFETY: `stream` is live and never used again (this function's contract).
+    check(cann, "aclrtDestroyStream", unsafe { cann.acl.aclrtDestroyStream(stream) })
 }
 
 /// `aclrtMalloc(.., ACL_MEM_MALLOC_HUGE_FIRST)`; `bytes` must be non-zero.
@@ -108,7 +112,8 @@ pub(crate) fn malloc(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
 /// # Safety
 /// `p` came from [`malloc`] and no enqueued work still uses it.
 pub(crate) unsafe fn free(cann: &Cann, p: *mut c_void) -> Result<()> {
-    check(cann, "aclrtFree", cann.acl.aclrtFree(p))
+    // SAFETY: `p` came from aclrtMalloc and no enqueued work uses it (this function's contract).
+    check(cann, "aclrtFree", unsafe { cann.acl.aclrtFree(p) })
 }
 
 /// Synchronous `aclrtMemcpy` host → device.
@@ -116,13 +121,11 @@ pub(crate) unsafe fn free(cann: &Cann, p: *mut c_void) -> Result<()> {
 /// # Safety
 /// `dst..dst+src.len()` lies in one live device allocation that no pending work uses.
 pub(crate) unsafe fn copy_to_device(cann: &Cann, dst: *mut c_void, src: &[u8]) -> Result<()> {
-    let status = cann.acl.aclrtMemcpy(
-        dst,
-        src.len(),
-        src.as_ptr().cast(),
-        src.len(),
-        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
-    );
+    // SAFETY: the destination range is inside one live, idle device allocation (this function's
+    // contract) and the source is a host slice of the same length.
+    let status = unsafe {
+        cann.acl.aclrtMemcpy(dst, src.len(), src.as_ptr().cast(), src.len(), aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE)
+    };
     check(cann, "aclrtMemcpy", status)
 }
 
@@ -131,13 +134,17 @@ pub(crate) unsafe fn copy_to_device(cann: &Cann, dst: *mut c_void, src: &[u8]) -
 /// # Safety
 /// `src..src+dst.len()` lies in one live device allocation whose writers have completed.
 pub(crate) unsafe fn copy_to_host(cann: &Cann, dst: &mut [u8], src: *const c_void) -> Result<()> {
-    let status = cann.acl.aclrtMemcpy(
-        dst.as_mut_ptr().cast(),
-        dst.len(),
-        src,
-        dst.len(),
-        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
-    );
+    // SAFETY: the source range is inside one live device allocation whose writers have completed
+    // (this function's contract) and the destination is a writable host slice of the same length.
+    let status = unsafe {
+        cann.acl.aclrtMemcpy(
+            dst.as_mut_ptr().cast(),
+            dst.len(),
+            src,
+            dst.len(),
+            aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+        )
+    };
     check(cann, "aclrtMemcpy", status)
 }
 
@@ -146,7 +153,8 @@ pub(crate) unsafe fn copy_to_host(cann: &Cann, dst: &mut [u8], src: *const c_voi
 /// # Safety
 /// `p..p+count` lies in one live device allocation that no pending work uses.
 pub(crate) unsafe fn memset(cann: &Cann, p: *mut c_void, value: u8, count: usize) -> Result<()> {
-    check(cann, "aclrtMemset", cann.acl.aclrtMemset(p, count, i32::from(value), count))
+    // SAFETY: `p..p+count` is inside one live, idle device allocation (this function's contract).
+    check(cann, "aclrtMemset", unsafe { cann.acl.aclrtMemset(p, count, i32::from(value), count) })
 }
 
 /// `aclCreateTensor` with a 1-D storage of `storage_len` elements (as op-plugin does).
@@ -166,17 +174,22 @@ pub(crate) unsafe fn create_tensor(
     data: *mut c_void,
 ) -> Result<*mut aclTensor> {
     let storage = [storage_len];
-    let t = cann.nnopbase.aclCreateTensor(
-        shape.as_ptr(),
-        shape.len() as u64,
-        dtype,
-        strides.as_ptr(),
-        offset,
-        format,
-        storage.as_ptr(),
-        1,
-        data,
-    );
+    // SAFETY: shape and strides are slices of the given length (CANN copies them), `storage` is
+    // one element, and `data` is null or an allocation holding the view (this function's
+    // contract).
+    let t = unsafe {
+        cann.nnopbase.aclCreateTensor(
+            shape.as_ptr(),
+            shape.len() as u64,
+            dtype,
+            strides.as_ptr(),
+            offset,
+            format,
+            storage.as_ptr(),
+            1,
+            data,
+        )
+    };
     if t.is_null() {
         return Err(Error::NullHandle { call: "aclCreateTensor", message: recent_error(cann) });
     }
@@ -188,7 +201,8 @@ pub(crate) unsafe fn create_tensor(
 /// # Safety
 /// `t` is a live tensor descriptor, not used afterwards.
 pub(crate) unsafe fn destroy_tensor(cann: &Cann, t: *mut aclTensor) -> Result<()> {
-    check(cann, "aclDestroyTensor", cann.nnopbase.aclDestroyTensor(t))
+    // SAFETY: `t` is a live descriptor, never used again (this function's contract).
+    check(cann, "aclDestroyTensor", unsafe { cann.nnopbase.aclDestroyTensor(t) })
 }
 
 /// Destroys an executor that phase 2 never consumed: `aclSetAclOpExecutorRepeatable` hands its
@@ -197,20 +211,23 @@ pub(crate) unsafe fn destroy_tensor(cann: &Cann, t: *mut aclTensor) -> Result<()
 /// # Safety
 /// `e` is a live executor from phase 1 that was never launched, not used afterwards.
 pub(crate) unsafe fn destroy_unlaunched_executor(cann: &Cann, e: *mut aclOpExecutor) -> Result<()> {
-    check(cann, "aclSetAclOpExecutorRepeatable", cann.nnopbase.aclSetAclOpExecutorRepeatable(e))?;
-    check(cann, "aclDestroyAclOpExecutor", cann.nnopbase.aclDestroyAclOpExecutor(e))
+    // SAFETY: `e` is a live executor that phase 2 never consumed (this function's contract).
+    check(cann, "aclSetAclOpExecutorRepeatable", unsafe { cann.nnopbase.aclSetAclOpExecutorRepeatable(e) })?;
+    // SAFETY: `e` is live and now owned by the caller (made repeatable), never used again.
+    check(cann, "aclDestroyAclOpExecutor", unsafe { cann.nnopbase.aclDestroyAclOpExecutor(e) })
 }
 
 /// Phase 1 of operator `call` (its `GetWorkspaceSize`): `f` makes the call with the
-/// workspace-size and executor out-pointers; the status is checked and a null executor refused.
+/// workspace-size and executor out-pointers (or fails before making it); the status is checked
+/// and a null executor refused.
 pub(crate) fn phase1(
     cann: &Cann,
     call: &'static str,
-    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32,
+    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> Result<i32>,
 ) -> Result<(u64, *mut aclOpExecutor)> {
     let mut size = 0u64;
     let mut executor: *mut aclOpExecutor = ptr::null_mut();
-    check(cann, call, f(&mut size, &mut executor))?;
+    check(cann, call, f(&mut size, &mut executor)?)?;
     if executor.is_null() {
         return Err(Error::NullHandle { call, message: recent_error(cann) });
     }
@@ -245,7 +262,9 @@ pub(crate) fn create_event(cann: &Cann) -> Result<aclrtEvent> {
 /// # Safety
 /// `event` is live, no queued `aclrtStreamWaitEvent` still refers to it, and it is not used afterwards.
 pub(crate) unsafe fn destroy_event(cann: &Cann, event: aclrtEvent) -> Result<()> {
-    check(cann, "aclrtDestroyEvent", cann.acl.aclrtDestroyEvent(event))
+    // SAFETY: `event` is live, no queued wait refers to it, never used again (this function's
+    // contract).
+    check(cann, "aclrtDestroyEvent", unsafe { cann.acl.aclrtDestroyEvent(event) })
 }
 
 /// `aclrtRecordEvent`.
@@ -253,7 +272,8 @@ pub(crate) unsafe fn destroy_event(cann: &Cann, event: aclrtEvent) -> Result<()>
 /// # Safety
 /// `event` and `stream` are live, on the device bound to this thread.
 pub(crate) unsafe fn record_event(cann: &Cann, event: aclrtEvent, stream: aclrtStream) -> Result<()> {
-    check(cann, "aclrtRecordEvent", cann.acl.aclrtRecordEvent(event, stream))
+    // SAFETY: `event` and `stream` are live on the bound device (this function's contract).
+    check(cann, "aclrtRecordEvent", unsafe { cann.acl.aclrtRecordEvent(event, stream) })
 }
 
 /// `aclrtStreamWaitEvent`: later work on `stream` waits (on the device) for the event.
@@ -261,7 +281,9 @@ pub(crate) unsafe fn record_event(cann: &Cann, event: aclrtEvent, stream: aclrtS
 /// # Safety
 /// `event` and `stream` are live; the event stays alive until the wait has run.
 pub(crate) unsafe fn stream_wait_event(cann: &Cann, stream: aclrtStream, event: aclrtEvent) -> Result<()> {
-    check(cann, "aclrtStreamWaitEvent", cann.acl.aclrtStreamWaitEvent(stream, event))
+    // SAFETY: `stream` and `event` are live, the event until the wait has run (this function's
+    // contract).
+    check(cann, "aclrtStreamWaitEvent", unsafe { cann.acl.aclrtStreamWaitEvent(stream, event) })
 }
 
 /// `aclrtQueryEventStatus`: whether the event's last record has run (never blocks).
@@ -270,7 +292,8 @@ pub(crate) unsafe fn stream_wait_event(cann: &Cann, stream: aclrtStream, event: 
 /// `event` is live.
 pub(crate) unsafe fn event_is_complete(cann: &Cann, event: aclrtEvent) -> Result<bool> {
     let mut status = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_NOT_READY;
-    check(cann, "aclrtQueryEventStatus", cann.acl.aclrtQueryEventStatus(event, &mut status))?;
+    // SAFETY: `event` is live (this function's contract); `status` is a valid out-pointer.
+    check(cann, "aclrtQueryEventStatus", unsafe { cann.acl.aclrtQueryEventStatus(event, &mut status) })?;
     Ok(status == aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE)
 }
 
@@ -279,7 +302,8 @@ pub(crate) unsafe fn event_is_complete(cann: &Cann, event: aclrtEvent) -> Result
 /// # Safety
 /// `event` is live.
 pub(crate) unsafe fn synchronize_event(cann: &Cann, event: aclrtEvent) -> Result<()> {
-    check(cann, "aclrtSynchronizeEvent", cann.acl.aclrtSynchronizeEvent(event))
+    // SAFETY: `event` is live (this function's contract).
+    check(cann, "aclrtSynchronizeEvent", unsafe { cann.acl.aclrtSynchronizeEvent(event) })
 }
 
 /// `aclrtEventElapsedTime`: milliseconds from `start` to `end`.
@@ -288,7 +312,8 @@ pub(crate) unsafe fn synchronize_event(cann: &Cann, event: aclrtEvent) -> Result
 /// Both events are live.
 pub(crate) unsafe fn event_elapsed_ms(cann: &Cann, start: aclrtEvent, end: aclrtEvent) -> Result<f32> {
     let mut ms = 0f32;
-    check(cann, "aclrtEventElapsedTime", cann.acl.aclrtEventElapsedTime(&mut ms, start, end))?;
+    // SAFETY: both events are live (this function's contract); `ms` is a valid out-pointer.
+    check(cann, "aclrtEventElapsedTime", unsafe { cann.acl.aclrtEventElapsedTime(&mut ms, start, end) })?;
     Ok(ms)
 }
 
@@ -305,7 +330,9 @@ pub(crate) unsafe fn memcpy_async(
     kind: aclrtMemcpyKind,
     stream: aclrtStream,
 ) -> Result<()> {
-    check(cann, "aclrtMemcpyAsync", cann.acl.aclrtMemcpyAsync(dst, count, src, count, kind, stream))
+    // SAFETY: both ranges are valid for `count` bytes until the copy has run (this function's
+    // contract).
+    check(cann, "aclrtMemcpyAsync", unsafe { cann.acl.aclrtMemcpyAsync(dst, count, src, count, kind, stream) })
 }
 
 /// `aclrtMallocHost`: `bytes` (non-zero) of page-locked host memory.
@@ -324,5 +351,6 @@ pub(crate) fn malloc_host(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
 /// # Safety
 /// `p` came from [`malloc_host`] and no queued copy still uses it.
 pub(crate) unsafe fn free_host(cann: &Cann, p: *mut c_void) -> Result<()> {
-    check(cann, "aclrtFreeHost", cann.acl.aclrtFreeHost(p))
+    // SAFETY: `p` came from aclrtMallocHost and no queued copy uses it (this function's contract).
+    check(cann, "aclrtFreeHost", unsafe { cann.acl.aclrtFreeHost(p) })
 }

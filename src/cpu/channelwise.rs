@@ -6,7 +6,7 @@
 //! tensor allows it (never across the channel dim), so the innermost loop is as long as possible:
 //! contiguous NCHW gives runs of `H·W` elements of one channel, channels-last gives rows of `C`
 //! consecutive channels. Each run is processed in blocks of [`BLOCK`] elements: every input is
-//! widened to f32 into a buffer (slice conversions for f16/bf16, hardware F16C where present),
+//! widened to f32 into a buffer ([`widen`](super::widen): F16C for f16 where present),
 //! `f` maps the buffers to an f32 output block, and the block is narrowed (round to nearest even)
 //! into the output. `f` sees whole blocks with the channel pattern of the block: one channel (it
 //! hoists that channel's constants) or a window of a [`tile`]d per-channel array (consecutive
@@ -21,8 +21,10 @@ use std::sync::Mutex;
 
 use half::slice::HalfFloatSliceExt;
 
-use super::pool;
+use super::isa::Isa;
+use super::{dims, pool, widen};
 use crate::dtype::{SliceMut, SliceRef};
+use crate::layout::Strided;
 
 /// Elements per block handed to the map function.
 pub(crate) const BLOCK: usize = 256;
@@ -31,22 +33,12 @@ pub(crate) const CHUNK: usize = 1 << 15;
 /// Below this many bytes read and written, one thread runs the whole map.
 pub(crate) const PARALLEL_BYTES: usize = 1 << 20;
 
-/// A strided input view: its whole storage and the view's strides and offset, in elements. The
-/// view must have been checked to lie inside the storage.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Src<'a> {
-    pub data: SliceRef<'a>,
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+/// A strided input view: its whole storage and the view's [`Layout`](crate::layout::Layout). The
+/// view must have been checked to lie inside the storage; its shape is the output's.
+pub(crate) type Src<'a> = Strided<'a, SliceRef<'a>>;
 
 /// The strided output view, as [`Src`]. It must not overlap itself (checked by validation).
-#[derive(Debug)]
-pub(crate) struct Dst<'a> {
-    pub data: SliceMut<'a>,
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+pub(crate) type Dst<'a> = Strided<'a, SliceMut<'a>>;
 
 /// The channels of the elements of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,26 +95,21 @@ struct Dim<const K: usize> {
     dst: usize,
 }
 
-/// Runs `out = f(inputs)` over every element of `shape` (see the [module](self) docs), on up to
+/// Runs `out = f(inputs)` over every element of the output's shape (see the [module](self) docs), on up to
 /// `threads` threads (0: every core) for large dense outputs. `f(inputs, out, channels)` gets
 /// blocks of equal length (at most [`BLOCK`]).
-pub(crate) fn map<const K: usize>(
-    shape: &[usize],
-    srcs: [Src<'_>; K],
-    dst: Dst<'_>,
-    threads: usize,
-    f: &BlockFn<'_, K>,
-) {
+pub(crate) fn map<const K: usize>(srcs: [Src<'_>; K], dst: Dst<'_>, threads: usize, f: &BlockFn<'_, K>) {
+    let shape = dst.layout.shape;
     let numel: usize = shape.iter().product();
     if numel == 0 {
         return;
     }
-    let dims = walk_order(shape, &srcs, dst.strides);
+    let dims = walk_order(shape, &srcs, dst.layout.strides);
     let dense = is_dense(&dims);
     let element_bytes =
         srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
     let bytes = numel.saturating_mul(element_bytes);
-    let dst_offset = dst.offset;
+    let dst_offset = dst.layout.offset;
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
         run_range(&dims, &srcs, dst_offset, &mut out, 0, numel, f);
@@ -141,35 +128,37 @@ pub(crate) fn map<const K: usize>(
 
 /// The dims to walk, outermost first: size-1 dims dropped, ordered by the output's strides
 /// (largest first, ties in logical order), adjacent non-channel dims merged where every tensor's
-/// strides allow it.
+/// strides allow it ([`dims::sort_merge`], with the channel as a fence).
 fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize]) -> Vec<Dim<K>> {
-    let mut dims: Vec<Dim<K>> = (0..shape.len())
+    let mut walk: Vec<Dim<K>> = (0..shape.len())
         .filter(|&d| shape[d] != 1)
         .map(|d| Dim {
             size: shape[d],
             channel: d == 1,
             period: 0,
-            src: std::array::from_fn(|k| srcs[k].strides[d]),
+            src: std::array::from_fn(|k| srcs[k].layout.strides[d]),
             dst: dst[d],
         })
         .collect();
-    dims.sort_by_key(|d| std::cmp::Reverse(d.dst));
-    let mut merged: Vec<Dim<K>> = Vec::with_capacity(dims.len());
-    for d in dims {
-        if let Some(outer) = merged.last_mut() {
-            let fits = |so: usize, si: usize| so == si.wrapping_mul(d.size);
-            if !outer.channel && !d.channel && fits(outer.dst, d.dst) && (0..K).all(|k| fits(outer.src[k], d.src[k])) {
-                *outer = Dim { size: outer.size * d.size, ..d };
-                continue;
-            }
-        }
-        merged.push(d);
-    }
+    // Whether `inner` continues `outer` in the output and every input.
+    let nests = |outer: &Dim<K>, inner: &Dim<K>| {
+        dims::nests(outer.dst, inner.dst, inner.size)
+            && (0..K).all(|k| dims::nests(outer.src[k], inner.src[k], inner.size))
+    };
+    let kept = dims::sort_merge(
+        &mut walk,
+        |d| d.dst,
+        |outer, inner| {
+            (!outer.channel && !inner.channel && nests(outer, inner))
+                .then(|| Dim { size: outer.size * inner.size, ..*inner })
+        },
+    );
+    let mut merged = walk;
+    merged.truncate(kept);
     // Channels-last: the innermost dim is the channel and the dim above steps by whole rows in
     // every tensor: walk both as one dim whose channel cycles (long runs even for small C).
     if let [.., outer, inner] = merged[..] {
-        let fits = |so: usize, si: usize| so == si.wrapping_mul(inner.size);
-        if inner.channel && fits(outer.dst, inner.dst) && (0..K).all(|k| fits(outer.src[k], inner.src[k])) {
+        if inner.channel && nests(&outer, &inner) {
             merged.pop();
             let last = merged.len() - 1;
             merged[last] = Dim { size: outer.size * inner.size, period: inner.size, ..inner };
@@ -246,7 +235,7 @@ fn run_range<const K: usize>(
     let mut result = [0f32; BLOCK];
     let mut e = lo;
     while e < hi {
-        let mut src_pos: [usize; K] = std::array::from_fn(|k| srcs[k].offset);
+        let mut src_pos: [usize; K] = std::array::from_fn(|k| srcs[k].layout.offset);
         let mut dst_pos = dst_offset;
         for (d, &i) in dims.iter().zip(&idx) {
             for (p, s) in src_pos.iter_mut().zip(d.src) {
@@ -293,13 +282,8 @@ fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
     let n = out.len();
     match src {
         SliceRef::F32(s) if stride == 1 => out.copy_from_slice(&s[pos..pos + n]),
-        SliceRef::F16(s) if stride == 1 => s[pos..pos + n].convert_to_f32_slice(out),
-        SliceRef::BF16(s) if stride == 1 => {
-            // Exact widening (the bits shifted up); a plain loop vectorises.
-            for (o, v) in out.iter_mut().zip(&s[pos..pos + n]) {
-                *o = f32::from_bits(u32::from(v.to_bits()) << 16);
-            }
-        }
+        SliceRef::F16(s) if stride == 1 => widen::widen(Isa::detect(), &s[pos..pos + n], out),
+        SliceRef::BF16(s) if stride == 1 => widen::widen(Isa::detect(), &s[pos..pos + n], out),
         SliceRef::F32(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride]),
         SliceRef::F16(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride].to_f32()),
         SliceRef::BF16(s) => out.iter_mut().enumerate().for_each(|(i, o)| *o = s[pos + i * stride].to_f32()),
@@ -357,11 +341,11 @@ mod tests {
         yo: usize,
         threads: usize,
     ) {
-        let src = Src { data: SliceRef::F32(x), strides: xs, offset: xo };
-        let dst = Dst { data: SliceMut::F32(y), strides: ys, offset: yo };
+        let src = Src::new(SliceRef::F32(x), shape, xs, xo);
+        let dst = Dst::new(SliceMut::F32(y), shape, ys, yo);
         let c = shape[1];
         let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
-        map(shape, [src], dst, threads, &|[x], out, ch| match ch.window() {
+        map([src], dst, threads, &|[x], out, ch| match ch.window() {
             Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
             Window::From(start) => {
                 out.iter_mut().zip(*x).zip(&channel[start..]).for_each(|((o, &v), &c)| *o = 10.0 * v + c)
@@ -450,9 +434,9 @@ mod tests {
     fn half_types() {
         let x: Vec<f16> = [1.0f32, 2.5, -3.0].iter().map(|&v| f16::from_f32(v)).collect();
         let mut y = vec![bf16::ZERO; 3];
-        let src = Src { data: SliceRef::F16(&x), strides: &[3, 1], offset: 0 };
-        let dst = Dst { data: SliceMut::BF16(&mut y), strides: &[3, 1], offset: 0 };
-        map(&[1, 3], [src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0));
+        let src = Src::new(SliceRef::F16(&x), &[1, 3], &[3, 1], 0);
+        let dst = Dst::new(SliceMut::BF16(&mut y), &[1, 3], &[3, 1], 0);
+        map([src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0));
         let want: Vec<bf16> = [1.0f32, 2.5, -3.0].iter().map(|&v| bf16::from_f32(v / 3.0)).collect();
         assert_eq!(y, want);
     }

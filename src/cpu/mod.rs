@@ -10,9 +10,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) mod channelwise;
+pub(crate) mod dims;
 pub(crate) mod host;
+pub(crate) mod isa;
 pub(crate) mod pool;
 mod view;
+pub(crate) mod widen;
 
 pub use crate::ops::batch_norm_reduce_backward::cpu::{batch_norm_reduce_backward, Outputs};
 pub use view::{View, ViewMut};
@@ -33,9 +36,10 @@ pub fn max_threads() -> usize {
     MAX_THREADS.load(Ordering::Relaxed)
 }
 
-/// The instruction set the CPU kernel uses: `"avx512"`, `"avx2"` or `"portable"`. It is the best
-/// this CPU supports unless the environment variable `ASCEND_CPU_ISA` (`avx2` or `portable`,
-/// read once) asks for a lesser one; every choice gives the same bits.
+/// The instruction set every CPU kernel uses: `"avx512"`, `"avx2"`, `"neon"` or `"portable"`. It is the
+/// best this CPU supports unless the environment variable `ASCEND_CPU_ISA` (`avx2` or
+/// `portable`, read once) asks for a lesser one; a value this CPU cannot honour is reported on
+/// standard error and ignored. Every choice gives the same bits.
 pub fn instruction_set() -> &'static str {
-    crate::ops::batch_norm_reduce_backward::kernel::isa_name()
+    isa::Isa::detect().name()
 }

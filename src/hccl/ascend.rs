@@ -9,7 +9,9 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use ascend_sys::{aclrtEvent, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
+use ascend_sys::{aclrtEvent, aclrtStream, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
+
+use crate::acl::hccl as calls;
 
 use super::{hccl_error, ReduceOp, HCCL_ROOT_BYTES};
 use crate::device::{enqueue_using, leaked, report_drop_error, Device, DeviceBuffer, Leak, StreamInner};
@@ -17,21 +19,6 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
-
-/// Turns an `HcclResult` into a `Result`, with `HcclGetErrorString`'s text when the library has it.
-fn check(hccl: &Hccl, call: &'static str, r: HcclResult) -> Result<()> {
-    if r == HcclResult::HCCL_SUCCESS {
-        return Ok(());
-    }
-    let text = hccl.HcclGetErrorString.as_ref().ok().and_then(|f| {
-        // SAFETY: HcclGetErrorString takes a code and returns null or a static NUL-terminated
-        // string (docs/cann/HCCL.md 4.7); it is copied out at once.
-        let p = unsafe { f(r) };
-        // SAFETY: as above, non-null means a valid C string.
-        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
-    });
-    Err(hccl_error(call, r.0, text.unwrap_or_default()))
-}
 
 fn hccl_of(device: &Device) -> Result<&'static Hccl> {
     Ok(device.cann.hccl()?)
@@ -58,11 +45,8 @@ fn reduce_op(op: ReduceOp) -> HcclReduceOp {
 /// `HcclGetRootInfo` on `device` (bound first).
 pub(super) fn new_root(device: &Device) -> Result<Box<[u8; HCCL_ROOT_BYTES]>> {
     let hccl = hccl_of(device)?;
-    let get = crate::acl::op_fn(&hccl.HcclGetRootInfo, "HcclGetRootInfo")?;
     device.bind()?;
-    let mut root = HcclRootInfo { internal: [0; HCCL_ROOT_BYTES] };
-    // SAFETY: `root` is a writable HcclRootInfo (4108 bytes, checked by the ABI tests).
-    check(hccl, "HcclGetRootInfo", unsafe { get(&mut root) })?;
+    let root = calls::get_root_info(hccl)?;
     // `c_char` is i8 on x86-64 and u8 on aarch64: the cast reinterprets the byte either way.
     #[allow(clippy::unnecessary_cast)]
     Ok(Box::new(root.internal.map(|c| c as u8)))
@@ -80,38 +64,28 @@ pub(super) fn init_all(devices: &[Arc<Device>]) -> Result<Vec<Comm>> {
         }
     }
     let hccl = hccl_of(first)?;
-    let init = crate::acl::op_fn(&hccl.HcclCommInitAll, "HcclCommInitAll")?;
     let mut ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
-    let mut raw: Vec<HcclComm> = vec![std::ptr::null_mut(); devices.len()];
     first.bind()?;
-    // SAFETY: `ids` holds `n` device ids and `raw` room for `n` handles (docs/cann/HCCL.md 4.5.2).
-    check(hccl, "HcclCommInitAll", unsafe { init(ids.len() as u32, ids.as_mut_ptr(), raw.as_mut_ptr()) })?;
+    let raw = calls::comm_init_all(hccl, &mut ids)?;
     Ok(raw.into_iter().zip(devices).map(|(raw, d)| Comm::new(raw, d.clone(), hccl)).collect())
 }
 
 /// `HcclCommInitRootInfo` on `device`: blocks until every rank has joined.
 pub(super) fn init_rank(device: &Arc<Device>, n: u32, root: &[u8; HCCL_ROOT_BYTES], rank: u32) -> Result<Comm> {
     let hccl = hccl_of(device)?;
-    let init = crate::acl::op_fn(&hccl.HcclCommInitRootInfo, "HcclCommInitRootInfo")?;
+    // Its contents came from `HcclGetRootInfo` through `RootInfo::as_bytes` (the caller checked
+    // the envelope's magic, kind and checksum, so a CPU root or stray bytes never get here).
     let root = HcclRootInfo { internal: root.map(|b| b as std::ffi::c_char) };
-    let mut raw: HcclComm = std::ptr::null_mut();
     device.bind()?;
-    // SAFETY: `root` is a readable 4108-byte HcclRootInfo and `raw` a writable handle. Its
-    // contents came from `HcclGetRootInfo` through `RootInfo::as_bytes` (the caller checked the
-    // envelope's magic, kind and checksum, so a CPU root or stray bytes never get here); HCCL
-    // reads them as data (the root's address and ids), no pointer in them is dereferenced.
-    check(hccl, "HcclCommInitRootInfo", unsafe { init(n, &root, rank, &mut raw) })?;
+    let raw = calls::comm_init_root_info(hccl, n, &root, rank)?;
     Ok(Comm::new(raw, device.clone(), hccl))
 }
 
 /// `HcclCommInitClusterInfo(path, rank)` on `device`: blocks until every rank has joined.
 pub(super) fn init_cluster(device: &Arc<Device>, path: &std::ffi::CStr, rank: u32) -> Result<Comm> {
     let hccl = hccl_of(device)?;
-    let init = crate::acl::op_fn(&hccl.HcclCommInitClusterInfo, "HcclCommInitClusterInfo")?;
-    let mut raw: HcclComm = std::ptr::null_mut();
     device.bind()?;
-    // SAFETY: `path` is a NUL-terminated string shorter than HCCL's limit and `raw` a writable handle.
-    check(hccl, "HcclCommInitClusterInfo", unsafe { init(path.as_ptr(), rank, &mut raw) })?;
+    let raw = calls::comm_init_cluster_info(hccl, path, rank)?;
     Ok(Comm::new(raw, device.clone(), hccl))
 }
 
@@ -121,14 +95,9 @@ pub(super) fn init_cluster(device: &Arc<Device>, path: &std::ffi::CStr, rank: u3
 /// `raw` is a live communicator of `device` that outlives the returned `Comm`.
 pub(super) unsafe fn borrow(device: &Arc<Device>, raw: HcclComm) -> Result<(Comm, u32, u32)> {
     let hccl = hccl_of(device)?;
-    let get_rank = crate::acl::op_fn(&hccl.HcclGetRankId, "HcclGetRankId")?;
-    let get_size = crate::acl::op_fn(&hccl.HcclGetRankSize, "HcclGetRankSize")?;
     device.bind()?;
-    let (mut rank, mut size) = (0u32, 0u32);
-    // SAFETY: the caller guarantees `raw` is live; the out-pointers are writable.
-    check(hccl, "HcclGetRankId", unsafe { get_rank(raw, &mut rank) })?;
-    // SAFETY: as above.
-    check(hccl, "HcclGetRankSize", unsafe { get_size(raw, &mut size) })?;
+    // SAFETY: the caller guarantees `raw` is live.
+    let (rank, size) = unsafe { calls::rank_and_size(hccl, raw) }?;
     if size == 0 || rank >= size {
         return Err(Error::invalid("comm", format!("HCCL reports rank {rank} of {size} ranks")));
     }
@@ -181,15 +150,9 @@ impl Comm {
     /// `HcclGetCommAsyncError`: `None`, or the error HCCL found on the communicator (with the
     /// text of `aclGetRecentErrMsg`).
     pub(super) fn async_error(&self) -> Result<Option<Error>> {
-        let f = self.hccl.HcclGetCommAsyncError.as_ref().map_err(|e| {
-            Error::Config(format!(
-                "HcclGetCommAsyncError is not exported by this HCCL (HCCL before 2023 and Ascend 950 lack it): {e}"
-            ))
-        })?;
         self.device.bind()?;
-        let mut code = HcclResult::HCCL_SUCCESS;
-        // SAFETY: the comm is live and `code` a writable HcclResult.
-        check(self.hccl, "HcclGetCommAsyncError", unsafe { f(self.raw, &mut code) })?;
+        // SAFETY: the comm is live while `self` is.
+        let code = unsafe { calls::comm_async_error(self.hccl, self.raw) }?;
         if code == HcclResult::HCCL_SUCCESS {
             return Ok(None);
         }
@@ -207,12 +170,9 @@ impl Comm {
 
     /// Destroys `events` (the device bound); the caller ensured no wait on them is pending.
     fn destroy_events(&self, events: Vec<aclrtEvent>) {
-        let acl = &self.device.cann.acl;
         for e in events {
             // SAFETY: `e` came from aclrtCreateEvent on this device and every wait on it has run.
-            if let Err(err) =
-                crate::acl::check(self.device.cann, "aclrtDestroyEvent", unsafe { acl.aclrtDestroyEvent(e) })
-            {
+            if let Err(err) = unsafe { crate::acl::destroy_event(self.device.cann, e) } {
                 report_drop_error("aclrtDestroyEvent", &err);
             }
         }
@@ -245,19 +205,14 @@ impl Comm {
 
     /// `aclrtRecordEvent(last)` + `aclrtStreamWaitEvent(next)` with a new event.
     fn order_by_event(&self, order: &mut Order, last: &StreamInner, next: &StreamInner) -> Result<()> {
-        let (cann, acl) = (self.device.cann, &self.device.cann.acl);
-        let mut event: aclrtEvent = std::ptr::null_mut();
-        // SAFETY: `event` is a valid out-pointer; the device is bound.
-        crate::acl::check(cann, "aclrtCreateEvent", unsafe { acl.aclrtCreateEvent(&mut event) })?;
-        if event.is_null() {
-            return Err(Error::NullHandle { call: "aclrtCreateEvent", message: crate::acl::recent_error(cann) });
-        }
+        let cann = self.device.cann;
+        let event = crate::acl::create_event(cann)?;
         // Kept from here on: a wait on it may be queued (destroyed once that has run).
         order.events.push(event);
         // SAFETY: `event` is live; `last` and `next` are live streams of the bound device.
-        crate::acl::check(cann, "aclrtRecordEvent", unsafe { acl.aclrtRecordEvent(event, last.raw()) })?;
-        // SAFETY: as above.
-        crate::acl::check(cann, "aclrtStreamWaitEvent", unsafe { acl.aclrtStreamWaitEvent(next.raw(), event) })
+        unsafe { crate::acl::record_event(cann, event, last.raw()) }?;
+        // SAFETY: as above; the event is kept until the wait has run (see `Order::events`).
+        unsafe { crate::acl::stream_wait_event(cann, next.raw(), event) }
     }
 
     /// Enqueues one collective on `stream` over `buffers`, after the comm's earlier collectives.
@@ -265,8 +220,7 @@ impl Comm {
         &self,
         stream: &Stream,
         buffers: &[&DeviceBuffer],
-        call: &'static str,
-        launch: impl FnOnce(*mut c_void) -> HcclResult,
+        launch: impl FnOnce(aclrtStream) -> Result<()>,
     ) -> Result<()> {
         let Some((inner, _)) = stream.ascend() else {
             return Err(stream.mismatch("stream", "collectives on Ascend need an Ascend stream"));
@@ -275,7 +229,7 @@ impl Comm {
         self.switch_to(&mut order, inner)?;
         enqueue_using(inner, buffers, || {
             self.device.bind()?;
-            check(self.hccl, call, launch(inner.raw()))
+            launch(inner.raw())
         })
     }
 
@@ -285,13 +239,12 @@ impl Comm {
         if count == 0 {
             return Ok(()); // HCCL returns at once for count 0
         }
-        let f = crate::acl::op_fn(&self.hccl.HcclAllReduce, "HcclAllReduce")?;
         let (dt, op, comm) = (data_type(t.dtype()), reduce_op(op), self.raw);
-        self.enqueue(stream, &[buffer], "HcclAllReduce", |s| {
-            // SAFETY: in place (send = recv, which HCCL supports): `ptr` addresses the tensor's
-            // `count` contiguous elements of `dt` inside a live device buffer, recorded on this
-            // stream by `enqueue_using` so it outlives the collective; the comm is live.
-            unsafe { f(ptr, ptr, count, dt, op, comm, s) }
+        self.enqueue(stream, &[buffer], |s| {
+            // SAFETY: `ptr` addresses the tensor's `count` contiguous elements of `dt` inside a
+            // live device buffer, recorded on this stream by `enqueue_using` so it outlives the
+            // collective; the comm is live and the device bound.
+            unsafe { calls::all_reduce(self.hccl, ptr, count, dt, op, comm, s) }
         })
     }
 
@@ -302,12 +255,11 @@ impl Comm {
         if count == 0 {
             return Ok(());
         }
-        let f = crate::acl::op_fn(&self.hccl.HcclAllGather, "HcclAllGather")?;
         let (dt, comm) = (data_type(input.dtype()), self.raw);
-        self.enqueue(stream, &[in_buf, out_buf], "HcclAllGather", |s| {
+        self.enqueue(stream, &[in_buf, out_buf], |s| {
             // SAFETY: `src` holds `count` elements and `dst` size × count (checked by the caller),
             // both contiguous in live buffers recorded on this stream; the comm is live.
-            unsafe { f(src, dst, count, dt, comm, s) }
+            unsafe { calls::all_gather(self.hccl, src, dst, count, dt, comm, s) }
         })
     }
 
@@ -317,11 +269,10 @@ impl Comm {
         if count == 0 {
             return Ok(());
         }
-        let f = crate::acl::op_fn(&self.hccl.HcclBroadcast, "HcclBroadcast")?;
         let (dt, comm) = (data_type(t.dtype()), self.raw);
-        self.enqueue(stream, &[buffer], "HcclBroadcast", |s| {
+        self.enqueue(stream, &[buffer], |s| {
             // SAFETY: as in all_reduce; `root` < size (checked by the caller).
-            unsafe { f(ptr, count, dt, root, comm, s) }
+            unsafe { calls::broadcast(self.hccl, ptr, count, dt, root, comm, s) }
         })
     }
 }
@@ -355,9 +306,8 @@ impl Drop for Comm {
             return; // the caller's communicator: its collectives have run, the caller destroys it
         }
         let result = self.device.bind().and_then(|()| {
-            let f = crate::acl::op_fn(&self.hccl.HcclCommDestroy, "HcclCommDestroy")?;
             // SAFETY: the comm is live, its collectives have finished, and it is never used again.
-            check(self.hccl, "HcclCommDestroy", unsafe { f(self.raw) })
+            unsafe { calls::comm_destroy(self.hccl, self.raw) }
         });
         if let Err(e) = result {
             report_drop_error("HcclCommDestroy", &e);

@@ -501,45 +501,9 @@ pub(crate) fn settings() -> Settings {
     *SETTINGS.get_or_init(|| Settings::parse(std::env::var("HCCL_CONNECT_TIMEOUT").ok().as_deref()))
 }
 
-/// The names of the `HcclResult` values that are stable across HCCL versions (docs/cann/HCCL.md 3.2).
-pub(crate) fn result_name(result: u32) -> &'static str {
-    const NAMES: [&str; 25] = [
-        "HCCL_SUCCESS",
-        "HCCL_E_PARA",
-        "HCCL_E_PTR",
-        "HCCL_E_MEMORY",
-        "HCCL_E_INTERNAL",
-        "HCCL_E_NOT_SUPPORT",
-        "HCCL_E_NOT_FOUND",
-        "HCCL_E_UNAVAIL",
-        "HCCL_E_SYSCALL",
-        "HCCL_E_TIMEOUT",
-        "HCCL_E_OPEN_FILE_FAILURE",
-        "HCCL_E_TCP_CONNECT",
-        "HCCL_E_ROCE_CONNECT",
-        "HCCL_E_TCP_TRANSFER",
-        "HCCL_E_ROCE_TRANSFER",
-        "HCCL_E_RUNTIME",
-        "HCCL_E_DRV",
-        "HCCL_E_PROFILING",
-        "HCCL_E_CCE",
-        "HCCL_E_NETWORK",
-        "HCCL_E_AGAIN",
-        "HCCL_E_REMOTE",
-        "HCCL_E_SUSPENDING",
-        "HCCL_E_OPRETRY_FAIL",
-        "HCCL_E_OOM",
-    ];
-    match result {
-        1041 => "HCCL_E_IN_STATUS",
-        r => NAMES.get(r as usize).copied().unwrap_or("unknown HcclResult"),
-    }
-}
-
 /// A failed HCCL call (or the CPU engine's equivalent), with the result's name.
 pub(crate) fn hccl_error(call: &'static str, result: u32, message: impl Into<String>) -> Error {
-    let message = message.into();
-    Error::Hccl { call, result, name: result_name(result), message: (!message.is_empty()).then_some(message) }
+    Error::hccl(call, result, message)
 }
 
 #[cfg(test)]

@@ -1,22 +1,24 @@
 //! The one launch path of every operator on Ascend: descriptor list → phase 1 → workspace →
 //! phase 2 → record, written once.
 //!
-//! An operator describes each tensor argument through [`DeviceCall`], which is the only way to
-//! get an `aclTensor` for phase 1: the descriptor keeps the [`DeviceBuffer`] it points into, so the
-//! list of descriptors is also the list of memory the call touches, and no argument can be left
-//! out of it. [`DevicePrepared::launch`] hands that list (plus the workspace) to
+//! [`prepare`] describes every tensor an operator lists (its inputs and outputs, see
+//! [`Operator`]) through `DeviceCall`, the only way to get an `aclTensor` for phase 1: the
+//! descriptor keeps the [`DeviceBuffer`] it points into, so the list of descriptors is also the
+//! list of memory the call touches, and no argument can be left out of it. The operator names
+//! only its two FFI functions. [`DevicePrepared::launch`] hands that list (plus the workspace) to
 //! [`enqueue_using`], which records the stream on every buffer and enqueues phase 2 as one step,
 //! under the buffers' locks. No operator writes its own lifetime code.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use ascend_sys::symbols::Operator;
-use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, Cann, OpApi};
+use ascend_sys::symbols;
+use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream};
 
+use super::operator::{Handles, Operator, Outputs};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
-use crate::device::{enqueue_using, Device, DeviceBuffer};
+use crate::device::{enqueue_using, Device, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -25,62 +27,81 @@ use crate::tensor::Tensor;
 pub(crate) type Phase2 = unsafe extern "C" fn(*mut c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
 
 /// The device arguments of one operator call, being described for phase 1.
-pub(crate) struct DeviceCall<'a> {
+struct DeviceCall<'a> {
     device: Arc<Device>,
     descriptors: Vec<AclTensor<'a>>,
 }
 
 impl<'a> DeviceCall<'a> {
-    /// Starts a call on the device of `stream` (an Ascend stream).
-    pub(crate) fn new(stream: &Stream) -> Result<Self> {
-        let Some((_, device)) = stream.ascend() else {
-            return Err(stream.mismatch("stream", "the call needs an Ascend stream"));
-        };
-        Ok(DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(12) })
-    }
-
-    /// Describes `t` (argument `name`, for errors) and returns its handle for phase 1. The
-    /// handle lives as long as this call (and the prepared call made from it).
-    pub(crate) fn tensor(&mut self, t: &'a Tensor, name: &'static str) -> Result<*mut aclTensor> {
+    /// Describes `t` (argument `name`, for errors; null when absent) and returns its handle for
+    /// phase 1. The handle lives as long as this call (and the prepared call made from it).
+    fn describe(&mut self, t: Option<&'a Tensor>, name: &'static str) -> Result<*mut aclTensor> {
+        let Some(t) = t else { return Ok(std::ptr::null_mut()) };
         let Some((buffer, device)) = t.device_buffer() else {
             return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
         };
         if !device.same(&self.device) {
-            return Err(Error::invalid(
-                name,
-                format!("the tensor is on Ascend device {}, the call on device {}", device.id, self.device.id),
-            ));
+            return Err(Error::internal(format!(
+                "{name}: a tensor on Ascend device {} reached a call on device {} after the stream checks",
+                device.id, self.device.id
+            )));
         }
         let d = AclTensor::new(buffer, t.dtype(), t.shape(), t.strides(), t.offset(), t.storage_len())?;
         let raw = d.raw();
         self.descriptors.push(d);
         Ok(raw)
     }
+}
 
-    /// [`tensor`](Self::tensor) for an optional argument: null when absent.
-    pub(crate) fn optional(&mut self, t: Option<&'a Tensor>, name: &'static str) -> Result<*mut aclTensor> {
-        t.map_or(Ok(std::ptr::null_mut()), |t| self.tensor(t, name))
-    }
+/// The most inputs, or outputs, an operator has (aclnn's have at most a dozen tensors).
+const MAX_TENSORS: usize = 16;
 
-    /// Phase 1 of operator `op`, resolved in the toolkit on first use (a toolkit lacking it is
-    /// [`Error::Load`] naming it): `phase1` calls its `GetWorkspaceSize` with the handles
-    /// described so far (see [`crate::acl::phase1`]); `phase2` picks its launch function.
-    /// `zero_after_launch` lists outputs that phase 2 leaves unwritten (CANN's kernels skip empty
-    /// inputs) and that the launch fills with zeros.
-    pub(crate) fn prepare(
-        self,
-        op: &'static Operator,
-        phase1: impl FnOnce(&'static Cann, &'static OpApi) -> Result<(u64, *mut aclOpExecutor)>,
-        phase2: fn(&OpApi) -> &std::result::Result<Phase2, libloading::Error>,
-        zero_after_launch: Vec<&'a Tensor>,
-    ) -> Result<DevicePrepared<'a>> {
-        let api = self.device.cann.operator(op)?;
-        let launch = crate::acl::op_fn(phase2(api), op.name)?;
-        self.device.bind()?;
-        let (workspace_size, raw) = phase1(self.device.cann, api)?;
-        let executor = Executor::new(self.device.clone(), raw);
-        Ok(DevicePrepared { executor: Some(executor), call: self, workspace_size, op, launch, zero_after_launch })
+fn too_many() -> Error {
+    Error::internal(format!("an operator lists more than {MAX_TENSORS} inputs or outputs"))
+}
+
+/// Phase 1 of `op` on `device`, its streams checked: every tensor described (inputs, then
+/// outputs, each in its prototype's order), the operator resolved in the toolkit on first use (a
+/// toolkit lacking it is [`Error::Load`] naming it), then its `GetWorkspaceSize` with the handles
+/// and scalars. An operator whose plan asks for it gets its outputs filled with zeros after
+/// phase 2 (CANN's kernels skip empty inputs).
+pub(crate) fn prepare<'a, O: Operator<'a>>(
+    device: &Arc<Device>,
+    op: O,
+    plan: O::Plan,
+    outs: O::Outputs,
+) -> Result<DevicePrepared<'a>> {
+    let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(MAX_TENSORS) };
+    // The handles live on the stack: describing a call allocates only its descriptor list.
+    let (mut inputs, mut n_in) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
+    for (t, name) in op.inputs() {
+        *inputs.get_mut(n_in).ok_or_else(too_many)? = call.describe(t, name)?;
+        n_in += 1;
     }
+    let (mut outputs, mut n_out) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
+    let zero = O::zero_after_launch(&plan);
+    let mut zero_after_launch = Vec::new();
+    for (t, name) in outs.into_shared().zip(O::OUTPUTS) {
+        *outputs.get_mut(n_out).ok_or_else(too_many)? = call.describe(t, name)?;
+        n_out += 1;
+        if let (true, Some(t)) = (zero, t) {
+            zero_after_launch.push(t);
+        }
+    }
+    let (inputs, outputs) = (&inputs[..n_in], &outputs[..n_out]);
+    let api = device.cann.operator(O::OP)?;
+    let launch = crate::acl::op_fn(O::phase2(api), O::OP.name)?;
+    device.bind()?;
+    let scalars = op.scalars();
+    let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
+        let h = Handles { inputs, outputs, size, executor };
+        // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
+        // (null for an absent one), kept alive by `call`, which moves into the prepared call and
+        // outlives the executor, and phase1's valid out-pointers.
+        unsafe { O::phase1(api, scalars, h) }
+    })?;
+    let executor = Executor::new(device.clone(), raw);
+    Ok(DevicePrepared { executor: Some(executor), call, workspace_size, op: O::OP, launch, zero_after_launch })
 }
 
 /// Phase 1 done on Ascend: the executor and the descriptors (each with its buffer), borrowing
@@ -90,7 +111,7 @@ pub(crate) struct DevicePrepared<'a> {
     executor: Option<Executor>,
     call: DeviceCall<'a>,
     workspace_size: u64,
-    op: &'static Operator,
+    op: &'static symbols::Operator,
     launch: Phase2,
     zero_after_launch: Vec<&'a Tensor>,
 }
@@ -113,7 +134,7 @@ impl DevicePrepared<'_> {
     }
 
     /// Phase 2 on `stream`, with `workspace` or (for `None`) the stream's cached one.
-    pub(crate) fn launch(mut self, stream: &Stream, workspace: Option<&Workspace>) -> Result<()> {
+    pub(crate) fn launch(self, stream: &Stream, workspace: Option<&Workspace>) -> Result<()> {
         let device = &self.call.device;
         let Some((inner, stream_device)) = stream.ascend() else {
             return Err(stream.mismatch("stream", &format!("the call was prepared on Ascend device {}", device.id)));
@@ -121,6 +142,12 @@ impl DevicePrepared<'_> {
         if !stream_device.same(device) {
             return Err(stream.mismatch("stream", &format!("the tensors are on Ascend device {}", device.id)));
         }
+        self.launch_on(inner, workspace)
+    }
+
+    /// Phase 2 on `inner`, a stream of the call's device.
+    pub(crate) fn launch_on(mut self, inner: &Arc<StreamInner>, workspace: Option<&Workspace>) -> Result<()> {
+        let device = &self.call.device;
         let size = self.workspace_size;
         // CANN's rule: the workspace is null exactly when its size is 0, whatever the caller gave.
         let caller_workspace = match workspace {
@@ -128,7 +155,7 @@ impl DevicePrepared<'_> {
             _ => None,
         };
         let Some(executor) = self.executor.take() else {
-            return Err(Error::invalid("executor", "already launched"));
+            return Err(Error::internal("a prepared call's executor was launched twice"));
         };
         let mut buffers: Vec<&DeviceBuffer> = self.call.descriptors.iter().map(AclTensor::buffer).collect();
         buffers.extend(caller_workspace);

@@ -1,16 +1,11 @@
 //! Operators, one folder each, on the shared launch path: [`batch_norm_reduce_backward`]
 //! (`aclnnBatchNormReduceBackward`), the per-channel reductions of BatchNorm's backward pass and
-//! the building block of SyncBatchNorm, described below; and its companions
+//! the building block of SyncBatchNorm; and its companions
 //! [`batch_norm_stats`] (`aclnnBatchNormStats`: per-channel mean and invstd),
 //! [`batch_norm_gather_stats_with_counts`] (`aclnnBatchNormGatherStatsWithCounts`: the global
 //! statistics from every rank's, and the running statistics), [`batch_norm_elemt`]
 //! (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`] (`aclnnBatchNormElemtBackward`),
 //! SyncBatchNorm's element-wise steps (see their docs).
-//!
-//! For `batch_norm_reduce_backward`, per channel `c` (dim 1) of gradOut `dy` and input `x`, shape
-//! `(N, C, ...)`:
-//! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
-//! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
 mod batch_norm_elemt;
 mod batch_norm_elemt_backward;
@@ -18,6 +13,7 @@ mod batch_norm_gather_stats_with_counts;
 pub(crate) mod batch_norm_reduce_backward;
 mod batch_norm_stats;
 mod launch;
+mod operator;
 mod prepared;
 pub(crate) mod validate;
 
@@ -30,7 +26,7 @@ pub use batch_norm_gather_stats_with_counts::{
     prepare_batch_norm_gather_stats_with_counts,
 };
 pub use batch_norm_reduce_backward::{
-    batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward,
+    batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward, OutputMask,
     PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,
 };
 pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats};
@@ -45,23 +41,4 @@ pub(crate) mod checks {
     pub(crate) use super::batch_norm_elemt_backward::validate_args as batch_norm_elemt_backward;
     pub(crate) use super::batch_norm_gather_stats_with_counts::validate_args as batch_norm_gather_stats_with_counts;
     pub(crate) use super::batch_norm_stats::validate_args as batch_norm_stats;
-}
-
-/// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,
-/// `bias_g` → gradBias (aclnn's `inputG`, `weightG`, `biasG`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct OutputMask {
-    /// Compute sumDy and sumDyXmu.
-    pub input_g: bool,
-    /// Compute gradWeight.
-    pub weight_g: bool,
-    /// Compute gradBias.
-    pub bias_g: bool,
-}
-
-impl OutputMask {
-    /// All four outputs.
-    pub const ALL: OutputMask = OutputMask { input_g: true, weight_g: true, bias_g: true };
-    /// No output (the call still validates its arguments).
-    pub const NONE: OutputMask = OutputMask { input_g: false, weight_g: false, bias_g: false };
 }

@@ -1,11 +1,12 @@
-//! Argument validation shared by both backends, done before any work: everything CANN checks
-//! (with CANN's codes, in CANN's order: missing arguments first), plus what CANN does not check
-//! but would misread (mean/invstd/weight length, gradOut shape, views inside their storage).
+//! The generic argument checks every operator's rules are written with (each operator's own
+//! rules live in its folder): ranks, dtypes, per-channel vectors, views inside their storage,
+//! outputs that do not overlap themselves, scalars finite in f32. Each returns aclnn's status
+//! (161002) naming the argument.
 
-use super::OutputMask;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout;
+use crate::tensor::Tensor;
 
 /// The smallest rank of gradOut and input.
 pub const MIN_RANK: usize = 2;
@@ -15,21 +16,9 @@ pub const MAX_RANK: usize = 8;
 /// The layout of one argument.
 pub(crate) use crate::layout::Layout as Meta;
 
-/// What validation established.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Plan {
-    /// Channels (input dim 1).
-    pub channels: usize,
-    /// Whether gradOut/input have no elements (outputs are then zeros).
-    pub empty: bool,
-}
-
-/// The aclnn names of the outputs, in order: sumDy, sumDyXmu, gradWeight, gradBias.
-pub(crate) const OUTPUT_NAMES: [&str; 4] = ["sumDy", "sumDyXmu", "gradWeight", "gradBias"];
-
-/// Which outputs the mask turns on, in [`OUTPUT_NAMES`] order.
-pub(crate) fn enabled(mask: OutputMask) -> [bool; 4] {
-    [mask.input_g, mask.input_g, mask.weight_g, mask.bias_g]
+/// The layout of tensor `t`, as the checks take it.
+pub(crate) fn meta(t: &Tensor) -> Meta<'_> {
+    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
 }
 
 /// Checks that the view lies inside its storage (and within int64); returns its element count.
@@ -89,102 +78,6 @@ pub(crate) fn per_channel_output(name: &'static str, m: &Meta<'_>, c: usize) -> 
     per_channel(name, m, c)?;
     if c > 1 && m.strides[0] == 0 {
         return Err(Error::invalid(name, "stride 0 would write every channel to one element"));
-    }
-    Ok(())
-}
-
-/// Validates the inputs.
-pub(crate) fn inputs(
-    grad_out: &Meta<'_>,
-    input: &Meta<'_>,
-    mean: &Meta<'_>,
-    invstd: &Meta<'_>,
-    weight: Option<&Meta<'_>>,
-) -> Result<Plan> {
-    for (name, m) in [("gradOut", grad_out), ("input", input)] {
-        let r = m.shape.len();
-        if !(MIN_RANK..=MAX_RANK).contains(&r) {
-            return Err(Error::invalid(
-                name,
-                format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape),
-            ));
-        }
-    }
-    // CANN's dtype check (gradOut, input, mean, invstd: f32/f16/bf16), before gradOut = input.
-    for (name, m) in [("gradOut", grad_out), ("input", input), ("mean", mean), ("invstd", invstd)] {
-        float_dtype(name, m.dtype)?;
-    }
-    if let Some(w) = weight {
-        float_dtype("weight", w.dtype)?;
-    }
-    if grad_out.dtype != input.dtype {
-        return Err(Error::invalid(
-            "gradOut",
-            format!("dtype must equal input's ({}), got {}", input.dtype, grad_out.dtype),
-        ));
-    }
-    let c = input.shape[1];
-    if c == 0 {
-        return Err(Error::invalid("input", format!("channel dim 1 must be non-zero, got shape {:?}", input.shape)));
-    }
-    if grad_out.shape != input.shape {
-        return Err(Error::invalid(
-            "gradOut",
-            format!("shape must equal input's {:?}, got {:?}", input.shape, grad_out.shape),
-        ));
-    }
-    per_channel("mean", mean, c)?;
-    per_channel("invstd", invstd, c)?;
-    if let Some(w) = weight {
-        per_channel("weight", w, c)?;
-    }
-    in_storage("gradOut", grad_out)?;
-    let n = in_storage("input", input)?;
-    Ok(Plan { channels: c, empty: n == 0 })
-}
-
-/// Reports a missing output that the mask turns on (161001). CANN checks every null argument
-/// before anything else, so callers run this before [`inputs`].
-pub(crate) fn missing_outputs(mask: OutputMask, present: [bool; 4]) -> Result<()> {
-    for (i, (on, present)) in enabled(mask).into_iter().zip(present).enumerate() {
-        if on && !present {
-            return Err(Error::null(OUTPUT_NAMES[i], format!("required by the mask {mask:?}, but not given")));
-        }
-    }
-    Ok(())
-}
-
-/// Drops the outputs the mask turns off: CANN neither checks nor writes them.
-pub(crate) fn keep_enabled<T>(mask: OutputMask, outs: [Option<T>; 4]) -> [Option<T>; 4] {
-    let mut it = outs.into_iter().zip(enabled(mask)).map(|(o, on)| o.filter(|_| on));
-    std::array::from_fn(|_| it.next().flatten())
-}
-
-/// Validates a whole call in CANN's order: missing outputs (161001), then the inputs, then the
-/// outputs the mask turns on (`outs` as filtered by [`keep_enabled`]).
-pub(crate) fn call(
-    [grad_out, input, mean, invstd]: [&Meta<'_>; 4],
-    weight: Option<&Meta<'_>>,
-    mask: OutputMask,
-    outs: [Option<&Meta<'_>>; 4],
-) -> Result<Plan> {
-    missing_outputs(mask, outs.map(|o| o.is_some()))?;
-    let plan = inputs(grad_out, input, mean, invstd, weight)?;
-    outputs(&plan, mask, outs)?;
-    Ok(plan)
-}
-
-/// Validates the outputs the mask turns on (the others are ignored, as CANN ignores them).
-pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4]) -> Result<()> {
-    let on = enabled(mask);
-    for i in 0..4 {
-        if let (true, Some(m)) = (on[i], outs[i]) {
-            float_dtype(OUTPUT_NAMES[i], m.dtype)?;
-            per_channel(OUTPUT_NAMES[i], m, plan.channels)?;
-            if plan.channels > 1 && m.strides[0] == 0 {
-                return Err(Error::invalid(OUTPUT_NAMES[i], "stride 0 would write every channel to one element"));
-            }
-        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
 //! Re-running the current test binary as a child process, under the same runner cargo used.
+#![allow(dead_code)]
 
 use std::process::Command;
 
@@ -19,4 +20,28 @@ pub fn self_command() -> Command {
         }
         None => Command::new(exe),
     }
+}
+
+/// Starts this binary's test `test` alone (`--exact`, output captured) with `envs` set: the
+/// child side of a test whose ranks or scenarios are processes.
+pub fn spawn_self(test: &str, envs: &[(&str, String)]) -> std::process::Child {
+    use std::process::Stdio;
+    let mut cmd = self_command();
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn the test binary")
+}
+
+/// Asserts that a child from [`spawn_self`] succeeded and ran its one test.
+#[track_caller]
+pub fn expect_success(what: &str, out: &std::process::Output) {
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

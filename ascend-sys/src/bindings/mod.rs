@@ -3,7 +3,7 @@
 //! `types` holds the types and enums; `ascendcl`, `nnopbase` and `opapi` each hold one
 //! dynamically loaded library as a struct of function pointers.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
-#![allow(clippy::all, missing_docs, unsafe_op_in_unsafe_fn)]
+#![allow(clippy::all, clippy::undocumented_unsafe_blocks, missing_docs, unsafe_op_in_unsafe_fn)]
 
 /// Types, handles and enums.
 pub mod types {

@@ -53,9 +53,9 @@ pub(super) fn run(
     let Some(y) = output.as_host_view_mut() else {
         return Err(Error::internal("output: a device tensor reached the CPU backend"));
     };
-    let src = Src { data: x.storage(), strides: input.strides(), offset: input.offset() };
-    let dst = Dst { data: y.into_storage(), strides: &out_strides, offset: out_offset };
-    channelwise::map(&shape, [src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels));
+    let src = Src::new(x.storage(), input.shape(), input.strides(), input.offset());
+    let dst = Dst::new(y.into_storage(), &shape, &out_strides, out_offset);
+    channelwise::map([src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels));
     Ok(())
 }
 

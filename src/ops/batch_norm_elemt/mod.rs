@@ -5,11 +5,12 @@
 
 pub(in crate::ops) mod cpu;
 
-use ascend_sys::symbols::BATCH_NORM_ELEMT as OP;
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
-use super::launch::{DeviceCall, DevicePrepared};
+use super::launch::Phase2;
+use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, Meta};
+use super::validate::{self, meta};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -74,10 +75,11 @@ pub fn batch_norm_elemt(
     invstd: &Tensor,
     eps: f64,
 ) -> Result<Tensor> {
-    validate_inputs(input, weight, bias, mean, invstd, eps)?;
-    check_streams(stream, input, weight, bias, mean, invstd)?;
+    let op = Args { input, weight, bias, mean, invstd, eps };
+    let empty = op.check_inputs()?;
+    check_streams(stream, op.inputs())?;
     let mut output = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
-    batch_norm_elemt_into(stream, input, weight, bias, mean, invstd, eps, &mut output)?;
+    run_checked(stream, op, empty, [&mut output])?;
     Ok(output)
 }
 
@@ -98,7 +100,7 @@ pub fn batch_norm_elemt_into(
     eps: f64,
     output: &mut Tensor,
 ) -> Result<()> {
-    prepare_batch_norm_elemt(stream, input, weight, bias, mean, invstd, eps, output)?.launch(stream, None)
+    run(stream, Args { input, weight, bias, mean, invstd, eps }, [output])
 }
 
 /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
@@ -117,85 +119,40 @@ pub fn prepare_batch_norm_elemt<'a>(
     eps: f64,
     output: &'a mut Tensor,
 ) -> Result<Prepared<'a>> {
-    let empty = validate_inputs(input, weight, bias, mean, invstd, eps)?;
-    validate_output(input, &meta(output))?;
-    check_streams(stream, input, weight, bias, mean, invstd)?;
-    output.check_stream(stream, "output")?;
-    match stream.ascend() {
-        None => Ok(Prepared::cpu(move || {
-            if empty {
-                return Ok(());
-            }
-            cpu::run(input, weight, bias, mean, invstd, eps as f32, output)
-        })),
-        Some(_) => ascend_prepare(stream, input, weight, bias, mean, invstd, eps, output).map(Prepared::ascend),
-    }
+    prepare(stream, Args { input, weight, bias, mean, invstd, eps }, [output])
 }
 
-pub(crate) fn meta(t: &Tensor) -> Meta<'_> {
-    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
-}
-
-/// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
-/// (views inside their storage, eps). Returns whether the input is empty.
-fn validate_inputs(
-    input: &Tensor,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    mean: &Tensor,
-    invstd: &Tensor,
+/// The arguments of a call but its output.
+struct Args<'a> {
+    input: &'a Tensor,
+    weight: Option<&'a Tensor>,
+    bias: Option<&'a Tensor>,
+    mean: &'a Tensor,
+    invstd: &'a Tensor,
     eps: f64,
-) -> Result<bool> {
-    // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16).
-    for (name, t) in
-        [("input", Some(input)), ("weight", weight), ("bias", bias), ("mean", Some(mean)), ("invstd", Some(invstd))]
-    {
-        if let Some(t) = t {
-            validate::float_dtype(name, t.dtype())?;
-        }
-    }
-    let x = meta(input);
-    let c = validate::activation("input", &x)?;
-    for (name, t) in [("weight", weight), ("bias", bias), ("mean", Some(mean)), ("invstd", Some(invstd))] {
-        if let Some(t) = t {
-            validate::per_channel(name, &meta(t), c)?;
-        }
-    }
-    let n = validate::in_storage("input", &x)?;
-    validate::f32_scalar("eps", eps)?;
-    Ok(n == 0)
 }
 
-/// Validates the output against the (validated) input.
-fn validate_output(input: &Tensor, out: &Meta<'_>) -> Result<()> {
-    if out.dtype != input.dtype() {
-        return Err(Error::invalid(
-            "output",
-            format!("dtype must equal input's ({}), got {}", input.dtype(), out.dtype),
-        ));
-    }
-    validate::same_shape("output", out, "input", input.shape())?;
-    validate::in_storage("output", out)?;
-    validate::distinct_elements("output", out)
-}
-
-/// Checks that every input lives where `stream` runs work.
-fn check_streams(
-    stream: &Stream,
-    input: &Tensor,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    mean: &Tensor,
-    invstd: &Tensor,
-) -> Result<()> {
-    for (name, t) in
-        [("input", Some(input)), ("weight", weight), ("bias", bias), ("mean", Some(mean)), ("invstd", Some(invstd))]
-    {
-        if let Some(t) = t {
-            t.check_stream(stream, name)?;
+impl Args<'_> {
+    /// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
+    /// (views inside their storage, eps). Returns whether the input is empty.
+    fn check_inputs(&self) -> Result<bool> {
+        // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16).
+        for (t, name) in self.inputs() {
+            if let Some(t) = t {
+                validate::float_dtype(name, t.dtype())?;
+            }
         }
+        let x = meta(self.input);
+        let c = validate::activation("input", &x)?;
+        for (t, name) in self.inputs().into_iter().skip(1) {
+            if let Some(t) = t {
+                validate::per_channel(name, &meta(t), c)?;
+            }
+        }
+        let n = validate::in_storage("input", &x)?;
+        validate::f32_scalar("eps", self.eps)?;
+        Ok(n == 0)
     }
-    Ok(())
 }
 
 /// Validates the arguments of a [`batch_norm_elemt`] call as it does, launching nothing (for a
@@ -209,42 +166,67 @@ pub(crate) fn validate_args(
     invstd: &Tensor,
     eps: f64,
 ) -> Result<()> {
-    validate_inputs(input, weight, bias, mean, invstd, eps)?;
-    check_streams(stream, input, weight, bias, mean, invstd)
+    let op = Args { input, weight, bias, mean, invstd, eps };
+    op.check_inputs()?;
+    check_streams(stream, op.inputs())
 }
 
-/// Phase 1 on Ascend: every tensor described through the shared launch path.
-#[allow(clippy::too_many_arguments)]
-fn ascend_prepare<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    weight: Option<&'a Tensor>,
-    bias: Option<&'a Tensor>,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    eps: f64,
-    output: &'a Tensor,
-) -> Result<DevicePrepared<'a>> {
-    let mut call = DeviceCall::new(stream)?;
-    let input = call.tensor(input, "input")?;
-    let weight = call.optional(weight, "weight")?;
-    let bias = call.optional(bias, "bias")?;
-    let mean = call.tensor(mean, "mean")?;
-    let invstd = call.tensor(invstd, "invstd")?;
-    let output = call.tensor(output, "output")?;
-    call.prepare(
-        &OP,
-        |cann, api| {
-            let f = crate::acl::op_fn(&api.aclnnBatchNormElemtGetWorkspaceSize, OP.phase1)?;
-            crate::acl::phase1(cann, OP.phase1, |size, executor| {
-                // SAFETY: the signature is the header's (wrapper.h, checked against CANN's
-                // headers; mean and invstd are non-const there, and CANN only reads them); every
-                // non-null handle is a live descriptor held by `call`, which moves into the
-                // prepared call and outlives the executor; the out-pointers are valid.
-                unsafe { f(input, weight, bias, mean, invstd, eps, output, size, executor) }
-            })
-        },
-        |api| &api.aclnnBatchNormElemt,
-        Vec::new(),
-    )
+impl<'a> Operator<'a> for Args<'a> {
+    const OP: &'static symbols::Operator = &symbols::BATCH_NORM_ELEMT;
+    const OUTPUTS: &'static [&'static str] = &["output"];
+    type Outputs = [&'a mut Tensor; 1];
+    /// Whether the input is empty.
+    type Plan = bool;
+    /// eps.
+    type Scalars = f64;
+
+    fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>> {
+        [
+            (Some(self.input), "input"),
+            (self.weight, "weight"),
+            (self.bias, "bias"),
+            (Some(self.mean), "mean"),
+            (Some(self.invstd), "invstd"),
+        ]
+    }
+
+    /// The inputs, then the output against them.
+    fn check(&self, [output]: &Self::Outputs) -> Result<bool> {
+        let empty = self.check_inputs()?;
+        let (input, out) = (self.input, meta(output));
+        if out.dtype != input.dtype() {
+            return Err(Error::invalid(
+                "output",
+                format!("dtype must equal input's ({}), got {}", input.dtype(), out.dtype),
+            ));
+        }
+        validate::same_shape("output", &out, "input", input.shape())?;
+        validate::in_storage("output", &out)?;
+        Ok(empty)
+    }
+
+    fn scalars(&self) -> f64 {
+        self.eps
+    }
+
+    fn cpu(self, empty: bool, [output]: Self::Outputs) -> Result<()> {
+        if empty {
+            return Ok(());
+        }
+        cpu::run(self.input, self.weight, self.bias, self.mean, self.invstd, self.eps as f32, output)
+    }
+
+    unsafe fn phase1(api: &OpApi, eps: f64, h: Handles<'_>) -> Result<aclnnStatus> {
+        let f = crate::acl::op_fn(&api.aclnnBatchNormElemtGetWorkspaceSize, Self::OP.phase1)?;
+        let [input, weight, bias, mean, invstd] = [0, 1, 2, 3, 4].map(|i| h.input(i));
+        // SAFETY: the signature is the header's (wrapper.h, checked against CANN's headers; mean
+        // and invstd are non-const there, and CANN only reads them); the handles are the call's
+        // live descriptors in the prototype's order and the out-pointers are valid (this
+        // function's contract).
+        Ok(unsafe { f(input, weight, bias, mean, invstd, eps, h.output(0), h.size, h.executor) })
+    }
+
+    fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
+        &api.aclnnBatchNormElemt
+    }
 }

@@ -54,11 +54,11 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
         return Err(Error::internal("gradInput: a device tensor reached the CPU backend"));
     };
     let srcs = [
-        Src { data: dy.storage(), strides: args.grad_out.strides(), offset: args.grad_out.offset() },
-        Src { data: x.storage(), strides: args.input.strides(), offset: args.input.offset() },
+        Src::new(dy.storage(), args.grad_out.shape(), args.grad_out.strides(), args.grad_out.offset()),
+        Src::new(x.storage(), args.input.shape(), args.input.strides(), args.input.offset()),
     ];
-    let dst = Dst { data: out.into_storage(), strides: &out_strides, offset: out_offset };
-    channelwise::map(&shape, srcs, dst, 0, &|[dy, x], out, channels| gradient(&co, dy, x, out, channels));
+    let dst = Dst::new(out.into_storage(), &shape, &out_strides, out_offset);
+    channelwise::map(srcs, dst, 0, &|[dy, x], out, channels| gradient(&co, dy, x, out, channels));
     Ok(())
 }
 

@@ -5,12 +5,12 @@
 
 mod cpu;
 
-use ascend_sys::symbols::BATCH_NORM_ELEMT_BACKWARD as OP;
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
-use super::batch_norm_elemt::meta;
-use super::launch::{DeviceCall, DevicePrepared};
+use super::launch::Phase2;
+use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, Meta};
+use super::validate::{self, meta};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -68,22 +68,11 @@ pub fn batch_norm_elemt_backward(
     sum_dy_xmu: &Tensor,
     counter: &Tensor,
 ) -> Result<Tensor> {
-    let args = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-    args.validate()?;
-    args.check_streams(stream)?;
+    let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+    let empty = op.check_inputs()?;
+    check_streams(stream, op.inputs())?;
     let mut grad_input = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
-    batch_norm_elemt_backward_into(
-        stream,
-        grad_out,
-        input,
-        mean,
-        invstd,
-        weight,
-        sum_dy,
-        sum_dy_xmu,
-        counter,
-        &mut grad_input,
-    )?;
+    run_checked(stream, op, empty, [&mut grad_input])?;
     Ok(grad_input)
 }
 
@@ -106,10 +95,7 @@ pub fn batch_norm_elemt_backward_into(
     counter: &Tensor,
     grad_input: &mut Tensor,
 ) -> Result<()> {
-    prepare_batch_norm_elemt_backward(
-        stream, grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, grad_input,
-    )?
-    .launch(stream, None)
+    run(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input])
 }
 
 /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
@@ -130,15 +116,7 @@ pub fn prepare_batch_norm_elemt_backward<'a>(
     counter: &'a Tensor,
     grad_input: &'a mut Tensor,
 ) -> Result<Prepared<'a>> {
-    let args = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-    let empty = args.validate()?;
-    validate_output(input, &meta(grad_input))?;
-    args.check_streams(stream)?;
-    grad_input.check_stream(stream, "gradInput")?;
-    match stream.ascend() {
-        None => Ok(Prepared::cpu(move || if empty { Ok(()) } else { cpu::run(&args, grad_input) })),
-        Some(_) => ascend_prepare(stream, args, grad_input).map(Prepared::ascend),
-    }
+    prepare(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input])
 }
 
 /// Validates the arguments of a [`batch_norm_elemt_backward`] call as it does, launching nothing
@@ -155,12 +133,12 @@ pub(crate) fn validate_args(
     sum_dy_xmu: &Tensor,
     counter: &Tensor,
 ) -> Result<()> {
-    let args = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-    args.validate()?;
-    args.check_streams(stream)
+    let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+    op.check_inputs()?;
+    check_streams(stream, op.inputs())
 }
 
-/// The inputs of a call.
+/// The arguments of a call but its output.
 #[derive(Clone, Copy)]
 struct Args<'a> {
     grad_out: &'a Tensor,
@@ -176,9 +154,9 @@ struct Args<'a> {
 impl Args<'_> {
     /// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
     /// (counter's shape, views inside their storage). Returns whether the input is empty.
-    fn validate(&self) -> Result<bool> {
+    fn check_inputs(&self) -> Result<bool> {
         // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16), then counter's.
-        for (name, t) in self.floats() {
+        for (t, name) in self.inputs().into_iter().take(7) {
             if let Some(t) = t {
                 validate::float_dtype(name, t.dtype())?;
             }
@@ -196,14 +174,8 @@ impl Args<'_> {
         let x = meta(self.input);
         let c = validate::activation("input", &x)?;
         validate::same_shape("gradOut", &meta(self.grad_out), "input", self.input.shape())?;
-        let per_channel = [
-            ("mean", Some(self.mean)),
-            ("invstd", Some(self.invstd)),
-            ("weight", self.weight),
-            ("sumDy", Some(self.sum_dy)),
-            ("sumDyXmu", Some(self.sum_dy_xmu)),
-        ];
-        for (name, t) in per_channel {
+        // mean, invstd, weight, sumDy, sumDyXmu.
+        for (t, name) in self.inputs().into_iter().skip(2).take(5) {
             if let Some(t) = t {
                 validate::per_channel(name, &meta(t), c)?;
             }
@@ -224,66 +196,63 @@ impl Args<'_> {
         validate::in_storage("gradOut", &meta(self.grad_out))?;
         Ok(validate::in_storage("input", &x)? == 0)
     }
+}
 
-    /// The floating-point inputs with their aclnn names (weight may be absent).
-    fn floats(&self) -> [(&'static str, Option<&Tensor>); 7] {
+impl<'a> Operator<'a> for Args<'a> {
+    const OP: &'static symbols::Operator = &symbols::BATCH_NORM_ELEMT_BACKWARD;
+    const OUTPUTS: &'static [&'static str] = &["gradInput"];
+    type Outputs = [&'a mut Tensor; 1];
+    /// Whether the input is empty.
+    type Plan = bool;
+    type Scalars = ();
+
+    /// The floating-point inputs (weight may be absent), then counter.
+    fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>> {
         [
-            ("gradOut", Some(self.grad_out)),
-            ("input", Some(self.input)),
-            ("mean", Some(self.mean)),
-            ("invstd", Some(self.invstd)),
-            ("weight", self.weight),
-            ("sumDy", Some(self.sum_dy)),
-            ("sumDyXmu", Some(self.sum_dy_xmu)),
+            (Some(self.grad_out), "gradOut"),
+            (Some(self.input), "input"),
+            (Some(self.mean), "mean"),
+            (Some(self.invstd), "invstd"),
+            (self.weight, "weight"),
+            (Some(self.sum_dy), "sumDy"),
+            (Some(self.sum_dy_xmu), "sumDyXmu"),
+            (Some(self.counter), "counter"),
         ]
     }
 
-    /// Checks that every input lives where `stream` runs work.
-    fn check_streams(&self, stream: &Stream) -> Result<()> {
-        for (name, t) in self.floats().into_iter().chain([("counter", Some(self.counter))]) {
-            if let Some(t) = t {
-                t.check_stream(stream, name)?;
-            }
-        }
-        Ok(())
+    /// The inputs, then gradInput against them.
+    fn check(&self, [grad_input]: &Self::Outputs) -> Result<bool> {
+        let empty = self.check_inputs()?;
+        let out = meta(grad_input);
+        validate::float_dtype("gradInput", out.dtype)?;
+        validate::same_shape("gradInput", &out, "input", self.input.shape())?;
+        validate::in_storage("gradInput", &out)?;
+        Ok(empty)
     }
-}
 
-/// Validates gradInput against the (validated) input.
-fn validate_output(input: &Tensor, out: &Meta<'_>) -> Result<()> {
-    validate::float_dtype("gradInput", out.dtype)?;
-    validate::same_shape("gradInput", out, "input", input.shape())?;
-    validate::in_storage("gradInput", out)?;
-    validate::distinct_elements("gradInput", out)
-}
+    fn scalars(&self) {}
 
-/// Phase 1 on Ascend: every tensor described through the shared launch path.
-fn ascend_prepare<'a>(stream: &Stream, args: Args<'a>, grad_input: &'a Tensor) -> Result<DevicePrepared<'a>> {
-    let mut call = DeviceCall::new(stream)?;
-    let grad_out = call.tensor(args.grad_out, "gradOut")?;
-    let input = call.tensor(args.input, "input")?;
-    let mean = call.tensor(args.mean, "mean")?;
-    let invstd = call.tensor(args.invstd, "invstd")?;
-    let weight = call.optional(args.weight, "weight")?;
-    let sum_dy = call.tensor(args.sum_dy, "sumDy")?;
-    let sum_dy_xmu = call.tensor(args.sum_dy_xmu, "sumDyXmu")?;
-    let counter = call.tensor(args.counter, "counter")?;
-    let grad_input = call.tensor(grad_input, "gradInput")?;
-    call.prepare(
-        &OP,
-        |cann, api| {
-            let f = crate::acl::op_fn(&api.aclnnBatchNormElemtBackwardGetWorkspaceSize, OP.phase1)?;
-            crate::acl::phase1(cann, OP.phase1, |size, executor| {
-                // SAFETY: the signature is the header's (wrapper.h, checked against CANN's
-                // headers; counter is non-const there, and CANN only reads it); every non-null
-                // handle is a live descriptor held by `call`, which moves into the prepared call
-                // and outlives the executor; the out-pointers are valid.
-                unsafe {
-                    f(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, grad_input, size, executor)
-                }
-            })
-        },
-        |api| &api.aclnnBatchNormElemtBackward,
-        Vec::new(),
-    )
+    fn cpu(self, empty: bool, [grad_input]: Self::Outputs) -> Result<()> {
+        if empty {
+            return Ok(());
+        }
+        cpu::run(&self, grad_input)
+    }
+
+    unsafe fn phase1(api: &OpApi, (): (), h: Handles<'_>) -> Result<aclnnStatus> {
+        let f = crate::acl::op_fn(&api.aclnnBatchNormElemtBackwardGetWorkspaceSize, Self::OP.phase1)?;
+        let [grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter] =
+            [0, 1, 2, 3, 4, 5, 6, 7].map(|i| h.input(i));
+        // SAFETY: the signature is the header's (wrapper.h, checked against CANN's headers;
+        // counter is non-const there, and CANN only reads it); the handles are the call's live
+        // descriptors in the prototype's order and the out-pointers are valid (this function's
+        // contract).
+        Ok(unsafe {
+            f(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter, h.output(0), h.size, h.executor)
+        })
+    }
+
+    fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
+        &api.aclnnBatchNormElemtBackward
+    }
 }

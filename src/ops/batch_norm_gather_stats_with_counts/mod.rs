@@ -11,11 +11,12 @@
 //! as PyTorch's CUDA kernel does; that CANN's closed kernel uses `N − 1` too is unconfirmed, the
 //! mock assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
 
-use ascend_sys::symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS as OP;
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
-use super::launch::{DeviceCall, DevicePrepared};
+use super::launch::Phase2;
+use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, Meta};
+use super::validate::{self, meta, Meta};
 use crate::cpu::host;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -78,32 +79,14 @@ pub fn batch_norm_gather_stats_with_counts(
     eps: f64,
     counts: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let plan = validate_inputs(
-        &meta(input),
-        &meta(mean),
-        &meta(invstd),
-        running_mean.as_deref().map(meta).as_ref(),
-        running_var.as_deref().map(meta).as_ref(),
-        &meta(counts),
-    )?;
-    scalars(momentum, eps)?;
-    check_streams(stream, [input, mean, invstd, counts], running_mean.as_deref(), running_var.as_deref())?;
+    let op = Args { input, mean, invstd, counts, momentum, eps };
+    let plan = op.check_inputs(running_mean.as_deref(), running_var.as_deref())?;
+    let running = [(running_mean.as_deref(), "runningMean"), (running_var.as_deref(), "runningVar")];
+    check_streams(stream, op.inputs().into_iter().chain(running))?;
     let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
     let mut mean_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
     let mut invstd_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
-    batch_norm_gather_stats_with_counts_into(
-        stream,
-        input,
-        mean,
-        invstd,
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-        counts,
-        &mut mean_all,
-        &mut invstd_all,
-    )?;
+    run_checked(stream, op, plan, ([running_mean, running_var], [&mut mean_all, &mut invstd_all]))?;
     Ok((mean_all, invstd_all))
 }
 
@@ -127,20 +110,8 @@ pub fn batch_norm_gather_stats_with_counts_into(
     mean_all: &mut Tensor,
     invstd_all: &mut Tensor,
 ) -> Result<()> {
-    prepare_batch_norm_gather_stats_with_counts(
-        stream,
-        input,
-        mean,
-        invstd,
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-        counts,
-        mean_all,
-        invstd_all,
-    )?
-    .launch(stream, None)
+    let op = Args { input, mean, invstd, counts, momentum, eps };
+    run(stream, op, ([running_mean, running_var], [mean_all, invstd_all]))
 }
 
 /// Phase 1 of the two-phase API of [`batch_norm_gather_stats_with_counts_into`]: validates the
@@ -161,34 +132,108 @@ pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
     mean_all: &'a mut Tensor,
     invstd_all: &'a mut Tensor,
 ) -> Result<Prepared<'a>> {
-    let plan = validate_call(
-        [&meta(input), &meta(mean), &meta(invstd)],
-        running_mean.as_deref().map(meta).as_ref(),
-        running_var.as_deref().map(meta).as_ref(),
-        &meta(counts),
-        [&meta(mean_all), &meta(invstd_all)],
-    )?;
-    scalars(momentum, eps)?;
-    check_streams(stream, [input, mean, invstd, counts], running_mean.as_deref(), running_var.as_deref())?;
-    mean_all.check_stream(stream, "meanAll")?;
-    invstd_all.check_stream(stream, "invstdAll")?;
-    let running = running_mean.zip(running_var);
-    match stream.ascend() {
-        None => Ok(Prepared::cpu(move || {
-            // CANN's kernel takes momentum and eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
-            let (momentum, eps) = (f64::from(momentum as f32), f64::from(eps as f32));
-            cpu_launch(plan, [mean, invstd, counts], running, momentum, eps, mean_all, invstd_all)
-        })),
-        Some(_) => {
-            let running = running.map(|(m, v)| (&*m, &*v));
-            let tensors = [input, mean, invstd, counts, mean_all, invstd_all];
-            ascend_prepare(stream, tensors, running, momentum, eps).map(Prepared::ascend)
-        }
+    let op = Args { input, mean, invstd, counts, momentum, eps };
+    prepare(stream, op, ([running_mean, running_var], [mean_all, invstd_all]))
+}
+
+/// The arguments of a call but the tensors it writes.
+struct Args<'a> {
+    input: &'a Tensor,
+    mean: &'a Tensor,
+    invstd: &'a Tensor,
+    counts: &'a Tensor,
+    momentum: f64,
+    eps: f64,
+}
+
+impl Args<'_> {
+    /// Validates the inputs and the running statistics (of the allocating entry, which makes
+    /// meanAll and invstdAll itself), then momentum and eps.
+    fn check_inputs(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>) -> Result<Plan> {
+        let plan = validate_inputs(
+            &meta(self.input),
+            &meta(self.mean),
+            &meta(self.invstd),
+            running_mean.map(meta).as_ref(),
+            running_var.map(meta).as_ref(),
+            &meta(self.counts),
+        )?;
+        scalars(self.momentum, self.eps)?;
+        Ok(plan)
     }
 }
 
-fn meta(t: &Tensor) -> Meta<'_> {
-    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
+impl<'a> Operator<'a> for Args<'a> {
+    const OP: &'static symbols::Operator = &symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS;
+    const OUTPUTS: &'static [&'static str] = &["runningMean", "runningVar", "meanAll", "invstdAll"];
+    /// The running statistics (updated in place, both or neither), then meanAll and invstdAll.
+    type Outputs = ([Option<&'a mut Tensor>; 2], [&'a mut Tensor; 2]);
+    type Plan = Plan;
+    /// momentum, eps.
+    type Scalars = (f64, f64);
+
+    fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>> {
+        [
+            (Some(self.input), "input"),
+            (Some(self.mean), "mean"),
+            (Some(self.invstd), "invstd"),
+            (Some(self.counts), "counts"),
+        ]
+    }
+
+    fn check(&self, ([running_mean, running_var], [mean_all, invstd_all]): &Self::Outputs) -> Result<Plan> {
+        let plan = validate_call(
+            [&meta(self.input), &meta(self.mean), &meta(self.invstd)],
+            running_mean.as_deref().map(meta).as_ref(),
+            running_var.as_deref().map(meta).as_ref(),
+            &meta(self.counts),
+            [&meta(mean_all), &meta(invstd_all)],
+        )?;
+        scalars(self.momentum, self.eps)?;
+        Ok(plan)
+    }
+
+    fn scalars(&self) -> (f64, f64) {
+        (self.momentum, self.eps)
+    }
+
+    fn cpu(self, plan: Plan, ([running_mean, running_var], [mean_all, invstd_all]): Self::Outputs) -> Result<()> {
+        // CANN's kernel takes momentum and eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
+        let (momentum, eps) = (f64::from(self.momentum as f32), f64::from(self.eps as f32));
+        let running = running_mean.zip(running_var);
+        cpu_launch(plan, [self.mean, self.invstd, self.counts], running, momentum, eps, mean_all, invstd_all)
+    }
+
+    /// For an empty `mean` CANN's executor itself fills meanAll with 0 and invstdAll with NaN, so
+    /// nothing is left for the launch to fill.
+    unsafe fn phase1(api: &OpApi, (momentum, eps): (f64, f64), h: Handles<'_>) -> Result<aclnnStatus> {
+        let f = crate::acl::op_fn(&api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize, Self::OP.phase1)?;
+        let [input, mean, invstd, counts] = [0, 1, 2, 3].map(|i| h.input(i).cast_const());
+        let [running_mean, running_var, mean_all, invstd_all] = [0, 1, 2, 3].map(|i| h.output(i));
+        // SAFETY: the signature is the header's (wrapper.h); the handles are the call's live
+        // descriptors in the prototype's order and the out-pointers are valid (this function's
+        // contract); runningMean and runningVar are both null or both live (validated).
+        Ok(unsafe {
+            f(
+                input,
+                mean,
+                invstd,
+                running_mean,
+                running_var,
+                momentum,
+                eps,
+                counts,
+                mean_all,
+                invstd_all,
+                h.size,
+                h.executor,
+            )
+        })
+    }
+
+    fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
+        &api.aclnnBatchNormGatherStatsWithCounts
+    }
 }
 
 /// Checks momentum and eps: finite in f32, as CANN computes with them in f32 (161002 otherwise,
@@ -335,31 +380,8 @@ pub(crate) fn validate_args(
         running_var.map(meta).as_ref(),
         counts,
     )?;
-    input.check_stream(stream, "input")?;
-    for (name, t) in [("runningMean", running_mean), ("runningVar", running_var)] {
-        if let Some(t) = t {
-            t.check_stream(stream, name)?;
-        }
-    }
+    check_streams(stream, [(Some(input), "input"), (running_mean, "runningMean"), (running_var, "runningVar")])?;
     scalars(momentum, eps)
-}
-
-/// Checks that every tensor lives where `stream` runs work.
-fn check_streams(
-    stream: &Stream,
-    [input, mean, invstd, counts]: [&Tensor; 4],
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-) -> Result<()> {
-    for (name, t) in [("input", input), ("mean", mean), ("invstd", invstd), ("counts", counts)] {
-        t.check_stream(stream, name)?;
-    }
-    for (name, t) in [("runningMean", running_mean), ("runningVar", running_var)] {
-        if let Some(t) = t {
-            t.check_stream(stream, name)?;
-        }
-    }
-    Ok(())
 }
 
 /// The global statistics of one channel, in f64.
@@ -396,9 +418,7 @@ fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool
 
 /// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
 fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
-    let Some(data) = host::storage(t) else {
-        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
-    };
+    let data = super::operator::host(t, name)?.storage();
     let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
     host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
 }
@@ -440,56 +460,6 @@ fn cpu_launch(
         host::write_vector(rv, "runningVar", g.iter().zip(old_v).map(|(g, r)| keep * r + momentum * g.unbiased_var))?;
     }
     Ok(())
-}
-
-/// Phase 1 on Ascend. For an empty `mean` CANN's executor itself fills meanAll with 0 and
-/// invstdAll with NaN, so nothing is left for the launch to fill.
-fn ascend_prepare<'a>(
-    stream: &Stream,
-    [input, mean, invstd, counts, mean_all, invstd_all]: [&'a Tensor; 6],
-    running: Option<(&'a Tensor, &'a Tensor)>,
-    momentum: f64,
-    eps: f64,
-) -> Result<DevicePrepared<'a>> {
-    let mut call = DeviceCall::new(stream)?;
-    let input = call.tensor(input, "input")?.cast_const();
-    let mean = call.tensor(mean, "mean")?.cast_const();
-    let invstd = call.tensor(invstd, "invstd")?.cast_const();
-    let running_mean = call.optional(running.map(|r| r.0), "runningMean")?;
-    let running_var = call.optional(running.map(|r| r.1), "runningVar")?;
-    let counts = call.tensor(counts, "counts")?.cast_const();
-    let mean_all = call.tensor(mean_all, "meanAll")?;
-    let invstd_all = call.tensor(invstd_all, "invstdAll")?;
-    call.prepare(
-        &OP,
-        |cann, api| {
-            let f = crate::acl::op_fn(&api.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize, OP.phase1)?;
-            crate::acl::phase1(cann, OP.phase1, |size, executor| {
-                // SAFETY: the signature is the header's (wrapper.h); every non-null handle is a
-                // live descriptor held by `call`, which moves into the prepared call and outlives
-                // the executor; runningMean and runningVar are both null or both live (validated);
-                // the out-pointers are valid for the call.
-                unsafe {
-                    f(
-                        input,
-                        mean,
-                        invstd,
-                        running_mean,
-                        running_var,
-                        momentum,
-                        eps,
-                        counts,
-                        mean_all,
-                        invstd_all,
-                        size,
-                        executor,
-                    )
-                }
-            })
-        },
-        |api| &api.aclnnBatchNormGatherStatsWithCounts,
-        Vec::new(),
-    )
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@
 //! whatever the thread count or the mask.
 
 use super::kernel;
+use super::validate::{self, Plan};
+use super::OutputMask;
 use crate::cpu::{host, max_threads, View, ViewMut};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
-use crate::ops::validate::{self, Plan};
-use crate::ops::OutputMask;
 
 /// Output views for [`batch_norm_reduce_backward`]; those the mask turns on are required.
 #[derive(Debug, Default)]
@@ -112,5 +112,5 @@ pub(crate) fn run(
 
 /// The kernel's view of `v`'s elements `data` (its storage, of the matching dtype).
 fn kernel_view<'v, T: Element>(v: &'v View<'_>, data: &'v [T]) -> kernel::StridedView<'v, T> {
-    kernel::StridedView { data, shape: v.shape(), strides: v.strides(), offset: v.offset() }
+    kernel::StridedView::new(data, v.shape(), v.strides(), v.offset())
 }

@@ -1,15 +1,24 @@
-//! `aclnnBatchNormReduceBackward` on both backends.
+//! `aclnnBatchNormReduceBackward` on both backends: the per-channel reductions of BatchNorm's
+//! backward pass and the building block of SyncBatchNorm.
+//!
+//! Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+//! `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
+//! `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 
-use ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD as OP;
-
-use super::launch::{DeviceCall, DevicePrepared};
-use super::prepared::Prepared;
-use super::validate::{self, Meta, Plan};
-use super::OutputMask;
 pub(crate) mod cpu;
 pub(crate) mod kernel;
+pub(crate) mod validate;
+
+use ascend_sys::{aclnnStatus, symbols, OpApi};
+
+use self::validate::Plan;
+use super::launch::Phase2;
+use super::operator::{check_streams, host, host_mut, prepare, run, run_checked, Arg, Handles, Operator};
+use super::prepared::Prepared;
+use super::validate::meta;
+use crate::cpu::ViewMut;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -41,12 +50,17 @@ pub struct ReduceBackwardOut<'a> {
     pub grad_bias: Option<&'a mut Tensor>,
 }
 
-/// Computes the BatchNorm backward reductions into new tensors (see the [module](super) docs).
+/// Computes the BatchNorm backward reductions into new tensors.
+///
+/// Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+/// `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
+/// `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
 ///
 /// Arguments are validated first, on both backends alike; a rejected call returns
-/// [`Error::InvalidArgument`] with aclnn's status (161002 invalid) and does nothing. On Ascend this
-/// allocates the outputs (`aclrtMalloc`) and runs [`batch_norm_reduce_backward_into`]; the work is
-/// asynchronous: read results with [`Tensor::to_vec`].
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002 invalid)
+/// and does nothing. On Ascend this allocates the outputs (`aclrtMalloc`) and runs
+/// [`batch_norm_reduce_backward_into`]; the work is asynchronous: read results with
+/// [`Tensor::to_vec`].
 pub fn batch_norm_reduce_backward(
     stream: &Stream,
     grad_out: &Tensor,
@@ -56,31 +70,19 @@ pub fn batch_norm_reduce_backward(
     weight: Option<&Tensor>,
     mask: OutputMask,
 ) -> Result<ReduceBackward> {
-    let plan = validate_inputs(stream, grad_out, input, mean, invstd, weight)?;
+    let op = Args { grad_out, input, mean, invstd, weight, mask };
+    let plan = op.check_inputs()?;
+    check_streams(stream, op.inputs())?;
     let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
-    let on = validate::enabled(mask);
     let mut outs: [Option<Tensor>; 4] = Default::default();
-    for (slot, enabled) in outs.iter_mut().zip(on) {
+    for (slot, enabled) in outs.iter_mut().zip(validate::enabled(mask)) {
         if enabled {
             *slot = Some(Tensor::alloc(stream, dtype, &[plan.channels], false)?);
         }
     }
     let [mut sum_dy, mut sum_dy_xmu, mut grad_weight, mut grad_bias] = outs;
-    batch_norm_reduce_backward_into(
-        stream,
-        grad_out,
-        input,
-        mean,
-        invstd,
-        weight,
-        mask,
-        ReduceBackwardOut {
-            sum_dy: sum_dy.as_mut(),
-            sum_dy_xmu: sum_dy_xmu.as_mut(),
-            grad_weight: grad_weight.as_mut(),
-            grad_bias: grad_bias.as_mut(),
-        },
-    )?;
+    let outs = [sum_dy.as_mut(), sum_dy_xmu.as_mut(), grad_weight.as_mut(), grad_bias.as_mut()];
+    run_checked(stream, op, plan, outs)?;
     Ok(ReduceBackward { sum_dy, sum_dy_xmu, grad_weight, grad_bias })
 }
 
@@ -102,7 +104,8 @@ pub fn batch_norm_reduce_backward_into(
     mask: OutputMask,
     out: ReduceBackwardOut<'_>,
 ) -> Result<()> {
-    prepare_batch_norm_reduce_backward(stream, grad_out, input, mean, invstd, weight, mask, out)?.launch(stream, None)
+    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
+    run(stream, Args { grad_out, input, mean, invstd, weight, mask }, outs)
 }
 
 /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
@@ -124,122 +127,126 @@ pub fn prepare_batch_norm_reduce_backward<'a>(
     out: ReduceBackwardOut<'a>,
 ) -> Result<PreparedReduceBackward<'a>> {
     let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
-    let plan = {
-        let w = weight.map(meta);
-        let metas = outs.each_ref().map(|o| o.as_deref().map(meta));
-        validate::call(
-            [&meta(grad_out), &meta(input), &meta(mean), &meta(invstd)],
-            w.as_ref(),
-            mask,
-            metas.each_ref().map(Option::as_ref),
-        )?
-    };
-    check_streams(stream, grad_out, input, mean, invstd, weight)?;
-    for (t, name) in outs.iter().zip(validate::OUTPUT_NAMES) {
-        if let Some(t) = t {
-            t.check_stream(stream, name)?;
-        }
-    }
-
-    match stream.ascend() {
-        None => {
-            let inputs = [grad_out, input, mean, invstd];
-            Ok(Prepared::cpu(move || cpu_launch(plan, mask, inputs, outs)))
-        }
-        Some(_) => {
-            ascend_prepare(stream, plan, mask, [grad_out, input, mean, invstd], weight, outs).map(Prepared::ascend)
-        }
-    }
+    prepare(stream, Args { grad_out, input, mean, invstd, weight, mask }, outs)
 }
 
 /// The two-phase API's prepared call of this operator (see [`Prepared`]).
 pub type PreparedReduceBackward<'a> = Prepared<'a>;
 
-fn meta(t: &Tensor) -> Meta<'_> {
-    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
-}
-
-/// Validates the inputs of the allocating entry point (whose outputs it makes itself).
-fn validate_inputs(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-) -> Result<Plan> {
-    let w = weight.map(meta);
-    let plan = validate::inputs(&meta(grad_out), &meta(input), &meta(mean), &meta(invstd), w.as_ref())?;
-    check_streams(stream, grad_out, input, mean, invstd, weight)?;
-    Ok(plan)
-}
-
-/// Checks that every input lives where `stream` runs work.
-fn check_streams(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-) -> Result<()> {
-    for (name, t) in [("gradOut", grad_out), ("input", input), ("mean", mean), ("invstd", invstd)] {
-        t.check_stream(stream, name)?;
-    }
-    match weight {
-        Some(w) => w.check_stream(stream, "weight"),
-        None => Ok(()),
-    }
-}
-
-fn cpu_launch(plan: Plan, mask: OutputMask, inputs: [&Tensor; 4], outs: [Option<&mut Tensor>; 4]) -> Result<()> {
-    let [grad_out, input, mean, invstd] = inputs.map(|t| t.as_host_view());
-    let (Some(grad_out), Some(input), Some(mean), Some(invstd)) = (grad_out, input, mean, invstd) else {
-        return Err(Error::internal("gradOut: a device tensor reached the CPU backend"));
-    };
-    let outs = outs.map(|o| o.and_then(|t| t.as_host_view_mut()));
-    cpu::run(&plan, mask, grad_out, input, mean, invstd, outs)
-}
-
-/// Phase 1 on Ascend: every tensor described through the shared launch path.
-fn ascend_prepare<'a>(
-    stream: &Stream,
-    plan: Plan,
-    mask: OutputMask,
-    [grad_out, input, mean, invstd]: [&'a Tensor; 4],
+/// The arguments of a call but its outputs.
+struct Args<'a> {
+    grad_out: &'a Tensor,
+    input: &'a Tensor,
+    mean: &'a Tensor,
+    invstd: &'a Tensor,
     weight: Option<&'a Tensor>,
-    outs: [Option<&'a mut Tensor>; 4],
-) -> Result<DevicePrepared<'a>> {
-    let outs: [Option<&'a Tensor>; 4] = outs.map(|o| o.map(|t| &*t));
-    let mut call = DeviceCall::new(stream)?;
-    let grad_out = call.tensor(grad_out, "gradOut")?;
-    let input = call.tensor(input, "input")?;
-    let mean = call.tensor(mean, "mean")?;
-    let invstd = call.tensor(invstd, "invstd")?;
-    let weight = call.optional(weight, "weight")?;
-    let mut out = [std::ptr::null_mut(); 4];
-    for ((raw, t), name) in out.iter_mut().zip(outs).zip(validate::OUTPUT_NAMES) {
-        *raw = call.optional(t, name)?;
+    mask: OutputMask,
+}
+
+impl Args<'_> {
+    /// Validates the inputs (of the allocating entry, which makes its outputs itself).
+    fn check_inputs(&self) -> Result<Plan> {
+        let w = self.weight.map(meta);
+        validate::inputs(&meta(self.grad_out), &meta(self.input), &meta(self.mean), &meta(self.invstd), w.as_ref())
     }
-    let zero = if plan.empty { outs.into_iter().flatten().collect() } else { Vec::new() };
-    let (input_g, weight_g, bias_g) = (mask.input_g, mask.weight_g, mask.bias_g);
-    call.prepare(
-        &OP,
-        |cann, api| {
-            let f = crate::acl::op_fn(&api.aclnnBatchNormReduceBackwardGetWorkspaceSize, OP.phase1)?;
-            crate::acl::phase1(cann, OP.phase1, |size, executor| {
-                // SAFETY: the signature is the header's (wrapper.h, checked against CANN's
-                // headers); every non-null handle is a live descriptor held by `call`, which moves
-                // into the prepared call and outlives the executor; the out-pointers are valid.
-                unsafe {
-                    f(
-                        grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g, out[0], out[1], out[2],
-                        out[3], size, executor,
-                    )
-                }
-            })
-        },
-        |api| &api.aclnnBatchNormReduceBackward,
-        zero,
-    )
+}
+
+impl<'a> Operator<'a> for Args<'a> {
+    const OP: &'static symbols::Operator = &symbols::BATCH_NORM_REDUCE_BACKWARD;
+    const OUTPUTS: &'static [&'static str] = &validate::OUTPUT_NAMES;
+    /// Those the mask turns off are `None` ([`validate::keep_enabled`]).
+    type Outputs = [Option<&'a mut Tensor>; 4];
+    type Plan = Plan;
+    type Scalars = OutputMask;
+
+    fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>> {
+        [
+            (Some(self.grad_out), "gradOut"),
+            (Some(self.input), "input"),
+            (Some(self.mean), "mean"),
+            (Some(self.invstd), "invstd"),
+            (self.weight, "weight"),
+        ]
+    }
+
+    fn check(&self, outs: &Self::Outputs) -> Result<Plan> {
+        let w = self.weight.map(meta);
+        let metas = outs.each_ref().map(|o| o.as_deref().map(meta));
+        validate::call(
+            [&meta(self.grad_out), &meta(self.input), &meta(self.mean), &meta(self.invstd)],
+            w.as_ref(),
+            self.mask,
+            metas.each_ref().map(Option::as_ref),
+        )
+    }
+
+    fn scalars(&self) -> OutputMask {
+        self.mask
+    }
+
+    fn cpu(self, plan: Plan, outs: Self::Outputs) -> Result<()> {
+        let (grad_out, input) = (host(self.grad_out, "gradOut")?, host(self.input, "input")?);
+        let (mean, invstd) = (host(self.mean, "mean")?, host(self.invstd, "invstd")?);
+        let mut views: [Option<ViewMut<'_>>; 4] = Default::default();
+        for ((view, out), name) in views.iter_mut().zip(outs).zip(validate::OUTPUT_NAMES) {
+            *view = out.map(|t| host_mut(t, name)).transpose()?;
+        }
+        cpu::run(&plan, self.mask, grad_out, input, mean, invstd, views)
+    }
+
+    unsafe fn phase1(api: &OpApi, mask: OutputMask, h: Handles<'_>) -> Result<aclnnStatus> {
+        let f = crate::acl::op_fn(&api.aclnnBatchNormReduceBackwardGetWorkspaceSize, Self::OP.phase1)?;
+        let [grad_out, input, mean, invstd, weight] = [0, 1, 2, 3, 4].map(|i| h.input(i));
+        let [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = [0, 1, 2, 3].map(|i| h.output(i));
+        let (input_g, weight_g, bias_g) = (mask.input_g, mask.weight_g, mask.bias_g);
+        // SAFETY: the signature is the header's (wrapper.h, checked against CANN's headers); the
+        // handles are the call's live descriptors in the prototype's order and the out-pointers
+        // are valid (this function's contract).
+        Ok(unsafe {
+            f(
+                grad_out,
+                input,
+                mean,
+                invstd,
+                weight,
+                input_g,
+                weight_g,
+                bias_g,
+                sum_dy,
+                sum_dy_xmu,
+                grad_weight,
+                grad_bias,
+                h.size,
+                h.executor,
+            )
+        })
+    }
+
+    fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
+        &api.aclnnBatchNormReduceBackward
+    }
+
+    /// CANN's kernel leaves the outputs of an empty input unwritten: they are zeros.
+    fn zero_after_launch(plan: &Plan) -> bool {
+        plan.empty
+    }
+}
+
+/// Which outputs to compute: `input_g` → sumDy and sumDyXmu, `weight_g` → gradWeight,
+/// `bias_g` → gradBias (aclnn's `inputG`, `weightG`, `biasG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct OutputMask {
+    /// Compute sumDy and sumDyXmu.
+    pub input_g: bool,
+    /// Compute gradWeight.
+    pub weight_g: bool,
+    /// Compute gradBias.
+    pub bias_g: bool,
+}
+
+impl OutputMask {
+    /// All four outputs.
+    pub const ALL: OutputMask = OutputMask { input_g: true, weight_g: true, bias_g: true };
+    /// No output (the call still validates its arguments).
+    pub const NONE: OutputMask = OutputMask { input_g: false, weight_g: false, bias_g: false };
 }

@@ -39,9 +39,11 @@
 
 use std::sync::OnceLock;
 
-use crate::cpu::{host, pool};
+use crate::cpu::isa::Isa;
+use crate::cpu::{dims, host, pool, widen};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
+use crate::layout::Strided;
 
 /// f32 lanes of a block of one channel.
 const LANES: usize = 32;
@@ -66,8 +68,6 @@ const MAX_SUPER_ROW: usize = 1024;
 const ROW_TILE_ELEMS: usize = 1 << 18;
 /// Fewest input bytes each thread must get before another thread is used.
 pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
-/// Most reduction dims (rank ≤ 8, channel excluded).
-const MAX_DIMS: usize = 7;
 /// Channels per item of the short-runs path.
 const TILE_CHANNELS: usize = 16;
 
@@ -77,13 +77,7 @@ thread_local! {
 }
 
 /// A validated input view: rank 2..=8, channel = dim 1, every element inside `data`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Input<'a> {
-    pub data: SliceRef<'a>,
-    pub shape: &'a [usize],
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+pub(crate) type Input<'a> = Strided<'a, SliceRef<'a>>;
 
 /// The moments of a set of values, in f64: count, mean, Σ(x − mean)², and the plain sum (which
 /// tells whether a NaN or an infinity was met).
@@ -144,105 +138,18 @@ pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Result<Vec<Mo
 }
 
 fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Result<Vec<Moments>> {
-    fn widen_f32(s: &[f32], d: &mut [f32]) {
-        d.copy_from_slice(s);
-    }
     match input.data {
-        SliceRef::F32(s) => Kernel::new(isa, input, s, widen_f32, Some, None).run(threads, min_bytes),
-        SliceRef::F16(s) => {
-            Kernel::new(isa, input, s, widen_f16, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes)
-        }
-        SliceRef::BF16(s) => Kernel::new(isa, input, s, widen_bf16, |_| None, None).run(threads, min_bytes),
-        SliceRef::I32(s) => Kernel::new(isa, input, s, widen_i32, |_| None, None).run(threads, min_bytes),
-    }
-}
-
-/// Widens i32 values into `d[..s.len()]` (exactly up to 2^24). Validation rejects i32 input to the
-/// operator; this keeps the kernel total over every element type.
-fn widen_i32(s: &[i32], d: &mut [f32]) {
-    for (o, &v) in d.iter_mut().zip(s) {
-        *o = v as f32;
-    }
-}
-
-/// Widens f16 values (exactly) into `d[..s.len()]`: F16C 8 at a time when the CPU has it.
-fn widen_f16(s: &[half::f16], d: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: AVX and F16C detected just above.
-        return unsafe { widen_f16_f16c(s, d) };
-    }
-    for (d, s) in d.iter_mut().zip(s) {
-        *d = s.to_f32();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-fn widen_f16_f16c(s: &[half::f16], d: &mut [f32]) {
-    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
-    let n = s.len().min(d.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n, so 8 f16 (16 bytes) are readable from s[i..] and 8 f32 writable at
-        // d[i..]; both accesses are unaligned ones.
-        unsafe {
-            let h = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-        i += 8;
-    }
-    for (d, s) in d[i..n].iter_mut().zip(&s[i..n]) {
-        *d = s.to_f32();
-    }
-}
-
-/// Widens bf16 values (exactly: the top half of an f32) into `d[..s.len()]`.
-fn widen_bf16(s: &[half::bf16], d: &mut [f32]) {
-    for (d, s) in d.iter_mut().zip(s) {
-        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        SliceRef::F32(s) => Kernel::new(isa, input, s, Some, None).run(threads, min_bytes),
+        SliceRef::F16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes),
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
+        SliceRef::I32(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
     }
 }
 
 /// One reduction dim: size and stride.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Dim {
-    n: usize,
-    s: usize,
-}
-
-/// Walks positions of a set of dims in row-major order, tracking the storage index.
-#[derive(Clone, Debug)]
-struct Odometer<'a> {
-    dims: &'a [Dim],
-    idx: [usize; MAX_DIMS],
-    pos: usize,
-}
-
-impl<'a> Odometer<'a> {
-    /// Starts at flat position `p` (row-major over `dims`) from storage index `base`.
-    fn new(dims: &'a [Dim], mut p: usize, mut base: usize) -> Self {
-        let mut idx = [0; MAX_DIMS];
-        for (k, d) in dims.iter().enumerate().rev() {
-            idx[k] = p % d.n;
-            p /= d.n;
-            base += idx[k] * d.s;
-        }
-        Odometer { dims, idx, pos: base }
-    }
-
-    fn advance(&mut self) {
-        for (k, d) in self.dims.iter().enumerate().rev() {
-            self.idx[k] += 1;
-            self.pos += d.s;
-            if self.idx[k] < d.n {
-                return;
-            }
-            self.idx[k] = 0;
-            self.pos -= d.s * d.n;
-        }
-    }
-}
+type Dim = dims::Dim<1>;
+/// Walks reduction positions, tracking the storage index (`pos[0]`).
+type Odometer<'a> = dims::Odometer<'a, 1>;
 
 /// The two ways of walking the data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,15 +168,13 @@ type FusedRuns<T> = fn(Isa, &[&[T]]) -> Option<Moments>;
 struct Kernel<'a, T> {
     isa: Isa,
     data: &'a [T],
-    widen: fn(&[T], &mut [f32]),
     direct: fn(&'a [T]) -> Option<&'a [f32]>,
     /// A one pass over runs of `T` converting as it reads, when there is one.
     fused: Option<FusedRuns<T>>,
     c: usize,
     cs: usize,
     offset: usize,
-    dims: [Dim; MAX_DIMS],
-    nd: usize,
+    dims: dims::Dims<1>,
     /// Positions per channel.
     r: usize,
     /// Whether the input has no element.
@@ -281,65 +186,43 @@ impl<'a, T: Element> Kernel<'a, T> {
         isa: Isa,
         input: Input<'a>,
         data: &'a [T],
-        widen: fn(&[T], &mut [f32]),
         direct: fn(&'a [T]) -> Option<&'a [f32]>,
         fused: Option<FusedRuns<T>>,
     ) -> Self {
-        let (shape, strides) = (input.shape, input.strides);
-        let mut dims = [Dim::default(); MAX_DIMS];
-        let mut nd = 0;
-        for k in (0..shape.len().min(MAX_DIMS + 1)).filter(|&k| k != 1) {
-            // A dim of stride 0 repeats the same elements: the mean and the biased variance are
-            // those without it, so it is not walked (a broadcast view costs O(its storage)).
-            if shape[k] > 1 && strides.get(k).is_some_and(|&s| s != 0) {
-                dims[nd] = Dim { n: shape[k], s: strides[k] };
-                nd += 1;
-            }
-        }
-        // Stable insertion sort, stride descending; then merge neighbours that are contiguous.
-        for i in 1..nd {
-            let mut j = i;
-            while j > 0 && dims[j - 1].s < dims[j].s {
-                dims.swap(j - 1, j);
-                j -= 1;
-            }
-        }
-        let mut m = 0;
-        for i in 0..nd {
-            let d = dims[i];
-            if m > 0 && d.s.checked_mul(d.n) == Some(dims[m - 1].s) {
-                dims[m - 1] = Dim { n: dims[m - 1].n * d.n, s: d.s };
-                continue;
-            }
-            dims[m] = d;
-            m += 1;
-        }
-        let r = dims[..m].iter().map(|d| d.n).product();
+        let (shape, strides) = (input.layout.shape, input.layout.strides);
+        // A dim of stride 0 repeats the same elements: the mean and the biased variance are
+        // those without it, so it is not walked (a broadcast view costs O(its storage)).
+        let dims = dims::Dims::reduction(shape, [strides], |d| d.s[0] != 0);
+        let r = dims.positions();
         Kernel {
             isa,
             data,
-            widen,
             direct,
             fused,
             c: shape.get(1).copied().unwrap_or(0),
             cs: strides.get(1).copied().unwrap_or(0),
-            offset: input.offset,
+            offset: input.layout.offset,
             dims,
-            nd: m,
             r,
             empty: shape.contains(&0),
         }
     }
 
     fn dims(&self) -> &[Dim] {
-        &self.dims[..self.nd]
+        self.dims.as_slice()
+    }
+
+    /// Widens `src` into `dst[..src.len()]` (exactly; see [`widen`]).
+    #[inline]
+    fn widen(&self, src: &[T], dst: &mut [f32]) {
+        widen::widen(self.isa, src, dst)
     }
 
     fn path(&self) -> Path {
         if self.c > 1 && self.cs == 1 {
             let flat = match self.dims() {
                 [] => true,
-                [d] => d.s == self.c,
+                [d] => d.s == [self.c],
                 _ => false,
             };
             let base = lcm8(self.c);
@@ -372,14 +255,14 @@ impl<'a, T: Element> Kernel<'a, T> {
     fn channel_major(&self, threads: usize) -> Result<Vec<Moments>> {
         let dims = self.dims();
         let (l, inner_contiguous) = match dims.last() {
-            Some(d) => (d.n, d.s == 1),
+            Some(d) => (d.n, d.s == [1]),
             None => (1, true),
         };
         let (outer, _) = dims.split_at(dims.len().saturating_sub(1));
         if inner_contiguous
             && (MIN_RUN..DIRECT_RUN).contains(&l)
             && self.c > 1
-            && outer.last().is_some_and(|d| self.cs < d.s)
+            && outer.last().is_some_and(|d| self.cs < d.s[0])
         {
             return self.short_runs(l, outer, threads);
         }
@@ -420,11 +303,11 @@ impl<'a, T: Element> Kernel<'a, T> {
                     // place (f32), converted as read (f16), else widened into one buffer; the
                     // lanes follow the concatenation, so all three give the same bits.
                     segs.clear();
-                    let mut o = Odometer::new(outer, start / l, base);
+                    let mut o = Odometer::new(outer, start / l, [base]);
                     let (mut p, mut left) = (start % l, len);
                     while left > 0 {
                         let take = left.min(l - p);
-                        segs.push((o.pos + p, take));
+                        segs.push((o.pos[0] + p, take));
                         left -= take;
                         p = 0;
                         o.advance();
@@ -447,7 +330,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                                     buf.resize(len, 0.0);
                                     let mut done = 0;
                                     for &(s, n) in &segs {
-                                        (self.widen)(&self.data[s..s + n], &mut buf[done..done + n]);
+                                        self.widen(&self.data[s..s + n], &mut buf[done..done + n]);
                                         done += n;
                                     }
                                     runs_block(self.isa, &[&buf])
@@ -457,9 +340,9 @@ impl<'a, T: Element> Kernel<'a, T> {
                     }
                 } else {
                     buf.resize(len, 0.0);
-                    let mut o = Odometer::new(dims, start, base);
+                    let mut o = Odometer::new(dims, start, [base]);
                     for v in buf.iter_mut() {
-                        *v = self.data[o.pos].to_f32();
+                        *v = self.data[o.pos[0]].to_f32();
                         o.advance();
                     }
                     runs_block(self.isa, &[&buf])
@@ -496,11 +379,11 @@ impl<'a, T: Element> Kernel<'a, T> {
             let len = (r1 - r0) * l;
             TILE_BUFFER.with_borrow_mut(|buf| {
                 buf.resize(buf.len().max(nc * len), 0.0);
-                let mut o = Odometer::new(outer, r0, self.offset + c0 * self.cs);
+                let mut o = Odometer::new(outer, r0, [self.offset + c0 * self.cs]);
                 for i in 0..r1 - r0 {
                     for ci in 0..nc {
-                        let (src, dst) = (o.pos + ci * self.cs, ci * len + i * l);
-                        (self.widen)(&self.data[src..src + l], &mut buf[dst..dst + l]);
+                        let (src, dst) = (o.pos[0] + ci * self.cs, ci * len + i * l);
+                        self.widen(&self.data[src..src + l], &mut buf[dst..dst + l]);
                     }
                     o.advance();
                 }
@@ -540,7 +423,7 @@ impl<'a, T: Element> Kernel<'a, T> {
             let mut buf: Vec<f32> = Vec::new();
             let r1 = nrows.min((t + 1) * tile_rows);
             let mut r0 = t * tile_rows;
-            let mut odo = Odometer::new(dims, r0, self.offset + l0);
+            let mut odo = Odometer::new(dims, r0, [self.offset + l0]);
             while r0 < r1 {
                 let rb = r1.min(r0 + ROWS_PER_BLOCK);
                 // Valid lanes of row r of this chunk (only the last super-row may be partial).
@@ -563,7 +446,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                         if flat && lanes == w {
                             // Whole super-rows: one contiguous stretch, widened at once.
                             let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
-                            (self.widen)(&self.data[start..start + n], &mut buf[..n]);
+                            self.widen(&self.data[start..start + n], &mut buf[..n]);
                             rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
                             r0 = rb;
                             continue;
@@ -571,9 +454,9 @@ impl<'a, T: Element> Kernel<'a, T> {
                         for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
                             let r = r0 + i;
                             let n = valid(r);
-                            let start = if flat { self.offset + r * w + l0 } else { odo.pos };
+                            let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
                             if n > 0 {
-                                (self.widen)(&self.data[start..start + n], &mut row[..n]);
+                                self.widen(&self.data[start..start + n], &mut row[..n]);
                             }
                             if !flat {
                                 odo.advance();
@@ -611,55 +494,18 @@ fn lcm8(c: usize) -> usize {
 // ---------------------------------------------------------------------------------------------
 // The block primitives and their instruction sets
 
-/// The instruction set the block primitives are compiled for, detected at run time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("f16c") {
-                return if has!("avx512f") { Isa::Avx512 } else { Isa::Avx2 };
-            }
-        }
-        Isa::Portable
-    }
-
-    #[cfg(test)]
-    fn supported() -> Vec<Isa> {
-        #[allow(unused_mut)]
-        let mut v = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("f16c") {
-                v.push(Isa::Avx2);
-                if has!("avx512f") {
-                    v.push(Isa::Avx512);
-                }
-            }
-        }
-        v
-    }
-}
-
 /// The moments of one block of one channel, given as contiguous slices.
 fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
     match isa {
         Isa::Portable => runs_any(slices),
+        // NEON is in the aarch64 baseline: the fixed-lane loops compile to 128-bit vector code.
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => runs_any(slices),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { runs_avx2(slices) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL and AVX2.
         Isa::Avx512 => unsafe { runs_avx512(slices) },
     }
 }
@@ -764,17 +610,22 @@ fn runs_one_pass_with<T: Copy>(
 /// One pass over f16 runs, converting as it reads (so the loads of main memory overlap the
 /// sums); `None` when not [`one_pass_ok`] (the caller then widens the block and sums it again).
 fn runs_one_pass_f16(isa: Isa, slices: &[&[half::f16]]) -> Option<Moments> {
-    match isa {
-        Isa::Portable => runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
+    let portable = |slices| {
+        runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
             for (t, c) in t.iter_mut().zip(c) {
                 *t = c.to_f32();
             }
-        }),
+        })
+    };
+    match isa {
+        Isa::Portable => portable(slices),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => portable(slices),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2 and F16C.
         Isa::Avx2 => unsafe { runs_f16_avx2(slices) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F, AVX2 and F16C.
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL, AVX2 and F16C.
         Isa::Avx512 => unsafe { runs_f16_avx512(slices) },
     }
 }
@@ -1015,11 +866,13 @@ fn rows_block(
 ) {
     match isa {
         Isa::Portable => rows_any(m, stride, lanes, full, last, s, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => rows_any(m, stride, lanes, full, last, s, out),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2.
+        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F (and AVX2).
+        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL and AVX2.
         Isa::Avx512 => unsafe { rows_avx512(m, stride, lanes, full, last, s, out) },
     }
 }
@@ -1169,7 +1022,7 @@ mod tests {
         for (shape, st) in cases {
             let len = 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
             let d = data(len, shape.iter().sum::<usize>() as u64, 1000.0);
-            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: 0 };
+            let input = Input::new(SliceRef::F32(&d), &shape, &st, 0);
             let want = exact(&d, &shape, &st, 0);
             let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
             for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
@@ -1221,7 +1074,7 @@ mod tests {
             let off = next(4);
             let len = off + 1 + shape.iter().zip(&st).map(|(d, s)| (d - 1) * s).sum::<usize>();
             let d = data(len, case, if next(2) == 0 { 0.0 } else { 500.0 });
-            let input = Input { data: SliceRef::F32(&d), shape: &shape, strides: &st, offset: off };
+            let input = Input::new(SliceRef::F32(&d), &shape, &st, off);
             let want = exact(&d, &shape, &st, off);
             let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
             for (ch, (m, (em, em2))) in base.iter().zip(&want).enumerate() {
@@ -1236,8 +1089,8 @@ mod tests {
             // f16 (converted as read, or widened into buffers) gives its f32 widening's bits
             let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
             let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
-            let hi = Input { data: SliceRef::F16(&h), ..input };
-            let wi = Input { data: SliceRef::F32(&w), ..input };
+            let hi = input.with_data(SliceRef::F16(&h));
+            let wi = input.with_data(SliceRef::F32(&w));
             for isa in Isa::supported() {
                 let a = channel_moments_with(isa, hi, 2, 1).unwrap();
                 assert_eq!(a, channel_moments_with(isa, wi, 1, 1).unwrap(), "case {case} {shape:?} {st:?} f16 {isa:?}");
@@ -1252,10 +1105,10 @@ mod tests {
         let d = data(shape.iter().product(), 9, 2.0);
         let h: Vec<f16> = d.iter().map(|&v| f16::from_f32(v)).collect();
         let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
-        let a = channel_moments(Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 }, 2).unwrap();
-        let b = channel_moments(Input { data: SliceRef::F32(&w), shape: &shape, strides: &st, offset: 0 }, 2).unwrap();
+        let a = channel_moments(Input::new(SliceRef::F16(&h), &shape, &st, 0), 2).unwrap();
+        let b = channel_moments(Input::new(SliceRef::F32(&w), &shape, &st, 0), 2).unwrap();
         // the fused f16 pass gives the same bits on every instruction set
-        let input = Input { data: SliceRef::F16(&h), shape: &shape, strides: &st, offset: 0 };
+        let input = Input::new(SliceRef::F16(&h), &shape, &st, 0);
         let base = channel_moments_with(Isa::Portable, input, 1, 1).unwrap();
         for isa in Isa::supported() {
             assert_eq!(channel_moments_with(isa, input, 3, 1).unwrap(), base, "{isa:?}");
@@ -1293,13 +1146,11 @@ mod tests {
     #[test]
     fn empty_and_non_finite() {
         let shape = [0, 2, 3];
-        let m = channel_moments(Input { data: SliceRef::F32(&[]), shape: &shape, strides: &[6, 3, 1], offset: 0 }, 1)
-            .unwrap();
+        let m = channel_moments(Input::new(SliceRef::F32(&[]), &shape, &[6, 3, 1], 0), 1).unwrap();
         assert_eq!(m.len(), 2);
         assert!(m.iter().all(|m| m.mean_invstd(1e-5).0 == 0.0 && m.mean_invstd(1e-5).1.is_nan()));
         let d = [1.0, f32::INFINITY, 2.0, 3.0];
-        let m =
-            channel_moments(Input { data: SliceRef::F32(&d), shape: &[2, 2], strides: &[2, 1], offset: 0 }, 1).unwrap();
+        let m = channel_moments(Input::new(SliceRef::F32(&d), &[2, 2], &[2, 1], 0), 1).unwrap();
         let (mean, inv) = m[0].mean_invstd(0.0);
         assert_eq!(mean, 1.5);
         assert_eq!(inv, 1.0 / 0.25f64.sqrt());

@@ -1,14 +1,15 @@
 //! `aclnnBatchNormStats` on both backends: the per-channel mean and inverse standard deviation
 //! of an activation (the first step of SyncBatchNorm's forward pass).
 
-use ascend_sys::symbols::BATCH_NORM_STATS as OP;
+use ascend_sys::{aclnnStatus, symbols, OpApi};
 
-use super::launch::{DeviceCall, DevicePrepared};
+use super::launch::Phase2;
+use super::operator::{check_streams, host, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, Meta};
+use super::validate::{self, meta};
 use crate::cpu::host;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -33,16 +34,17 @@ const STATS_NOTE: &str = "aclnnBatchNormStats writes mean and invstd as f32 only
 /// `eps` must be finite in f32 (CANN computes with it in f32): NaN, ±inf or a value beyond f32's
 /// range is rejected with 161002 on both backends.
 ///
-/// A rejected call returns [`Error::InvalidArgument`] with aclnn's status (161002) and does
-/// nothing. On Ascend the work is asynchronous on `stream`: read results with
+/// A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's
+/// status (161002) and does nothing. On Ascend the work is asynchronous on `stream`: read results with
 /// [`Tensor::to_vec`]. Results are deterministic (the same bits every run, whatever the thread
 /// count).
 pub fn batch_norm_stats(stream: &Stream, input: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    let c = validate_input(&meta(input), eps)?;
-    input.check_stream(stream, "input")?;
+    let op = Args { input, eps };
+    let c = op.check_inputs()?;
+    check_streams(stream, op.inputs())?;
     let mut mean = Tensor::alloc(stream, DType::F32, &[c], false)?;
     let mut invstd = Tensor::alloc(stream, DType::F32, &[c], false)?;
-    batch_norm_stats_into(stream, input, eps, &mut mean, &mut invstd)?;
+    run_checked(stream, op, c, [&mut mean, &mut invstd])?;
     Ok((mean, invstd))
 }
 
@@ -58,7 +60,7 @@ pub fn batch_norm_stats_into(
     mean: &mut Tensor,
     invstd: &mut Tensor,
 ) -> Result<()> {
-    prepare_batch_norm_stats(stream, input, eps, mean, invstd)?.launch(stream, None)
+    run(stream, Args { input, eps }, [mean, invstd])
 }
 
 /// Phase 1 of the two-phase API of [`batch_norm_stats_into`]: validates the arguments and, on
@@ -72,86 +74,88 @@ pub fn prepare_batch_norm_stats<'a>(
     mean: &'a mut Tensor,
     invstd: &'a mut Tensor,
 ) -> Result<Prepared<'a>> {
-    validate_call(&meta(input), &meta(mean), &meta(invstd), eps)?;
-    input.check_stream(stream, "input")?;
-    mean.check_stream(stream, "mean")?;
-    invstd.check_stream(stream, "invstd")?;
-    match stream.ascend() {
-        // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
-        None => Ok(Prepared::cpu(move || cpu_launch(input, f64::from(eps as f32), mean, invstd))),
-        Some(_) => ascend_prepare(stream, input, eps, mean, invstd).map(Prepared::ascend),
+    prepare(stream, Args { input, eps }, [mean, invstd])
+}
+
+/// The arguments of a call but its outputs.
+struct Args<'a> {
+    input: &'a Tensor,
+    eps: f64,
+}
+
+impl Args<'_> {
+    /// Validates `input` (dtype, rank, channels, view) and eps; returns C.
+    fn check_inputs(&self) -> Result<usize> {
+        let input = meta(self.input);
+        validate::dtype_in("input", &input, &INPUT_DTYPES, INPUT_NOTE)?;
+        let c = validate::activation("input", &input)?;
+        validate::in_storage("input", &input)?;
+        validate::f32_scalar("eps", self.eps)?;
+        Ok(c)
     }
-}
-
-fn meta(t: &Tensor) -> Meta<'_> {
-    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
-}
-
-/// Validates `input` (dtype, rank, channels, view) and eps; returns C.
-fn validate_input(input: &Meta<'_>, eps: f64) -> Result<usize> {
-    validate::dtype_in("input", input, &INPUT_DTYPES, INPUT_NOTE)?;
-    let c = validate::activation("input", input)?;
-    validate::in_storage("input", input)?;
-    validate::f32_scalar("eps", eps)?;
-    Ok(c)
 }
 
 /// Validates the input of a [`batch_norm_stats`] call as it does, launching nothing.
 pub(crate) fn validate_args(stream: &Stream, input: &Tensor, eps: f64) -> Result<()> {
-    validate_input(&meta(input), eps)?;
-    input.check_stream(stream, "input")
+    let op = Args { input, eps };
+    op.check_inputs()?;
+    check_streams(stream, op.inputs())
 }
 
-/// Validates a whole call, in CANN's order: dtypes (input, mean, invstd), then shapes, then what
-/// CANN does not check but would misread (views inside their storage, stride-0 outputs) or
-/// computes with in f32 (eps must be finite in f32).
-fn validate_call(input: &Meta<'_>, mean: &Meta<'_>, invstd: &Meta<'_>, eps: f64) -> Result<usize> {
-    validate::dtype_in("input", input, &INPUT_DTYPES, INPUT_NOTE)?;
-    validate::dtype_in("mean", mean, &STATS_DTYPES, STATS_NOTE)?;
-    validate::dtype_in("invstd", invstd, &STATS_DTYPES, STATS_NOTE)?;
-    let c = validate::activation("input", input)?;
-    validate::per_channel_output("mean", mean, c)?;
-    validate::per_channel_output("invstd", invstd, c)?;
-    validate::in_storage("input", input)?;
-    validate::f32_scalar("eps", eps)?;
-    Ok(c)
-}
+impl<'a> Operator<'a> for Args<'a> {
+    const OP: &'static symbols::Operator = &symbols::BATCH_NORM_STATS;
+    const OUTPUTS: &'static [&'static str] = &["mean", "invstd"];
+    type Outputs = [&'a mut Tensor; 2];
+    /// C.
+    type Plan = usize;
+    /// eps.
+    type Scalars = f64;
 
-fn cpu_launch(input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) -> Result<()> {
-    let Some(data) = host::storage(input) else {
-        return Err(Error::internal("input: a device tensor reached the CPU backend"));
-    };
-    let view = cpu::Input { data, shape: input.shape(), strides: input.strides(), offset: input.offset() };
-    let moments = cpu::channel_moments(view, 0)?;
-    host::write_vector(mean, "mean", moments.iter().map(|m| m.mean_invstd(eps).0))?;
-    host::write_vector(invstd, "invstd", moments.iter().map(|m| m.mean_invstd(eps).1))
-}
+    fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>> {
+        [(Some(self.input), "input")]
+    }
 
-/// Phase 1 on Ascend. For an empty input CANN's executor itself fills mean with 0 and invstd
-/// with NaN, so nothing is left for the launch to fill.
-fn ascend_prepare<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    eps: f64,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-) -> Result<DevicePrepared<'a>> {
-    let mut call = DeviceCall::new(stream)?;
-    let input = call.tensor(input, "input")?.cast_const();
-    let mean = call.tensor(mean, "mean")?;
-    let invstd = call.tensor(invstd, "invstd")?;
-    call.prepare(
-        &OP,
-        |cann, api| {
-            let f = crate::acl::op_fn(&api.aclnnBatchNormStatsGetWorkspaceSize, OP.phase1)?;
-            crate::acl::phase1(cann, OP.phase1, |size, executor| {
-                // SAFETY: the signature is the header's (wrapper.h); the three handles are live
-                // descriptors held by `call`, which moves into the prepared call and outlives the
-                // executor; the out-pointers are valid for the call.
-                unsafe { f(input, eps, mean, invstd, size, executor) }
-            })
-        },
-        |api| &api.aclnnBatchNormStats,
-        Vec::new(),
-    )
+    /// Validates a whole call, in CANN's order: dtypes (input, mean, invstd), then shapes, then
+    /// what CANN does not check but would misread (views inside their storage, stride-0 outputs)
+    /// or computes with in f32 (eps must be finite in f32).
+    fn check(&self, [mean, invstd]: &Self::Outputs) -> Result<usize> {
+        let (input, mean, invstd) = (meta(self.input), meta(mean), meta(invstd));
+        validate::dtype_in("input", &input, &INPUT_DTYPES, INPUT_NOTE)?;
+        validate::dtype_in("mean", &mean, &STATS_DTYPES, STATS_NOTE)?;
+        validate::dtype_in("invstd", &invstd, &STATS_DTYPES, STATS_NOTE)?;
+        let c = validate::activation("input", &input)?;
+        validate::per_channel_output("mean", &mean, c)?;
+        validate::per_channel_output("invstd", &invstd, c)?;
+        validate::in_storage("input", &input)?;
+        validate::f32_scalar("eps", self.eps)?;
+        Ok(c)
+    }
+
+    fn scalars(&self) -> f64 {
+        self.eps
+    }
+
+    fn cpu(self, _c: usize, [mean, invstd]: Self::Outputs) -> Result<()> {
+        let (input, data) = (self.input, host(self.input, "input")?.storage());
+        let view = cpu::Input::new(data, input.shape(), input.strides(), input.offset());
+        let moments = cpu::channel_moments(view, 0)?;
+        // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
+        let eps = f64::from(self.eps as f32);
+        host::write_vector(mean, "mean", moments.iter().map(|m| m.mean_invstd(eps).0))?;
+        host::write_vector(invstd, "invstd", moments.iter().map(|m| m.mean_invstd(eps).1))
+    }
+
+    /// For an empty input CANN's executor itself fills mean with 0 and invstd with NaN, so
+    /// nothing is left for the launch to fill.
+    unsafe fn phase1(api: &OpApi, eps: f64, h: Handles<'_>) -> Result<aclnnStatus> {
+        let f = crate::acl::op_fn(&api.aclnnBatchNormStatsGetWorkspaceSize, Self::OP.phase1)?;
+        // SAFETY: the signature is the header's (wrapper.h); the handles are the call's live
+        // descriptors in the prototype's order and the out-pointers are valid (this function's
+        // contract).
+        Ok(unsafe { f(h.input(0).cast_const(), eps, h.output(0), h.output(1), h.size, h.executor) })
+    }
+
+    fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
+        &api.aclnnBatchNormStats
+    }
 }

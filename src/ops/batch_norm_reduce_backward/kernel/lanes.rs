@@ -1,5 +1,6 @@
-//! The block primitives: f32 lanes over at most one block, with a portable implementation and
-//! x86-64 AVX2/FMA/F16C and AVX-512 (F/BW/VL) ones chosen at run time. All give bit-identical
+//! The block primitives: f32 lanes over at most one block, with a portable implementation,
+//! x86-64 AVX2/FMA/F16C and AVX-512 (F/BW/VL) ones chosen at run time, and an aarch64 NEON one
+//! (`lanes/neon.rs`). All give bit-identical
 //! results: same lane for each element, same operation order, fused multiply-add in all, same f64
 //! fold. On AVX-512 CPUs f16 still takes the AVX2 code: a 512-bit half conversion costs two uops
 //! on the two 512-bit ports, and that loop measured 10-15% slower than the 256-bit one on three.
@@ -11,8 +12,11 @@
 //! - [`acc_rows`]: rows whose lane `j` belongs to a fixed channel (channels-last); each lane
 //!   accumulates its column over the rows in order; the caller folds lanes to f64.
 
-use crate::dtype::{bf16, f16, DType, Element};
-use half::slice::HalfFloatSliceExt;
+pub(super) use crate::cpu::isa::Isa;
+use crate::dtype::{DType, Element};
+// The lane tests name the element types through `super::*`.
+#[cfg(test)]
+use crate::dtype::{bf16, f16};
 
 /// f32 lanes of a [`sum_runs`] block: 4 AVX2 accumulators of 8, or 2 AVX-512 ones of 16.
 pub(super) const RUN_LANES: usize = 32;
@@ -24,80 +28,6 @@ const fn lane_of(dtype: DType, i: usize) -> usize {
         DType::BF16 => 8 * (2 * (i / 16) + (i & 1)) + (i % 16) / 2,
         DType::F32 | DType::F16 => i,
         DType::I32 => panic!("the float kernels never see i32: callers dispatch on float slices only"),
-    }
-}
-
-/// The instruction set the primitives use, detected once per kernel call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Isa {
-    /// Plain Rust (any target).
-    Portable,
-    /// AVX2 + FMA + F16C (x86-64, detected at run time).
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512 F + BW + VL on top of [`Isa::Avx2`] (x86-64, detected at run time).
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    /// The best instruction set this CPU supports, detected once; the environment variable
-    /// `ASCEND_CPU_ISA` = `avx2` or `portable` (read once) forces a lesser one, for
-    /// benchmarks and A/B tests (a set the CPU lacks is never chosen).
-    pub(super) fn detect() -> Isa {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            let best = Isa::best();
-            match std::env::var("ASCEND_CPU_ISA").as_deref() {
-                Ok("portable") => Isa::Portable,
-                #[cfg(target_arch = "x86_64")]
-                Ok("avx2") if best == Isa::Avx512 => Isa::Avx2,
-                _ => best,
-            }
-        })
-    }
-
-    fn best() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                    return Isa::Avx512;
-                }
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
-
-    /// The instruction set's name, as `ASCEND_CPU_ISA` spells it.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Isa::Portable => "portable",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => "avx2",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => "avx512",
-        }
-    }
-
-    /// Every instruction set this CPU supports, portable first (the tests compare them all).
-    #[cfg(test)]
-    pub(super) fn supported() -> Vec<Isa> {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut v = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                v.push(Isa::Avx2);
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
-                    v.push(Isa::Avx512);
-                }
-            }
-        }
-        v
     }
 }
 
@@ -117,6 +47,10 @@ pub(super) fn sum_runs<T: Element, const XMU: bool>(
 ) -> (f64, f64) {
     match isa {
         Isa::Portable => portable::sum_runs::<T, XMU>(dy, x, runs, mean),
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: `Isa::Neon` is only produced after checking NEON (in every aarch64 CPU the
+        // target supports).
+        Isa::Neon => unsafe { neon::sum_runs::<T, XMU>(dy, x, runs, mean) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
@@ -165,6 +99,9 @@ pub(super) fn acc_rows<T: Element, const XMU: bool>(
     let acc_m = if XMU { &mut acc_m[..len] } else { &mut acc_m[..0] };
     match isa {
         Isa::Portable => portable::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m),
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as in `sum_runs`.
+        Isa::Neon => unsafe { neon::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
         // checking avx2, fma and f16c.
@@ -196,28 +133,9 @@ pub(super) fn fold32(a: &[f32; RUN_LANES]) -> f64 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// Widens `src` into `dst[..src.len()]` with `half`'s vectorised slice conversions.
+/// Widens `src` into `dst[..src.len()]` (the portable path's buffers).
 fn widen<T: Element>(src: &[T], dst: &mut [f32]) {
-    let dst = &mut dst[..src.len()];
-    match T::DTYPE {
-        DType::F32 => {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = s.to_f32();
-            }
-        }
-        DType::F16 => {
-            // SAFETY: `Element` is sealed; `T::DTYPE == F16` only for `half::f16`, so `src` is a
-            // valid `&[f16]` of the same length.
-            let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<f16>(), src.len()) };
-            s.convert_to_f32_slice(dst);
-        }
-        DType::BF16 => {
-            // SAFETY: as above, `T::DTYPE == BF16` only for `half::bf16`.
-            let s = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<bf16>(), src.len()) };
-            s.convert_to_f32_slice(dst);
-        }
-        DType::I32 => unreachable!("the float kernels never see i32: callers dispatch on float slices only"),
-    }
+    crate::cpu::widen::widen(Isa::Portable, src, dst)
 }
 
 mod portable {
@@ -292,6 +210,8 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(test)]
 mod tests;
 
@@ -313,8 +233,11 @@ mod avx2 {
     /// The CPU must support SSE (always true with AVX2).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    // The intrinsic is safe inside this fn on newer compilers, unsafe on rust-version 1.89.
+    #[allow(unused_unsafe)]
     unsafe fn prefetch<T>(p: *const T) {
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+        // SAFETY: SSE is present (this function's contract); prefetching never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
     }
 
     /// The element index each lane holds (inverse of `lane_of`), for f32/f16 and for bf16.

@@ -25,8 +25,8 @@
 //!   free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
 //!   Inputs of at most [`TINY_ELEMS`] elements take a scalar path (no SIMD set-up).
 //! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
-//!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), else portable
-//!   Rust (half's slice conversions); all give the same bits.
+//!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), NEON on
+//!   aarch64, else portable Rust; all give the same bits ([`crate::cpu::isa`]).
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -34,9 +34,10 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::layout::Strided;
 
 mod lanes;
-use crate::cpu::{host, pool};
+use crate::cpu::{dims, host, pool};
 #[cfg(test)]
 mod tests;
 
@@ -45,13 +46,7 @@ use lanes::{Isa, Rows, Run};
 /// A read-only strided view over host memory. The caller has validated it: `shape.len() ==
 /// strides.len()` (2..=8), channel = dim 1, and every element's index
 /// `offset + Σ i_k·strides[k]` lies inside `data`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StridedView<'a, T> {
-    pub data: &'a [T],
-    pub shape: &'a [usize],
-    pub strides: &'a [usize],
-    pub offset: usize,
-}
+pub(crate) type StridedView<'a, T> = Strided<'a, &'a [T]>;
 
 /// Per-channel sums, each accumulated without cancellation and returned in f64 so that the
 /// caller rounds exactly once into the output dtype.
@@ -90,8 +85,6 @@ const MIN_BYTES_PER_THREAD: usize = 256 << 10;
 /// About this many bytes of dy + x per chunk of work the threads claim (small enough that a
 /// thread arriving late, or slowed by other load on its core, delays the call by little).
 const CHUNK_BYTES: usize = 256 << 10;
-/// Most reduction dims (rank ≤ 8, channel excluded).
-const MAX_DIMS: usize = 7;
 
 /// Computes the per-channel sums of `dy` (and of `dy·(x − mean)` when `with_xmu`), where
 /// `dy` and `x` have the same shape (possibly different strides) and `mean.len() == C`.
@@ -120,20 +113,21 @@ fn channel_sums_with<T: Element>(
     with_xmu: bool,
     threads: usize,
 ) -> Result<ChannelSums> {
-    let c = dy.shape.get(1).copied().unwrap_or(0);
+    let (dl, xl) = (&dy.layout, &x.layout);
+    let c = dl.shape.get(1).copied().unwrap_or(0);
     let zeros = || -> Result<ChannelSums> {
         Ok(ChannelSums {
             sum_dy: host::try_vec(c, 0.0)?,
             sum_dy_xmu: with_xmu.then(|| host::try_vec(c, 0.0)).transpose()?,
         })
     };
-    let rank = dy.shape.len();
+    let rank = dl.shape.len();
     // Outside the validated contract (rank, strides, shapes) there is nothing sound to read.
-    if !(2..=MAX_DIMS + 1).contains(&rank)
-        || dy.strides.len() != rank
-        || x.shape != dy.shape
-        || x.strides.len() != rank
-        || dy.shape.contains(&0)
+    if !(2..=dims::MAX_DIMS).contains(&rank)
+        || dl.strides.len() != rank
+        || xl.shape != dl.shape
+        || xl.strides.len() != rank
+        || dl.shape.contains(&0)
     {
         return zeros();
     }
@@ -161,18 +155,10 @@ fn channel_sums_with<T: Element>(
     }
 }
 
-/// The name of the instruction set [`channel_sums`] uses.
-pub(crate) fn isa_name() -> &'static str {
-    Isa::detect().name()
-}
-
-/// One reduction dim: size and the two views' strides.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Dim {
-    n: usize,
-    sd: usize,
-    sx: usize,
-}
+/// One reduction dim: size and the strides in dy and in x.
+type Dim = dims::Dim<2>;
+/// Walks reduction positions, tracking the index in dy (`pos[0]`) and in x (`pos[1]`).
+type Odometer<'a> = dims::Odometer<'a, 2>;
 
 /// The shape seen by the kernel: channels, and the reduction dims sorted by dy's stride
 /// (outermost first), size-1 dims dropped, contiguous neighbours merged.
@@ -183,49 +169,21 @@ struct Geometry {
     csx: usize,
     od: usize,
     ox: usize,
-    dims: [Dim; MAX_DIMS],
-    nd: usize,
+    dims: dims::Dims<2>,
     /// Reduction positions per channel (N × spatial).
     r: usize,
 }
 
 impl Geometry {
     fn new<T>(dy: &StridedView<'_, T>, x: &StridedView<'_, T>) -> Geometry {
-        let mut dims = [Dim::default(); MAX_DIMS];
-        let mut nd = 0;
-        for k in (0..dy.shape.len()).filter(|&k| k != 1) {
-            if dy.shape[k] > 1 {
-                dims[nd] = Dim { n: dy.shape[k], sd: dy.strides[k], sx: x.strides[k] };
-                nd += 1;
-            }
-        }
-        // Stable insertion sort, dy stride descending.
-        for i in 1..nd {
-            let mut j = i;
-            while j > 0 && dims[j - 1].sd < dims[j].sd {
-                dims.swap(j - 1, j);
-                j -= 1;
-            }
-        }
-        let mut m = 0;
-        for i in 0..nd {
-            let d = dims[i];
-            if m > 0 {
-                let o = dims[m - 1];
-                if d.sd.checked_mul(d.n) == Some(o.sd) && d.sx.checked_mul(d.n) == Some(o.sx) {
-                    dims[m - 1] = Dim { n: o.n.saturating_mul(d.n), sd: d.sd, sx: d.sx };
-                    continue;
-                }
-            }
-            dims[m] = d;
-            m += 1;
-        }
-        let r = dims[..m].iter().fold(1usize, |a, d| a.saturating_mul(d.n));
-        Geometry { c: dy.shape[1], csd: dy.strides[1], csx: x.strides[1], od: dy.offset, ox: x.offset, dims, nd: m, r }
+        let (dy, x) = (&dy.layout, &x.layout);
+        let dims = dims::Dims::reduction(dy.shape, [dy.strides, x.strides], |_| true);
+        let r = dims.positions();
+        Geometry { c: dy.shape[1], csd: dy.strides[1], csx: x.strides[1], od: dy.offset, ox: x.offset, dims, r }
     }
 
     fn dims(&self) -> &[Dim] {
-        &self.dims[..self.nd]
+        self.dims.as_slice()
     }
 
     /// Which path sums this geometry (see the module docs).
@@ -234,7 +192,7 @@ impl Geometry {
         if self.c > 1 && self.csd == 1 && self.csx == 1 {
             let flat = match dims {
                 [] => true,
-                [d] => d.sd == self.c && d.sx == self.c,
+                [d] => d.s == [self.c, self.c],
                 _ => false,
             };
             let base = lcm8(self.c);
@@ -246,7 +204,7 @@ impl Geometry {
             }
         }
         match dims.last() {
-            Some(inner) if inner.sd == 1 && inner.sx == 1 && inner.n >= MIN_RUN => Path::Runs,
+            Some(inner) if inner.s == [1, 1] && inner.n >= MIN_RUN => Path::Runs,
             _ => Path::Gather,
         }
     }
@@ -261,43 +219,6 @@ enum Path {
     Rows(Option<usize>),
     /// Tiles copied into per-channel buffers.
     Gather,
-}
-
-/// Walks positions of a set of dims in row-major order, tracking both views' offsets.
-#[derive(Clone, Debug)]
-struct Odometer<'a> {
-    dims: &'a [Dim],
-    idx: [usize; MAX_DIMS],
-    od: usize,
-    ox: usize,
-}
-
-impl<'a> Odometer<'a> {
-    /// Starts at flat position `pos` (row-major over `dims`) from base offsets `(od, ox)`.
-    fn new(dims: &'a [Dim], mut pos: usize, mut od: usize, mut ox: usize) -> Self {
-        let mut idx = [0; MAX_DIMS];
-        for (k, d) in dims.iter().enumerate().rev() {
-            idx[k] = pos % d.n;
-            pos /= d.n;
-            od += idx[k] * d.sd;
-            ox += idx[k] * d.sx;
-        }
-        Odometer { dims, idx, od, ox }
-    }
-
-    fn advance(&mut self) {
-        for (k, d) in self.dims.iter().enumerate().rev() {
-            self.idx[k] += 1;
-            self.od += d.sd;
-            self.ox += d.sx;
-            if self.idx[k] < d.n {
-                return;
-            }
-            self.idx[k] = 0;
-            self.od -= d.sd * d.n;
-            self.ox -= d.sx * d.n;
-        }
-    }
 }
 
 /// Everything a path needs.
@@ -333,13 +254,13 @@ impl<T: Element> Kernel<'_, T> {
         let mut sum_dy = host::try_with_capacity(g.c)?;
         let mut sum_m = host::try_with_capacity(if XMU { g.c } else { 0 })?;
         for (ch, &mean) in self.mean.iter().enumerate().take(g.c) {
-            let mut o = Odometer::new(g.dims(), 0, g.od + ch * g.csd, g.ox + ch * g.csx);
+            let mut o = Odometer::new(g.dims(), 0, [g.od + ch * g.csd, g.ox + ch * g.csx]);
             let (mut a, mut m) = (0f32, 0f32);
             for _ in 0..g.r {
-                let d = self.dy[o.od].to_f32();
+                let d = self.dy[o.pos[0]].to_f32();
                 a += d;
                 if XMU {
-                    m = d.mul_add(self.x[o.ox].to_f32() - mean, m);
+                    m = d.mul_add(self.x[o.pos[1]].to_f32() - mean, m);
                 }
                 o.advance();
             }
@@ -354,7 +275,7 @@ impl<T: Element> Kernel<'_, T> {
     /// Runs path: items are blocks `(channel, b)`; one partial per item.
     fn runs<const XMU: bool>(&self) -> Result<ChannelSums> {
         let g = self.geo;
-        let (outer, inner) = g.dims().split_at(g.nd - 1);
+        let (outer, inner) = g.dims().split_at(g.dims().len() - 1);
         let l = inner[0].n;
         let nruns = g.r / l;
         // Long runs are cut into `nseg` segments of `seg` (a multiple of 32) elements; short ones
@@ -372,7 +293,7 @@ impl<T: Element> Kernel<'_, T> {
         // through a contiguous stretch: channel-major when the channel is the outermost dim,
         // else (run group, channel, segment), e.g. (n, c, piece of h·w) for NCHW.
         let chan_major = match outer.first() {
-            Some(d) => g.csd >= d.sd,
+            Some(d) => g.csd >= d.s[0],
             None => true,
         };
         let item_of = |ch: usize, b: usize| {
@@ -404,15 +325,15 @@ impl<T: Element> Kernel<'_, T> {
                     let (bd, bx) = (g.od + ch * g.csd, g.ox + ch * g.csx);
                     let (isa, dy, x, mean) = (self.isa, self.dy, self.x, self.mean[ch]);
                     let (sd, sm) = if nseg > 1 {
-                        let o = Odometer::new(outer, b / nseg, bd, bx);
+                        let o = Odometer::new(outer, b / nseg, [bd, bx]);
                         let start = b % nseg * seg;
-                        let run: Run = (o.od + start, o.ox + start, seg.min(l - start));
+                        let run: Run = (o.pos[0] + start, o.pos[1] + start, seg.min(l - start));
                         lanes::sum_runs::<T, XMU>(isa, self.pf_runs, dy, x, [run], mean)
                     } else {
                         let m0 = b * per;
-                        let mut o = Odometer::new(outer, m0, bd, bx);
+                        let mut o = Odometer::new(outer, m0, [bd, bx]);
                         let runs = (m0..nruns.min(m0 + per)).map(|_| {
-                            let run: Run = (o.od, o.ox, l);
+                            let run: Run = (o.pos[0], o.pos[1], l);
                             o.advance();
                             run
                         });
@@ -482,7 +403,7 @@ impl<T: Element> Kernel<'_, T> {
                 let (part_d, part_m) = (&mut pd[o..o + lanes], if XMU { &mut pm[o..o + lanes] } else { &mut [][..] });
                 let r1 = nrows.min((t + 1) * tile_rows);
                 let mut r0 = t * tile_rows;
-                let mut odo = Odometer::new(dims, r0, g.od + l0, g.ox + l0);
+                let mut odo = Odometer::new(dims, r0, [g.od + l0, g.ox + l0]);
                 while r0 < r1 {
                     let rb = r1.min(r0 + ROWS_PER_BLOCK);
                     let (md, ad, am) = (&mean_lanes[l0..l0 + lanes], &mut acc_d[..], &mut acc_m[..]);
@@ -514,7 +435,7 @@ impl<T: Element> Kernel<'_, T> {
                         None => {
                             rows.clear();
                             for _ in r0..rb {
-                                rows.push((odo.od, odo.ox));
+                                rows.push((odo.pos[0], odo.pos[1]));
                                 odo.advance();
                             }
                             let rows = Rows::List(&rows);
@@ -559,8 +480,8 @@ impl<T: Element> Kernel<'_, T> {
         let (pd, pm) = parts.split_at_mut(n_parts);
         // Per view: walk channels innermost when its channel stride is the smaller one, else
         // positions innermost (so each view is read along its shorter stride).
-        let inner = dims.last().copied().unwrap_or(Dim { n: 1, sd: 0, sx: 0 });
-        let (d_chan_inner, x_chan_inner) = (g.csd < inner.sd, g.csx < inner.sx);
+        let inner = dims.last().copied().unwrap_or(Dim { n: 1, s: [0, 0] });
+        let (d_chan_inner, x_chan_inner) = (g.csd < inner.s[0], g.csx < inner.s[1]);
         // Buffer rows are padded so that channel rows do not alias in L1.
         let row = GATHER_POSITIONS + 16;
         parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
@@ -577,9 +498,9 @@ impl<T: Element> Kernel<'_, T> {
                 let (c0, nc) = (k * cb, cb.min(c - k * cb));
                 let p0 = p * GATHER_POSITIONS;
                 let lp = GATHER_POSITIONS.min(g.r - p0);
-                let mut odo = Odometer::new(dims, p0, g.od + c0 * g.csd, g.ox + c0 * g.csx);
+                let mut odo = Odometer::new(dims, p0, [g.od + c0 * g.csd, g.ox + c0 * g.csx]);
                 for o in &mut offs[..lp] {
-                    *o = (odo.od, odo.ox);
+                    *o = (odo.pos[0], odo.pos[1]);
                     odo.advance();
                 }
                 let offs = &offs[..lp];

@@ -43,7 +43,7 @@ struct Buf<T> {
 
 impl<T: Element> Buf<T> {
     fn view(&self) -> StridedView<'_, T> {
-        StridedView { data: &self.data, shape: &self.shape, strides: &self.strides, offset: self.offset }
+        StridedView::new(&self.data, &self.shape, &self.strides, self.offset)
     }
 }
 
@@ -277,7 +277,7 @@ fn matches_reference_bf16() {
 fn path_choice() {
     let p = |shape: &[usize], l: Layout| {
         let (strides, offset) = layout_strides(shape, l);
-        let v = StridedView { data: &[0f32][..], shape, strides: &strides, offset };
+        let v = StridedView::new(&[0f32][..], shape, &strides, offset);
         Geometry::new(&v, &v).path()
     };
     assert_eq!(p(&[8, 64, 56, 56], Layout::Contig), Path::Runs);
@@ -461,7 +461,7 @@ fn nan_and_inf_propagate() {
 fn empty_inputs_give_zeros() {
     for shape in [&[0, 3, 4][..], &[2, 3, 0], &[2, 3, 4, 0, 5], &[0, 2]] {
         let strides = crate::layout::contiguous_strides(shape);
-        let v = StridedView { data: &[] as &[f32], shape, strides: &strides, offset: 0 };
+        let v = StridedView::new(&[] as &[f32], shape, &strides, 0);
         let got = channel_sums(v, v, &[1.0; 3][..shape[1]], true, 0).unwrap();
         assert_eq!(got.sum_dy, vec![0.0; shape[1]]);
         assert_eq!(got.sum_dy_xmu, Some(vec![0.0; shape[1]]));
@@ -469,7 +469,7 @@ fn empty_inputs_give_zeros() {
         assert_eq!(got.sum_dy_xmu, None);
     }
     let shape = [4, 0, 2];
-    let v = StridedView { data: &[] as &[bf16], shape: &shape, strides: &[0, 2, 1], offset: 0 };
+    let v = StridedView::new(&[] as &[bf16], &shape, &[0, 2, 1], 0);
     assert_eq!(channel_sums(v, v, &[], true, 0).unwrap(), ChannelSums { sum_dy: vec![], sum_dy_xmu: Some(vec![]) });
 }
 
@@ -479,8 +479,8 @@ fn small_known_values() {
     let dy = [1f32, 1., 1., 2., 2., 2., 3., 3.];
     let x = [0f32, 1., 2., 3., 4., 5., 6., 7.];
     let (shape, strides) = ([4, 2], [2, 1]);
-    let dy = StridedView { data: &dy[..], shape: &shape, strides: &strides, offset: 0 };
-    let x = StridedView { data: &x[..], shape: &shape, strides: &strides, offset: 0 };
+    let dy = StridedView::new(&dy[..], &shape, &strides, 0);
+    let x = StridedView::new(&x[..], &shape, &strides, 0);
     let got = channel_sums(dy, x, &[1.0, 1.0], true, 0).unwrap();
     assert_eq!(got.sum_dy, vec![7.0, 8.0]);
     assert_eq!(got.sum_dy_xmu, Some(vec![21.0, 30.0]));

@@ -240,6 +240,7 @@ unsafe fn partial_step<T: Element, const XMU: bool>(
 ) {
     // SAFETY: forwarded from the caller (masked loads of n elements).
     let (a, live) = unsafe { load32_partial(pd, n) };
+    // SAFETY: as above, for `px`.
     let b = if XMU { unsafe { load32_partial(px, n).0 } } else { a };
     for k in 0..2 {
         ad[k] = _mm512_mask_add_ps(ad[k], live[k], ad[k], a[k]);

@@ -1,5 +1,5 @@
 /*
- * Mock CANN, part of libhccl.so: HcclCommInitClusterInfo, a communicator from a rank-table file
+ * Mock CANN, libhccl.so: HcclCommInitClusterInfo, a communicator from a rank-table file
  * (HCCL docs/zh/user_guide/cluster_info_config/rank_table_config_{910,a2,a3,a5}.md; docs/cann/HCCL.md 4.5.3).
  *
  * The mock reads the table as HCCL does before any link is made, and strictly:
@@ -14,7 +14,7 @@
  *   - the calling thread's current device is that rank's "device_id" (the mock's logical ids are its physical
  *     ids; on real CANN device_id is the physical id of the device the thread set).
  * Every rejection returns HCCL_E_PARA with a message naming the path and what is wrong (aclGetRecentErrMsg).
- * Then the ranks meet as with a root info (ranks may be threads or processes, mock/hccl.c): the group is named by
+ * Then the ranks meet as with a root info (ranks may be threads or processes, group.c): the group is named by
  * a hash of the table's bytes and of its real path, so every rank of one table joins the same group.
  */
 #define _XOPEN_SOURCE 700
@@ -26,13 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#pragma GCC visibility push(default)
-#include "wrapper.h"
-#include "mock_internal.h"
-#pragma GCC visibility pop
-
-HcclResult ascend_mock_hccl_join_keyed(const char *api, uint32_t nranks, const uint64_t key[2], uint32_t rank,
-                                       HcclComm *out); /* mock/hccl.c */
+#include "internal.h"
 
 #define CLUSTER_PATH_MAX 4096
 #define CLUSTER_FILE_MAX (16u << 20)
@@ -372,13 +366,7 @@ static const char *table_parse(const char *text, size_t len, table *t, char *why
 
 HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclComm *comm) {
     static const char api[] = "HcclCommInitClusterInfo";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        if (comm) {
-            *comm = NULL;
-        }
-        return (HcclResult)st;
-    }
+    MOCK_ENTER(api, comm);
     if (!clusterInfo) {
         ascend_mock_set_error("%s failed. ERROR: 2 (HCCL_E_PTR). clusterInfo is null.", api);
         return HCCL_E_PTR;

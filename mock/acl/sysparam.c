@@ -1,5 +1,5 @@
 /*
- * Mock CANN, part of libascendcl.so: the system parameters of a context (acl_rt.h
+ * Mock CANN, libascendcl.so: the system parameters of a context (acl_rt.h
  * aclrtCtxSetSysParamOpt / aclrtCtxGetSysParamOpt; docs/cann/ASYNC.md section 3).
  *
  * The context is the default context of the calling thread's current device (the one
@@ -18,12 +18,9 @@
 
 #include <stdint.h>
 
-#pragma GCC visibility push(default)
-#include "wrapper.h"
-#include "mock_internal.h"
-#pragma GCC visibility pop
+#include "internal.h"
 
-#define SYSPARAM_DEVICES 64
+#define SYSPARAM_DEVICES MAX_DEVICES
 #define SYSPARAM_OPTS 3
 
 static int64_t g_sysparams[SYSPARAM_DEVICES][SYSPARAM_OPTS]; /* protected by the mock's global lock */
@@ -37,7 +34,7 @@ static int sysparam_device_locked(const char *api, int *status) {
     int dev = ascend_mock_current_device_locked();
     if (dev < 0 || dev >= SYSPARAM_DEVICES) {
         ascend_mock_set_error("%s failed: device %d has no context in the mock.", api, dev);
-        *status = 100000; /* ACL_ERROR_INVALID_PARAM */
+        *status = ACL_ERROR_INVALID_PARAM;
         return -1;
     }
     return dev;
@@ -49,21 +46,19 @@ static int sysparam_opt_valid(int opt) {
 
 aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value) {
     static const char api[] = "aclrtCtxSetSysParamOpt";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return st;
-    }
+    MOCK_ENTER(api, NULL);
     if (!sysparam_opt_valid((int)opt)) {
         ascend_mock_set_error("%s failed: opt %d is not an aclSysParamOpt.", api, (int)opt);
-        return 100000;
+        return ACL_ERROR_INVALID_PARAM;
     }
     int64_t max = opt == ACL_OPT_DETERMINISTIC ? 3 : 1;
     if (value < 0 || value > max) {
         ascend_mock_set_error("%s failed: value %lld of opt %d is outside [0, %lld].", api, (long long)value,
                               (int)opt, (long long)max);
-        return 100000;
+        return ACL_ERROR_INVALID_PARAM;
     }
     ascend_mock_lock();
+    int st;
     int dev = sysparam_device_locked(api, &st);
     if (dev >= 0) {
         g_sysparams[dev][opt] = value;
@@ -74,19 +69,17 @@ aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value) {
 
 aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value) {
     static const char api[] = "aclrtCtxGetSysParamOpt";
-    int st;
-    if (ascend_mock_take_fault(api, &st)) {
-        return st;
-    }
+    MOCK_ENTER(api, NULL);
     if (!sysparam_opt_valid((int)opt)) {
         ascend_mock_set_error("%s failed: opt %d is not an aclSysParamOpt.", api, (int)opt);
-        return 100000;
+        return ACL_ERROR_INVALID_PARAM;
     }
     if (!value) {
         ascend_mock_set_error("%s failed: value is null.", api);
-        return 100000;
+        return ACL_ERROR_INVALID_PARAM;
     }
     ascend_mock_lock();
+    int st;
     int dev = sysparam_device_locked(api, &st);
     if (dev >= 0) {
         *value = g_sysparams[dev][opt];

@@ -1,0 +1,760 @@
+/*
+ * Mock CANN, libascendcl.so: the entry points (acl.h, acl_rt.h; each opens with ACL_ENTER) and
+ * the mock's introspection (ascend_mock.h).
+ *
+ * This library owns every piece of state of the mock toolkit (libnnopbase.so and libopapi.so link
+ * to it and reach the state through mock_internal.h): device memory, streams and their task
+ * queues, events, the handle table (streams, events, tensors, executors), statistics, injected
+ * faults, the per-thread current device and the per-thread recent error message. How its files
+ * divide that work: internal.h.
+ *
+ * Strictness: every misuse CANN would punish (with a crash, corrupted data or an error) counts a
+ * violation and prints one line on stderr; see ascend_mock.h for the counters. What a skipped
+ * queued task should have written is poisoned: reading it is an error, not stale bytes (see
+ * "poison" in memory.c).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Call counters of host-blocking and allocating runtime calls (ascend_mock_stats). */
+static uint64_t g_device_mallocs;
+static uint64_t g_stream_syncs, g_event_syncs, g_device_syncs, g_device_frees, g_blocking_copies;
+static uint64_t g_event_seq;
+static uint64_t g_live_comms;
+static __thread uint64_t tls_mallocs;
+/* ascend_mock_set_device_count's count, or -1: aclInit reads ASCEND_MOCK_DEVICE_COUNT. */
+static int g_device_count_set = -1;
+
+/* ---- init / finalize -------------------------------------------------------------------------------- */
+aclError aclInit(const char *configPath) {
+    ACL_ENTER("aclInit", NULL, needs_nothing);
+    (void)configPath;
+    if (g_initialized) {
+        r = fail(ACL_ERROR_REPEAT_INITIALIZE, api, "aclInit was already called in this process.");
+    } else {
+        int count = g_device_count_set >= 0 ? g_device_count_set : 1;
+        const char *env = g_device_count_set >= 0 ? NULL : getenv("ASCEND_MOCK_DEVICE_COUNT");
+        if (env && *env) {
+            char *end;
+            long v = strtol(env, &end, 10);
+            if (*end == '\0' && v >= 0 && v <= MAX_DEVICES) {
+                count = (int)v;
+            }
+        }
+        g_device_count = count;
+        g_initialized = 1;
+        g_ever_initialized = 1;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclFinalize(void) {
+    ACL_ENTER("aclFinalize", NULL, needs_nothing);
+    if (!g_initialized) {
+        r = g_ever_initialized ? fail(ACL_ERROR_REPEAT_FINALIZE, api, "aclFinalize was already called.")
+                               : violate(ACL_ERROR_UNINITIALIZE, api, "ACL is not initialized: call aclInit first");
+    } else {
+        for (stream *s = g_streams; s; s = s->next) {
+            drain(s, NULL, 0);
+        }
+        for (int dev = 0; dev < MAX_DEVICES; dev++) {
+            release_device(dev);
+        }
+        g_initialized = 0;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- devices ---------------------------------------------------------------------------------------- */
+aclError aclrtSetDevice(int32_t deviceId) {
+    ACL_ENTER("aclrtSetDevice", NULL, needs_init);
+    if (!r && (deviceId < 0 || deviceId >= g_device_count)) {
+        r = fail(ACL_ERROR_RT_INVALID_DEVICEID, api, "Device id %d is invalid: this machine has %d device(s).",
+                 (int)deviceId, g_device_count);
+    }
+    if (!r) {
+        device *d = &g_devices[deviceId];
+        d->refcount++;
+        default_stream(deviceId);
+        tls_device = deviceId;
+        tls_device_gen = d->gen;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtResetDevice(int32_t deviceId) {
+    ACL_ENTER("aclrtResetDevice", NULL, needs_init);
+    if (!r && (deviceId < 0 || deviceId >= g_device_count)) {
+        r = fail(ACL_ERROR_RT_INVALID_DEVICEID, api, "Device id %d is invalid: this machine has %d device(s).",
+                 (int)deviceId, g_device_count);
+    }
+    if (!r && g_devices[deviceId].refcount <= 0) {
+        r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                    "device %d is not set (more aclrtResetDevice than aclrtSetDevice calls)", (int)deviceId);
+    }
+    if (!r && --g_devices[deviceId].refcount == 0) {
+        uint64_t live = 0;
+        for (stream *s = g_streams; s; s = s->next) {
+            if (s->handle && s->device == deviceId) {
+                live++;
+                drain(s, NULL, 0);
+            }
+        }
+        if (live) {
+            ascend_mock_violation("%s(%d): %llu stream(s) created on the device are still alive; destroy streams "
+                                  "before resetting their device",
+                                  api, (int)deviceId, (unsigned long long)live);
+        }
+        release_device(deviceId);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtGetDevice(int32_t *deviceId) {
+    ACL_ENTER("aclrtGetDevice", NULL, needs_init);
+    if (!r && !deviceId) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "deviceId is null.");
+    }
+    if (!r) {
+        int dev = current_device();
+        if (dev < 0) {
+            r = fail(ACL_ERROR_RT_CONTEXT_NULL, api, "No device is set on this thread.");
+        } else {
+            *deviceId = dev;
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtGetDeviceCount(uint32_t *count) {
+    ACL_ENTER("aclrtGetDeviceCount", NULL, needs_init);
+    if (!r && !count) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "count is null.");
+    }
+    if (!r) {
+        *count = (uint32_t)g_device_count;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtSynchronizeDevice(void) {
+    ACL_ENTER("aclrtSynchronizeDevice", NULL, needs_device);
+    if (!r) {
+        g_device_syncs++;
+        int dev = current_device();
+        for (stream *s = g_streams; s; s = s->next) {
+            if (s->device == dev) {
+                char why[WHY_MAX] = "";
+                int sst = drain(s, why, sizeof why);
+                if (sst && !r) {
+                    r = sync_failed(api, sst, s->name, why);
+                }
+            }
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- streams --------------------------------------------------------------------------------------- */
+aclError aclrtCreateStream(aclrtStream *out) {
+    ACL_ENTER("aclrtCreateStream", out, needs_device);
+    if (!r && !out) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "stream is null.");
+    }
+    if (!r) {
+        stream *s = xcalloc(1, sizeof *s);
+        s->device = current_device();
+        s->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_STREAM, s);
+        snprintf(s->name, sizeof s->name, "stream %p", (void *)(uintptr_t)s->handle);
+        stream_link(s);
+        *out = (aclrtStream)(uintptr_t)s->handle;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtDestroyStream(aclrtStream h) {
+    ACL_ENTER("aclrtDestroyStream", NULL, needs_device);
+    if (!r && !h) {
+        r = violate(ACL_ERROR_INVALID_PARAM, api, "stream is null (the default stream cannot be destroyed)");
+    }
+    stream *s = NULL;
+    if (!r) {
+        r = stream_resolve(api, h, &s);
+    }
+    if (!r) {
+        char why[WHY_MAX] = "";
+        /* no new use through the handle from here; then wait out the threads still using it */
+        ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_STREAM, s->handle);
+        int sst = stream_quiesce(s, why, sizeof why);
+        stream_unlink(s);
+        if (sst) {
+            r = sync_failed(api, sst, s->name, why);
+        }
+        free(s);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtSynchronizeStream(aclrtStream h) {
+    ACL_ENTER("aclrtSynchronizeStream", NULL, needs_device);
+    stream *s = NULL;
+    if (!r) {
+        r = stream_resolve(api, h, &s);
+    }
+    if (!r) {
+        g_stream_syncs++;
+        char why[WHY_MAX] = "";
+        int sst = drain(s, why, sizeof why);
+        if (sst) {
+            r = sync_failed(api, sst, s->name, why);
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------------ */
+aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
+    ACL_ENTER("aclrtMalloc", devPtr, needs_device);
+    (void)policy;
+    if (!r && !devPtr) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "devPtr is null.");
+    }
+    if (!r && size == 0) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "size must be greater than 0.");
+    }
+    void *p = NULL;
+    if (!r) {
+        size_t rounded = (size + 31) & ~(size_t)31;
+        if (rounded < size || posix_memalign(&p, 32, rounded) != 0) {
+            p = NULL;
+            r = fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api, "Out of device memory: %zu bytes requested.", size);
+        }
+    }
+    if (!r) {
+        memset(p, ASCEND_MOCK_GARBAGE_BYTE, size);
+        alloc_add(p, size, current_device());
+        g_device_mallocs++;
+        tls_mallocs++;
+        *devPtr = p;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtFree(void *devPtr) {
+    ACL_ENTER("aclrtFree", NULL, needs_device);
+    if (!r && !devPtr) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "devPtr is null.");
+    }
+    if (!r) {
+        uintptr_t p = (uintptr_t)devPtr;
+        alloc *a = alloc_at(p);
+        if (!a) {
+            alloc *inside = alloc_containing(p, 1);
+            if (inside) {
+                r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                            "%p points inside the allocation at %p (+%llu bytes), not at its start", devPtr,
+                            (void *)inside->base, (unsigned long long)(p - inside->base));
+            } else {
+                r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                            "%p is not a live device allocation (double free, or never allocated by aclrtMalloc)",
+                            devPtr);
+            }
+        } else {
+            int reported = 0;
+            for (stream *s = g_streams; s && !reported; s = s->next) {
+                for (task *t = s->head; t && !reported; t = t->next) {
+                    for (size_t k = 0; k < t->nranges; k++) {
+                        if (t->ranges[k].alloc_id == a->id) {
+                            ascend_mock_violation("%s(%p): a %s queued on %s still uses this memory (%s); "
+                                                  "synchronize the stream before freeing",
+                                                  api, devPtr, t->what, s->name, t->ranges[k].name);
+                            reported = 1;
+                            break;
+                        }
+                    }
+                }
+            }
+            g_device_frees++;
+            alloc_remove(a);
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+static const char *copy_kind_name(int kind) {
+    static const char *const names[] = {
+        "ACL_MEMCPY_HOST_TO_HOST",         "ACL_MEMCPY_HOST_TO_DEVICE",         "ACL_MEMCPY_DEVICE_TO_HOST",
+        "ACL_MEMCPY_DEVICE_TO_DEVICE",     "ACL_MEMCPY_DEFAULT",                "ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE",
+        "ACL_MEMCPY_INNER_DEVICE_TO_DEVICE", "ACL_MEMCPY_INTER_DEVICE_TO_DEVICE",
+    };
+    return (kind >= 0 && kind < 8) ? names[kind] : "an invalid memcpy kind";
+}
+
+/* Checks one side of a copy; fills *range for a device side. */
+static int copy_side(const char *api, const char *side, uintptr_t p, size_t count, int on_device, int kind,
+                     ascend_mock_range *range, int *nranges) {
+    if (on_device) {
+        alloc *a = alloc_containing(p, count);
+        if (!a) {
+            return violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                           "%s range [%p, +%zu) of a %s copy is not inside one live device allocation", side,
+                           (void *)p, count, copy_kind_name(kind));
+        }
+        range->addr = p;
+        range->len = count;
+        range->alloc_id = a->id;
+        range->write = strcmp(side, "dst") == 0;
+        range->name = range->write ? "the copy's destination" : "the copy's source";
+        range->view = NULL;
+        (*nranges)++;
+    } else if (overlaps_any(p, count)) {
+        return violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                       "%s range [%p, +%zu) of a %s copy is device memory, but the kind says host memory", side,
+                       (void *)p, count, copy_kind_name(kind));
+    }
+    return 0;
+}
+
+/* Validates a copy (sync or async). Fills ranges[] with its device ranges. */
+static int copy_check(const char *api, void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
+                      ascend_mock_range *ranges, int *nranges) {
+    *nranges = 0;
+    int k = (int)kind;
+    if (k < 0 || k > 7) {
+        return violate(ACL_ERROR_RT_PARAM_INVALID, api, "kind %d is not an aclrtMemcpyKind", k);
+    }
+    if (count == 0) {
+        return 0;
+    }
+    if (!dst || !src) {
+        return violate(ACL_ERROR_RT_PARAM_INVALID, api, "%s is null", dst ? "src" : "dst");
+    }
+    if (count > destMax) {
+        return violate(ACL_ERROR_RT_PARAM_INVALID, api, "count %zu is greater than destMax %zu", count, destMax);
+    }
+    int dst_dev, src_dev;
+    if (k == ACL_MEMCPY_DEFAULT) {
+        dst_dev = overlaps_any((uintptr_t)dst, count);
+        src_dev = overlaps_any((uintptr_t)src, count);
+    } else {
+        dst_dev = k != ACL_MEMCPY_HOST_TO_HOST && k != ACL_MEMCPY_DEVICE_TO_HOST;
+        src_dev = k == ACL_MEMCPY_DEVICE_TO_HOST || k == ACL_MEMCPY_DEVICE_TO_DEVICE ||
+                  k == ACL_MEMCPY_INNER_DEVICE_TO_DEVICE || k == ACL_MEMCPY_INTER_DEVICE_TO_DEVICE;
+    }
+    int r = copy_side(api, "dst", (uintptr_t)dst, count, dst_dev, k, &ranges[*nranges], nranges);
+    if (!r) {
+        r = copy_side(api, "src", (uintptr_t)src, count, src_dev, k, &ranges[*nranges], nranges);
+    }
+    return r;
+}
+
+aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind) {
+    ACL_ENTER("aclrtMemcpy", NULL, needs_device);
+    ascend_mock_range ranges[2];
+    int n = 0;
+    if (!r) {
+        r = copy_check(api, dst, destMax, src, count, kind, ranges, &n);
+    }
+    if (!r) {
+        g_blocking_copies++;
+    }
+    if (!r && count) {
+        hazard_check(api, NULL, ranges, (size_t)n);
+        char detail[MESSAGE_MAX - 64];
+        for (int i = 0; i < n && !r; i++) {
+            if (!ranges[i].write && range_poisoned(&ranges[i], detail, sizeof detail)) {
+                /* not a new violation: the misuse was counted when the task was skipped */
+                detail[0] = (char)toupper((unsigned char)detail[0]);
+                r = fail(ACL_ERROR_RT_DEVICE_MEM_ERROR, api, "%s. Nothing was copied.", detail);
+            }
+        }
+        if (!r) {
+            memmove(dst, src, count);
+            for (int i = 0; i < n; i++) {
+                if (ranges[i].write) {
+                    range_written(&ranges[i]);
+                }
+            }
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
+                          aclrtStream h) {
+    ACL_ENTER("aclrtMemcpyAsync", NULL, needs_device);
+    stream *s = NULL;
+    if (!r) {
+        r = stream_resolve(api, h, &s);
+    }
+    ascend_mock_range ranges[2];
+    int n = 0;
+    if (!r) {
+        r = copy_check(api, dst, destMax, src, count, kind, ranges, &n);
+    }
+    if (!r && count) {
+        hazard_check(api, s, ranges, (size_t)n);
+        task *t = xcalloc(1, sizeof *t);
+        t->kind = TASK_COPY;
+        t->what = "aclrtMemcpyAsync";
+        t->nranges = (size_t)n;
+        memcpy(t->ranges, ranges, (size_t)n * sizeof *ranges);
+        t->dst = dst;
+        t->src = src;
+        t->count = count;
+        enqueue(s, t);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count) {
+    ACL_ENTER("aclrtMemset", NULL, needs_device);
+    if (!r && !devPtr) {
+        r = violate(ACL_ERROR_RT_PARAM_INVALID, api, "devPtr is null");
+    }
+    if (!r && count > maxCount) {
+        r = violate(ACL_ERROR_RT_PARAM_INVALID, api, "count %zu is greater than maxCount %zu", count, maxCount);
+    }
+    if (!r && count) {
+        alloc *a = alloc_containing((uintptr_t)devPtr, count);
+        if (!a) {
+            r = violate(ACL_ERROR_RT_PARAM_INVALID, api, "range [%p, +%zu) is not inside one live device allocation",
+                        devPtr, count);
+        } else {
+            ascend_mock_range range = {(uintptr_t)devPtr, count, a->id, 1, "the memset range", NULL};
+            hazard_check(api, NULL, &range, 1);
+            memset(devPtr, value & 0xFF, count);
+            range_written(&range);
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- events ----------------------------------------------------------------------------------------- */
+static int event_resolve(const char *api, aclrtEvent h, event **out) {
+    int state;
+    event *e = ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_EVENT, (uint64_t)(uintptr_t)h, &state);
+    if (!e) {
+        return violate(ACL_ERROR_RT_INVALID_HANDLE, api, "event %p is %s", h, ascend_mock_state_text(state));
+    }
+    *out = e;
+    return 0;
+}
+
+/* Runs the tasks of the stream the event was last recorded on, up to its marker. The event is
+ * looked up again after each task: a task may release g_lock (another thread may destroy it). */
+static int event_wait(const char *api, uint64_t handle) {
+    int r = 0;
+    char why[WHY_MAX] = "";
+    for (;;) {
+        event *e = event_get(handle);
+        if (!e || e->completed_seq >= e->recorded_seq || !e->recorded_on || !e->recorded_on->head) {
+            break;
+        }
+        stream *s = e->recorded_on;
+        int st = run_head(s, why, sizeof why);
+        if (st && !r) {
+            r = sync_failed(api, st, s->name, why); /* s is alive: g_lock is held since run_head */
+        }
+    }
+    return r;
+}
+
+aclError aclrtCreateEvent(aclrtEvent *out) {
+    ACL_ENTER("aclrtCreateEvent", out, needs_device);
+    if (!r && !out) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "event is null.");
+    }
+    if (!r) {
+        event *e = xcalloc(1, sizeof *e);
+        e->device = current_device();
+        e->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_EVENT, e);
+        *out = (aclrtEvent)(uintptr_t)e->handle;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtDestroyEvent(aclrtEvent h) {
+    ACL_ENTER("aclrtDestroyEvent", NULL, needs_device);
+    event *e = NULL;
+    if (!r) {
+        r = event_resolve(api, h, &e);
+    }
+    for (stream *s = g_streams; s && !r; s = s->next) {
+        for (task *t = s->head; t; t = t->next) {
+            if (t->kind == TASK_EVENT_WAIT && t->event_handle == e->handle) {
+                r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                            "event %p is still waited for by %s (aclrtStreamWaitEvent queued there has not run): "
+                            "synchronize that stream before destroying the event",
+                            h, s->name);
+                break;
+            }
+        }
+    }
+    if (!r) {
+        ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_EVENT, e->handle);
+        free(e);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
+    ACL_ENTER("aclrtRecordEvent", NULL, needs_device);
+    event *e = NULL;
+    stream *s = NULL;
+    if (!r) {
+        r = event_resolve(api, eh, &e);
+    }
+    if (!r) {
+        r = stream_resolve(api, sh, &s);
+    }
+    if (!r) {
+        task *t = xcalloc(1, sizeof *t);
+        t->kind = TASK_EVENT;
+        t->what = "event record";
+        t->event_handle = e->handle;
+        t->event_seq = ++g_event_seq;
+        e->recorded_seq = t->event_seq;
+        e->recorded_on = s;
+        enqueue(s, t);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtSynchronizeEvent(aclrtEvent eh) {
+    ACL_ENTER("aclrtSynchronizeEvent", NULL, needs_device);
+    event *e = NULL;
+    if (!r) {
+        r = event_resolve(api, eh, &e);
+    }
+    if (!r) {
+        g_event_syncs++;
+        r = event_wait(api, e->handle);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
+    ACL_ENTER("aclrtStreamWaitEvent", NULL, needs_device);
+    stream *s = NULL;
+    event *e = NULL;
+    if (!r) {
+        r = stream_resolve(api, sh, &s);
+    }
+    if (!r) {
+        r = event_resolve(api, eh, &e);
+    }
+    if (!r) {
+        /* The mock device is in order: running the recorded work now is a valid schedule. The
+         * waiting stream keeps a marker until it runs, so destroying the event before then (which
+         * CANN forbids) is caught. */
+        uint64_t handle = e->handle;
+        r = event_wait(api, handle);
+        task *t = xcalloc(1, sizeof *t);
+        t->kind = TASK_EVENT_WAIT;
+        t->what = "event wait";
+        t->event_handle = handle;
+        enqueue(s, t);
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) {
+    ACL_ENTER("aclrtQueryEventStatus", NULL, needs_device);
+    event *e = NULL;
+    if (!r) {
+        r = event_resolve(api, eh, &e);
+    }
+    if (!r && !status) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "status is null.");
+    }
+    if (!r) {
+        /* Non-blocking: runs nothing. Never recorded = NOT_READY, as rtEventQueryStatus reports. */
+        int done = e->recorded_seq != 0 && e->completed_seq >= e->recorded_seq;
+        *status = done ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
+    ACL_ENTER("aclrtEventElapsedTime", NULL, needs_device);
+    event *a = NULL, *b = NULL;
+    if (!r && !ms) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "ms is null.");
+    }
+    if (!r) {
+        r = event_resolve(api, start, &a);
+    }
+    if (!r) {
+        r = event_resolve(api, end, &b);
+    }
+    if (!r) {
+        const event *pending = (!a->recorded_seq || a->completed_seq < a->recorded_seq) ? a : b;
+        if (!pending->recorded_seq || pending->completed_seq < pending->recorded_seq) {
+            r = fail(ACL_ERROR_RT_PARAM_INVALID, api,
+                     "The %s event %p has not completed (record it and synchronize first).",
+                     pending == a ? "start" : "end", pending == a ? start : end);
+        } else {
+            *ms = (float)(b->completed_ms - a->completed_ms);
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- pinned host memory ----------------------------------------------------------------------------- */
+static htab g_host_allocs; /* base address -> size (boxed) of aclrtMallocHost blocks */
+static uint64_t g_host_mallocs, g_live_host_allocs;
+
+aclError aclrtMallocHost(void **hostPtr, size_t size) {
+    ACL_ENTER("aclrtMallocHost", hostPtr, needs_device);
+    if (!r && !hostPtr) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "hostPtr is null.");
+    }
+    if (!r && size == 0) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "size is 0.");
+    }
+    if (!r) {
+        void *p = malloc(size);
+        if (!p) {
+            r = fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api, "Cannot allocate %zu bytes of host memory.", size);
+            *hostPtr = NULL;
+        } else {
+            size_t *boxed = xcalloc(1, sizeof *boxed);
+            *boxed = size;
+            htab_put(&g_host_allocs, (uint64_t)(uintptr_t)p, boxed);
+            g_host_mallocs++;
+            g_live_host_allocs++;
+            *hostPtr = p;
+        }
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+aclError aclrtFreeHost(void *hostPtr) {
+    ACL_ENTER("aclrtFreeHost", NULL, needs_device);
+    if (!r && !hostPtr) {
+        r = fail(ACL_ERROR_INVALID_PARAM, api, "hostPtr is null.");
+    }
+    size_t *boxed = NULL;
+    if (!r) {
+        boxed = htab_get(&g_host_allocs, (uint64_t)(uintptr_t)hostPtr);
+        if (!boxed) {
+            r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                        "%p is not a live aclrtMallocHost block (double free, or not from aclrtMallocHost)", hostPtr);
+        }
+    }
+    if (!r) {
+        uintptr_t lo = (uintptr_t)hostPtr, hi = lo + *boxed;
+        for (stream *s = g_streams; s && !r; s = s->next) {
+            for (task *t = s->head; t; t = t->next) {
+                uintptr_t a = 0;
+                if (t->kind == TASK_COPY) {
+                    a = (uintptr_t)(t->nranges && t->ranges[0].write ? t->src : t->dst);
+                }
+                if (a && a < hi && a + t->count > lo) {
+                    /* refused (the block stays allocated), so the queued copy stays memory-safe */
+                    r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                                "%p: a %s queued on %s still uses this host memory; synchronize the stream (or an "
+                                "event after the copy) before freeing",
+                                hostPtr, t->what, s->name);
+                    break;
+                }
+            }
+        }
+    }
+    if (!r) {
+        htab_del(&g_host_allocs, (uint64_t)(uintptr_t)hostPtr);
+        free(boxed);
+        free(hostPtr);
+        g_live_host_allocs--;
+    }
+    ascend_mock_unlock();
+    return r;
+}
+
+/* ---- introspection ------------------------------------------------------------------------------------ */
+void ascend_mock_get_stats(ascend_mock_stats *out) {
+    if (!out) {
+        return;
+    }
+    ascend_mock_lock();
+    out->live_allocations = g_nallocs;
+    out->live_tensors = g_live[ASCEND_MOCK_KIND_TENSOR];
+    out->live_executors = g_live[ASCEND_MOCK_KIND_EXECUTOR];
+    out->live_streams = g_live[ASCEND_MOCK_KIND_STREAM];
+    out->live_events = g_live[ASCEND_MOCK_KIND_EVENT];
+    out->device_mallocs = g_device_mallocs;
+    out->queued_tasks = g_queued_tasks;
+    out->poisoned_bytes = g_poisoned_bytes;
+    out->live_comms = g_live_comms;
+    out->stream_synchronizes = g_stream_syncs;
+    out->event_synchronizes = g_event_syncs;
+    out->device_synchronizes = g_device_syncs;
+    out->device_frees = g_device_frees;
+    out->blocking_copies = g_blocking_copies;
+    out->host_mallocs = g_host_mallocs;
+    out->live_host_allocations = g_live_host_allocs;
+    ascend_mock_unlock();
+    out->violations = ascend_mock_violation_count();
+}
+
+int ascend_mock_set_device_count(int count, int *busy_device) {
+    if (count < 0 || count > MAX_DEVICES) {
+        return -1;
+    }
+    ascend_mock_lock();
+    int busy = -1;
+    for (int dev = count; dev < MAX_DEVICES && busy < 0; dev++) {
+        if (device_in_use(dev)) {
+            busy = dev;
+        }
+    }
+    if (busy < 0) {
+        g_device_count_set = count;
+        if (g_initialized) {
+            g_device_count = count;
+        }
+    }
+    ascend_mock_unlock();
+    if (busy >= 0 && busy_device) {
+        *busy_device = busy;
+    }
+    return busy < 0 ? 0 : -2;
+}
+
+uint64_t ascend_mock_thread_device_mallocs(void) {
+    return tls_mallocs;
+}
+
+void ascend_mock_count_comms_locked(int delta) {
+    g_live_comms = (uint64_t)((int64_t)g_live_comms + delta);
+}

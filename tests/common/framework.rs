@@ -1,0 +1,310 @@
+//! The launch path's behaviour, which is the same for every operator and so is tested once here
+//! and instantiated by each operator's test file with `framework_tests!(TheCase)`:
+//!
+//! * the two phases: prepare → workspace_size → launch with `None`, with a caller's workspace of
+//!   exactly that size, with a larger one reused, and a too-small or empty one refused (161002)
+//!   writing nothing;
+//! * a prepared call dropped unlaunched writes nothing;
+//! * every argument dropped right after the launch, before the queued work ran: the results are
+//!   right and the mock counts no violation;
+//! * (mock) a fault injected at each CANN call the operator makes fails the call with that status
+//!   (`NullHandle` for `aclCreateTensor`), naming the call, leaking nothing and writing nothing,
+//!   in both the `_into` and the allocating form (and an `aclrtMalloc` fault fails the allocating
+//!   form), after which the call works again;
+//! * (mock) a fault at any CANN function the crate binds (but those that destroy or free, whose
+//!   failure is a reported leak by design): each call either succeeds with the right values or
+//!   fails writing nothing, and the operator's own calls and `aclCreateTensor` do fail.
+//!
+//! The mock runs are inside `common::mock::isolated` (serialised, then checked for no leaked
+//! allocation, descriptor, executor or stream and no violation).
+#![allow(dead_code)]
+
+use ascend::ops::{Prepared, Workspace};
+use ascend::{Backend, Context, Error, Result, Stream};
+
+use super::data::status_of;
+
+const INVALID: i32 = 161002;
+
+/// One operator's call, as the framework tests drive it. Implemented by the operator test file's
+/// host case (its inputs as data, which the value checks compare against).
+pub trait Framework: Sized {
+    /// The operator's aclnn function (`aclnnX`; phase 1 is `aclnnXGetWorkspaceSize`).
+    const ACLNN: &'static str;
+    /// Whether the mock operator asks for a workspace (then phase 1 reports a size > 0).
+    const MOCK_WORKSPACE: bool;
+    /// The case's tensors on a stream (inputs and in-place arguments).
+    type Up;
+    /// The caller-owned outputs of `_into` and prepare.
+    type Out;
+    /// What the allocating form returns.
+    type Res: std::fmt::Debug;
+
+    /// A small all-f32 case; `seed` picks its data.
+    fn small(seed: u64) -> Self;
+    /// A case in mixed dtypes.
+    fn mixed(seed: u64) -> Self;
+    fn upload(&self, s: &Stream) -> Result<Self::Up>;
+    /// Outputs for `_into`, pre-filled with values no correct call leaves there.
+    fn outputs(&self, s: &Stream) -> Result<Self::Out>;
+    fn run(&self, up: &mut Self::Up, s: &Stream) -> Result<Self::Res>;
+    fn run_into(&self, up: &mut Self::Up, s: &Stream, out: &mut Self::Out) -> Result<()>;
+    fn prepare<'a>(&self, up: &'a mut Self::Up, s: &Stream, out: &'a mut Self::Out) -> Result<Prepared<'a>>;
+    /// Asserts that `out` holds this case's values (shape, dtype, values within tolerance).
+    fn check(&self, ctx: &Context, s: &Stream, what: &str, out: &Self::Out);
+    /// Asserts that the allocating form's result holds this case's values.
+    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &Self::Res);
+    /// The outputs' bits.
+    fn out_bits(s: &Stream, out: &Self::Out) -> Vec<Vec<u32>>;
+    /// The bits of the arguments a call updates in place (none by default).
+    fn in_place_bits(_s: &Stream, _up: &Self::Up) -> Vec<Vec<u32>> {
+        Vec::new()
+    }
+}
+
+/// Everything a call may write, as bits.
+fn written<F: Framework>(s: &Stream, up: &F::Up, out: &F::Out) -> Vec<Vec<u32>> {
+    let mut v = F::out_bits(s, out);
+    v.extend(F::in_place_bits(s, up));
+    v
+}
+
+/// prepare → workspace_size → launch, with `None`, with a caller's workspace of exactly that
+/// size (same bits), with a larger one reused twice; a too-small or empty workspace is refused
+/// with 161002, writing nothing. The CPU asks for no workspace, the mock for one iff
+/// `F::MOCK_WORKSPACE`.
+pub fn two_phase<F: Framework>(ctx: &Context) -> Result<()> {
+    let s = ctx.new_stream()?;
+    let case = F::small(100);
+    let mut up = case.upload(&s)?;
+    let mut a = case.outputs(&s)?;
+    let p = case.prepare(&mut up, &s, &mut a)?;
+    let size = p.workspace_size();
+    match ctx.backend() {
+        Backend::Cpu => assert_eq!(size, 0, "the CPU asks for no workspace"),
+        _ => assert_eq!(size > 0, F::MOCK_WORKSPACE, "the mock asks for a workspace: {size}"),
+    }
+    p.launch(&s, None)?;
+    case.check(ctx, &s, "launch(None)", &a);
+
+    let mut b = case.outputs(&s)?;
+    let p = case.prepare(&mut up, &s, &mut b)?;
+    assert_eq!(p.workspace_size(), size, "same call, same workspace size");
+    let ws = Workspace::new(&s, size)?;
+    assert_eq!(ws.size(), size);
+    p.launch(&s, Some(&ws))?;
+    assert_eq!(F::out_bits(&s, &a), F::out_bits(&s, &b), "the caller's workspace gives the same bits");
+
+    let big = Workspace::new(&s, size + 4096)?;
+    for _ in 0..2 {
+        let mut c = case.outputs(&s)?;
+        case.prepare(&mut up, &s, &mut c)?.launch(&s, Some(&big))?;
+        case.check(ctx, &s, "a larger workspace, reused", &c);
+    }
+    if size > 0 {
+        for small in [Workspace::new(&s, size - 1)?, Workspace::new(&s, 0)?] {
+            let mut d = case.outputs(&s)?;
+            let before = written::<F>(&s, &up, &d);
+            let err = case.prepare(&mut up, &s, &mut d)?.launch(&s, Some(&small)).unwrap_err();
+            assert_eq!(err.status(), Some(INVALID), "workspace of {} < {size}: {err}", small.size());
+            assert_eq!(written::<F>(&s, &up, &d), before, "a refused launch wrote");
+        }
+    }
+    Ok(())
+}
+
+/// A prepared call dropped without launch writes nothing (in-place arguments included).
+pub fn prepared_dropped_unlaunched<F: Framework>(ctx: &Context) -> Result<()> {
+    let s = ctx.new_stream()?;
+    let case = F::small(101);
+    let mut up = case.upload(&s)?;
+    let mut out = case.outputs(&s)?;
+    let before = written::<F>(&s, &up, &out);
+    let p = case.prepare(&mut up, &s, &mut out)?;
+    let _ = format!("{p:?}");
+    drop(p);
+    s.synchronize()?;
+    assert_eq!(written::<F>(&s, &up, &out), before, "a prepared call dropped unlaunched wrote");
+    Ok(())
+}
+
+/// Every argument dropped right after the launch, before the queued work ran: the allocating
+/// result is right with its inputs gone; the `_into` arguments dropped with the stream kept (then
+/// synchronised) and with the stream dropped too.
+pub fn arguments_dropped_right_after_the_launch<F: Framework>(ctx: &Context) -> Result<()> {
+    let case = F::mixed(121);
+    let s = ctx.new_stream()?;
+    let mut up = case.upload(&s)?;
+    let res = case.run(&mut up, &s)?;
+    drop(up);
+    case.check_res(ctx, &s, "inputs dropped", &res);
+
+    let mut up = case.upload(&s)?;
+    let mut out = case.outputs(&s)?;
+    case.run_into(&mut up, &s, &mut out)?;
+    drop((up, out));
+    s.synchronize()?;
+
+    let s2 = ctx.new_stream()?;
+    let mut up = case.upload(&s2)?;
+    let mut out = case.outputs(&s2)?;
+    case.run_into(&mut up, &s2, &mut out)?;
+    drop(up);
+    drop(out);
+    drop(s2);
+    Ok(())
+}
+
+/// The live counters once `ctx`'s caching allocator has returned its cached blocks (a cached
+/// block is not a leak).
+#[cfg(feature = "mock")]
+fn live(ctx: &Context) -> [u64; 4] {
+    ctx.empty_cache().expect("empty_cache");
+    let s = ascend::mock::stats();
+    [s.live_allocations, s.live_tensors, s.live_executors, s.live_streams]
+}
+
+/// A fault injected at each CANN call the operator makes fails the call with that status (or
+/// `NullHandle` for aclCreateTensor), naming the call, leaks nothing and writes nothing, in the
+/// `_into` and the allocating form; an aclrtMalloc fault fails the allocating form; then the call
+/// works.
+#[cfg(feature = "mock")]
+pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
+    use ascend::mock::fail_next_on_this_thread;
+    let s = ctx.new_stream()?;
+    let case = F::small(120);
+    let mut up = case.upload(&s)?;
+    let mut out = case.outputs(&s)?;
+    case.run_into(&mut up, &s, &mut out)?; // the stream's workspace cache exists from here on
+    let mut out = case.outputs(&s)?;
+    let base = live(ctx);
+    let before = written::<F>(&s, &up, &out);
+    let phase1 = format!("{}GetWorkspaceSize", F::ACLNN);
+    for (api, code, status) in
+        [("aclCreateTensor", 161001, None), (phase1.as_str(), 561103, Some(561103)), (F::ACLNN, 361001, Some(361001))]
+    {
+        fail_next_on_this_thread(api, code);
+        let err = case.run_into(&mut up, &s, &mut out).unwrap_err();
+        if status.is_none() {
+            assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{err:?}");
+        }
+        assert_eq!(err.status(), status, "{api}: {err:?}");
+        assert!(err.to_string().contains(api), "{api}: {err}");
+        assert_eq!(live(ctx), base, "{api}: leaked");
+        assert_eq!(written::<F>(&s, &up, &out), before, "{api}: wrote");
+        fail_next_on_this_thread(api, code);
+        let err = case.run(&mut up, &s).unwrap_err();
+        assert_eq!(err.status(), status, "{api} (allocating): {err:?}");
+        assert_eq!(live(ctx), base, "{api} (allocating): leaked");
+        assert_eq!(written::<F>(&s, &up, &out), before, "{api} (allocating): wrote");
+    }
+    fail_next_on_this_thread("aclrtMalloc", 207001);
+    assert_eq!(status_of(case.run(&mut up, &s)), 207001);
+    assert_eq!(live(ctx), base, "aclrtMalloc: leaked");
+    case.run_into(&mut up, &s, &mut out)?;
+    case.check(ctx, &s, "after the faults", &out);
+    Ok(())
+}
+
+/// A fault armed at every CANN function the crate binds (but those that destroy or free, whose
+/// failure is a reported leak by design) before one `_into` and one allocating call: each call
+/// either succeeds with the right values or fails writing nothing; the operator's two calls and
+/// aclCreateTensor do fail.
+#[cfg(feature = "mock")]
+pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
+    use ascend::mock::{clear_faults, fail_next_on_this_thread};
+    use ascend::sys::symbols::{ASCENDCL_SYMBOLS, NNOPBASE_SYMBOLS};
+    let skip = ["Destroy", "Free", "Finalize", "Reset", "GetRecentErrMsg"];
+    let phase1 = format!("{}GetWorkspaceSize", F::ACLNN);
+    let apis: Vec<&str> = ASCENDCL_SYMBOLS
+        .iter()
+        .chain(NNOPBASE_SYMBOLS)
+        .copied()
+        .chain([phase1.as_str(), F::ACLNN])
+        .filter(|a| !skip.iter().any(|k| a.contains(k)))
+        .collect();
+    let s = ctx.new_stream()?;
+    let case = F::small(122);
+    let mut up = case.upload(&s)?;
+    let mut failed = Vec::new();
+    for api in apis {
+        let mut out = case.outputs(&s)?;
+        let before = written::<F>(&s, &up, &out);
+        fail_next_on_this_thread(api, 507899);
+        let r = case.run_into(&mut up, &s, &mut out);
+        clear_faults();
+        match r {
+            Ok(()) => case.check(ctx, &s, api, &out),
+            Err(e) => {
+                failed.push(api);
+                assert_eq!(written::<F>(&s, &up, &out), before, "{api}: failed ({e}) but wrote");
+            }
+        }
+        fail_next_on_this_thread(api, 507899);
+        let r = case.run(&mut up, &s);
+        clear_faults();
+        if let Ok(res) = r {
+            case.check_res(ctx, &s, api, &res);
+        }
+    }
+    for api in ["aclCreateTensor", phase1.as_str(), F::ACLNN] {
+        assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
+    }
+    Ok(())
+}
+
+/// Instantiates the framework tests for one operator: `framework_tests!(Case)`, where `Case`
+/// (in scope at the invocation) implements [`Framework`]. Expands into `framework::cpu::*` and,
+/// with the mock feature, `framework::mock::*` (each run inside `common::mock::isolated`).
+#[allow(unused_macros)]
+macro_rules! framework_tests {
+    ($case:ty) => {
+        mod framework {
+            #[allow(unused_imports)]
+            use super::*;
+            type Op = $case;
+            mod cpu {
+                use crate::common::framework as f;
+                #[test]
+                fn two_phase() {
+                    f::two_phase::<super::Op>(&ascend::Context::cpu()).unwrap();
+                }
+                #[test]
+                fn prepared_dropped_unlaunched() {
+                    f::prepared_dropped_unlaunched::<super::Op>(&ascend::Context::cpu()).unwrap();
+                }
+                #[test]
+                fn arguments_dropped_right_after_the_launch() {
+                    f::arguments_dropped_right_after_the_launch::<super::Op>(&ascend::Context::cpu()).unwrap();
+                }
+            }
+            #[cfg(feature = "mock")]
+            mod mock {
+                use crate::common::framework as f;
+                use crate::common::mock::isolated;
+                #[test]
+                fn two_phase() {
+                    isolated(f::two_phase::<super::Op>).unwrap();
+                }
+                #[test]
+                fn prepared_dropped_unlaunched() {
+                    isolated(f::prepared_dropped_unlaunched::<super::Op>).unwrap();
+                }
+                #[test]
+                fn arguments_dropped_right_after_the_launch() {
+                    isolated(f::arguments_dropped_right_after_the_launch::<super::Op>).unwrap();
+                }
+                #[test]
+                fn faults_at_each_cann_call() {
+                    isolated(f::faults_at_each_cann_call::<super::Op>).unwrap();
+                }
+                #[test]
+                fn a_fault_at_any_cann_call() {
+                    isolated(f::a_fault_at_any_cann_call::<super::Op>).unwrap();
+                }
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use framework_tests;
