@@ -102,6 +102,12 @@ pub struct MockStats {
     pub host_mallocs: u64,
     /// `aclrtMallocHost` blocks not yet freed with `aclrtFreeHost`.
     pub live_host_allocations: u64,
+    /// Total `HcclAllReduce` calls that queued a collective (the mock's `libhccl.so`).
+    pub all_reduces: u64,
+    /// Total `HcclAllGather` calls that queued a collective.
+    pub all_gathers: u64,
+    /// Total `HcclBroadcast` calls that queued a collective.
+    pub broadcasts: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -135,6 +141,9 @@ struct RawStats {
     blocking_copies: u64,
     host_mallocs: u64,
     live_host_allocations: u64,
+    all_reduces: u64,
+    all_gathers: u64,
+    broadcasts: u64,
 }
 
 struct Api {
@@ -208,6 +217,9 @@ pub fn stats() -> MockStats {
         blocking_copies: raw.blocking_copies,
         host_mallocs: raw.host_mallocs,
         live_host_allocations: raw.live_host_allocations,
+        all_reduces: raw.all_reduces,
+        all_gathers: raw.all_gathers,
+        broadcasts: raw.broadcasts,
     }
 }
 

@@ -428,6 +428,8 @@ fn steady_sync_batch_norm_step_waits_for_nothing_and_allocates_nothing() {
                     [0; 7],
                     "syncs (stream, event, device), aclrtMalloc, aclrtFree, blocking copies, aclrtMallocHost"
                 );
+                // Four steps of two ranks: one all-gather and one all-reduce per rank and step.
+                assert_eq!((d(|s| s.all_gathers), d(|s| s.all_reduces), d(|s| s.broadcasts)), (8, 8, 0));
                 for ctx in ctxs {
                     let m = ctx.memory_stats();
                     assert!(m.reserved as f64 <= 1.5 * m.peak_allocated as f64, "reserved within 1.5x the peak: {m:?}");
