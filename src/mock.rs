@@ -14,6 +14,11 @@
 //! [`stats`] (and [`violations_since`] for the messages). What a skipped task should have written
 //! is poisoned (see [`MockStats::poisoned_bytes`]): reading it is an error, never stale bytes.
 //!
+//! As on hardware, `aclrtFree` waits for the work queued on every stream of the allocation's
+//! device before the memory goes (the device-wide stall that keeps `aclrtFree` out of steady
+//! loops); a premature free, one that queued work still uses, is a violation and does not wait:
+//! the tasks that use the memory are skipped and poison what they should have written.
+//!
 //! The functions here read the mock's process-wide state through extra C functions of its
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
 //! CANN bindings, hence the same instance.

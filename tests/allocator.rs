@@ -270,7 +270,8 @@ fn allocation_failure_returns_the_cache_and_retries_once() {
 
 /// With `ASCEND_NO_MEMORY_CACHING=1` (read when the context is made) every dropped block is
 /// freed (`aclrtFree`) once the work that used it has completed, never before (the mock's
-/// use-after-free check sees each free) and without a host wait at the drop.
+/// use-after-free check sees each free) and without a host wait at the drop; and the mock's
+/// `aclrtFree` itself waits for the device's queued work, as on hardware.
 #[test]
 fn caching_off_frees_after_the_work_and_never_waits() {
     let _g = lock();
@@ -292,10 +293,14 @@ fn caching_off_frees_after_the_work_and_never_waits() {
         let out = grad_bias(&s, &dy)?;
         let b = stats();
         drop(dy); // used by queued work: freed only after it
+        assert!(ascend::mock::live_events_and_queued_tasks().1 > 0, "the work is queued");
         drop(t); // never used by a stream: freed at once
         let a = stats();
         assert_eq!(a.device_frees - b.device_frees, 1, "the unused block at once, dy later");
         assert_eq!(a.stream_synchronizes, b.stream_synchronizes, "no wait at drop");
+        // The mock's aclrtFree waits for every stream of its device, as on hardware: freeing t
+        // ran the queued work (the stall every aclrtFree may be, kept out of steady loops).
+        assert_eq!(ascend::mock::live_events_and_queued_tasks().1, 0, "aclrtFree waited for the device");
         assert_sums(&s, &out, &data, c)?; // synchronises: dy's work has run
         drop(out);
         drop(s); // and its workspace

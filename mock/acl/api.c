@@ -293,8 +293,29 @@ aclError aclrtFree(void *devPtr) {
                     }
                 }
             }
-            g_device_frees++;
-            alloc_remove(a);
+            if (!reported) {
+                /* As on hardware (aclrtFree synchronizes the device, docs/cann/API.md): a free that
+                 * no queued task depends on waits for the work queued on every stream of the
+                 * allocation's device. A premature free (reported above) keeps the strict model
+                 * instead: no wait, and the tasks that use the memory are skipped and poison what
+                 * they should have written. A task failing here poisons its writes as in any drain. */
+                int dev = a->device;
+                uint64_t id = a->id;
+                for (stream *s = g_streams; s; s = s->next) {
+                    if (s->device == dev) {
+                        drain(s, NULL, 0);
+                    }
+                }
+                a = alloc_at(p); /* g_lock may have been released while a task waited for its peers */
+                if (!a || a->id != id) {
+                    r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                                "%p was freed by another thread while this aclrtFree waited for the device", devPtr);
+                }
+            }
+            if (!r) {
+                g_device_frees++;
+                alloc_remove(a);
+            }
         }
     }
     ascend_mock_unlock();
