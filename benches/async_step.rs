@@ -2,8 +2,8 @@
 //!
 //! Prints, per rank and step of one SyncBatchNorm layer (`forward` + `backward`, `[4, 64, 8, 8]`
 //! f32 per rank, 2 ranks as threads, allocating API, temporaries dropped each step): the
-//! synchronises of each kind, `aclrtMalloc` / `aclrtFree`, blocking copies and pinned host
-//! allocations counted by the mock; then the same counts for a steady loop of one operator
+//! synchronises of each kind, `aclrtMalloc` / `aclrtFree`, blocking copies, pinned host
+//! allocations and collectives counted by the mock; then the same counts for a steady loop of one operator
 //! through `_into` and through the allocating API; and reserved / peak device memory.
 //! Counts are process-wide in the mock, so the ranks' steps are fenced by barriers and the
 //! totals divided by ranks × steps. Run: `cargo bench --features mock --bench async_step`.
@@ -98,7 +98,17 @@ fn main() -> ascend::Result<()> {
     let snaps = snapshots.into_inner().unwrap();
     println!("per rank and steady step ({RANKS} ranks as threads, {STEPS} steps, {SHAPE:?} f32):");
     print_counts("SyncBatchNorm forward + backward", &snaps[0], &snaps[1], RANKS as u64 * STEPS);
-    println!("(collectives per step by construction of sync_batch_norm: see its source; the mock does not count them)");
+    let per = (RANKS as u64 * STEPS) as f64;
+    println!(
+        "{:<44} all-gathers {:>5.2}  all-reduces {:>5.2}  broadcasts {:>5.2}",
+        "  collectives (counted by the mock's HCCL)",
+        (snaps[1].all_gathers - snaps[0].all_gathers) as f64 / per,
+        (snaps[1].all_reduces - snaps[0].all_reduces) as f64 / per,
+        (snaps[1].broadcasts - snaps[0].broadcasts) as f64 / per,
+    );
+    for (r, ctx) in ctxs.iter().enumerate() {
+        print_memory(&format!("rank {r} after the steady steps"), ctx);
+    }
 
     // One operator in a steady loop on device 0: `_into` and allocating.
     let ctx = &ctxs[0];
@@ -139,13 +149,17 @@ fn main() -> ascend::Result<()> {
     let b = stats();
     print_counts("batch_norm_reduce_backward (allocating) loop", &a, &b, STEPS);
     s.synchronize()?;
+    print_memory("device 0 after the operator loops", ctx);
+    Ok(())
+}
+
+fn print_memory(what: &str, ctx: &Context) {
     let m = ctx.memory_stats();
     println!(
-        "device 0 memory: reserved {} B, peak allocated {} B, reserved / peak = {:.2}, aclrtMalloc calls {}",
+        "{what}: reserved {} B, peak allocated {} B, reserved / peak = {:.2}, aclrtMalloc calls {}",
         m.reserved,
         m.peak_allocated,
         m.reserved as f64 / m.peak_allocated.max(1) as f64,
         m.device_allocations
     );
-    Ok(())
 }

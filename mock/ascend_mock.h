@@ -21,7 +21,7 @@ extern "C" {
 #define ASCEND_MOCK_GARBAGE_BYTE 0xA5
 
 /* Process-wide counters. The live_* fields count objects alive now; device_mallocs and violations
- * are totals since the library was loaded. The layout is fixed (seventeen uint64_t; fields are
+ * are totals since the library was loaded. The layout is fixed (twenty uint64_t; fields are
  * only ever appended). */
 typedef struct ascend_mock_stats {
     uint64_t live_allocations; /* aclrtMalloc blocks not yet freed */
@@ -42,6 +42,9 @@ typedef struct ascend_mock_stats {
     uint64_t blocking_copies;     /* total aclrtMemcpy (host-blocking) calls that passed their checks */
     uint64_t host_mallocs;        /* total successful aclrtMallocHost calls */
     uint64_t live_host_allocations; /* aclrtMallocHost blocks not yet freed */
+    uint64_t all_reduces;           /* total HcclAllReduce calls that queued a collective */
+    uint64_t all_gathers;           /* total HcclAllGather calls that queued a collective */
+    uint64_t broadcasts;            /* total HcclBroadcast calls that queued a collective */
 } ascend_mock_stats;
 
 /* Fills *out with the current counters. */

@@ -152,6 +152,9 @@ void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream stream, co
 
 /* Live HCCL communicators (kept by libhccl.so, reported in ascend_mock_stats.live_comms). */
 void ascend_mock_count_comms_locked(int delta);
+/* Counts one collective queued by libhccl.so: kind 1 all-reduce, 2 all-gather, 3 broadcast
+ * (ascend_mock_stats). */
+void ascend_mock_count_collective_locked(int kind);
 
 /* Stores NULL in *out unless out is NULL (the out handle of a call that failed). */
 static inline void ascend_mock_null_out(void **out) {

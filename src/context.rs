@@ -21,14 +21,23 @@ pub const BACKEND_ENV: &str = "ASCEND_BACKEND";
 
 /// Device memory of a [`Context`] ([`Context::memory_stats`]): bytes and counts.
 ///
-/// Memory is returned to the device (`aclrtFree`) when the last value using it is dropped and
-/// its streams have finished; nothing is cached yet, so `reserved` equals `allocated`. On the
-/// CPU backend every field is 0 (tensors are host memory).
+/// Device memory comes from a stream-ordered caching allocator (see the README, "Memory model"):
+/// a dropped tensor's block stays reserved in the cache for later allocations, and goes back to
+/// the device (`aclrtFree`) only at [`Context::empty_cache`], when an allocation fails (the cache
+/// is emptied and the allocation retried once) or when the context's last clone, stream and
+/// tensor are gone. `allocated` counts the bytes asked for, `reserved` the blocks (requests are
+/// rounded up to multiples of 512 bytes, and above 1 MiB to one of four sizes per power of two),
+/// so `reserved - allocated` is the cache plus rounding. With the environment variable
+/// `ASCEND_NO_MEMORY_CACHING=1` (read when the context is made) nothing is cached or rounded: a
+/// dropped tensor's memory is freed once the work that used it has completed, and `reserved`
+/// exceeds `allocated` only by memory waiting for that. On the CPU backend every field is 0
+/// (tensors are host memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryStats {
-    /// Bytes of device memory held by live tensors, workspaces and buffers now.
+    /// Bytes of device memory held by live tensors, workspaces and buffers now (as asked for).
     pub allocated: usize,
-    /// Bytes of device memory this context holds from the runtime now (allocated plus cached).
+    /// Bytes of device memory this context holds from the runtime now (allocated plus cached,
+    /// or waiting to be freed).
     pub reserved: usize,
     /// The largest `allocated` seen since the context was made.
     pub peak_allocated: usize,
@@ -169,24 +178,30 @@ impl Context {
         match &self.kind {
             ContextKind::Cpu => MemoryStats::default(),
             ContextKind::Ascend(d) => {
-                use std::sync::atomic::Ordering::Relaxed;
-                let allocated = d.memory.allocated.load(Relaxed);
+                let m = d.memory.stats();
                 MemoryStats {
-                    allocated,
-                    reserved: allocated,
-                    peak_allocated: d.memory.peak_allocated.load(Relaxed),
-                    device_allocations: d.memory.device_allocations.load(Relaxed),
+                    allocated: m.allocated,
+                    reserved: m.reserved,
+                    peak_allocated: m.peak_allocated,
+                    device_allocations: m.device_allocations,
                 }
             }
         }
     }
 
-    /// Returns cached device memory to the runtime. Nothing is cached yet (memory is freed when
-    /// its last user drops), so this only checks the context; a no-op on the CPU backend.
+    /// Returns the cached device memory of this context to the runtime (`aclrtFree`): blocks
+    /// of dropped tensors that the caching allocator keeps for reuse. It waits on the host for
+    /// the work that last used them (`aclrtSynchronizeEvent` on their events), so call it
+    /// outside a steady loop. Tensors alive now keep their memory. A block whose wait or
+    /// `aclrtFree` fails stays cached, and the first such error is returned. A no-op on the CPU
+    /// backend.
     pub fn empty_cache(&self) -> Result<()> {
         match &self.kind {
             ContextKind::Cpu => Ok(()),
-            ContextKind::Ascend(d) => d.bind(),
+            ContextKind::Ascend(d) => {
+                d.bind()?;
+                d.memory.empty_cache(d.cann)
+            }
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ascend_sys::aclrtMemcpyKind;
 
 use crate::context::{Context, ContextKind};
-use crate::device::{enqueue_using, report, report_drop_error, Device, EventInner, StreamInner};
+use crate::device::{enqueue_using, report, report_drop_error, Device, StreamInner};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -154,7 +154,7 @@ impl<T: Element> Drop for HostBuffer<T> {
         };
         let mut events = Vec::with_capacity(users.len());
         for s in &users {
-            let recorded = EventInner::new(device.clone()).and_then(|e| s.record(&e).map(|()| e));
+            let recorded = device.bind().and_then(|()| device.memory.record(device.cann, s));
             match recorded {
                 Ok(e) => events.push(e),
                 Err(_) => {
@@ -204,8 +204,8 @@ fn pinned_stream<'s, T: Element>(stream: &'s Stream, h: &HostBuffer<T>) -> Resul
 impl Tensor {
     /// Copies `h` into this tensor, asynchronously on `stream` (`aclrtMemcpyAsync` host →
     /// device; a plain copy on the CPU backend). The tensor must be contiguous, of `T`'s dtype
-    /// and `h.len()` elements. `h` is recorded on the stream: reading or dropping it waits for
-    /// the copy.
+    /// and `h.len()` elements. `h` is recorded on the stream: reading it waits for the copy,
+    /// dropping it frees the pinned memory only after the copy (without waiting).
     pub fn copy_from_host_async<T: Element>(&mut self, stream: &Stream, h: &HostBuffer<T>) -> Result<()> {
         self.check_stream(stream, "tensor")?;
         contiguous_target::<T>(self, h.len, "host")?;
@@ -217,8 +217,8 @@ impl Tensor {
 
     /// Copies this tensor into `h`, asynchronously on `stream` (`aclrtMemcpyAsync` device →
     /// host; a plain copy on the CPU backend). The tensor must be contiguous, of `T`'s dtype and
-    /// `h.len()` elements. `h` is recorded on the stream: reading or dropping it waits for the
-    /// copy.
+    /// `h.len()` elements. `h` is recorded on the stream: reading it waits for the copy,
+    /// dropping it frees the pinned memory only after the copy (without waiting).
     pub fn copy_to_host_async<T: Element>(&self, stream: &Stream, h: &mut HostBuffer<T>) -> Result<()> {
         self.check_stream(stream, "tensor")?;
         contiguous_target::<T>(self, h.len, "host")?;

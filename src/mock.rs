@@ -14,6 +14,11 @@
 //! [`stats`] (and [`violations_since`] for the messages). What a skipped task should have written
 //! is poisoned (see [`MockStats::poisoned_bytes`]): reading it is an error, never stale bytes.
 //!
+//! As on hardware, `aclrtFree` waits for the work queued on every stream of the allocation's
+//! device before the memory goes (the device-wide stall that keeps `aclrtFree` out of steady
+//! loops); a premature free, one that queued work still uses, is a violation and does not wait:
+//! the tasks that use the memory are skipped and poison what they should have written.
+//!
 //! The functions here read the mock's process-wide state through extra C functions of its
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
 //! CANN bindings, hence the same instance.
@@ -102,6 +107,12 @@ pub struct MockStats {
     pub host_mallocs: u64,
     /// `aclrtMallocHost` blocks not yet freed with `aclrtFreeHost`.
     pub live_host_allocations: u64,
+    /// Total `HcclAllReduce` calls that queued a collective (the mock's `libhccl.so`).
+    pub all_reduces: u64,
+    /// Total `HcclAllGather` calls that queued a collective.
+    pub all_gathers: u64,
+    /// Total `HcclBroadcast` calls that queued a collective.
+    pub broadcasts: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -135,6 +146,9 @@ struct RawStats {
     blocking_copies: u64,
     host_mallocs: u64,
     live_host_allocations: u64,
+    all_reduces: u64,
+    all_gathers: u64,
+    broadcasts: u64,
 }
 
 struct Api {
@@ -208,6 +222,9 @@ pub fn stats() -> MockStats {
         blocking_copies: raw.blocking_copies,
         host_mallocs: raw.host_mallocs,
         live_host_allocations: raw.live_host_allocations,
+        all_reduces: raw.all_reduces,
+        all_gathers: raw.all_gathers,
+        broadcasts: raw.broadcasts,
     }
 }
 

@@ -2,26 +2,29 @@
 //! collectives of a [`Communicator`] in the order torch's `SyncBatchNorm` does.
 //!
 //! Forward (per rank, local input of shape `(N_r, C, ...)`):
-//! 1. `batch_norm_stats`: the local mean and invstd per channel (for bf16 input, which
-//!    `aclnnBatchNormStats` rejects on Atlas A2/A3, two `batch_norm_reduce_backward` passes give
-//!    Σx and Σx·(x − mean) instead, and the host turns them into mean and invstd: one more
-//!    synchronisation; two-pass statistics on the CPU, while CANN's reduction kernel sums
-//!    Σx² − mean·Σx in f32, which loses accuracy when |mean| ≫ std);
-//! 2. all-gather of the local mean, invstd and element count per channel (`N_r·H·W...`) from
-//!    every rank (three collectives: this crate has no device-side concatenation);
-//! 3. ranks with no elements are left out (their statistics are NaN: this reads the W counts
-//!    back to the host, one synchronisation, as torch does);
-//! 4. `batch_norm_gather_stats_with_counts`: the global mean and invstd, and the running
-//!    statistics updated in place;
-//! 5. `batch_norm_elemt`: the normalised output.
+//! 1. this rank's `[mean | invstd | count]` (`[2C + 1]` f32) in one buffer: `batch_norm_stats_into`
+//!    on views of it, and the element count per channel (`N_r·H·W...`) uploaded through the
+//!    stream's pinned staging area (no host wait). For bf16 input, which `aclnnBatchNormStats`
+//!    rejects on Atlas A2/A3, two `batch_norm_reduce_backward` passes give Σx and Σx·(x − mean)
+//!    instead, and the host turns them into mean and invstd (host reads: two-pass statistics on
+//!    the CPU, while CANN's reduction kernel sums Σx² − mean·Σx in f32, which loses accuracy when
+//!    |mean| ≫ std). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
+//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2), so no rank reads the counts;
+//! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
+//! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
+//!    invstd, and the running statistics updated in place;
+//! 4. `batch_norm_elemt`: the normalised output.
 //!
 //! Backward:
-//! 1. `batch_norm_reduce_backward`: the local Σdy and Σdy·(x − mean), and this rank's share of
-//!    the weight and bias gradients;
-//! 2. all-reduce (sum) of Σdy and Σdy·(x − mean) (run even when the local input is empty, so the
-//!    other ranks are not left waiting);
+//! 1. `batch_norm_reduce_backward_into`: the local Σdy and Σdy·(x − mean) into the two halves of
+//!    one `[2C]` buffer, and this rank's share of the weight and bias gradients;
+//! 2. one all-reduce (sum) of that buffer (run even when the local input is empty, so the other
+//!    ranks are not left waiting);
 //! 3. `batch_norm_elemt_backward` with the gathered counts: the input gradient, equal (to f32
 //!    accuracy) to BatchNorm's over the whole global batch.
+//!
+//! On Ascend a steady step (f32 or f16 input) makes no host wait and, with the caching
+//! allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and one all-reduce.
 //!
 //! Both validate every argument first, with the rules of the operators they chain, before the
 //! first collective and the first write: a bad argument fails on its own rank before any peer
@@ -34,13 +37,13 @@
 use crate::error::{Error, Result};
 use crate::hccl::{Communicator, ReduceOp};
 use crate::ops::validate::Meta;
-use crate::ops::{self, checks, OutputMask};
+use crate::ops::{self, checks, OutputMask, ReduceBackwardOut};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 use crate::DType;
 
 /// What [`forward`] keeps for [`backward`]: the input (borrowed), the global mean and invstd,
-/// and the per-rank element counts of the ranks that had elements.
+/// and the per-rank element counts (a view of the gathered rows; 0 for an empty rank).
 #[derive(Debug)]
 pub struct Saved<'a> {
     input: &'a Tensor,
@@ -90,28 +93,14 @@ pub fn forward<'a>(
     }
     let world = comm.size() as usize;
     validate_forward(s, input, c, world, weight, bias, running_mean.as_deref(), running_var.as_deref(), momentum, eps)?;
-    let (mean, invstd) = local_stats(s, input, c, eps)?;
-    let mut mean_all = Tensor::zeros(s, DType::F32, &[world, c])?;
-    let mut invstd_all = Tensor::zeros(s, DType::F32, &[world, c])?;
-    comm.all_gather(s, &mean, &mut mean_all)?;
-    comm.all_gather(s, &invstd, &mut invstd_all)?;
-    let count = Tensor::from_slice(s, &[per_channel as f32], &[1])?;
-    let mut counts = Tensor::zeros(s, DType::F32, &[world])?;
-    comm.all_gather(s, &count, &mut counts)?;
-    // Ranks without elements have NaN statistics: leave them out (a host read of W counts).
-    let host_counts: Vec<f32> = counts.to_vec(s)?;
-    if host_counts.iter().any(|&n| n < 1.0) {
-        let keep: Vec<usize> = (0..world).filter(|&r| host_counts[r] >= 1.0).collect();
-        let pick = |t: &Tensor| -> Result<Tensor> {
-            let v: Vec<f32> = t.to_vec(s)?;
-            let rows: Vec<f32> = keep.iter().flat_map(|&r| v[r * c..(r + 1) * c].iter().copied()).collect();
-            Tensor::from_slice(s, &rows, &[keep.len(), c])
-        };
-        mean_all = pick(&mean_all)?;
-        invstd_all = pick(&invstd_all)?;
-        let kept: Vec<f32> = keep.iter().map(|&r| host_counts[r]).collect();
-        counts = Tensor::from_slice(s, &kept, &[keep.len()])?;
-    }
+    // One all-gather of every rank's [mean | invstd | count] (as torch does), read back as views.
+    let row = 2 * c + 1;
+    let packed = local_packed(s, input, c, per_channel, eps)?;
+    let mut gathered = Tensor::alloc(s, DType::F32, &[world * row], false)?;
+    comm.all_gather(s, &packed, &mut gathered)?;
+    let mean_all = gathered.view(&[world, c], &[row, 1], 0)?;
+    let invstd_all = gathered.view(&[world, c], &[row, 1], c)?;
+    let counts = gathered.view(&[world], &[row], 2 * c)?;
     let (mean, invstd) = ops::batch_norm_gather_stats_with_counts(
         s,
         input,
@@ -127,10 +116,40 @@ pub fn forward<'a>(
     Ok((out, Saved { input, mean, invstd, counts }))
 }
 
+/// This rank's `[mean | invstd | count]` (`[2C + 1]` f32), written on the stream without a host
+/// read: the statistics by `batch_norm_stats_into` on views of the buffer, the count through the
+/// stream's staging area. A rank without elements contributes count 0 with the finite statistics
+/// mean 0, invstd 1, which the gather weights to nothing (docs/cann/SYNCBN.md 3.2).
+fn local_packed(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Result<Tensor> {
+    let host_packed = |mean: &[f32], invstd: &[f32]| -> Result<Tensor> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(2 * c + 1).map_err(|_| Error::HostAlloc { bytes: (2 * c + 1) * 4 })?;
+        v.extend_from_slice(mean);
+        v.extend_from_slice(invstd);
+        v.push(n as f32);
+        Tensor::from_slice(s, &v, &[2 * c + 1])
+    };
+    if n == 0 {
+        return host_packed(&vec![0.0; c], &vec![1.0; c]);
+    }
+    if input.dtype() == DType::BF16 {
+        let (mean, invstd) = bf16_stats(s, input, c, n, eps)?;
+        return host_packed(&mean, &invstd);
+    }
+    let mut packed = Tensor::alloc(s, DType::F32, &[2 * c + 1], false)?;
+    let mut mean = packed.view(&[c], &[1], 0)?;
+    let mut invstd = packed.view(&[c], &[1], c)?;
+    ops::batch_norm_stats_into(s, input, eps, &mut mean, &mut invstd)?;
+    packed.absorb(&mean)?;
+    packed.absorb(&invstd)?;
+    packed.stage(s, 2 * c, &[n as f32])?;
+    Ok(packed)
+}
+
 /// A `[C]` f32 stand-in for a statistic `forward`/`backward` computes (a zero-stride view of one
-/// element: what the operators' checks look at is its dtype and shape).
+/// element, staged: what the operators' checks look at is its dtype and shape).
 fn per_channel_stand_in(s: &Stream, c: usize) -> Result<Tensor> {
-    Tensor::from_slice_strided(s, &[0f32], &[c], &[0], 0)
+    Tensor::staged(s, &[0f32], &[c], &[0], 0)
 }
 
 /// Every check the operators of [`forward`] make, before any of them runs: `input` as
@@ -169,13 +188,9 @@ fn validate_forward(
     )
 }
 
-/// The local mean and invstd (`[C]` f32) of `input`: `batch_norm_stats`, or for bf16 (which it
-/// rejects on Atlas A2/A3) two reduction passes and a host computation.
-fn local_stats(s: &Stream, input: &Tensor, c: usize, eps: f64) -> Result<(Tensor, Tensor)> {
-    if input.dtype() != DType::BF16 {
-        return ops::batch_norm_stats(s, input, eps);
-    }
-    let n = input.numel() / c;
+/// The local mean and invstd of a bf16 `input` with `n` > 0 elements per channel, which
+/// `aclnnBatchNormStats` rejects on Atlas A2/A3: two reduction passes and a host computation.
+fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Result<(Vec<f32>, Vec<f32>)> {
     let zeros = Tensor::zeros(s, DType::F32, &[c])?;
     let sums = |mean: &Tensor| -> Result<Vec<f64>> {
         let mask = OutputMask { input_g: true, weight_g: false, bias_g: false };
@@ -192,10 +207,6 @@ fn local_stats(s: &Stream, input: &Tensor, c: usize, eps: f64) -> Result<(Tensor
         Some(t) => t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect(),
         None => return Err(Error::invalid("input", "no channel")),
     };
-    if n == 0 {
-        let nan = vec![f32::NAN; c];
-        return Ok((Tensor::zeros(s, DType::F32, &[c])?, Tensor::from_slice(s, &nan, &[c])?));
-    }
     let mean: Vec<f32> = sum.iter().map(|&v| (v / n as f64) as f32).collect();
     let mean_t = Tensor::from_slice(s, &mean, &[c])?;
     // Σ x·(x − m) = Σ (x − m)² + m·(Σx − n·m): the second term is the rounding of m, removed here.
@@ -207,7 +218,7 @@ fn local_stats(s: &Stream, input: &Tensor, c: usize, eps: f64) -> Result<(Tensor
             (1.0 / (var.max(0.0) + eps).sqrt()) as f32
         })
         .collect();
-    Ok((mean_t, Tensor::from_slice(s, &invstd, &[c])?))
+    Ok((mean, invstd))
 }
 
 /// SyncBatchNorm's backward pass on this rank (see the [module](self) docs): the gradients of
@@ -237,26 +248,48 @@ pub fn backward(
             &saved.counts,
         )?;
     }
-    let r = ops::batch_norm_reduce_backward(s, grad_out, saved.input, &saved.mean, &saved.invstd, weight, mask)?;
-    let grad_input = if mask.input_g {
-        let (Some(mut sum_dy), Some(mut sum_dy_xmu)) = (r.sum_dy, r.sum_dy_xmu) else {
-            return Err(Error::invalid("mask", "input_g computes sumDy and sumDyXmu"));
-        };
-        comm.all_reduce(s, &mut sum_dy, ReduceOp::Sum)?;
-        comm.all_reduce(s, &mut sum_dy_xmu, ReduceOp::Sum)?;
-        Some(ops::batch_norm_elemt_backward(
-            s,
-            grad_out,
-            saved.input,
-            &saved.mean,
-            &saved.invstd,
-            weight,
-            &sum_dy,
-            &sum_dy_xmu,
-            &saved.counts,
-        )?)
-    } else {
-        None
-    };
-    Ok((grad_input, r.grad_weight, r.grad_bias))
+    if !mask.input_g {
+        let r = ops::batch_norm_reduce_backward(s, grad_out, saved.input, &saved.mean, &saved.invstd, weight, mask)?;
+        return Ok((None, r.grad_weight, r.grad_bias));
+    }
+    // [sumDy | sumDyXmu] in one buffer, written through views, reduced by one all-reduce.
+    let c = saved.mean.numel();
+    let dtype =
+        if saved.input.dtype() == DType::F16 && saved.mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+    let mut sums = Tensor::alloc(s, dtype, &[2 * c], false)?;
+    let (mut sum_dy, mut sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
+    let per_channel = |on: bool| on.then(|| Tensor::alloc(s, dtype, &[c], false)).transpose();
+    let (mut grad_weight, mut grad_bias) = (per_channel(mask.weight_g)?, per_channel(mask.bias_g)?);
+    ops::batch_norm_reduce_backward_into(
+        s,
+        grad_out,
+        saved.input,
+        &saved.mean,
+        &saved.invstd,
+        weight,
+        mask,
+        ReduceBackwardOut {
+            sum_dy: Some(&mut sum_dy),
+            sum_dy_xmu: Some(&mut sum_dy_xmu),
+            grad_weight: grad_weight.as_mut(),
+            grad_bias: grad_bias.as_mut(),
+        },
+    )?;
+    sums.absorb(&sum_dy)?;
+    sums.absorb(&sum_dy_xmu)?;
+    comm.all_reduce(s, &mut sums, ReduceOp::Sum)?;
+    // Views taken after the all-reduce (on the CPU a view holds a copy).
+    let (sum_dy, sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
+    let grad_input = ops::batch_norm_elemt_backward(
+        s,
+        grad_out,
+        saved.input,
+        &saved.mean,
+        &saved.invstd,
+        weight,
+        &sum_dy,
+        &sum_dy_xmu,
+        &saved.counts,
+    )?;
+    Ok((Some(grad_input), grad_weight, grad_bias))
 }

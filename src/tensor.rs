@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::context::ContextKind;
 use crate::cpu::{View, ViewMut};
-use crate::device::{Device, DeviceBuffer};
+use crate::device::{Device, DeviceBuffer, STAGING_MAX};
 use crate::dtype::{bf16, f16, DType, Element, SliceMut, SliceRef};
 use crate::error::{Error, Result};
 use crate::layout;
@@ -93,7 +93,8 @@ pub(crate) enum Storage {
 }
 
 pub(crate) struct DeviceStorage {
-    pub(crate) buffer: DeviceBuffer,
+    /// Shared by the views of one buffer the crate makes internally ([`Tensor::view`]).
+    pub(crate) buffer: Arc<DeviceBuffer>,
 }
 
 impl std::fmt::Debug for DeviceStorage {
@@ -109,8 +110,9 @@ impl std::fmt::Debug for DeviceStorage {
 /// the CPU backend, device memory (`aclrtMalloc`) on Ascend. Shapes, strides and offsets count
 /// elements. `Send + Sync`.
 ///
-/// Device memory is freed only after every stream that enqueued work on it has finished, so a
-/// tensor may be dropped right after a launch.
+/// Device memory comes from the context's stream-ordered caching allocator and goes back to it
+/// only after every stream that enqueued work on it has passed that work (events, no host wait),
+/// so a tensor may be dropped right after a launch.
 #[derive(Debug)]
 pub struct Tensor {
     dtype: DType,
@@ -122,8 +124,9 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A contiguous (row-major) tensor of `shape` holding a copy of `data`
-    /// (`aclrtMalloc` + `aclrtMemcpy` on Ascend).
+    /// A contiguous (row-major) tensor of `shape` holding a copy of `data` (on Ascend: memory no
+    /// queued work uses, and the blocking `aclrtMemcpy`, so the data is on the device when this
+    /// returns).
     pub fn from_slice<T: Element>(stream: &Stream, data: &[T], shape: &[usize]) -> Result<Tensor> {
         let n = layout::numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize")))?;
         if n != data.len() {
@@ -144,20 +147,11 @@ impl Tensor {
         strides: &[usize],
         offset: usize,
     ) -> Result<Tensor> {
-        layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
-        let host = HostData::from_slice(storage)?;
-        let storage = Self::place(stream, host)?;
-        Ok(Tensor {
-            dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-            storage_len: storage_len_of(&storage, T::DTYPE),
-            storage,
-        })
+        Self::uploaded(stream, storage, shape, strides, offset, false)
     }
 
-    /// A contiguous tensor of zeros (`aclrtMalloc` + `aclrtMemset` on Ascend).
+    /// A contiguous tensor of zeros (on Ascend: memory no queued work uses, and the
+    /// host-synchronous `aclrtMemset`).
     pub fn zeros(stream: &Stream, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         Self::alloc(stream, dtype, shape, true)
     }
@@ -173,14 +167,19 @@ impl Tensor {
             .ok_or_else(|| Error::invalid("shape", format!("{shape:?} of {dtype} exceeds the addressable size")))?;
         let storage = match stream.ascend() {
             None => Storage::Host(HostData::zeros(dtype, n)?),
-            Some((_, device)) => {
+            Some((_, device)) if zeroed => {
                 let buffer = DeviceBuffer::new(device.clone(), bytes)?;
-                if zeroed && bytes > 0 {
+                if bytes > 0 {
                     device.bind()?;
-                    // SAFETY: a fresh allocation of `bytes` that no work uses yet.
+                    // SAFETY: an idle block of at least `bytes` that no work uses.
                     unsafe { crate::acl::memset(device.cann, buffer.ptr(), 0, bytes)? };
                 }
-                Storage::Device(DeviceStorage { buffer })
+                Storage::Device(DeviceStorage { buffer: Arc::new(buffer) })
+            }
+            // Written first by work on `stream`: its block may come straight from that stream's
+            // cache (stream order makes that safe).
+            Some((inner, _)) => {
+                Storage::Device(DeviceStorage { buffer: Arc::new(DeviceBuffer::on_stream(inner, bytes)?) })
             }
         };
         Ok(Tensor {
@@ -193,18 +192,60 @@ impl Tensor {
         })
     }
 
-    fn place(stream: &Stream, host: HostData) -> Result<Storage> {
+    /// Like [`from_slice_strided`](Self::from_slice_strided), for the small uploads the crate
+    /// makes itself: on Ascend, up to 4 KiB go through the stream's pinned staging area (an
+    /// `aclrtMemcpyAsync` queued on `stream`, no host wait), into memory from the stream's cache.
+    pub(crate) fn staged<T: Element>(
+        stream: &Stream,
+        storage: &[T],
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Tensor> {
+        Self::uploaded(stream, storage, shape, strides, offset, true)
+    }
+
+    /// A strided view over a copy of `storage`: [`from_slice_strided`](Self::from_slice_strided),
+    /// or with `staged` [`staged`](Self::staged).
+    fn uploaded<T: Element>(
+        stream: &Stream,
+        storage: &[T],
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        staged: bool,
+    ) -> Result<Tensor> {
+        layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
+        let host = HostData::from_slice(storage)?;
+        let storage = Self::place(stream, host, staged)?;
+        Ok(Tensor {
+            dtype: T::DTYPE,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            storage_len: storage_len_of(&storage, T::DTYPE),
+            storage,
+        })
+    }
+
+    /// The storage of `host` for `stream`'s backend; with `staged`, small data goes up through
+    /// the stream's staging area.
+    fn place(stream: &Stream, host: HostData, staged: bool) -> Result<Storage> {
         match stream.ascend() {
             None => Ok(Storage::Host(host)),
+            Some((inner, _)) if staged && host.bytes().len() <= STAGING_MAX => {
+                let bytes = host.bytes();
+                let buffer = DeviceBuffer::on_stream(inner, bytes.len())?;
+                inner.upload(&buffer, 0, bytes)?;
+                Ok(Storage::Device(DeviceStorage { buffer: Arc::new(buffer) }))
+            }
             Some((_, device)) => {
                 let bytes = host.bytes();
                 let buffer = DeviceBuffer::new(device.clone(), bytes.len())?;
-                if !bytes.is_empty() {
-                    device.bind()?;
-                    // SAFETY: a fresh allocation of exactly `bytes.len()` that no work uses yet.
-                    unsafe { crate::acl::copy_to_device(device.cann, buffer.ptr(), bytes)? };
-                }
-                Ok(Storage::Device(DeviceStorage { buffer }))
+                device.bind()?;
+                // SAFETY: an idle block of at least `bytes.len()` bytes that no work uses.
+                unsafe { crate::acl::copy_to_device(device.cann, buffer.ptr(), bytes)? };
+                Ok(Storage::Device(DeviceStorage { buffer: Arc::new(buffer) }))
             }
         }
     }
@@ -283,7 +324,7 @@ impl Tensor {
         layout::check_view(shape, strides, offset, storage_len).map_err(|m| Error::invalid("strides", m))?;
         // SAFETY: the caller's guarantee: `storage_bytes` of live device memory of this device at
         // `ptr`, kept until this tensor and its work are gone.
-        let buffer = unsafe { DeviceBuffer::foreign(device.clone(), ptr, storage_len * size) };
+        let buffer = Arc::new(unsafe { DeviceBuffer::foreign(device.clone(), ptr, storage_len * size) });
         Ok(Tensor {
             dtype,
             shape: shape.to_vec(),
@@ -408,6 +449,84 @@ impl Tensor {
         }
     }
 
+    /// Another view (`shape`, `strides`, `offset` in elements) of this tensor's storage: on
+    /// Ascend the same device buffer (recorded on streams as one), on the CPU a copy of the host
+    /// storage. For the crate's own packed buffers (`sync_batch_norm`).
+    pub(crate) fn view(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        layout::check_view(shape, strides, offset, self.storage_len).map_err(|m| Error::invalid("strides", m))?;
+        let storage = match &self.storage {
+            Storage::Device(d) => Storage::Device(DeviceStorage { buffer: d.buffer.clone() }),
+            Storage::Host(h) => Storage::Host(h.clone()),
+        };
+        Ok(Tensor {
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            storage_len: self.storage_len,
+            storage,
+        })
+    }
+
+    /// Takes the elements `view` (made by [`view`](Self::view) of this tensor, then written)
+    /// holds: on the CPU backend, where a view holds a copy of the storage, they are copied back;
+    /// on Ascend the view is this buffer already.
+    pub(crate) fn absorb(&mut self, view: &Tensor) -> Result<()> {
+        fn copy<T: Element>(dst: &mut HostData, src: &HostData, v: &Tensor) -> bool {
+            let mut dst = dst.as_slice_mut();
+            match (T::of_slice_mut(&mut dst), T::of_slice_ref(src.as_slice_ref())) {
+                (Some(d), Some(s)) if d.len() == s.len() => {
+                    layout::for_each_index(&v.shape, &v.strides, v.offset, |i| d[i] = s[i]);
+                    true
+                }
+                _ => false,
+            }
+        }
+        let done = match (&mut self.storage, &view.storage) {
+            (Storage::Device(d), Storage::Device(v)) => Arc::ptr_eq(&d.buffer, &v.buffer),
+            (Storage::Host(d), Storage::Host(h)) => {
+                copy::<f32>(d, h, view)
+                    || copy::<f16>(d, h, view)
+                    || copy::<bf16>(d, h, view)
+                    || copy::<i32>(d, h, view)
+            }
+            _ => false,
+        };
+        if done {
+            Ok(())
+        } else {
+            Err(Error::internal("Tensor::absorb: the view was not made from this tensor"))
+        }
+    }
+
+    /// Writes `data` at element `at` of this tensor's storage (of `T`'s dtype), in `stream`'s
+    /// order: on Ascend an upload through the stream's pinned staging area (no host wait; at
+    /// most 4 KiB), on the CPU a plain write.
+    pub(crate) fn stage<T: Element>(&mut self, stream: &Stream, at: usize, data: &[T]) -> Result<()> {
+        if T::DTYPE != self.dtype || at.checked_add(data.len()).is_none_or(|end| end > self.storage_len) {
+            return Err(Error::internal(format!(
+                "Tensor::stage: {} elements of {} at {at} into a storage of {} {}",
+                data.len(),
+                T::DTYPE,
+                self.storage_len,
+                self.dtype
+            )));
+        }
+        match (&mut self.storage, stream.ascend()) {
+            (Storage::Device(d), Some((inner, _))) => {
+                inner.upload(&d.buffer, at * self.dtype.size_in_bytes(), as_bytes(data))
+            }
+            (Storage::Host(h), None) => match T::of_slice_mut(&mut h.as_slice_mut()) {
+                Some(dst) => {
+                    dst[at..at + data.len()].copy_from_slice(data);
+                    Ok(())
+                }
+                None => Err(Error::internal("Tensor::stage: dtype mismatch")),
+            },
+            _ => Err(stream.mismatch("stream", "Tensor::stage: the tensor lives elsewhere")),
+        }
+    }
+
     /// A zero-copy view of host storage with this tensor's layout.
     pub(crate) fn host_view<'a>(&'a self, h: &'a HostData) -> View<'a> {
         View::from_host(h, &self.shape, &self.strides, self.offset)
@@ -432,7 +551,7 @@ impl Tensor {
     /// The device buffer and its device, or `None` for a host tensor.
     pub(crate) fn device_buffer(&self) -> Option<(&DeviceBuffer, &Arc<Device>)> {
         match &self.storage {
-            Storage::Device(d) => Some((&d.buffer, d.buffer.device())),
+            Storage::Device(d) => Some((&*d.buffer, d.buffer.device())),
             Storage::Host(_) => None,
         }
     }

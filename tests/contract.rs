@@ -102,6 +102,9 @@ fn contract_on_the_mock() {
     let s = ascend::mock::stats();
     let _ = (s.live_allocations, s.live_tensors, s.live_executors, s.live_streams, s.device_mallocs, s.violations);
     assert_eq!(s.violations, before.violations);
+    // With nothing cached (the caching allocator would serve the request from a cached block, or
+    // retry the failed aclrtMalloc after returning the cache), the failure surfaces.
+    ctx.empty_cache().unwrap();
     ascend::mock::fail_next("aclrtMalloc", 207001);
     let stream = ctx.new_stream().unwrap();
     let err = Tensor::zeros(&stream, DType::F32, &[4]).unwrap_err();

@@ -183,6 +183,14 @@ enum Step {
         slot: usize,
         stream: usize,
     },
+    /// (Caching allocator) A stream of the world's shared context of `device`: every such stream
+    /// allocates from one cache, so blocks freed by work on one are reused by the others.
+    SharedStream {
+        slot: usize,
+        device: u8,
+    },
+    /// (Caching allocator) Returns the shared contexts' cached blocks to the device.
+    EmptyCache,
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -259,7 +267,20 @@ fn step() -> impl Strategy<Value = Step> {
     let apis = fault_apis().len();
     prop_oneof![
         8 => base.clone(),
-        1 => (0..apis, base).prop_map(|(api, step)| Step::Fault { api, step: Box::new(step) }),
+        1 => (0..apis, base.clone()).prop_map(|(api, step)| Step::Fault { api, step: Box::new(step) }),
+        2 => cache_step(base),
+    ]
+}
+
+/// The caching allocator's steps: streams sharing a context (and so a cache), `empty_cache`,
+/// and steps run with an injected `aclrtMalloc` failure (which the allocator may absorb by
+/// returning its cache and retrying once).
+fn cache_step(base: impl Strategy<Value = Step> + Clone + 'static) -> impl Strategy<Value = Step> {
+    let malloc = fault_apis().iter().position(|a| *a == "aclrtMalloc").expect("aclrtMalloc is bound");
+    prop_oneof![
+        3 => (0..STREAM_SLOTS, 0..DEVICES).prop_map(|(slot, device)| Step::SharedStream { slot, device }),
+        1 => Just(Step::EmptyCache),
+        2 => base.prop_map(move |step| Step::Fault { api: malloc, step: Box::new(step) }),
     ]
 }
 
@@ -313,6 +334,8 @@ struct World {
     /// A communicator of mock devices 0 and 1 with a stream per rank, made at the first
     /// all-reduce step.
     comms: Option<Vec<(Communicator, Stream)>>,
+    /// The context of each device that `SharedStream` steps make their streams on.
+    shared: [Option<Context>; DEVICES as usize],
 }
 
 type Outcome = std::result::Result<(), TestCaseError>;
@@ -423,7 +446,49 @@ impl World {
             slots: Default::default(),
             apis: fault_apis(),
             comms: None,
+            shared: Default::default(),
         }
+    }
+
+    /// The caching allocator's steps (see [`cache_step`]).
+    fn run_cache_step(&mut self, step: &Step, faulted: bool) -> Outcome {
+        match step {
+            Step::SharedStream { slot, device } => {
+                self.streams[*slot] = None;
+                let ctx = match &self.shared[usize::from(*device)] {
+                    Some(ctx) => Ok(ctx.clone()),
+                    None => ascend::mock::context(i32::from(*device)),
+                };
+                let made = ctx.and_then(|ctx| Ok((ctx.new_stream()?, ctx)));
+                match made {
+                    Ok((s, ctx)) => {
+                        self.streams[*slot] = Some((s, *device));
+                        self.shared[usize::from(*device)] = Some(ctx);
+                    }
+                    Err(e) if !faulted => return Err(fail(format!("shared stream: {e:?}"))),
+                    Err(_) => fault_error(),
+                }
+            }
+            Step::EmptyCache => {
+                for ctx in self.shared.iter().flatten() {
+                    match ctx.empty_cache() {
+                        Ok(()) if !faulted => {
+                            // Everything cached went back: a second call frees nothing.
+                            let frees = ascend::mock::stats().device_frees;
+                            let again = ctx.empty_cache();
+                            if again.is_err() || ascend::mock::stats().device_frees != frees {
+                                return Err(fail(format!("empty_cache left cached memory ({again:?})")));
+                            }
+                        }
+                        Ok(()) => {}
+                        Err(e) if !faulted => return Err(fail(format!("empty_cache: {e:?}"))),
+                        Err(_) => fault_error(),
+                    }
+                }
+            }
+            _ => return Err(fail(format!("not a cache step: {step:?}"))),
+        }
+        Ok(())
     }
 
     fn geometry(&self, slot: usize, layout: Layout) -> (Vec<usize>, Vec<usize>, usize, usize) {
@@ -453,6 +518,7 @@ impl World {
                     Err(_) => fault_error(),
                 }
             }
+            Step::SharedStream { .. } | Step::EmptyCache => return self.run_cache_step(step, faulted),
             Step::DropStream { slot } => self.streams[*slot] = None,
             Step::DropTensor { slot } => self.slots[*slot] = None,
             Step::Upload { slot, stream, dt, layout, seed } => {

@@ -27,6 +27,8 @@ static uint64_t g_device_mallocs;
 static uint64_t g_stream_syncs, g_event_syncs, g_device_syncs, g_device_frees, g_blocking_copies;
 static uint64_t g_event_seq;
 static uint64_t g_live_comms;
+/* Collectives queued by libhccl.so, by kind (1 all-reduce, 2 all-gather, 3 broadcast). */
+static uint64_t g_collectives[4];
 static __thread uint64_t tls_mallocs;
 /* ascend_mock_set_device_count's count, or -1: aclInit reads ASCEND_MOCK_DEVICE_COUNT. */
 static int g_device_count_set = -1;
@@ -291,8 +293,29 @@ aclError aclrtFree(void *devPtr) {
                     }
                 }
             }
-            g_device_frees++;
-            alloc_remove(a);
+            if (!reported) {
+                /* As on hardware (aclrtFree synchronizes the device, docs/cann/API.md): a free that
+                 * no queued task depends on waits for the work queued on every stream of the
+                 * allocation's device. A premature free (reported above) keeps the strict model
+                 * instead: no wait, and the tasks that use the memory are skipped and poison what
+                 * they should have written. A task failing here poisons its writes as in any drain. */
+                int dev = a->device;
+                uint64_t id = a->id;
+                for (stream *s = g_streams; s; s = s->next) {
+                    if (s->device == dev) {
+                        drain(s, NULL, 0);
+                    }
+                }
+                a = alloc_at(p); /* g_lock may have been released while a task waited for its peers */
+                if (!a || a->id != id) {
+                    r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                                "%p was freed by another thread while this aclrtFree waited for the device", devPtr);
+                }
+            }
+            if (!r) {
+                g_device_frees++;
+                alloc_remove(a);
+            }
         }
     }
     ascend_mock_unlock();
@@ -723,6 +746,9 @@ void ascend_mock_get_stats(ascend_mock_stats *out) {
     out->blocking_copies = g_blocking_copies;
     out->host_mallocs = g_host_mallocs;
     out->live_host_allocations = g_live_host_allocs;
+    out->all_reduces = g_collectives[1];
+    out->all_gathers = g_collectives[2];
+    out->broadcasts = g_collectives[3];
     ascend_mock_unlock();
     out->violations = ascend_mock_violation_count();
 }
@@ -757,4 +783,10 @@ uint64_t ascend_mock_thread_device_mallocs(void) {
 
 void ascend_mock_count_comms_locked(int delta) {
     g_live_comms = (uint64_t)((int64_t)g_live_comms + delta);
+}
+
+void ascend_mock_count_collective_locked(int kind) {
+    if (kind >= 1 && kind <= 3) {
+        g_collectives[kind]++;
+    }
 }

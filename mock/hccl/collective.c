@@ -483,6 +483,7 @@ static HcclResult collective(const char *api, uint32_t kind, void *send, void *r
                                               kind == COLL_BROADCAST ? "buf" : "recvBuf", NULL};
         }
         c->queued++;
+        ascend_mock_count_collective_locked((int)kind);
         ascend_mock_enqueue_waiting_locked(k->api, stream, ranges, n, coll_run, coll_drop, k);
     }
     ascend_mock_unlock();

@@ -55,6 +55,17 @@ impl EventInner {
         unsafe { acl::synchronize_event(self.device.cann, self.raw) }
     }
 
+    /// Leaks the event (a queued wait may still refer to it, so it must not be destroyed) without
+    /// keeping its device alive: a leaked device would keep its memory cache too.
+    pub(crate) fn leak(this: Arc<Self>) {
+        if let Ok(e) = Arc::try_unwrap(this) {
+            let e = std::mem::ManuallyDrop::new(e);
+            // SAFETY: `e` is never used or dropped again; only its device handle is moved out
+            // and dropped, the raw event is leaked.
+            drop(unsafe { std::ptr::read(&e.device) });
+        }
+    }
+
     /// Milliseconds from `start`'s record to this event's (`aclrtEventElapsedTime`).
     pub(crate) fn elapsed_ms_since(&self, start: &EventInner) -> Result<f32> {
         self.device.bind()?;

@@ -3,19 +3,19 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::allocator::Order;
 use super::{leaked, report_drop_error, Device, Leak, StreamInner};
-use crate::acl;
 use crate::error::Result;
 
-/// One `aclrtMalloc` allocation, freed on drop, or device memory another owner keeps (never
-/// freed here). The owner guarantees no pending work uses it by then (see [`DeviceBuffer`] for
-/// memory shared with streams).
+/// A block of device memory from the device's caching allocator (returned to it on drop), or
+/// device memory another owner keeps (never freed here).
 pub(crate) struct DeviceAlloc {
     device: Arc<Device>,
     ptr: *mut c_void,
+    /// The bytes asked for.
     bytes: usize,
-    /// Whether this value frees the memory (false for the caller's memory).
-    owned: bool,
+    /// The block's size in the allocator (0 for the caller's memory or an empty allocation).
+    block: usize,
 }
 
 // SAFETY: the pointer is a device address, meaningful from any thread that binds the device
@@ -25,15 +25,21 @@ unsafe impl Send for DeviceAlloc {}
 unsafe impl Sync for DeviceAlloc {}
 
 impl DeviceAlloc {
-    /// Allocates `bytes` (0 allocates nothing and yields a null pointer).
-    pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
+    /// `bytes` of device memory (0 allocates nothing and yields a null pointer) for use as
+    /// `order` says (see [`Order`]).
+    pub(crate) fn new(device: Arc<Device>, bytes: usize, order: Order) -> Result<Self> {
+        Self::with_state(device, bytes, order).map(|(a, _)| a)
+    }
+
+    /// [`new`](Self::new), also telling whether work queued earlier on the ordering stream may
+    /// still use the memory.
+    fn with_state(device: Arc<Device>, bytes: usize, order: Order) -> Result<(Self, bool)> {
         if bytes == 0 {
-            return Ok(DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes, owned: true });
+            return Ok((DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes, block: 0 }, false));
         }
         device.bind()?;
-        let ptr = acl::malloc(device.cann, bytes)?;
-        device.memory.allocated(bytes);
-        Ok(DeviceAlloc { device, ptr, bytes, owned: true })
+        let (ptr, block, pending) = device.memory.alloc(device.cann, bytes, order)?;
+        Ok((DeviceAlloc { device, ptr, bytes, block }, pending))
     }
 
     /// `bytes` of device memory at `ptr` that another owner allocated and frees.
@@ -42,7 +48,7 @@ impl DeviceAlloc {
     /// `ptr` is the start of `bytes` of device memory of `device` that stays allocated until this
     /// value and every piece of work enqueued on it have finished.
     pub(crate) unsafe fn foreign(device: Arc<Device>, ptr: *mut c_void, bytes: usize) -> Self {
-        DeviceAlloc { device, ptr, bytes, owned: false }
+        DeviceAlloc { device, ptr, bytes, block: 0 }
     }
 
     pub(crate) fn ptr(&self) -> *mut c_void {
@@ -56,27 +62,52 @@ impl DeviceAlloc {
     pub(crate) fn device(&self) -> &Arc<Device> {
         &self.device
     }
+
+    /// Whether dropping this value returns memory to the allocator.
+    fn owned(&self) -> bool {
+        !self.ptr.is_null() && self.block > 0
+    }
+
+    /// Leaks the memory (work that could not be waited for may still use it): the allocator
+    /// stops counting it, and the device is let go.
+    pub(crate) fn leak(mut self) {
+        if self.owned() {
+            self.ptr = std::ptr::null_mut();
+            self.device.memory.forget(self.block, self.bytes);
+            leaked(Leak::Allocation);
+        }
+    }
+
+    /// Returns the memory to the allocator after the work `users` queued on it (see
+    /// [`super::allocator::Allocator::free`]): never waits. The caller's memory is left alone.
+    pub(crate) fn release(mut self, users: &[&StreamInner]) {
+        self.give_back(users);
+    }
+
+    fn give_back(&mut self, users: &[&StreamInner]) {
+        if !self.owned() {
+            return;
+        }
+        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
+        if let Err(e) = self.device.bind() {
+            report_drop_error("aclrtSetDevice (freeing device memory)", &e);
+            leaked(Leak::Allocation);
+            return;
+        }
+        self.device.memory.free(self.device.cann, ptr, self.block, self.bytes, users);
+    }
 }
 
 impl Drop for DeviceAlloc {
+    /// Returns the memory to the allocator as idle: the owner guarantees no pending work uses it.
     fn drop(&mut self) {
-        if self.ptr.is_null() || !self.owned {
-            return;
-        }
-        self.device.memory.released(self.bytes);
-        let result = self.device.bind().and_then(|()| {
-            // SAFETY: `ptr` came from aclrtMalloc and the owner guarantees no pending work uses it.
-            unsafe { acl::free(self.device.cann, self.ptr) }
-        });
-        if let Err(e) = result {
-            report_drop_error("aclrtFree", &e);
-            leaked(Leak::Allocation);
-        }
+        self.give_back(&[]);
     }
 }
 
 /// Device memory shared with streams: every stream that enqueued work on it is recorded, and
-/// dropping the buffer synchronises those streams before freeing it.
+/// dropping the buffer returns the memory to the allocator after that work (in stream order,
+/// through events: it never waits).
 pub(crate) struct DeviceBuffer {
     /// `None` only inside `drop`.
     alloc: Option<DeviceAlloc>,
@@ -84,12 +115,24 @@ pub(crate) struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
+    /// A buffer that nothing orders yet (written first by the host): an idle block, which no
+    /// queued work uses.
     pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
-        Ok(DeviceBuffer { alloc: Some(DeviceAlloc::new(device, bytes)?), users: Mutex::new(Vec::new()) })
+        Ok(DeviceBuffer { alloc: Some(DeviceAlloc::new(device, bytes, Order::Idle)?), users: Mutex::new(Vec::new()) })
+    }
+
+    /// A buffer for work on `stream`. Its block may still be in use by work queued earlier on
+    /// `stream` (freed in stream order): then `stream` is its first user, so work of another
+    /// stream, a host access and the drop are ordered after that work.
+    pub(crate) fn on_stream(stream: &Arc<StreamInner>, bytes: usize) -> Result<Self> {
+        let (alloc, pending) = DeviceAlloc::with_state(stream.device.clone(), bytes, Order::Stream(stream.id))?;
+        let users = if pending { vec![stream.clone()] } else { Vec::new() };
+        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users) })
     }
 
     /// A buffer over the caller's device memory (see [`DeviceAlloc::foreign`]): recorded on
-    /// streams and synchronised on drop like any buffer, never freed.
+    /// streams like any buffer, never freed; dropping it waits for the streams that used it
+    /// (the caller frees the memory once it is gone).
     ///
     /// # Safety
     /// As [`DeviceAlloc::foreign`].
@@ -141,10 +184,10 @@ impl DeviceBuffer {
 /// other thread can free a buffer, or enqueue on it from another stream, between the recording
 /// and the enqueue: a buffer is freed only after every stream that may use it has finished.
 /// `stream` is recorded even when `enqueue` fails (it may have queued part of its work;
-/// recording too much only costs a sync).
+/// recording too much only costs an event).
 ///
-/// Once `stream` waits for an earlier stream's event, the earlier stream is forgotten: waiting
-/// for `stream` (as drop does) implies its work has completed.
+/// Once `stream` waits for an earlier stream's event, the earlier stream is forgotten: work after
+/// `stream`'s (an event recorded on it at drop, a host wait) is after the earlier stream's too.
 pub(crate) fn enqueue_using<R>(
     stream: &Arc<StreamInner>,
     buffers: &[&DeviceBuffer],
@@ -176,27 +219,21 @@ pub(crate) fn enqueue_using<R>(
 }
 
 impl Drop for DeviceBuffer {
+    /// Owned memory goes back to the allocator after the work of every stream that used it,
+    /// ordered by events: no host wait. The caller's memory (never freed here) is waited for, so
+    /// the caller may free it once the buffer is gone; if that fails it is reported.
     fn drop(&mut self) {
-        let mut drained = true;
-        for s in self.users.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            if let Err(e) = s.synchronize() {
-                report_drop_error("aclrtSynchronizeStream (before aclrtFree)", &e);
-                drained = false;
-            }
+        let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let Some(alloc) = self.alloc.take() else { return };
+        if alloc.owned() {
+            let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
+            alloc.release(&users);
+            return;
         }
-        let alloc = self.alloc.take();
-        if drained {
-            drop(alloc); // aclrtFree, now that no stream uses it
-        } else if let Some(alloc) = alloc {
-            // Work may still be using the memory: leaking it is the only sound choice.
-            super::report(format_args!(
-                "leaking {} bytes of device memory whose stream could not be synchronised",
-                alloc.bytes()
-            ));
-            if !alloc.ptr.is_null() && alloc.owned {
-                leaked(Leak::Allocation);
+        for s in &users {
+            if let Err(e) = s.synchronize() {
+                report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
             }
-            std::mem::forget(alloc);
         }
     }
 }

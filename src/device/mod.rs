@@ -4,12 +4,14 @@
 //!   (`aclrtSetDevice`) on the calling thread before every runtime call.
 //! * [`StreamInner`]: an `aclrtStream`, synchronised and destroyed on drop, with the workspace
 //!   reused by the operator on that stream.
-//! * [`DeviceAlloc`] / [`DeviceBuffer`]: device memory; a buffer remembers every stream that
-//!   enqueued work on it and synchronises them before `aclrtFree`; work of another stream on it
-//!   is ordered after them by an event on the device, not by a host wait.
+//! * [`allocator`]: the stream-ordered caching allocator of each device.
+//! * [`DeviceAlloc`] / [`DeviceBuffer`]: device memory from it; a buffer remembers every stream
+//!   that enqueued work on it, and goes back to the allocator after that work (events, no host
+//!   wait); work of another stream on it is ordered after them by an event on the device.
 //! * [`EventInner`]: an `aclrtEvent`.
 //! * [`descriptor::AclTensor`] and [`executor::Executor`]: `aclTensor` and `aclOpExecutor`.
 
+pub(crate) mod allocator;
 pub(crate) mod descriptor;
 mod event;
 pub(crate) mod executor;
@@ -20,7 +22,7 @@ mod stream;
 pub(crate) use event::EventInner;
 pub(crate) use memory::{enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
-pub(crate) use stream::StreamInner;
+pub(crate) use stream::{StreamInner, STAGING_MAX};
 
 /// What a destructor may leave behind when a destroy call, or the synchronise before it, fails:
 /// leaking is then the only sound choice, since queued work may still use the object.

@@ -1,7 +1,6 @@
 //! Process-wide runtime initialisation and per-thread device binding.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ascend_sys::Cann;
@@ -13,12 +12,12 @@ use crate::error::{Error, Result};
 pub(crate) struct Device {
     pub(crate) cann: &'static Cann,
     pub(crate) id: i32,
-    /// Device memory accounting of this context (see `Context::memory_stats`).
-    pub(crate) memory: MemoryCounters,
+    /// The caching allocator of this context's device memory (see `Context::memory_stats`).
+    pub(crate) memory: super::allocator::Allocator,
     /// Pinned host blocks (addresses from `aclrtMallocHost`) whose owner was dropped while
     /// copies were queued on them, each with an event recorded after those copies on every
     /// stream that used it: freed once all its events have completed.
-    pub(crate) deferred_host_frees: Mutex<Vec<(usize, Vec<Arc<super::EventInner>>)>>,
+    pub(crate) deferred_host_frees: Mutex<Vec<(usize, Vec<super::allocator::RawEvent>)>>,
 }
 
 impl Device {
@@ -26,22 +25,26 @@ impl Device {
     /// waited for); with `wait`, waits for the events first (teardown).
     pub(crate) fn reap_host_frees(&self, wait: bool) {
         let mut list = self.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner());
-        list.retain(|(ptr, events)| {
+        if list.is_empty() || self.bind().is_err() {
+            return;
+        }
+        let mut done_events = Vec::new();
+        list.retain_mut(|(ptr, events)| {
             let done =
-                events.iter().all(|e| if wait { e.synchronize().is_ok() } else { e.is_complete().unwrap_or(false) });
+                events.iter().all(|e| if wait { e.synchronize(self.cann).is_ok() } else { e.is_complete(self.cann) });
             if !done {
                 return true;
             }
-            let result = self.bind().and_then(|()| {
-                // SAFETY: `ptr` came from aclrtMallocHost, its owner is gone, and every copy
-                // that used it came before one of these events, all of which have completed.
-                unsafe { acl::free_host(self.cann, *ptr as *mut std::ffi::c_void) }
-            });
-            if let Err(e) = result {
+            // SAFETY: `ptr` came from aclrtMallocHost, its owner is gone, and every copy that
+            // used it came before one of these events, all of which have completed.
+            if let Err(e) = unsafe { acl::free_host(self.cann, *ptr as *mut std::ffi::c_void) } {
                 super::report_drop_error("aclrtFreeHost", &e);
             }
+            done_events.append(events);
             false
         });
+        drop(list);
+        self.memory.recycle(done_events);
     }
 }
 
@@ -55,28 +58,11 @@ impl Drop for Device {
             // The events are leaked with them: a failed wait may leave a copy running.
             std::mem::forget(std::mem::take(self.deferred_host_frees.get_mut().unwrap_or_else(|p| p.into_inner())));
         }
-    }
-}
-
-/// Bytes and calls of the device allocations made through one [`Device`].
-#[derive(Debug, Default)]
-pub(crate) struct MemoryCounters {
-    pub(crate) allocated: AtomicUsize,
-    pub(crate) peak_allocated: AtomicUsize,
-    pub(crate) device_allocations: AtomicU64,
-}
-
-impl MemoryCounters {
-    /// An `aclrtMalloc` of `bytes` succeeded.
-    pub(crate) fn allocated(&self, bytes: usize) {
-        let now = self.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak_allocated.fetch_max(now, Ordering::Relaxed);
-        self.device_allocations.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// An allocation of `bytes` was freed (or deliberately leaked: no longer held by a value).
-    pub(crate) fn released(&self, bytes: usize) {
-        self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+        // Every block has been returned (each held the device): free the cache.
+        match self.bind() {
+            Ok(()) => self.memory.teardown(self.cann),
+            Err(e) => super::report_drop_error("aclrtSetDevice (freeing the memory cache)", &e),
+        }
     }
 }
 
@@ -116,7 +102,7 @@ impl Device {
         let device = Arc::new(Device {
             cann,
             id,
-            memory: MemoryCounters::default(),
+            memory: super::allocator::Allocator::from_env(),
             deferred_host_frees: Mutex::new(Vec::new()),
         });
         device.bind()?;

@@ -191,7 +191,8 @@ impl DevicePrepared<'_> {
 }
 
 /// A caller-owned operator workspace (`aclrtMalloc`), for the two-phase API's `launch`.
-/// Dropping it waits for the streams that used it. Holds no memory on the CPU backend. Shared by
+/// Dropping it returns the memory to the allocator after the work of the streams that used it,
+/// without waiting. Holds no memory on the CPU backend. Shared by
 /// several threads, launches that use it are ordered (each waits for the other streams first).
 #[derive(Debug)]
 pub struct Workspace {
@@ -203,10 +204,11 @@ impl Workspace {
     /// Allocates `bytes` on the device of `stream` (nothing on the CPU backend, or for 0 bytes).
     pub fn new(stream: &Stream, bytes: u64) -> Result<Self> {
         let buffer = match stream.ascend() {
-            Some((_, device)) if bytes > 0 => {
+            Some((inner, _)) if bytes > 0 => {
                 let n = usize::try_from(bytes)
                     .map_err(|_| Error::invalid("workspace", format!("{bytes} bytes do not fit in usize")))?;
-                Some(DeviceBuffer::new(device.clone(), n)?)
+                // From `stream`'s cache: reusable at once by launches on it, ordered otherwise.
+                Some(DeviceBuffer::on_stream(inner, n)?)
             }
             _ => None,
         };

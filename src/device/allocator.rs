@@ -1,0 +1,405 @@
+//! The stream-ordered caching allocator of one device: the design of PyTorch's CUDA allocator and
+//! torch_npu's NPUCachingAllocator (docs/cann/ASYNC.md 4), with size classes instead of split
+//! segments.
+//!
+//! * A request is rounded up to its size class (multiples of 512 bytes up to 1 MiB, then four
+//!   classes per power of two: at most 25% rounding) and served by the smallest cached block of
+//!   at least that size and at most a quarter more, else by a new `aclrtMalloc`.
+//! * Freeing never waits. An event is recorded on every stream that used the block (after its
+//!   last use there), and the block goes back to the cache with those events. It may be handed
+//!   out again for work on stream `S` once every event recorded on a stream other than `S` has
+//!   completed (`aclrtQueryEventStatus`, never a host wait): stream order covers the uses on `S`
+//!   itself, so a block freed on `S` is reusable on `S` at once and on other streams once `S` has
+//!   passed its last use. A request that no stream orders (host-synchronous writes, buffers
+//!   without a stream) takes only idle blocks, whose events have all completed.
+//! * When `aclrtMalloc` fails, every cached block is returned to the device (waiting for its
+//!   events first: out-of-memory recovery may block) and the call is retried once; a second
+//!   failure is an error naming the sizes.
+//! * [`CACHE_ENV`] turns caching off: every block is an exact `aclrtMalloc`, and a freed one is
+//!   passed to `aclrtFree` as soon as its events have completed (queried at the next allocation,
+//!   free or stream synchronise of the device; waited for at teardown or `empty_cache`), so the
+//!   mock's use-after-free checks see every free.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+
+use ascend_sys::{aclrtEvent, Cann};
+
+use super::{leaked, report, Leak, StreamInner};
+use crate::acl;
+use crate::error::{Error, Result};
+
+/// Environment variable that turns the caching allocator off when set to `1` (read when a
+/// context is made): device memory is then freed (`aclrtFree`) once the work that used it has
+/// completed, so the mock's use-after-free checks see every free.
+pub(crate) const CACHE_ENV: &str = "ASCEND_NO_MEMORY_CACHING";
+
+/// Requests up to this size are rounded to multiples of [`MIN_BLOCK`].
+const SMALL: usize = 1 << 20;
+/// The smallest block and the rounding of small requests.
+const MIN_BLOCK: usize = 512;
+
+/// The size class of a request of `bytes` (> 0): see the module docs.
+pub(crate) fn round_size(bytes: usize) -> usize {
+    let granule = if bytes <= SMALL { MIN_BLOCK } else { 1usize << (usize::BITS - 1 - bytes.leading_zeros() - 2) };
+    bytes.checked_next_multiple_of(granule).unwrap_or(bytes)
+}
+
+/// An `aclrtEvent` from the allocator's pool: only recorded and queried (never waited for by a
+/// stream), so it can go back to the pool once complete. It holds no reference to its device, so
+/// the device may keep such events without keeping itself alive.
+pub(crate) struct RawEvent(aclrtEvent);
+
+impl RawEvent {
+    /// Whether its last record has run (`aclrtQueryEventStatus`; a failed query counts as no).
+    pub(crate) fn is_complete(&self, cann: &Cann) -> bool {
+        // SAFETY: the event is live (owned by the pool or its holder); the caller bound the device.
+        unsafe { acl::event_is_complete(cann, self.0) }.unwrap_or(false)
+    }
+
+    /// Blocks the host until its last record has run (`aclrtSynchronizeEvent`).
+    pub(crate) fn synchronize(&self, cann: &Cann) -> Result<()> {
+        // SAFETY: as in `is_complete`.
+        unsafe { acl::synchronize_event(cann, self.0) }
+    }
+}
+
+// SAFETY: an aclrtEvent is a handle of the device's default context, usable from any thread
+// that binds the device (every use here happens with the device bound); it is owned uniquely.
+unsafe impl Send for RawEvent {}
+
+/// A block in the cache (or, with caching off, waiting to be freed).
+struct Cached {
+    /// The `aclrtMalloc` size of the block.
+    size: usize,
+    /// `(stream id, event)`: an event recorded after the block's last use on each stream that
+    /// used it, not yet seen complete.
+    events: Vec<(u64, RawEvent)>,
+}
+
+/// Who will use a block handed out: decides which cached blocks qualify.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Order {
+    /// Work on the stream with this id, in its order.
+    Stream(u64),
+    /// Nothing orders the first use (a host-synchronous write, or a buffer without a stream):
+    /// only idle blocks qualify.
+    Idle,
+}
+
+#[derive(Default)]
+struct State {
+    /// Cached blocks by (size, address) (with caching off: blocks waiting for their events).
+    blocks: BTreeMap<(usize, usize), Cached>,
+    /// Events whose last record has completed (or that were never recorded): reused first.
+    spare: Vec<RawEvent>,
+    /// Events of reused blocks whose last record may still be pending, oldest first: spare once
+    /// seen complete.
+    limbo: std::collections::VecDeque<RawEvent>,
+    /// Bytes asked for by the blocks handed out now (before rounding), and the largest value seen.
+    allocated: usize,
+    peak: usize,
+    /// Bytes held from `aclrtMalloc` now (handed out, cached or waiting to be freed).
+    reserved: usize,
+    /// `aclrtMalloc` calls made.
+    device_allocations: u64,
+}
+
+/// Bytes and calls of one device's allocator (see `Context::memory_stats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) allocated: usize,
+    pub(crate) reserved: usize,
+    pub(crate) peak_allocated: usize,
+    pub(crate) device_allocations: u64,
+}
+
+/// The allocator of one device. Every method expects the device bound on the calling thread.
+pub(crate) struct Allocator {
+    caching: bool,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator").field("caching", &self.caching).field("stats", &self.stats()).finish()
+    }
+}
+
+/// Whether every event of `c` recorded on a stream other than `stream` (all of them for `None`)
+/// has completed; completed events move to `spare`. A failed query counts as not complete.
+fn settle(cann: &Cann, c: &mut Cached, stream: Option<u64>, spare: &mut Vec<RawEvent>) -> bool {
+    let mut i = 0;
+    while i < c.events.len() {
+        if c.events[i].1.is_complete(cann) {
+            spare.push(c.events.swap_remove(i).1);
+        } else {
+            i += 1;
+        }
+    }
+    c.events.iter().all(|(s, _)| Some(*s) == stream)
+}
+
+impl Allocator {
+    /// An empty allocator; caching unless [`CACHE_ENV`] is `1`.
+    pub(crate) fn from_env() -> Self {
+        let off = std::env::var(CACHE_ENV).is_ok_and(|v| v.trim() == "1");
+        Allocator { caching: !off, state: Mutex::new(State::default()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let st = self.lock();
+        Stats {
+            allocated: st.allocated,
+            reserved: st.reserved,
+            peak_allocated: st.peak,
+            device_allocations: st.device_allocations,
+        }
+    }
+
+    /// A block of at least `bytes` (> 0) for use as `order` says: returns its address, its size
+    /// and whether work queued earlier on the ordering stream may still use it (then that stream
+    /// must be the block's first user).
+    pub(crate) fn alloc(&self, cann: &Cann, bytes: usize, order: Order) -> Result<(*mut c_void, usize, bool)> {
+        let mut st = self.lock();
+        let size = if self.caching { round_size(bytes) } else { bytes };
+        if self.caching {
+            if let Some((ptr, block, pending)) = Self::take_cached(cann, &mut st, size, order) {
+                Self::hand_out(&mut st, bytes);
+                return Ok((ptr, block, pending));
+            }
+        } else {
+            Self::reap_quietly(cann, &mut st);
+        }
+        let ptr = match acl::malloc(cann, size) {
+            Ok(p) => p,
+            Err(first) => {
+                // Out of memory (or a failure like it): give every cached block back, then retry
+                // once (pointless when nothing was cached).
+                let released = Self::release_all(cann, &mut st);
+                if released == 0 {
+                    return Err(first);
+                }
+                acl::malloc(cann, size).map_err(|e| match e {
+                    Error::Cann { call, status, message } => Error::Cann {
+                        call,
+                        status,
+                        message: Some(format!(
+                            "{size} bytes (a request of {bytes} bytes, rounded) could not be allocated, also after \
+                             returning {released} cached bytes to the device and retrying; this context holds \
+                             {} bytes in tensors and {} bytes from the device (the first failure: {first}){}",
+                            st.allocated,
+                            st.reserved,
+                            message.map(|m| format!("; {m}")).unwrap_or_default()
+                        )),
+                    },
+                    other => other,
+                })?
+            }
+        };
+        st.device_allocations += 1;
+        st.reserved += size;
+        Self::hand_out(&mut st, bytes);
+        Ok((ptr, size, false))
+    }
+
+    /// Counts `bytes` asked for as handed out.
+    fn hand_out(st: &mut State, bytes: usize) {
+        st.allocated += bytes;
+        st.peak = st.peak.max(st.allocated);
+    }
+
+    /// The smallest cached block of `size..=size + size / 4` that `order` may use.
+    fn take_cached(cann: &Cann, st: &mut State, size: usize, order: Order) -> Option<(*mut c_void, usize, bool)> {
+        let limit = size.saturating_add(size / 4);
+        let stream = match order {
+            Order::Stream(id) => Some(id),
+            Order::Idle => None,
+        };
+        let State { blocks, spare, .. } = st;
+        let key = blocks
+            .range_mut((size, 0)..=(limit, usize::MAX))
+            .find_map(|(key, c)| settle(cann, c, stream, spare).then_some(*key))?;
+        let c = blocks.remove(&key)?;
+        // Events of `stream` itself may still be pending (stream order makes the reuse safe):
+        // they are recorded again only once seen complete.
+        let pending = !c.events.is_empty();
+        st.limbo.extend(c.events.into_iter().map(|(_, e)| e));
+        Some((key.1 as *mut c_void, c.size, pending))
+    }
+
+    /// Returns a block handed out by [`alloc`](Self::alloc) (`size` as it returned, `bytes` as
+    /// asked), after
+    /// `users` (the streams whose queued work may still use it: an event is recorded on each).
+    /// Never waits, except when an event cannot be recorded: then it synchronises that stream, and
+    /// if even that fails, leaks the block (queued work may still use it).
+    pub(crate) fn free(&self, cann: &Cann, ptr: *mut c_void, size: usize, bytes: usize, users: &[&StreamInner]) {
+        let mut events = Vec::with_capacity(users.len());
+        for s in users {
+            match self.record(cann, s) {
+                Ok(e) => events.push((s.id, e)),
+                Err(_) => {
+                    if let Err(e) = s.synchronize() {
+                        super::report_drop_error("aclrtSynchronizeStream (freeing device memory)", &e);
+                        report(format_args!("leaking {size} bytes of device memory that queued work may still use"));
+                        leaked(Leak::Allocation);
+                        let mut st = self.lock();
+                        st.allocated -= bytes;
+                        st.reserved -= size;
+                        // The recorded events stay pending as far as anyone knows: leaked too.
+                        std::mem::forget(events);
+                        return;
+                    }
+                }
+            }
+        }
+        let mut st = self.lock();
+        st.allocated -= bytes;
+        st.blocks.insert((size, ptr as usize), Cached { size, events });
+        if !self.caching {
+            Self::reap_quietly(cann, &mut st);
+        }
+    }
+
+    /// Frees the blocks whose events have completed, reporting a failed `aclrtFree`.
+    fn reap_quietly(cann: &Cann, st: &mut State) {
+        if let (_, Some(e)) = Self::reap(cann, st, false) {
+            super::report_drop_error("aclrtFree", &e);
+        }
+    }
+
+    /// A spare event: from the pool, or the oldest of `limbo` once complete (queried, oldest
+    /// first, stopping at the first pending one).
+    fn spare_event(cann: &Cann, st: &mut State) -> Option<RawEvent> {
+        if let Some(e) = st.spare.pop() {
+            return Some(e);
+        }
+        if st.limbo.front()?.is_complete(cann) {
+            return st.limbo.pop_front();
+        }
+        None
+    }
+
+    /// A block handed out is leaked by its owner (queued work may still use it): no longer counted.
+    pub(crate) fn forget(&self, size: usize, bytes: usize) {
+        let mut st = self.lock();
+        st.allocated -= bytes;
+        st.reserved -= size;
+    }
+
+    /// Takes back events whose last record has completed.
+    pub(crate) fn recycle(&self, events: impl IntoIterator<Item = RawEvent>) {
+        self.lock().spare.extend(events);
+    }
+
+    /// An event recorded now on `s`: a spare one, or a new one.
+    pub(crate) fn record(&self, cann: &Cann, s: &StreamInner) -> Result<RawEvent> {
+        let spare = Self::spare_event(cann, &mut self.lock());
+        let event = match spare {
+            Some(e) => e,
+            None => RawEvent(acl::create_event(cann)?),
+        };
+        // SAFETY: the event is live and complete (or new); the stream is live (the caller holds
+        // it) and on this device, which is bound.
+        match unsafe { acl::record_event(cann, event.0, s.raw()) } {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                self.lock().spare.push(event);
+                Err(e)
+            }
+        }
+    }
+
+    /// With caching off: frees the blocks whose events have all completed (never waits). With
+    /// caching on this does nothing.
+    pub(crate) fn reap_now(&self, cann: &Cann) {
+        if !self.caching {
+            Self::reap_quietly(cann, &mut self.lock());
+        }
+    }
+
+    /// Frees every block in `blocks` whose events have completed (all of them, after waiting,
+    /// with `wait`); returns the bytes freed and the first error (its block stays cached).
+    fn reap(cann: &Cann, st: &mut State, wait: bool) -> (usize, Option<Error>) {
+        let State { blocks, spare, reserved, .. } = st;
+        let mut freed = 0;
+        let mut first: Option<Error> = None;
+        blocks.retain(|&(_, ptr), c| {
+            if wait {
+                for (_, e) in &c.events {
+                    // Waiting is this call's purpose (teardown, out of memory, empty_cache).
+                    if let Err(err) = e.synchronize(cann) {
+                        first.get_or_insert(err);
+                        return true; // still in use as far as anyone knows: keep it
+                    }
+                }
+            }
+            if !settle(cann, c, None, spare) {
+                return true;
+            }
+            // SAFETY: `ptr` came from aclrtMalloc, is not handed out, and every stream that used
+            // it has passed the event recorded after that use.
+            match unsafe { acl::free(cann, ptr as *mut c_void) } {
+                Ok(()) => {
+                    *reserved -= c.size;
+                    freed += c.size;
+                    false
+                }
+                Err(err) => {
+                    first.get_or_insert(err);
+                    true
+                }
+            }
+        });
+        (freed, first)
+    }
+
+    /// Waits for the events of every cached block and frees them all; returns the bytes freed.
+    fn release_all(cann: &Cann, st: &mut State) -> usize {
+        let (freed, err) = Self::reap(cann, st, true);
+        if let Some(e) = err {
+            super::report_drop_error("returning the memory cache (out of memory)", &e);
+        }
+        freed
+    }
+
+    /// `Context::empty_cache`: returns every cached block to the device, waiting for the work
+    /// that used them (a host wait the caller asked for). A block whose wait or `aclrtFree`
+    /// fails stays cached, and the first such error is returned.
+    pub(crate) fn empty_cache(&self, cann: &Cann) -> Result<()> {
+        match Self::reap(cann, &mut self.lock(), true).1 {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Teardown (the device is going away, every stream has finished): frees every block and
+    /// destroys every event.
+    pub(crate) fn teardown(&mut self, cann: &Cann) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let (_, Some(e)) = Self::reap(cann, st, true) {
+            super::report_drop_error("freeing the memory cache", &e);
+        }
+        let left: usize = st.blocks.values().map(|c| c.size).sum();
+        if left > 0 {
+            report(format_args!("leaking {left} bytes of cached device memory whose work could not be waited for"));
+            for (_, c) in std::mem::take(&mut st.blocks) {
+                leaked(Leak::Allocation);
+                std::mem::forget(c.events);
+            }
+        }
+        let limbo: Vec<RawEvent> = st.limbo.drain(..).collect();
+        for e in limbo.into_iter().chain(st.spare.drain(..)) {
+            // SAFETY: every stream has finished, so every record of these events has run; no
+            // wait refers to them (they are only queried).
+            if let Err(err) = unsafe { acl::destroy_event(cann, e.0) } {
+                super::report_drop_error("aclrtDestroyEvent", &err);
+            }
+        }
+    }
+}
