@@ -36,7 +36,7 @@
 
 use crate::error::{Error, Result};
 use crate::hccl::{Communicator, ReduceOp};
-use crate::ops::validate::Meta;
+use crate::layout::Layout;
 use crate::ops::{self, checks, OutputMask, ReduceBackwardOut};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -175,8 +175,8 @@ fn validate_forward(
     let stat = per_channel_stand_in(s, c)?;
     checks::batch_norm_elemt(s, input, weight, bias, &stat, &stat, eps)?;
     let (rows, row_strides, one) = ([world, c], [0, 0], [world]);
-    let gathered = Meta { dtype: DType::F32, shape: &rows, strides: &row_strides, offset: 0, storage_len: 1 };
-    let counts = Meta { dtype: DType::F32, shape: &one, strides: &[0], offset: 0, storage_len: 1 };
+    let gathered = Layout { dtype: DType::F32, shape: &rows, strides: &row_strides, offset: 0, storage_len: 1 };
+    let counts = Layout { dtype: DType::F32, shape: &one, strides: &[0], offset: 0, storage_len: 1 };
     checks::batch_norm_gather_stats_with_counts(
         s,
         input,

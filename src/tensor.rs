@@ -275,6 +275,18 @@ impl Tensor {
         self.shape.iter().product()
     }
 
+    /// The dtype, shape, strides, offset and storage length, as the argument checks and the CPU
+    /// kernels take them.
+    pub(crate) fn layout(&self) -> crate::layout::Layout<'_> {
+        crate::layout::Layout {
+            dtype: self.dtype(),
+            shape: self.shape(),
+            strides: self.strides(),
+            offset: self.offset(),
+            storage_len: self.storage_len(),
+        }
+    }
+
     /// The number of elements of the storage the view lies in.
     pub fn storage_len(&self) -> usize {
         self.storage_len

@@ -58,7 +58,7 @@ impl<'a> Geometry<'a> {
         Geometry { shape, strides: Strides::Borrowed(strides), offset }
     }
 
-    fn meta(&self, dtype: DType, storage_len: usize) -> Layout<'_> {
+    fn layout(&self, dtype: DType, storage_len: usize) -> Layout<'_> {
         Layout { dtype, shape: self.shape, strides: &self.strides, offset: self.offset, storage_len }
     }
 }
@@ -106,8 +106,8 @@ impl<'a> View<'a> {
         self.geom.offset
     }
 
-    pub(crate) fn meta(&self) -> Layout<'_> {
-        self.geom.meta(self.dtype(), self.data.len())
+    pub(crate) fn layout(&self) -> Layout<'_> {
+        self.geom.layout(self.dtype(), self.data.len())
     }
 
     /// The whole storage the view lies in (index it with the view's strides and offset).
@@ -173,8 +173,8 @@ impl<'a> ViewMut<'a> {
         self.data.dtype()
     }
 
-    pub(crate) fn meta(&self) -> Layout<'_> {
-        self.geom.meta(self.dtype(), self.data.len())
+    pub(crate) fn layout(&self) -> Layout<'_> {
+        self.geom.layout(self.dtype(), self.data.len())
     }
 
     /// The whole storage the view lies in (index it with the view's strides and offset).

@@ -156,7 +156,7 @@ fn checked<'a, O: Operator<'a>>(stream: &Stream, op: &O, outs: &O::Outputs) -> R
     let plan = op.check(outs)?;
     for (t, name) in outs.each().zip(O::OUTPUTS) {
         if let Some(t) = t {
-            validate::distinct_elements(name, &validate::meta(t))?;
+            validate::distinct_elements(name, &t.layout())?;
         }
     }
     check_streams(stream, op.inputs())?;

@@ -6,28 +6,21 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout;
-use crate::tensor::Tensor;
 
 /// The smallest rank of gradOut and input.
 pub const MIN_RANK: usize = 2;
 /// The largest rank of gradOut and input.
 pub const MAX_RANK: usize = 8;
 
-/// The layout of one argument.
-pub(crate) use crate::layout::Layout as Meta;
-
-/// The layout of tensor `t`, as the checks take it.
-pub(crate) fn meta(t: &Tensor) -> Meta<'_> {
-    Meta { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), storage_len: t.storage_len() }
-}
+use crate::layout::Layout;
 
 /// Checks that the view lies inside its storage (and within int64); returns its element count.
-pub(crate) fn in_storage(name: &'static str, m: &Meta<'_>) -> Result<usize> {
+pub(crate) fn in_storage(name: &'static str, m: &Layout<'_>) -> Result<usize> {
     layout::check_view(m.shape, m.strides, m.offset, m.storage_len).map_err(|e| Error::invalid(name, e))
 }
 
 /// Checks a per-channel vector: shape `[c]`, inside its storage.
-pub(crate) fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<()> {
+pub(crate) fn per_channel(name: &'static str, m: &Layout<'_>, c: usize) -> Result<()> {
     if m.shape != [c] {
         return Err(Error::invalid(name, format!("expected shape [{c}] (one value per channel), got {:?}", m.shape)));
     }
@@ -36,7 +29,7 @@ pub(crate) fn per_channel(name: &'static str, m: &Meta<'_>, c: usize) -> Result<
 
 /// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` and a
 /// non-zero channel dim 1; returns C.
-pub(crate) fn activation(name: &'static str, m: &Meta<'_>) -> Result<usize> {
+pub(crate) fn activation(name: &'static str, m: &Layout<'_>) -> Result<usize> {
     let r = m.shape.len();
     if !(MIN_RANK..=MAX_RANK).contains(&r) {
         return Err(Error::invalid(
@@ -51,7 +44,7 @@ pub(crate) fn activation(name: &'static str, m: &Meta<'_>) -> Result<usize> {
 }
 
 /// Checks that an argument has rank `rank`.
-pub(crate) fn rank(name: &'static str, m: &Meta<'_>, rank: usize) -> Result<()> {
+pub(crate) fn rank(name: &'static str, m: &Layout<'_>, rank: usize) -> Result<()> {
     if m.shape.len() != rank {
         return Err(Error::invalid(name, format!("expected {rank} dims, got shape {:?}", m.shape)));
     }
@@ -60,7 +53,7 @@ pub(crate) fn rank(name: &'static str, m: &Meta<'_>, rank: usize) -> Result<()> 
 
 /// Checks that an argument's dtype is one of `allowed`; `note` ends the message (e.g. what to
 /// do instead).
-pub(crate) fn dtype_in(name: &'static str, m: &Meta<'_>, allowed: &[DType], note: &str) -> Result<()> {
+pub(crate) fn dtype_in(name: &'static str, m: &Layout<'_>, allowed: &[DType], note: &str) -> Result<()> {
     if allowed.contains(&m.dtype) {
         return Ok(());
     }
@@ -76,7 +69,7 @@ pub(crate) fn dtype_in(name: &'static str, m: &Meta<'_>, allowed: &[DType], note
 
 /// Checks a per-channel vector the operator writes: shape `[c]`, inside its storage, and no
 /// stride 0 over several channels (every channel would land on one element).
-pub(crate) fn per_channel_output(name: &'static str, m: &Meta<'_>, c: usize) -> Result<()> {
+pub(crate) fn per_channel_output(name: &'static str, m: &Layout<'_>, c: usize) -> Result<()> {
     per_channel(name, m, c)?;
     if c > 1 && m.strides[0] == 0 {
         return Err(Error::invalid(name, "stride 0 would write every channel to one element"));
@@ -89,7 +82,7 @@ pub(crate) fn per_channel_output(name: &'static str, m: &Meta<'_>, c: usize) -> 
 /// test is the usual sufficient one: taken by increasing stride, each dim of size > 1 must step
 /// past everything the smaller dims span (so a few exotic non-overlapping interleavings are
 /// refused too). Empty views pass.
-pub(crate) fn distinct_elements(name: &'static str, m: &Meta<'_>) -> Result<()> {
+pub(crate) fn distinct_elements(name: &'static str, m: &Layout<'_>) -> Result<()> {
     if m.shape.contains(&0) {
         return Ok(());
     }
@@ -117,7 +110,7 @@ pub(crate) fn distinct_elements(name: &'static str, m: &Meta<'_>) -> Result<()> 
 }
 
 /// Checks that `m` has the shape `expected` (that of argument `of`).
-pub(crate) fn same_shape(name: &'static str, m: &Meta<'_>, of: &str, expected: &[usize]) -> Result<()> {
+pub(crate) fn same_shape(name: &'static str, m: &Layout<'_>, of: &str, expected: &[usize]) -> Result<()> {
     if m.shape != expected {
         return Err(Error::invalid(name, format!("shape must equal {of}'s {expected:?}, got {:?}", m.shape)));
     }

@@ -10,7 +10,7 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, meta};
+use super::validate;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -142,11 +142,11 @@ impl Args<'_> {
                 validate::float_dtype(name, t.dtype())?;
             }
         }
-        let x = meta(self.input);
+        let x = self.input.layout();
         let c = validate::activation("input", &x)?;
         for (t, name) in self.inputs().into_iter().skip(1) {
             if let Some(t) = t {
-                validate::per_channel(name, &meta(t), c)?;
+                validate::per_channel(name, &t.layout(), c)?;
             }
         }
         let n = validate::in_storage("input", &x)?;
@@ -193,7 +193,7 @@ impl<'a> Operator<'a> for Args<'a> {
     /// The inputs, then the output against them.
     fn check(&self, [output]: &Self::Outputs) -> Result<bool> {
         let empty = self.check_inputs()?;
-        let (input, out) = (self.input, meta(output));
+        let (input, out) = (self.input, output.layout());
         if out.dtype != input.dtype() {
             return Err(Error::invalid(
                 "output",

@@ -10,7 +10,7 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, meta};
+use super::validate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -171,16 +171,16 @@ impl Args<'_> {
                 ))
             }
         }
-        let x = meta(self.input);
+        let x = self.input.layout();
         let c = validate::activation("input", &x)?;
-        validate::same_shape("gradOut", &meta(self.grad_out), "input", self.input.shape())?;
+        validate::same_shape("gradOut", &self.grad_out.layout(), "input", self.input.shape())?;
         // mean, invstd, weight, sumDy, sumDyXmu.
         for (t, name) in self.inputs().into_iter().skip(2).take(5) {
             if let Some(t) = t {
-                validate::per_channel(name, &meta(t), c)?;
+                validate::per_channel(name, &t.layout(), c)?;
             }
         }
-        let counter = meta(self.counter);
+        let counter = self.counter.layout();
         if !matches!(counter.shape, [_] | [_, 1]) {
             return Err(Error::invalid(
                 "counter",
@@ -193,7 +193,7 @@ impl Args<'_> {
             ));
         }
         validate::in_storage("counter", &counter)?;
-        validate::in_storage("gradOut", &meta(self.grad_out))?;
+        validate::in_storage("gradOut", &self.grad_out.layout())?;
         Ok(validate::in_storage("input", &x)? == 0)
     }
 }
@@ -223,7 +223,7 @@ impl<'a> Operator<'a> for Args<'a> {
     /// The inputs, then gradInput against them.
     fn check(&self, [grad_input]: &Self::Outputs) -> Result<bool> {
         let empty = self.check_inputs()?;
-        let out = meta(grad_input);
+        let out = grad_input.layout();
         validate::float_dtype("gradInput", out.dtype)?;
         validate::same_shape("gradInput", &out, "input", self.input.shape())?;
         validate::in_storage("gradInput", &out)?;

@@ -16,10 +16,11 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 use super::launch::Phase2;
 use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, meta, Meta};
+use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -151,12 +152,12 @@ impl Args<'_> {
     /// meanAll and invstdAll itself), then momentum and eps.
     fn check_inputs(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>) -> Result<Plan> {
         let plan = validate_inputs(
-            &meta(self.input),
-            &meta(self.mean),
-            &meta(self.invstd),
-            running_mean.map(meta).as_ref(),
-            running_var.map(meta).as_ref(),
-            &meta(self.counts),
+            &self.input.layout(),
+            &self.mean.layout(),
+            &self.invstd.layout(),
+            running_mean.map(Tensor::layout).as_ref(),
+            running_var.map(Tensor::layout).as_ref(),
+            &self.counts.layout(),
         )?;
         scalars(self.momentum, self.eps)?;
         Ok(plan)
@@ -183,11 +184,11 @@ impl<'a> Operator<'a> for Args<'a> {
 
     fn check(&self, ([running_mean, running_var], [mean_all, invstd_all]): &Self::Outputs) -> Result<Plan> {
         let plan = validate_call(
-            [&meta(self.input), &meta(self.mean), &meta(self.invstd)],
-            running_mean.as_deref().map(meta).as_ref(),
-            running_var.as_deref().map(meta).as_ref(),
-            &meta(self.counts),
-            [&meta(mean_all), &meta(invstd_all)],
+            [&self.input.layout(), &self.mean.layout(), &self.invstd.layout()],
+            running_mean.as_deref().map(Tensor::layout).as_ref(),
+            running_var.as_deref().map(Tensor::layout).as_ref(),
+            &self.counts.layout(),
+            [&mean_all.layout(), &invstd_all.layout()],
         )?;
         scalars(self.momentum, self.eps)?;
         Ok(plan)
@@ -262,12 +263,12 @@ fn running_pair(running_mean: bool, running_var: bool) -> Result<()> {
 
 /// Validates the inputs in CANN's order (running pair, dtypes, shapes, views); returns the plan.
 fn validate_inputs(
-    input: &Meta<'_>,
-    mean: &Meta<'_>,
-    invstd: &Meta<'_>,
-    running_mean: Option<&Meta<'_>>,
-    running_var: Option<&Meta<'_>>,
-    counts: &Meta<'_>,
+    input: &Layout<'_>,
+    mean: &Layout<'_>,
+    invstd: &Layout<'_>,
+    running_mean: Option<&Layout<'_>>,
+    running_var: Option<&Layout<'_>>,
+    counts: &Layout<'_>,
 ) -> Result<Plan> {
     running_pair(running_mean.is_some(), running_var.is_some())?;
     input_dtypes(input, mean, invstd, running_mean, running_var, counts)?;
@@ -275,12 +276,12 @@ fn validate_inputs(
 }
 
 fn input_dtypes(
-    input: &Meta<'_>,
-    mean: &Meta<'_>,
-    invstd: &Meta<'_>,
-    running_mean: Option<&Meta<'_>>,
-    running_var: Option<&Meta<'_>>,
-    counts: &Meta<'_>,
+    input: &Layout<'_>,
+    mean: &Layout<'_>,
+    invstd: &Layout<'_>,
+    running_mean: Option<&Layout<'_>>,
+    running_var: Option<&Layout<'_>>,
+    counts: &Layout<'_>,
 ) -> Result<()> {
     for (name, m) in [("input", input), ("mean", mean), ("invstd", invstd)] {
         validate::dtype_in(name, m, &FLOAT_DTYPES, "")?;
@@ -294,12 +295,12 @@ fn input_dtypes(
 }
 
 fn input_shapes(
-    input: &Meta<'_>,
-    mean: &Meta<'_>,
-    invstd: &Meta<'_>,
-    running_mean: Option<&Meta<'_>>,
-    running_var: Option<&Meta<'_>>,
-    counts: &Meta<'_>,
+    input: &Layout<'_>,
+    mean: &Layout<'_>,
+    invstd: &Layout<'_>,
+    running_mean: Option<&Layout<'_>>,
+    running_var: Option<&Layout<'_>>,
+    counts: &Layout<'_>,
 ) -> Result<Plan> {
     let r = input.shape.len();
     if !(validate::MIN_RANK..=validate::MAX_RANK).contains(&r) {
@@ -344,11 +345,11 @@ fn input_shapes(
 /// Validates a whole call in CANN's order: the running pair, every dtype (outputs included),
 /// then shapes and views.
 fn validate_call(
-    [input, mean, invstd]: [&Meta<'_>; 3],
-    running_mean: Option<&Meta<'_>>,
-    running_var: Option<&Meta<'_>>,
-    counts: &Meta<'_>,
-    [mean_all, invstd_all]: [&Meta<'_>; 2],
+    [input, mean, invstd]: [&Layout<'_>; 3],
+    running_mean: Option<&Layout<'_>>,
+    running_var: Option<&Layout<'_>>,
+    counts: &Layout<'_>,
+    [mean_all, invstd_all]: [&Layout<'_>; 2],
 ) -> Result<Plan> {
     running_pair(running_mean.is_some(), running_var.is_some())?;
     input_dtypes(input, mean, invstd, running_mean, running_var, counts)?;
@@ -366,18 +367,18 @@ fn validate_call(
 pub(crate) fn validate_args(
     stream: &Stream,
     input: &Tensor,
-    [mean, invstd, counts]: [&Meta<'_>; 3],
+    [mean, invstd, counts]: [&Layout<'_>; 3],
     running_mean: Option<&Tensor>,
     running_var: Option<&Tensor>,
     momentum: f64,
     eps: f64,
 ) -> Result<()> {
     validate_inputs(
-        &meta(input),
+        &input.layout(),
         mean,
         invstd,
-        running_mean.map(meta).as_ref(),
-        running_var.map(meta).as_ref(),
+        running_mean.map(Tensor::layout).as_ref(),
+        running_var.map(Tensor::layout).as_ref(),
         counts,
     )?;
     check_streams(stream, [(Some(input), "input"), (running_mean, "runningMean"), (running_var, "runningVar")])?;

@@ -40,10 +40,10 @@ pub fn batch_norm_reduce_backward(
 ) -> Result<()> {
     let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
     let plan = {
-        let w = weight.as_ref().map(View::meta);
-        let metas = outs.each_ref().map(|o| o.as_ref().map(ViewMut::meta));
+        let w = weight.as_ref().map(View::layout);
+        let metas = outs.each_ref().map(|o| o.as_ref().map(ViewMut::layout));
         validate::call(
-            [&grad_out.meta(), &input.meta(), &mean.meta(), &invstd.meta()],
+            [&grad_out.layout(), &input.layout(), &mean.layout(), &invstd.layout()],
             w.as_ref(),
             mask,
             metas.each_ref().map(Option::as_ref),

@@ -15,7 +15,6 @@ use self::validate::Plan;
 use super::launch::Phase2;
 use super::operator::{check_streams, host, host_mut, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::meta;
 use crate::cpu::ViewMut;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -146,8 +145,14 @@ struct Args<'a> {
 impl Args<'_> {
     /// Validates the inputs (of the allocating entry, which makes its outputs itself).
     fn check_inputs(&self) -> Result<Plan> {
-        let w = self.weight.map(meta);
-        validate::inputs(&meta(self.grad_out), &meta(self.input), &meta(self.mean), &meta(self.invstd), w.as_ref())
+        let w = self.weight.map(Tensor::layout);
+        validate::inputs(
+            &self.grad_out.layout(),
+            &self.input.layout(),
+            &self.mean.layout(),
+            &self.invstd.layout(),
+            w.as_ref(),
+        )
     }
 }
 
@@ -170,10 +175,10 @@ impl<'a> Operator<'a> for Args<'a> {
     }
 
     fn check(&self, outs: &Self::Outputs) -> Result<Plan> {
-        let w = self.weight.map(meta);
-        let metas = outs.each_ref().map(|o| o.as_deref().map(meta));
+        let w = self.weight.map(Tensor::layout);
+        let metas = outs.each_ref().map(|o| o.as_deref().map(Tensor::layout));
         validate::call(
-            [&meta(self.grad_out), &meta(self.input), &meta(self.mean), &meta(self.invstd)],
+            [&self.grad_out.layout(), &self.input.layout(), &self.mean.layout(), &self.invstd.layout()],
             w.as_ref(),
             self.mask,
             metas.each_ref().map(Option::as_ref),

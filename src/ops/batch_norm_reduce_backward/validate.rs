@@ -5,7 +5,8 @@
 
 use super::OutputMask;
 use crate::error::{Error, Result};
-use crate::ops::validate::{float_dtype, in_storage, per_channel, per_channel_output, Meta, MAX_RANK, MIN_RANK};
+use crate::layout::Layout;
+use crate::ops::validate::{float_dtype, in_storage, per_channel, per_channel_output, MAX_RANK, MIN_RANK};
 
 /// What validation established.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,11 +27,11 @@ pub(crate) fn enabled(mask: OutputMask) -> [bool; 4] {
 
 /// Validates the inputs.
 pub(crate) fn inputs(
-    grad_out: &Meta<'_>,
-    input: &Meta<'_>,
-    mean: &Meta<'_>,
-    invstd: &Meta<'_>,
-    weight: Option<&Meta<'_>>,
+    grad_out: &Layout<'_>,
+    input: &Layout<'_>,
+    mean: &Layout<'_>,
+    invstd: &Layout<'_>,
+    weight: Option<&Layout<'_>>,
 ) -> Result<Plan> {
     for (name, m) in [("gradOut", grad_out), ("input", input)] {
         let r = m.shape.len();
@@ -94,10 +95,10 @@ pub(crate) fn keep_enabled<T>(mask: OutputMask, outs: [Option<T>; 4]) -> [Option
 /// Validates a whole call in CANN's order: missing outputs (161001), then the inputs, then the
 /// outputs the mask turns on (`outs` as filtered by [`keep_enabled`]).
 pub(crate) fn call(
-    [grad_out, input, mean, invstd]: [&Meta<'_>; 4],
-    weight: Option<&Meta<'_>>,
+    [grad_out, input, mean, invstd]: [&Layout<'_>; 4],
+    weight: Option<&Layout<'_>>,
     mask: OutputMask,
-    outs: [Option<&Meta<'_>>; 4],
+    outs: [Option<&Layout<'_>>; 4],
 ) -> Result<Plan> {
     missing_outputs(mask, outs.map(|o| o.is_some()))?;
     let plan = inputs(grad_out, input, mean, invstd, weight)?;
@@ -106,7 +107,7 @@ pub(crate) fn call(
 }
 
 /// Validates the outputs the mask turns on (the others are ignored, as CANN ignores them).
-pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Meta<'_>>; 4]) -> Result<()> {
+pub(crate) fn outputs(plan: &Plan, mask: OutputMask, outs: [Option<&Layout<'_>>; 4]) -> Result<()> {
     let on = enabled(mask);
     for i in 0..4 {
         if let (true, Some(m)) = (on[i], outs[i]) {

@@ -6,7 +6,7 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 use super::launch::Phase2;
 use super::operator::{check_streams, host, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
-use super::validate::{self, meta};
+use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -86,7 +86,7 @@ struct Args<'a> {
 impl Args<'_> {
     /// Validates `input` (dtype, rank, channels, view) and eps; returns C.
     fn check_inputs(&self) -> Result<usize> {
-        let input = meta(self.input);
+        let input = self.input.layout();
         validate::dtype_in("input", &input, &INPUT_DTYPES, INPUT_NOTE)?;
         let c = validate::activation("input", &input)?;
         validate::in_storage("input", &input)?;
@@ -119,7 +119,7 @@ impl<'a> Operator<'a> for Args<'a> {
     /// what CANN does not check but would misread (views inside their storage, stride-0 outputs)
     /// or computes with in f32 (eps must be finite in f32).
     fn check(&self, [mean, invstd]: &Self::Outputs) -> Result<usize> {
-        let (input, mean, invstd) = (meta(self.input), meta(mean), meta(invstd));
+        let (input, mean, invstd) = (self.input.layout(), mean.layout(), invstd.layout());
         validate::dtype_in("input", &input, &INPUT_DTYPES, INPUT_NOTE)?;
         validate::dtype_in("mean", &mean, &STATS_DTYPES, STATS_NOTE)?;
         validate::dtype_in("invstd", &invstd, &STATS_DTYPES, STATS_NOTE)?;
