@@ -155,6 +155,13 @@ float mock_sqrt_f32(float x) {
 }
 
 /* ---- checks ---------------------------------------------------------------------------------------- */
+void mock_call_tensors(const mock_op_call *call, const ascend_mock_tensor **t, int *on) {
+    for (int i = 0; i < call->nargs; i++) {
+        t[i] = &call->t[i];
+        on[i] = call->args[i].used;
+    }
+}
+
 int mock_dtype_float(aclDataType dt) {
     return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_BF16;
 }

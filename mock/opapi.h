@@ -78,6 +78,9 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
 aclnnStatus mock_op_fail(const mock_op *op, aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- helpers for checks and kernels ---- */
+/* A check's view of its call: t[i] the resolved tensor i (filled only when used), on[i] whether
+ * argument i is used, for i < call->nargs. */
+void mock_call_tensors(const mock_op_call *call, const ascend_mock_tensor **t, int *on);
 int mock_dtype_float(aclDataType dt);         /* F32, F16 or BF16 */
 /* ops-nn's dtype check of every used tensor argument but `skip` (-1: none): F32, F16 or BF16, in
  * argument order. Returns 0 or mock_op_fail(...). */

@@ -68,10 +68,7 @@ static int elemt_run(const mock_op *op, mock_op_call *k) {
 static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
     const ascend_mock_tensor *t[NT];
     int on[NT];
-    for (int i = 0; i < NT; i++) {
-        t[i] = &call->t[i];
-        on[i] = call->args[i].used;
-    }
+    mock_call_tensors(call, t, on);
     char a[256], b[256];
     aclnnStatus st = mock_check_float_args(op, call, -1);
     if (st) {

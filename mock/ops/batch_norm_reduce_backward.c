@@ -116,10 +116,7 @@ static int bn_run(const mock_op *op, mock_op_call *k) {
 static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
     const ascend_mock_tensor *t[NT];
     int on[NT];
-    for (int i = 0; i < NT; i++) {
-        t[i] = &call->t[i];
-        on[i] = call->args[i].used;
-    }
+    mock_call_tensors(call, t, on);
     static const int inputs[] = {T_GRAD, T_INPUT, T_MEAN, T_INVSTD};
     static const int outputs[] = {T_SUMDY, T_SUMDYXMU, T_GRADW, T_GRADB};
     static const char support[] = "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]";
