@@ -317,15 +317,20 @@ impl Mock {
     pub fn phase1(&self, a: &Args) -> (i32, u64, *mut aclOpExecutor) {
         let mut ws = u64::MAX;
         let mut ex = ptr::null_mut();
-        // SAFETY: handles are live or deliberately invalid (the mock validates them); the out
-        // pointers are valid locals.
-        let st = unsafe {
-            bnrb(self.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
-                a.t[0], a.t[1], a.t[2], a.t[3], a.t[4], a.g[0], a.g[1], a.g[2], a.t[5], a.t[6], a.t[7], a.t[8],
-                &mut ws, &mut ex,
-            )
-        };
+        // SAFETY: the out pointers are valid locals.
+        let st = unsafe { self.phase1_to(a, &mut ws, &mut ex) };
         (st, ws, ex)
+    }
+
+    /// Phase 1 writing the workspace size and executor through `ws` and `ex`.
+    ///
+    /// # Safety
+    /// `ws` and `ex` are each null (the mock checks them before writing) or valid for a write.
+    /// The handles in `a` are live or deliberately invalid (the mock validates them).
+    pub unsafe fn phase1_to(&self, a: &Args, ws: *mut u64, ex: *mut *mut aclOpExecutor) -> i32 {
+        bnrb(self.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
+            a.t[0], a.t[1], a.t[2], a.t[3], a.t[4], a.g[0], a.g[1], a.g[2], a.t[5], a.t[6], a.t[7], a.t[8], ws, ex,
+        )
     }
 
     pub fn launch(&self, ws: *mut c_void, size: u64, ex: *mut aclOpExecutor, s: aclrtStream) -> i32 {
