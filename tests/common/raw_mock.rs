@@ -41,6 +41,25 @@ pub fn cann() -> &'static Cann {
     ascend_sys::load_from(mock::toolkit_dir()).expect("the mock CANN loads")
 }
 
+/// `aclCreateTensor` of `s` over `data` through `c` (also for threads that hold no [`Mock`]).
+pub fn create_tensor(c: &Cann, s: &Spec, data: *mut c_void) -> *mut aclTensor {
+    // SAFETY: shape/strides/storage arrays are live for the call and their lengths are passed;
+    // the mock copies them and validates `data` against its allocation table.
+    unsafe {
+        c.nnopbase.aclCreateTensor(
+            s.shape.as_ptr(),
+            s.shape.len() as u64,
+            s.dt,
+            s.strides.as_ptr(),
+            s.offset,
+            s.format,
+            s.storage_dims.as_ptr(),
+            s.storage_dims.len() as u64,
+            data,
+        )
+    }
+}
+
 /// One test's session on the mock: holds the serial lock, has ACL initialised and device 0 set on
 /// the calling thread (reset again on drop), and remembers the counters at the start.
 /// The operator's functions in the mock (which exports every operator).
@@ -271,21 +290,7 @@ impl Mock {
     }
 
     pub fn create_tensor(&self, s: &Spec, data: *mut c_void) -> *mut aclTensor {
-        // SAFETY: shape/strides/storage arrays are live for the call and their lengths are passed;
-        // the mock copies them and validates `data` against its allocation table.
-        unsafe {
-            self.c.nnopbase.aclCreateTensor(
-                s.shape.as_ptr(),
-                s.shape.len() as u64,
-                s.dt,
-                s.strides.as_ptr(),
-                s.offset,
-                s.format,
-                s.storage_dims.as_ptr(),
-                s.storage_dims.len() as u64,
-                data,
-            )
-        }
+        create_tensor(self.c, s, data)
     }
 
     pub fn destroy_tensor(&self, t: *const aclTensor) -> i32 {

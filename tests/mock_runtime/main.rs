@@ -694,22 +694,7 @@ fn runtime_threads_each_with_a_stream() {
                     let mems = [up(&dy), up(&x), up(&mean), up(&inv), up(&[0.0; 4]), up(&[0.0; 4])];
                     let specs = [f32_spec(&shape), f32_spec(&shape), f32_spec(&[4]), f32_spec(&[4]), f32_spec(&[4])];
                     let spec_of = |i: usize| &specs[i.min(4)];
-                    let ts: Vec<*mut aclTensor> = (0..6)
-                        .map(|i| {
-                            let sp = spec_of(i);
-                            c.nnopbase.aclCreateTensor(
-                                sp.shape.as_ptr(),
-                                sp.shape.len() as u64,
-                                sp.dt,
-                                sp.strides.as_ptr(),
-                                0,
-                                ND,
-                                sp.storage_dims.as_ptr(),
-                                sp.storage_dims.len() as u64,
-                                mems[i],
-                            )
-                        })
-                        .collect();
+                    let ts: Vec<*mut aclTensor> = (0..6).map(|i| create_tensor(c, spec_of(i), mems[i])).collect();
                     let mut results = Vec::new();
                     for _ in 0..3 {
                         let mut size = 0;
@@ -810,17 +795,7 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
                         };
                         let tensor = |sp: &Spec, p: *mut c_void| {
                             y();
-                            let t = c.nnopbase.aclCreateTensor(
-                                sp.shape.as_ptr(),
-                                sp.shape.len() as u64,
-                                sp.dt,
-                                sp.strides.as_ptr(),
-                                0,
-                                ND,
-                                sp.storage_dims.as_ptr(),
-                                sp.storage_dims.len() as u64,
-                                p,
-                            );
+                            let t = create_tensor(c, sp, p);
                             assert!(!t.is_null());
                             t
                         };
