@@ -60,13 +60,13 @@ pub fn create_tensor(c: &Cann, s: &Spec, data: *mut c_void) -> *mut aclTensor {
     }
 }
 
-/// One test's session on the mock: holds the serial lock, has ACL initialised and device 0 set on
-/// the calling thread (reset again on drop), and remembers the counters at the start.
 /// The operator's functions in the mock (which exports every operator).
 pub fn bnrb(c: &Cann) -> &'static ascend_sys::OpApi {
     c.operator(&ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD).expect("the mock exports aclnnBatchNormReduceBackward")
 }
 
+/// One test's session on the mock: holds the serial lock, has ACL initialised and device 0 set on
+/// the calling thread (reset again on drop), and remembers the counters at the start.
 pub struct Mock {
     pub c: &'static Cann,
     pub base: MockStats,
