@@ -3,12 +3,15 @@
 //! recovery, `empty_cache`, and the switch that turns caching off. Values are checked against the
 //! host data (f64 sums for the operator results).
 
+mod common;
+
 use std::sync::Mutex;
 
 use ascend::hccl::Communicator;
 use ascend::mock::{fail_next, fail_next_on_this_thread, stats, violations_since, MockStats};
 use ascend::ops::{batch_norm_reduce_backward, OutputMask};
 use ascend::{sync_batch_norm, Context, DType, Error, Result, Stream, Tensor};
+use common::on_ranks;
 
 /// The mock's counters are process-wide: one test at a time.
 static LOCK: Mutex<()> = Mutex::new(());
@@ -368,53 +371,43 @@ fn steady_sync_batch_norm_step_waits_for_nothing_and_allocates_nothing() {
         let comms = Communicator::init_all(ctxs)?;
         let snaps = Mutex::new(Vec::new());
         let barrier = std::sync::Barrier::new(comms.len());
-        std::thread::scope(|sc| {
-            let hs: Vec<_> = comms
-                .into_iter()
-                .zip(ctxs)
-                .map(|(comm, ctx)| {
-                    let (barrier, snaps) = (&barrier, &snaps);
-                    sc.spawn(move || -> Result<Vec<f32>> {
-                        let r = u64::from(comm.rank());
-                        let s = ctx.new_stream()?;
-                        let x = Tensor::from_slice(&s, &rng(20 + r, n), &shape)?;
-                        let dy = Tensor::from_slice(&s, &rng(30 + r, n), &shape)?;
-                        let w = Tensor::from_slice(&s, &rng(40, c), &[c])?;
-                        let b = Tensor::from_slice(&s, &rng(41, c), &[c])?;
-                        let step = || -> Result<Tensor> {
-                            let (y, saved) =
-                                sync_batch_norm::forward(&comm, &s, &x, Some(&w), Some(&b), None, None, 0.1, 1e-5)?;
-                            let (gx, _, _) =
-                                sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&w), OutputMask::ALL)?;
-                            drop((saved, gx));
-                            Ok(y)
-                        };
-                        // Warm-up in the loop's own shape: each step's output lives until the next
-                        // step has been queued.
-                        let mut y = step()?;
-                        for _ in 0..2 {
-                            y = step()?;
-                        }
-                        s.synchronize()?;
-                        barrier.wait();
-                        if counted && r == 0 {
-                            snaps.lock().unwrap().push(stats());
-                        }
-                        barrier.wait();
-                        for _ in 0..4 {
-                            y = step()?;
-                        }
-                        barrier.wait();
-                        if counted && r == 0 {
-                            snaps.lock().unwrap().push(stats());
-                        }
-                        barrier.wait();
-                        y.to_vec::<f32>(&s)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Result<Vec<_>>>()
+        on_ranks(comms, ctxs, |rank, comm, ctx| -> Result<Vec<f32>> {
+            let r = u64::from(rank);
+            let s = ctx.new_stream()?;
+            let x = Tensor::from_slice(&s, &rng(20 + r, n), &shape)?;
+            let dy = Tensor::from_slice(&s, &rng(30 + r, n), &shape)?;
+            let w = Tensor::from_slice(&s, &rng(40, c), &[c])?;
+            let b = Tensor::from_slice(&s, &rng(41, c), &[c])?;
+            let step = || -> Result<Tensor> {
+                let (y, saved) = sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), None, None, 0.1, 1e-5)?;
+                let (gx, _, _) = sync_batch_norm::backward(comm, &s, &dy, &saved, Some(&w), OutputMask::ALL)?;
+                drop((saved, gx));
+                Ok(y)
+            };
+            // Warm-up in the loop's own shape: each step's output lives until the next
+            // step has been queued.
+            let mut y = step()?;
+            for _ in 0..2 {
+                y = step()?;
+            }
+            s.synchronize()?;
+            barrier.wait();
+            if counted && r == 0 {
+                snaps.lock().unwrap().push(stats());
+            }
+            barrier.wait();
+            for _ in 0..4 {
+                y = step()?;
+            }
+            barrier.wait();
+            if counted && r == 0 {
+                snaps.lock().unwrap().push(stats());
+            }
+            barrier.wait();
+            y.to_vec::<f32>(&s)
         })
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
         .inspect(|_| {
             if counted {
                 let snaps = snaps.into_inner().unwrap();

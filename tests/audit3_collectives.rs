@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ascend::hccl::{Communicator, ReduceOp, RootInfo, ROOT_INFO_BYTES};
 use ascend::{bf16, sync_batch_norm, Context, DType, Result, Tensor};
-use common::{Data, Rng};
+use common::{on_ranks, Data, Rng};
 
 /// Once per process, before any communicator exists (HCCL's settings are read once): eight
 /// mock devices and a generous connect timeout (a slow machine never turns into a timeout).
@@ -43,25 +43,6 @@ fn backends(n: i32) -> Vec<(&'static str, Vec<Context>)> {
     #[cfg(feature = "mock")]
     v.push(("mock", mock_contexts(n)));
     v
-}
-
-/// Runs `f(rank, communicator, context)` on one thread per rank.
-fn on_ranks<T: Send>(
-    comms: Vec<Communicator>,
-    ctxs: &[Context],
-    f: impl Fn(u32, &Communicator, &Context) -> T + Sync,
-) -> Vec<T> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .zip(ctxs)
-            .map(|(c, ctx)| {
-                let f = &f;
-                s.spawn(move || f(c.rank(), &c, ctx))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
-    })
 }
 
 #[cfg(feature = "mock")]

@@ -216,26 +216,15 @@ fn f15_eps_and_momentum_beyond_f32_give_the_same_outcome_on_both_backends() {
         let status = |r: Result<()>| r.err().and_then(|e| e.status());
         let mut rm = Tensor::from_slice(&s, &[0.5f32, 0.25], &[2]).unwrap();
         let mut rv = Tensor::from_slice(&s, &[1f32, 2.0], &[2]).unwrap();
+        let gather = |rm: &mut Tensor, rv: &mut Tensor, momentum: f64, eps: f64| {
+            ops::batch_norm_gather_stats_with_counts(&s, &x, &rows, &rows, Some(rm), Some(rv), momentum, eps, &counts)
+        };
         for v in beyond {
             assert_eq!(status(ops::batch_norm_stats(&s, &x, v).map(drop)), Some(INVALID), "{b:?} stats eps {v}");
-            let mut gather = |momentum: f64, eps: f64| {
-                status(
-                    ops::batch_norm_gather_stats_with_counts(
-                        &s,
-                        &x,
-                        &rows,
-                        &rows,
-                        Some(&mut rm),
-                        Some(&mut rv),
-                        momentum,
-                        eps,
-                        &counts,
-                    )
-                    .map(drop),
-                )
-            };
-            assert_eq!(gather(0.1, v), Some(INVALID), "{b:?} gather eps {v}");
-            assert_eq!(gather(v, 1e-5), Some(INVALID), "{b:?} gather momentum {v}");
+            let eps_status = status(gather(&mut rm, &mut rv, 0.1, v).map(drop));
+            assert_eq!(eps_status, Some(INVALID), "{b:?} gather eps {v}");
+            let momentum_status = status(gather(&mut rm, &mut rv, v, 1e-5).map(drop));
+            assert_eq!(momentum_status, Some(INVALID), "{b:?} gather momentum {v}");
             assert_eq!(
                 status(ops::batch_norm_elemt(&s, &x, None, None, &ones, &ones, v).map(drop)),
                 Some(INVALID),
@@ -248,17 +237,7 @@ fn f15_eps_and_momentum_beyond_f32_give_the_same_outcome_on_both_backends() {
         // The edge: the largest f32 is accepted everywhere (the values are infinite or NaN).
         let edge = f64::from(f32::MAX);
         assert!(ops::batch_norm_stats(&s, &x, edge).is_ok(), "{b:?}");
-        let r = ops::batch_norm_gather_stats_with_counts(
-            &s,
-            &x,
-            &rows,
-            &rows,
-            Some(&mut rm),
-            Some(&mut rv),
-            edge,
-            edge,
-            &counts,
-        );
+        let r = gather(&mut rm, &mut rv, edge, edge);
         assert!(r.is_ok(), "{b:?}: {r:?}");
         assert!(ops::batch_norm_elemt(&s, &x, None, None, &ones, &ones, edge).is_ok(), "{b:?}");
     }

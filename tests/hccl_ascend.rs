@@ -4,6 +4,8 @@
 //! name, faults at each HCCL call leaking nothing.
 #![cfg(feature = "mock")]
 
+mod common;
+
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use ascend::hccl::{Communicator, ReduceOp, RootInfo};
@@ -31,25 +33,16 @@ fn contexts(n: usize) -> Vec<Context> {
     (0..n as i32).map(|d| ascend::mock::context(d).expect("mock device")).collect()
 }
 
-/// Runs `f(rank, communicator)` on one thread per rank.
+/// Runs `f(rank, communicator, stream)` on one thread per rank, each on a new stream of its
+/// context.
 fn on_ranks<T: Send>(
     comms: Vec<Communicator>,
     ctxs: &[Context],
     f: impl Fn(u32, &Communicator, &Stream) -> T + Sync,
 ) -> Vec<T> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .zip(ctxs)
-            .map(|(c, ctx)| {
-                let f = &f;
-                s.spawn(move || {
-                    let st = ctx.new_stream().expect("stream");
-                    f(c.rank(), &c, &st)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    common::on_ranks(comms, ctxs, |rank, c, ctx| {
+        let st = ctx.new_stream().expect("stream");
+        f(rank, c, &st)
     })
 }
 

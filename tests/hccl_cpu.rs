@@ -11,16 +11,8 @@ use common::{round_to, Data, Rng};
 
 /// Runs `f(rank, communicator)` on one thread per rank and returns each rank's result.
 fn on_ranks<T: Send>(comms: Vec<Communicator>, f: impl Fn(u32, &Communicator) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|c| {
-                let f = &f;
-                s.spawn(move || f(c.rank(), &c))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
-    })
+    let ctxs = vec![Context::cpu(); comms.len()];
+    common::on_ranks(comms, &ctxs, |rank, c, _| f(rank, c))
 }
 
 fn cpu_comms(n: usize) -> Vec<Communicator> {

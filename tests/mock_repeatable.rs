@@ -13,9 +13,7 @@ use std::ffi::c_void;
 use std::ptr;
 
 use ascend_sys::symbols::BATCH_NORM_STATS;
-use ascend_sys::{
-    aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann,
-};
+use ascend_sys::{aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann};
 
 const N: usize = 6;
 const C: usize = 3;
@@ -27,7 +25,7 @@ struct Session {
 
 impl Session {
     fn new() -> Session {
-        let c = ascend_sys::load_from(ascend::mock::toolkit_dir()).expect("the mock CANN loads");
+        let c = common::raw_mock::cann();
         // SAFETY: device 0 exists on the mock; ACL was initialised by the isolated context.
         assert_eq!(unsafe { c.acl.aclrtSetDevice(0) }, 0);
         Session { c }
@@ -84,21 +82,7 @@ impl Session {
 
     /// A contiguous f32 descriptor of `shape` over `mem`.
     fn tensor(&self, shape: &[i64], mem: *mut c_void) -> *mut aclTensor {
-        let strides: Vec<i64> = if shape.len() == 2 { vec![shape[1], 1] } else { vec![1] };
-        // SAFETY: shape/strides arrays of `shape.len()` elements; the storage is `mem`.
-        let t = unsafe {
-            self.c.nnopbase.aclCreateTensor(
-                shape.as_ptr(),
-                shape.len() as u64,
-                aclDataType::ACL_FLOAT,
-                strides.as_ptr(),
-                0,
-                aclFormat::ACL_FORMAT_ND,
-                shape.as_ptr(),
-                shape.len() as u64,
-                mem,
-            )
-        };
+        let t = common::raw_mock::create_tensor(self.c, &common::raw_mock::f32_spec(shape), mem);
         assert!(!t.is_null());
         t
     }

@@ -10,7 +10,7 @@ use ascend::hccl::Communicator;
 use ascend::ops::{self, OutputMask};
 use ascend::sync_batch_norm;
 use ascend::{Context, DType, Stream, Tensor};
-use common::{round_to, Data, Rng};
+use common::{on_ranks, round_to, Data, Rng};
 
 /// BatchNorm over a whole batch in f64: forward output, backward gradients, running stats.
 struct Reference {
@@ -199,47 +199,27 @@ fn sync_case(ctxs: &[Context], dtype: DType, splits: &[usize], seed: u64) {
     let exp = case.reference();
     let comms = Communicator::init_all(ctxs).unwrap();
     let [_, c, k] = case.shape;
-    let results: Vec<_> = std::thread::scope(|sc| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .zip(ctxs)
-            .map(|(comm, ctx)| {
-                let case = &case;
-                sc.spawn(move || {
-                    let r = comm.rank() as usize;
-                    let s = ctx.new_stream().unwrap();
-                    let rows = splits[r]..splits[r + 1];
-                    let x = case.rows(&s, &case.x, rows.clone());
-                    let dy = case.rows(&s, &case.dy, rows.clone());
-                    let (w, b) = (Case::vector(&s, &case.w), Case::vector(&s, &case.b));
-                    let (mut rm, mut rv) = (Case::vector(&s, &case.rm), Case::vector(&s, &case.rv));
-                    let (y, saved) = sync_batch_norm::forward(
-                        &comm,
-                        &s,
-                        &x,
-                        Some(&w),
-                        Some(&b),
-                        Some(&mut rm),
-                        Some(&mut rv),
-                        MOMENTUM,
-                        EPS,
-                    )
-                    .unwrap();
-                    let (dx, dw, db) =
-                        sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&w), OutputMask::ALL).unwrap();
-                    (
-                        rows,
-                        read(&s, &y),
-                        read(&s, &dx.unwrap()),
-                        read(&s, &dw.unwrap()),
-                        read(&s, &db.unwrap()),
-                        read(&s, &rm),
-                        read(&s, &rv),
-                    )
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+    let results: Vec<_> = on_ranks(comms, ctxs, |r, comm, ctx| {
+        let r = r as usize;
+        let s = ctx.new_stream().unwrap();
+        let rows = splits[r]..splits[r + 1];
+        let x = case.rows(&s, &case.x, rows.clone());
+        let dy = case.rows(&s, &case.dy, rows.clone());
+        let (w, b) = (Case::vector(&s, &case.w), Case::vector(&s, &case.b));
+        let (mut rm, mut rv) = (Case::vector(&s, &case.rm), Case::vector(&s, &case.rv));
+        let (y, saved) =
+            sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), Some(&mut rm), Some(&mut rv), MOMENTUM, EPS)
+                .unwrap();
+        let (dx, dw, db) = sync_batch_norm::backward(comm, &s, &dy, &saved, Some(&w), OutputMask::ALL).unwrap();
+        (
+            rows,
+            read(&s, &y),
+            read(&s, &dx.unwrap()),
+            read(&s, &dw.unwrap()),
+            read(&s, &db.unwrap()),
+            read(&s, &rm),
+            read(&s, &rv),
+        )
     });
     let tol = tolerance(dtype);
     let what = format!("{:?} {dtype} splits {splits:?}", ctxs[0].backend());

@@ -246,42 +246,7 @@ fn ut_null_checks_come_first() {
     let mut ws = 0u64;
     let mut ex = ptr::null_mut();
     // SAFETY: deliberately null out-pointers; the mock checks them before writing.
-    let (st1, st2) = unsafe {
-        (
-            bnrb(m.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
-                a.t[0],
-                a.t[1],
-                a.t[2],
-                a.t[3],
-                a.t[4],
-                true,
-                true,
-                true,
-                a.t[5],
-                a.t[6],
-                a.t[7],
-                a.t[8],
-                ptr::null_mut(),
-                &mut ex,
-            ),
-            bnrb(m.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
-                a.t[0],
-                a.t[1],
-                a.t[2],
-                a.t[3],
-                a.t[4],
-                true,
-                true,
-                true,
-                a.t[5],
-                a.t[6],
-                a.t[7],
-                a.t[8],
-                &mut ws,
-                ptr::null_mut(),
-            ),
-        )
-    };
+    let (st1, st2) = unsafe { (m.phase1_to(&a, ptr::null_mut(), &mut ex), m.phase1_to(&a, &mut ws, ptr::null_mut())) };
     assert_eq!((st1, st2), (NULLPTR, NULLPTR));
     assert!(m.err().contains("argument executor"));
     for d in extra {

@@ -12,12 +12,14 @@
 //! * [`framework`]: `framework_tests!`, the launch path's behaviour every operator's test file
 //!   instantiates (faults at each and at any CANN call, arguments dropped right after the
 //!   launch, a prepared call dropped unlaunched, the two phases);
-//! * [`self_exec`]: re-running the test binary as a child process.
+//! * [`self_exec`]: re-running the test binary as a child process;
+//! * [`ranks`]: `on_ranks`, one thread per rank of a collectives test.
 #![allow(dead_code, unused_imports)]
 
 pub mod backends;
 pub mod data;
 pub mod framework;
+pub mod ranks;
 #[cfg(feature = "mock")]
 pub mod raw_mock;
 pub mod reduce_backward;
@@ -30,6 +32,7 @@ pub use backends::*;
 pub use data::*;
 pub(crate) use framework::framework_tests;
 pub use framework::Framework;
+pub use ranks::on_ranks;
 pub use reduce_backward::*;
 pub use rng::*;
 pub use tolerance::*;

@@ -41,13 +41,32 @@ pub fn cann() -> &'static Cann {
     ascend_sys::load_from(mock::toolkit_dir()).expect("the mock CANN loads")
 }
 
-/// One test's session on the mock: holds the serial lock, has ACL initialised and device 0 set on
-/// the calling thread (reset again on drop), and remembers the counters at the start.
+/// `aclCreateTensor` of `s` over `data` through `c` (also for threads that hold no [`Mock`]).
+pub fn create_tensor(c: &Cann, s: &Spec, data: *mut c_void) -> *mut aclTensor {
+    // SAFETY: shape/strides/storage arrays are live for the call and their lengths are passed;
+    // the mock copies them and validates `data` against its allocation table.
+    unsafe {
+        c.nnopbase.aclCreateTensor(
+            s.shape.as_ptr(),
+            s.shape.len() as u64,
+            s.dt,
+            s.strides.as_ptr(),
+            s.offset,
+            s.format,
+            s.storage_dims.as_ptr(),
+            s.storage_dims.len() as u64,
+            data,
+        )
+    }
+}
+
 /// The operator's functions in the mock (which exports every operator).
 pub fn bnrb(c: &Cann) -> &'static ascend_sys::OpApi {
     c.operator(&ascend_sys::symbols::BATCH_NORM_REDUCE_BACKWARD).expect("the mock exports aclnnBatchNormReduceBackward")
 }
 
+/// One test's session on the mock: holds the serial lock, has ACL initialised and device 0 set on
+/// the calling thread (reset again on drop), and remembers the counters at the start.
 pub struct Mock {
     pub c: &'static Cann,
     pub base: MockStats,
@@ -271,21 +290,7 @@ impl Mock {
     }
 
     pub fn create_tensor(&self, s: &Spec, data: *mut c_void) -> *mut aclTensor {
-        // SAFETY: shape/strides/storage arrays are live for the call and their lengths are passed;
-        // the mock copies them and validates `data` against its allocation table.
-        unsafe {
-            self.c.nnopbase.aclCreateTensor(
-                s.shape.as_ptr(),
-                s.shape.len() as u64,
-                s.dt,
-                s.strides.as_ptr(),
-                s.offset,
-                s.format,
-                s.storage_dims.as_ptr(),
-                s.storage_dims.len() as u64,
-                data,
-            )
-        }
+        create_tensor(self.c, s, data)
     }
 
     pub fn destroy_tensor(&self, t: *const aclTensor) -> i32 {
@@ -317,15 +322,20 @@ impl Mock {
     pub fn phase1(&self, a: &Args) -> (i32, u64, *mut aclOpExecutor) {
         let mut ws = u64::MAX;
         let mut ex = ptr::null_mut();
-        // SAFETY: handles are live or deliberately invalid (the mock validates them); the out
-        // pointers are valid locals.
-        let st = unsafe {
-            bnrb(self.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
-                a.t[0], a.t[1], a.t[2], a.t[3], a.t[4], a.g[0], a.g[1], a.g[2], a.t[5], a.t[6], a.t[7], a.t[8],
-                &mut ws, &mut ex,
-            )
-        };
+        // SAFETY: the out pointers are valid locals.
+        let st = unsafe { self.phase1_to(a, &mut ws, &mut ex) };
         (st, ws, ex)
+    }
+
+    /// Phase 1 writing the workspace size and executor through `ws` and `ex`.
+    ///
+    /// # Safety
+    /// `ws` and `ex` are each null (the mock checks them before writing) or valid for a write.
+    /// The handles in `a` are live or deliberately invalid (the mock validates them).
+    pub unsafe fn phase1_to(&self, a: &Args, ws: *mut u64, ex: *mut *mut aclOpExecutor) -> i32 {
+        bnrb(self.c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
+            a.t[0], a.t[1], a.t[2], a.t[3], a.t[4], a.g[0], a.g[1], a.g[2], a.t[5], a.t[6], a.t[7], a.t[8], ws, ex,
+        )
     }
 
     pub fn launch(&self, ws: *mut c_void, size: u64, ex: *mut aclOpExecutor, s: aclrtStream) -> i32 {

@@ -15,7 +15,9 @@ use std::ffi::c_void;
 use std::ptr;
 
 use ascend::mock::{self, MockStats};
-use ascend_sys::{aclDataType, aclTensor, aclrtEvent, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream};
+use ascend_sys::{
+    aclDataType, aclOpExecutor, aclTensor, aclrtEvent, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann,
+};
 
 use common::raw_mock::*;
 use common::{self_exec, Rng};
@@ -692,42 +694,12 @@ fn runtime_threads_each_with_a_stream() {
                     let mems = [up(&dy), up(&x), up(&mean), up(&inv), up(&[0.0; 4]), up(&[0.0; 4])];
                     let specs = [f32_spec(&shape), f32_spec(&shape), f32_spec(&[4]), f32_spec(&[4]), f32_spec(&[4])];
                     let spec_of = |i: usize| &specs[i.min(4)];
-                    let ts: Vec<*mut aclTensor> = (0..6)
-                        .map(|i| {
-                            let sp = spec_of(i);
-                            c.nnopbase.aclCreateTensor(
-                                sp.shape.as_ptr(),
-                                sp.shape.len() as u64,
-                                sp.dt,
-                                sp.strides.as_ptr(),
-                                0,
-                                ND,
-                                sp.storage_dims.as_ptr(),
-                                sp.storage_dims.len() as u64,
-                                mems[i],
-                            )
-                        })
-                        .collect();
+                    let ts: Vec<*mut aclTensor> = (0..6).map(|i| create_tensor(c, spec_of(i), mems[i])).collect();
                     let mut results = Vec::new();
                     for _ in 0..3 {
                         let mut size = 0;
                         let mut ex = ptr::null_mut();
-                        let st = bnrb(c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
-                            ts[0],
-                            ts[1],
-                            ts[2],
-                            ts[3],
-                            ptr::null(),
-                            true,
-                            false,
-                            false,
-                            ts[4],
-                            ts[5],
-                            ptr::null_mut(),
-                            ptr::null_mut(),
-                            &mut size,
-                            &mut ex,
-                        );
+                        let st = phase1_sums(c, &ts, &mut size, &mut ex);
                         assert_eq!(st, 0);
                         let mut ws = ptr::null_mut();
                         assert_eq!(
@@ -823,17 +795,7 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
                         };
                         let tensor = |sp: &Spec, p: *mut c_void| {
                             y();
-                            let t = c.nnopbase.aclCreateTensor(
-                                sp.shape.as_ptr(),
-                                sp.shape.len() as u64,
-                                sp.dt,
-                                sp.strides.as_ptr(),
-                                0,
-                                ND,
-                                sp.storage_dims.as_ptr(),
-                                sp.storage_dims.len() as u64,
-                                p,
-                            );
+                            let t = create_tensor(c, sp, p);
                             assert!(!t.is_null());
                             t
                         };
@@ -850,22 +812,7 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
                             let ts: Vec<*mut aclTensor> = (0..6).map(|i| tensor(specs[i], mems[i])).collect();
                             let (mut size, mut ex) = (0, ptr::null_mut());
                             y();
-                            let st = bnrb(c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
-                                ts[0],
-                                ts[1],
-                                ts[2],
-                                ts[3],
-                                ptr::null(),
-                                true,
-                                false,
-                                false,
-                                ts[4],
-                                ts[5],
-                                ptr::null_mut(),
-                                ptr::null_mut(),
-                                &mut size,
-                                &mut ex,
-                            );
+                            let st = phase1_sums(c, &ts, &mut size, &mut ex);
                             assert_eq!(st, 0);
                             let ws = malloc(size as usize);
                             y();
@@ -938,6 +885,30 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
     };
     assert_eq!(after, want);
     assert!(m.messages().iter().all(|v| v.contains("is not a live device allocation")), "{:#?}", m.messages());
+}
+
+/// Phase 1 for gradInput's two sums only (weight null, output mask true, false, false): `ts` are
+/// gradOut, input, mean, invstd, sumDy and sumDyXmu.
+///
+/// # Safety
+/// The handles in `ts` are live (the mock validates them).
+unsafe fn phase1_sums(c: &Cann, ts: &[*mut aclTensor], size: &mut u64, ex: &mut *mut aclOpExecutor) -> i32 {
+    bnrb(c).aclnnBatchNormReduceBackwardGetWorkspaceSize(
+        ts[0],
+        ts[1],
+        ts[2],
+        ts[3],
+        ptr::null(),
+        true,
+        false,
+        false,
+        ts[4],
+        ts[5],
+        ptr::null_mut(),
+        ptr::null_mut(),
+        size,
+        ex,
+    )
 }
 
 /// `base` with the call totals (synchronises, frees, blocking copies, host allocations) of
