@@ -564,3 +564,30 @@ fn pool_chunks_concurrency_and_panics() {
     assert_eq!(sum.into_inner(), 4950);
     assert_eq!(pool::helpers(), helpers);
 }
+
+/// Every path (runs, super-rows, rows, gather) and every dtype on shapes small enough for Miri
+/// (`.ci/miri` runs this one of the kernel's tests: the others take minutes there), one and three
+/// threads, against the f64 reference.
+#[test]
+fn every_path_on_small_shapes() {
+    use Layout::*;
+    let cases: &[(&[usize], Layout, Layout)] = &[
+        (&[3, 5, 40], Contig, Contig),                         // runs with tails
+        (&[4, 2], Contig, Contig),                             // super-rows, partial
+        (&[9, 20, 5], ChannelsLastPadded, ChannelsLastPadded), // per-row rows with gaps
+        (&[4, 6, 3], Contig, Contig),                          // short runs: gather
+        (&[2, 3, 50], Broadcast, Contig),                      // stride 0: gather
+    ];
+    let mut seen = std::collections::HashSet::new();
+    for (i, &(shape, ld, lx)) in cases.iter().enumerate() {
+        for threads in [1, 3] {
+            let seed = 500 + i as u64;
+            seen.insert(format!("{:?}", check_case::<f32>(shape, ld, lx, seed, threads)));
+            check_case::<f16>(shape, ld, lx, seed, threads);
+            check_case::<bf16>(shape, ld, lx, seed, threads);
+        }
+    }
+    for p in ["Runs", "Rows(Some", "Rows(None)", "Gather"] {
+        assert!(seen.iter().any(|s| s.starts_with(p)), "path {p} never taken: {seen:?}");
+    }
+}
