@@ -151,14 +151,14 @@ impl Args<'_> {
     /// Validates the inputs and the running statistics (of the allocating entry, which makes
     /// meanAll and invstdAll itself), then momentum and eps.
     fn check_inputs(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>) -> Result<Plan> {
-        let plan = validate_inputs(
-            &self.input.layout(),
-            &self.mean.layout(),
-            &self.invstd.layout(),
-            running_mean.map(Tensor::layout).as_ref(),
-            running_var.map(Tensor::layout).as_ref(),
-            &self.counts.layout(),
-        )?;
+        let plan = validate_inputs(&Inputs {
+            input: &self.input.layout(),
+            mean: &self.mean.layout(),
+            invstd: &self.invstd.layout(),
+            running_mean: running_mean.map(Tensor::layout).as_ref(),
+            running_var: running_var.map(Tensor::layout).as_ref(),
+            counts: &self.counts.layout(),
+        })?;
         scalars(self.momentum, self.eps)?;
         Ok(plan)
     }
@@ -184,10 +184,14 @@ impl<'a> Operator<'a> for Args<'a> {
 
     fn check(&self, ([running_mean, running_var], [mean_all, invstd_all]): &Self::Outputs) -> Result<Plan> {
         let plan = validate_call(
-            [&self.input.layout(), &self.mean.layout(), &self.invstd.layout()],
-            running_mean.as_deref().map(Tensor::layout).as_ref(),
-            running_var.as_deref().map(Tensor::layout).as_ref(),
-            &self.counts.layout(),
+            &Inputs {
+                input: &self.input.layout(),
+                mean: &self.mean.layout(),
+                invstd: &self.invstd.layout(),
+                running_mean: running_mean.as_deref().map(Tensor::layout).as_ref(),
+                running_var: running_var.as_deref().map(Tensor::layout).as_ref(),
+                counts: &self.counts.layout(),
+            },
             [&mean_all.layout(), &invstd_all.layout()],
         )?;
         scalars(self.momentum, self.eps)?;
@@ -261,28 +265,24 @@ fn running_pair(running_mean: bool, running_var: bool) -> Result<()> {
     }
 }
 
-/// Validates the inputs in CANN's order (running pair, dtypes, shapes, views); returns the plan.
-fn validate_inputs(
-    input: &Layout<'_>,
-    mean: &Layout<'_>,
-    invstd: &Layout<'_>,
-    running_mean: Option<&Layout<'_>>,
-    running_var: Option<&Layout<'_>>,
-    counts: &Layout<'_>,
-) -> Result<Plan> {
-    running_pair(running_mean.is_some(), running_var.is_some())?;
-    input_dtypes(input, mean, invstd, running_mean, running_var, counts)?;
-    input_shapes(input, mean, invstd, running_mean, running_var, counts)
+/// The layouts of what a call reads (and of the running statistics it updates in place).
+struct Inputs<'l> {
+    input: &'l Layout<'l>,
+    mean: &'l Layout<'l>,
+    invstd: &'l Layout<'l>,
+    running_mean: Option<&'l Layout<'l>>,
+    running_var: Option<&'l Layout<'l>>,
+    counts: &'l Layout<'l>,
 }
 
-fn input_dtypes(
-    input: &Layout<'_>,
-    mean: &Layout<'_>,
-    invstd: &Layout<'_>,
-    running_mean: Option<&Layout<'_>>,
-    running_var: Option<&Layout<'_>>,
-    counts: &Layout<'_>,
-) -> Result<()> {
+/// Validates the inputs in CANN's order (running pair, dtypes, shapes, views); returns the plan.
+fn validate_inputs(inputs: &Inputs<'_>) -> Result<Plan> {
+    running_pair(inputs.running_mean.is_some(), inputs.running_var.is_some())?;
+    input_dtypes(inputs)?;
+    input_shapes(inputs)
+}
+
+fn input_dtypes(&Inputs { input, mean, invstd, running_mean, running_var, counts }: &Inputs<'_>) -> Result<()> {
     for (name, m) in [("input", input), ("mean", mean), ("invstd", invstd)] {
         validate::dtype_in(name, m, &FLOAT_DTYPES, "")?;
     }
@@ -294,14 +294,7 @@ fn input_dtypes(
     validate::dtype_in("counts", counts, &FLOAT_DTYPES, COUNTS_NOTE)
 }
 
-fn input_shapes(
-    input: &Layout<'_>,
-    mean: &Layout<'_>,
-    invstd: &Layout<'_>,
-    running_mean: Option<&Layout<'_>>,
-    running_var: Option<&Layout<'_>>,
-    counts: &Layout<'_>,
-) -> Result<Plan> {
+fn input_shapes(&Inputs { input, mean, invstd, running_mean, running_var, counts }: &Inputs<'_>) -> Result<Plan> {
     let r = input.shape.len();
     if !(validate::MIN_RANK..=validate::MAX_RANK).contains(&r) {
         return Err(Error::invalid(
@@ -344,18 +337,12 @@ fn input_shapes(
 
 /// Validates a whole call in CANN's order: the running pair, every dtype (outputs included),
 /// then shapes and views.
-fn validate_call(
-    [input, mean, invstd]: [&Layout<'_>; 3],
-    running_mean: Option<&Layout<'_>>,
-    running_var: Option<&Layout<'_>>,
-    counts: &Layout<'_>,
-    [mean_all, invstd_all]: [&Layout<'_>; 2],
-) -> Result<Plan> {
-    running_pair(running_mean.is_some(), running_var.is_some())?;
-    input_dtypes(input, mean, invstd, running_mean, running_var, counts)?;
+fn validate_call(inputs: &Inputs<'_>, [mean_all, invstd_all]: [&Layout<'_>; 2]) -> Result<Plan> {
+    running_pair(inputs.running_mean.is_some(), inputs.running_var.is_some())?;
+    input_dtypes(inputs)?;
     validate::dtype_in("meanAll", mean_all, &FLOAT_DTYPES, "")?;
     validate::dtype_in("invstdAll", invstd_all, &FLOAT_DTYPES, "")?;
-    let plan = input_shapes(input, mean, invstd, running_mean, running_var, counts)?;
+    let plan = input_shapes(inputs)?;
     validate::per_channel_output("meanAll", mean_all, plan.channels)?;
     validate::per_channel_output("invstdAll", invstd_all, plan.channels)?;
     Ok(plan)
@@ -373,14 +360,14 @@ pub(crate) fn validate_args(
     momentum: f64,
     eps: f64,
 ) -> Result<()> {
-    validate_inputs(
-        &input.layout(),
+    validate_inputs(&Inputs {
+        input: &input.layout(),
         mean,
         invstd,
-        running_mean.map(Tensor::layout).as_ref(),
-        running_var.map(Tensor::layout).as_ref(),
+        running_mean: running_mean.map(Tensor::layout).as_ref(),
+        running_var: running_var.map(Tensor::layout).as_ref(),
         counts,
-    )?;
+    })?;
     check_streams(stream, [(Some(input), "input"), (running_mean, "runningMean"), (running_var, "runningVar")])?;
     scalars(momentum, eps)
 }
