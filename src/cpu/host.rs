@@ -1,16 +1,22 @@
 //! Host tensors as the CPU kernels read and write them.
 
-use crate::dtype::SliceRef;
+use crate::cpu::{View, ViewMut};
 use crate::error::{Error, Result};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::Tensor;
 
-/// The whole storage of a host tensor (the view's elements lie at its offset and strides), or
-/// `None` for a device tensor.
-pub(crate) fn storage(t: &Tensor) -> Option<SliceRef<'_>> {
-    match &t.storage {
-        Storage::Host(h) => Some(h.as_slice_ref()),
-        Storage::Device(_) => None,
-    }
+/// The host view of `t` (argument `name`) on the CPU path, where every tensor's stream was
+/// checked: a device tensor here is this crate's bug ([`Error::Internal`]).
+pub(crate) fn view<'t>(t: &'t Tensor, name: &'static str) -> Result<View<'t>> {
+    t.as_host_view().ok_or_else(|| device_on_cpu(name))
+}
+
+/// [`view`], mutably (an output).
+pub(crate) fn view_mut<'t>(t: &'t mut Tensor, name: &'static str) -> Result<ViewMut<'t>> {
+    t.as_host_view_mut().ok_or_else(|| device_on_cpu(name))
+}
+
+fn device_on_cpu(name: &'static str) -> Error {
+    Error::internal(format!("{name}: a device tensor reached the CPU backend"))
 }
 
 /// Writes `values[i]` (rounded once into the tensor's dtype) to element `i` of a validated rank-1
@@ -20,9 +26,7 @@ pub(crate) fn write_vector(t: &mut Tensor, name: &'static str, values: impl Into
         ([len], [stride]) => (t.offset(), *stride, *len),
         _ => return Err(Error::invalid(name, format!("expected a rank-1 tensor, got shape {:?}", t.shape()))),
     };
-    let Some(mut view) = t.as_host_view_mut() else {
-        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
-    };
+    let mut view = view_mut(t, name)?;
     for (i, v) in values.into_iter().take(len).enumerate() {
         view.set_f64(offset + i * stride, v);
     }
@@ -61,10 +65,10 @@ pub(crate) fn try_collect<T>(n: usize, values: impl IntoIterator<Item = T>) -> R
 /// The elements of a validated host tensor in row-major order, widened exactly to f64 (empty for a
 /// device tensor), or [`Error::HostAlloc`] for more than the host can hold.
 pub(crate) fn values(t: &Tensor) -> Result<Vec<f64>> {
-    let Some(view) = t.as_host_view() else {
+    let Some(v) = t.as_host_view() else {
         return Ok(Vec::new());
     };
-    let mut v = try_with_capacity(t.numel())?;
-    view.for_each_f64(|x| v.push(x));
-    Ok(v)
+    let mut out = try_with_capacity(t.numel())?;
+    v.for_each_f64(|x| out.push(x));
+    Ok(out)
 }

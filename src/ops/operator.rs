@@ -18,8 +18,7 @@ use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, symbols, OpApi};
 use super::launch::{self, Phase2};
 use super::prepared::Prepared;
 use super::validate;
-use crate::cpu::{View, ViewMut};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -123,21 +122,6 @@ impl<'a, A: Outputs<'a>, B: Outputs<'a>> Outputs<'a> for (A, B) {
     fn into_shared(self) -> impl Iterator<Item = Option<&'a Tensor>> {
         self.0.into_shared().chain(self.1.into_shared())
     }
-}
-
-/// The host view of `t` (argument `name`) on the CPU path, where every tensor's stream was
-/// checked: a device tensor here is this crate's bug ([`Error::Internal`]).
-pub(crate) fn host<'t>(t: &'t Tensor, name: &'static str) -> Result<View<'t>> {
-    t.as_host_view().ok_or_else(|| device_on_cpu(name))
-}
-
-/// [`host`], mutably (an output).
-pub(crate) fn host_mut<'t>(t: &'t mut Tensor, name: &'static str) -> Result<ViewMut<'t>> {
-    t.as_host_view_mut().ok_or_else(|| device_on_cpu(name))
-}
-
-fn device_on_cpu(name: &'static str) -> Error {
-    Error::internal(format!("{name}: a device tensor reached the CPU backend"))
 }
 
 /// Checks that every given tensor lives where `stream` runs work, in order.

@@ -6,7 +6,7 @@
 
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
 use crate::cpu::host;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// The per-channel constants, in f32, [`tile`]d.
@@ -47,12 +47,8 @@ pub(super) fn run(
     };
     let p = Params { mean: tile(&mean)?, scale: tile(&scale)?, bias: tile(&bias)? };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
-    let Some(x) = input.as_host_view() else {
-        return Err(Error::internal("input: a device tensor reached the CPU backend"));
-    };
-    let Some(y) = output.as_host_view_mut() else {
-        return Err(Error::internal("output: a device tensor reached the CPU backend"));
-    };
+    let x = host::view(input, "input")?;
+    let y = host::view_mut(output, "output")?;
     let src = Src::new(x.storage(), input.shape(), input.strides(), input.offset());
     let dst = Dst::new(y.into_storage(), &shape, &out_strides, out_offset);
     channelwise::map([src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels))
@@ -81,9 +77,7 @@ fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
 
 /// A validated `[C]` float vector, widened to f32 (exact for f32, f16 and bf16).
 pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
-    let Some(v) = t.as_host_view() else {
-        return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
-    };
+    let v = host::view(t, name)?;
     let mut out = host::try_with_capacity(t.numel())?;
     v.for_each_f32(|x| out.push(x));
     Ok(out)

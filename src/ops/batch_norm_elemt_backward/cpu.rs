@@ -7,7 +7,7 @@
 use super::Args;
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
 use crate::cpu::host;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// The per-channel constants, in f64, [`tile`]d.
@@ -25,9 +25,7 @@ struct Coefficients {
 pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let c = args.input.shape()[1];
     let wide = |t: &Tensor, name| -> Result<Vec<f64>> {
-        let Some(v) = t.as_host_view() else {
-            return Err(Error::internal(format!("{name}: a device tensor reached the CPU backend")));
-        };
+        let v = host::view(t, name)?;
         let mut out = host::try_with_capacity(t.numel())?;
         v.for_each_f64(|x| out.push(x));
         Ok(out)
@@ -47,12 +45,8 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let co = Coefficients { mean: tile(&mean)?, a: tile(&a)?, b: tile(&b)?, k: tile(&k)? };
     let (shape, out_strides, out_offset) =
         (grad_input.shape().to_vec(), grad_input.strides().to_vec(), grad_input.offset());
-    let (Some(dy), Some(x)) = (args.grad_out.as_host_view(), args.input.as_host_view()) else {
-        return Err(Error::internal("input: a device tensor reached the CPU backend"));
-    };
-    let Some(out) = grad_input.as_host_view_mut() else {
-        return Err(Error::internal("gradInput: a device tensor reached the CPU backend"));
-    };
+    let (dy, x) = (host::view(args.grad_out, "gradOut")?, host::view(args.input, "input")?);
+    let out = host::view_mut(grad_input, "gradInput")?;
     let srcs = [
         Src::new(dy.storage(), args.grad_out.shape(), args.grad_out.strides(), args.grad_out.offset()),
         Src::new(x.storage(), args.input.shape(), args.input.strides(), args.input.offset()),
@@ -66,14 +60,10 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
 /// for integer counts below 2^53. A counter broadcast over its W ranks (stride 0) is W times its
 /// element, without walking W elements (nothing ties W to the input).
 fn counter_sum(counter: &Tensor) -> Result<f64> {
-    let Some(v) = counter.as_host_view() else {
-        return Err(Error::internal("counter: a device tensor reached the CPU backend"));
-    };
+    let v = host::view(counter, "counter")?;
     let w = counter.shape()[0];
     if w > 1 && counter.strides()[0] == 0 {
-        let Some(data) = host::storage(counter) else {
-            return Err(Error::internal("counter: a device tensor reached the CPU backend"));
-        };
+        let data = v.storage();
         // From +0 as the sum is: W·(−0) is −0, 0 + W·(−0) is +0.
         return Ok(0.0 + w as f64 * data.get_f64(counter.offset()));
     }

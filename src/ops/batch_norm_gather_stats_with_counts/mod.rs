@@ -406,7 +406,7 @@ fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool
 
 /// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
 fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
-    let data = super::operator::host(t, name)?.storage();
+    let data = host::view(t, name)?.storage();
     let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
     host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
 }

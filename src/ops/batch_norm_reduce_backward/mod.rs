@@ -13,8 +13,9 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use self::validate::Plan;
 use super::launch::Phase2;
-use super::operator::{check_streams, host, host_mut, prepare, run, run_checked, Arg, Handles, Operator};
+use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
+use crate::cpu::host;
 use crate::cpu::ViewMut;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -190,11 +191,11 @@ impl<'a> Operator<'a> for Args<'a> {
     }
 
     fn cpu(self, plan: Plan, outs: Self::Outputs) -> Result<()> {
-        let (grad_out, input) = (host(self.grad_out, "gradOut")?, host(self.input, "input")?);
-        let (mean, invstd) = (host(self.mean, "mean")?, host(self.invstd, "invstd")?);
+        let (grad_out, input) = (host::view(self.grad_out, "gradOut")?, host::view(self.input, "input")?);
+        let (mean, invstd) = (host::view(self.mean, "mean")?, host::view(self.invstd, "invstd")?);
         let mut views: [Option<ViewMut<'_>>; 4] = Default::default();
         for ((view, out), name) in views.iter_mut().zip(outs).zip(validate::OUTPUT_NAMES) {
-            *view = out.map(|t| host_mut(t, name)).transpose()?;
+            *view = out.map(|t| host::view_mut(t, name)).transpose()?;
         }
         cpu::run(&plan, self.mask, grad_out, input, mean, invstd, views)
     }

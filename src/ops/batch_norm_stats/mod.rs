@@ -4,7 +4,7 @@
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, host, prepare, run, run_checked, Arg, Handles, Operator};
+use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate;
 use crate::cpu::host;
@@ -136,7 +136,7 @@ impl<'a> Operator<'a> for Args<'a> {
     }
 
     fn cpu(self, _c: usize, [mean, invstd]: Self::Outputs) -> Result<()> {
-        let (input, data) = (self.input, host(self.input, "input")?.storage());
+        let (input, data) = (self.input, host::view(self.input, "input")?.storage());
         let view = cpu::Input::new(data, input.shape(), input.strides(), input.offset());
         let moments = cpu::channel_moments(view, 0)?;
         // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
