@@ -67,7 +67,16 @@ struct ascend_mock_executor {
     const char *op;
     int repeatable;
     uint64_t launches;
+    /* A repeatable executor's launches queued and not yet run or skipped (their tasks look the
+     * executor up by handle when they are dropped, and decrement this). */
+    uint64_t inflight;
     void (*destroy)(ascend_mock_executor *self); /* frees the struct; called with the lock held */
+    /* The index-th present input (output == 0: an argument the kernel only reads) or output
+     * (output == 1: one it writes, in-place tensors included) of the executor's phase-1 call,
+     * counted in the operator's argument order, absent optional arguments skipped: returns its
+     * name and stores its tensor handle in *handle, or returns NULL when index is out of range.
+     * Called with the lock held. */
+    const char *(*arg_at)(ascend_mock_executor *self, int output, size_t index, uint64_t *handle);
 };
 
 /* A device byte range a queued task reads or writes: [addr, addr+len) inside allocation alloc_id.

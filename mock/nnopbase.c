@@ -226,13 +226,66 @@ aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
     return r;
 }
 
+/* Counts a rebind violation of `api`, sets its error text and returns 161002. */
+static aclnnStatus rebind_reject(const char *api, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static aclnnStatus rebind_reject(const char *api, const char *fmt, ...) {
+    char detail[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    ascend_mock_violation("%s: %s", api, detail);
+    ascend_mock_set_error("%s failed. ERROR: %d. AclNN_Parameter_Error(EZ1001): %s", api, ACLNN_ERR_PARAM_INVALID,
+                          detail);
+    return ACLNN_ERR_PARAM_INVALID;
+}
+
+/* What `h` is to executor e, for a rebind error: "which is input mean (index 1)", "which is output
+ * meanAll (index 0)" or "which is not a present argument of this executor". */
+static const char *arg_text(ascend_mock_executor *e, uint64_t h, char *buf, size_t cap) {
+    for (int output = 0; output < 2; output++) {
+        uint64_t at;
+        const char *name;
+        for (size_t i = 0; (name = e->arg_at(e, output, i, &at)) != NULL; i++) {
+            if (at == h) {
+                snprintf(buf, cap, "which is %s %s (index %zu)", output ? "output" : "input", name, i);
+                return buf;
+            }
+        }
+    }
+    return "which is not a present argument of this executor";
+}
+
+/* The present inputs (or outputs) of e, for a rebind error: "3 present inputs: input, mean, invstd". */
+static const char *args_text(ascend_mock_executor *e, int output, char *buf, size_t cap) {
+    char names[256] = "";
+    size_t n = 0, len = 0;
+    uint64_t at;
+    const char *name;
+    for (; (name = e->arg_at(e, output, n, &at)) != NULL; n++) {
+        if (len < sizeof names) {
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", n ? ", " : "", name);
+        }
+    }
+    snprintf(buf, cap, "%zu present %s%s%s", n, output ? "outputs" : "inputs", n ? ": " : "", names);
+    return buf;
+}
+
 /* aclSetInputTensorAddr / aclSetOutputTensorAddr: rebinds the device address of a tensor of a
  * repeatable executor. As the opapi (aclnn operator) path of nnopbase does, the address is set on the
- * aclTensor itself, so the executor's next phase-2 call uses it; `index` (the tensor's position among
- * the operator's present inputs, or outputs, see docs/cann/API.md 2.4) is not checked by the mock.
- * Rejected (violation): a dead or non-repeatable executor, a dead tensor, an address that is not
- * 32-byte aligned or whose storage does not lie inside one live device allocation. */
-static aclnnStatus set_tensor_addr(const char *api, aclOpExecutor *executor, aclTensor *tensor, void *addr) {
+ * aclTensor itself, so the executor's next phase-2 call uses it.
+ * `index` is checked, which real CANN's opapi path does not do (it ignores the index; only the
+ * nnopbase custom-op path uses it, see docs/cann/API.md 2.4): the mock is stricter on purpose, so
+ * that a caller (the Rust launch cache) is proven to pass the right index for the right tensor, as
+ * an executor of the other path needs. The tensor must be the index-th *present* input (an argument
+ * the kernel only reads), resp. output (one it writes, in-place tensors included), of the
+ * executor's phase-1 call, counted in the operator's argument order; absent optional arguments are
+ * not counted (ascend_mock_executor.arg_at).
+ * Rejected (violation): a dead or non-repeatable executor, a dead tensor, an index out of range or
+ * whose argument is another tensor, an address that is not 32-byte aligned or whose storage does not
+ * lie inside one live device allocation. */
+static aclnnStatus set_tensor_addr(const char *api, int output, aclOpExecutor *executor, size_t index,
+                                   aclTensor *tensor, void *addr) {
     MOCK_ENTER(api, NULL);
     if (!executor || !tensor) {
         ascend_mock_set_error("%s failed. ERROR: %d. %s is null.", api, ACLNN_ERR_INNER_NULLPTR,
@@ -255,14 +308,34 @@ static aclnnStatus set_tensor_addr(const char *api, aclOpExecutor *executor, acl
         return ACLNN_ERR_PARAM_INVALID;
     }
     int state;
-    ascend_mock_tensor *t =
-        ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_TENSOR, (uint64_t)(uintptr_t)tensor, &state);
+    uint64_t h = (uint64_t)(uintptr_t)tensor;
+    ascend_mock_tensor *t = ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_TENSOR, h, &state);
     if (!t) {
         ascend_mock_violation("%s: tensor %p is %s", api, (void *)tensor, ascend_mock_state_text(state));
         ascend_mock_set_error("%s failed. ERROR: %d. tensor %p is %s.", api, ACLNN_ERR_PARAM_INVALID, (void *)tensor,
                               ascend_mock_state_text(state));
         ascend_mock_unlock();
         return ACLNN_ERR_PARAM_INVALID;
+    }
+    const char *kind = output ? "output" : "input";
+    uint64_t expected = 0;
+    const char *name = e->arg_at(e, output, index, &expected);
+    char given[128], list[320];
+    if (!name) {
+        r = rebind_reject(api,
+                          "index %zu is out of range: executor %p of %s has %s (absent optional arguments are not "
+                          "counted); given tensor %p, %s",
+                          index, (void *)executor, e->op, args_text(e, output, list, sizeof list), (void *)tensor,
+                          arg_text(e, h, given, sizeof given));
+        ascend_mock_unlock();
+        return r;
+    }
+    if (expected != h) {
+        r = rebind_reject(api, "%s index %zu of executor %p of %s is %s (tensor %p), but tensor %p was given, %s",
+                          kind, index, (void *)executor, e->op, name, (void *)(uintptr_t)expected, (void *)tensor,
+                          arg_text(e, h, given, sizeof given));
+        ascend_mock_unlock();
+        return r;
     }
     uint64_t bytes = t->storage_numel * t->elem_size;
     uint64_t alloc_id = 0;
@@ -287,15 +360,18 @@ static aclnnStatus set_tensor_addr(const char *api, aclOpExecutor *executor, acl
 }
 
 aclnnStatus aclSetInputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr) {
-    (void)index;
-    return set_tensor_addr("aclSetInputTensorAddr", executor, tensor, addr);
+    return set_tensor_addr("aclSetInputTensorAddr", 0, executor, index, tensor, addr);
 }
 
 aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr) {
-    (void)index;
-    return set_tensor_addr("aclSetOutputTensorAddr", executor, tensor, addr);
+    return set_tensor_addr("aclSetOutputTensorAddr", 1, executor, index, tensor, addr);
 }
 
+/* aclDestroyAclOpExecutor. A repeatable executor with launches queued that have not run yet is not
+ * freed (a violation, 161002): the caller must synchronise the stream first. (The queued tasks hold
+ * copies of the call and look the executor up by handle only when they are dropped, so they would
+ * survive a destroyed one; refusing keeps the mistake visible and the caller's handle valid for
+ * the destroy it must retry.) */
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
     static const char api[] = "aclDestroyAclOpExecutor";
     MOCK_ENTER(api, NULL);
@@ -306,7 +382,14 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
     ascend_mock_lock();
     int r = ACLNN_SUCCESS;
     ascend_mock_executor *e = executor_get(api, executor, &r);
-    if (e) {
+    if (e && e->inflight) {
+        ascend_mock_violation("%s: executor %p of %s is destroyed while %llu launches of it are queued and have not "
+                              "run (synchronise the stream first; not freed)",
+                              api, (void *)executor, e->op, (unsigned long long)e->inflight);
+        ascend_mock_set_error("%s failed. ERROR: %d. executor %p has %llu launches queued that have not run.", api,
+                              ACLNN_ERR_PARAM_INVALID, (void *)executor, (unsigned long long)e->inflight);
+        r = ACLNN_ERR_PARAM_INVALID;
+    } else if (e) {
         if (!e->repeatable) {
             ascend_mock_violation("%s: executor %p of %s is not repeatable: CANN frees it in the phase-2 call, and "
                                   "destroying it yourself is undocumented (freed anyway)",

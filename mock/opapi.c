@@ -214,9 +214,8 @@ typedef struct op_executor {
     ascend_mock_executor base; /* first: the toolkit's executor head */
     const mock_op *op;
     mock_op_call call;
-    /* A repeatable executor: its launches queued and not yet run or skipped, and their stream
-     * (a repeatable executor must not be launched on two streams at once). */
-    uint64_t inflight;
+    /* A repeatable executor: the stream of its launches queued and not yet run or skipped
+     * (base.inflight of them; a repeatable executor must not be launched on two streams at once). */
     aclrtStream stream;
 } op_executor;
 
@@ -232,6 +231,25 @@ static void op_executor_destroy(ascend_mock_executor *e) {
     free(e);
 }
 
+/* ascend_mock_executor.arg_at: inputs are the used arguments the kernel only reads, outputs the
+ * used ones it writes, each in the operator's argument order (as the Rust bindings number them
+ * for aclSetInputTensorAddr / aclSetOutputTensorAddr). An unused argument (an absent optional
+ * one, or an output the operator's mask turns off) is not part of the executor and not counted. */
+static const char *op_executor_arg_at(ascend_mock_executor *base, int output, size_t index, uint64_t *handle) {
+    const mock_op_call *c = &((op_executor *)base)->call;
+    for (int i = 0; i < c->nargs; i++) {
+        const mock_op_arg *a = &c->args[i];
+        if (!a->used || !a->write != !output) {
+            continue;
+        }
+        if (index-- == 0) {
+            *handle = (uint64_t)(uintptr_t)a->handle;
+            return a->name;
+        }
+    }
+    return NULL;
+}
+
 static int op_task_run(void *payload) {
     op_task *k = payload;
     return k->op->run(k->op, &k->call);
@@ -242,8 +260,8 @@ static void op_task_drop(void *payload) {
     if (k->executor) {
         int state;
         op_executor *e = op_executor_get(k->op, (aclOpExecutor *)(uintptr_t)k->executor, &state);
-        if (e && e->inflight) {
-            e->inflight--;
+        if (e && e->base.inflight) {
+            e->base.inflight--;
         }
     }
     free(payload);
@@ -314,6 +332,7 @@ aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *
     if (!r) {
         e->base.op = op->phase2;
         e->base.destroy = op_executor_destroy;
+        e->base.arg_at = op_executor_arg_at;
         e->base.handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_EXECUTOR, e);
         *workspaceSize = c->ws_size;
         *executor = (aclOpExecutor *)(uintptr_t)e->base.handle;
@@ -484,7 +503,7 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
     }
     k->call.ws = e->call.ws_size ? workspace : NULL;
     if (e->base.repeatable) {
-        if (e->inflight && e->stream != stream) {
+        if (e->base.inflight && e->stream != stream) {
             free(k);
             r = p2_violation(op, ACLNN_ERR_PARAM_INVALID,
                              "repeatable executor %p is launched on stream %p while its launch on stream %p has not "
@@ -492,7 +511,7 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
                              (void *)executor, (void *)stream, (void *)e->stream);
             goto out;
         }
-        e->inflight++;
+        e->base.inflight++;
         e->stream = stream;
         k->executor = e->base.handle;
     }

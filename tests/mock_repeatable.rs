@@ -5,14 +5,22 @@
 //! memory was freed and not rebound, rebinding a non-repeatable executor, or rebinding to an
 //! address that does not hold the storage are violations, and so is launching one on a second
 //! stream while its launch on the first has not run.
+//!
+//! The mock checks the `index` of a rebind (real CANN's opapi path ignores it; the mock is stricter
+//! so that callers are proven to pass the right one): the tensor must be the index-th *present*
+//! input (read-only argument) or output (written argument), in prototype order, absent optional
+//! arguments not counted. Rebinds by index on `aclnnBatchNormElemt` without weight and bias and on
+//! `aclnnBatchNormReduceBackward` with two outputs masked off launch and match an f64 reference; a
+//! wrong index, an index out of range or another executor's tensor is a violation (161002), and so
+//! is destroying a repeatable executor while a launch of it is queued and has not run.
 #![cfg(feature = "mock")]
 
 mod common;
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::ptr;
 
-use ascend_sys::symbols::BATCH_NORM_STATS;
+use ascend_sys::symbols::{BATCH_NORM_ELEMT, BATCH_NORM_REDUCE_BACKWARD, BATCH_NORM_STATS};
 use ascend_sys::{aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann};
 
 const N: usize = 6;
@@ -100,6 +108,117 @@ impl Session {
         // SAFETY: live descriptors and valid out-pointers.
         assert_eq!(unsafe { f(input, EPS, mean, invstd, &mut size, &mut exec) }, 0);
         (size, exec)
+    }
+
+    /// The thread's aclGetRecentErrMsg (consumed), or "".
+    fn err(&self) -> String {
+        // SAFETY: returns null or a NUL-terminated string valid until the next call on this thread.
+        unsafe {
+            let p = self.c.acl.aclGetRecentErrMsg();
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        }
+    }
+
+    /// A workspace of `size` bytes (null for none).
+    fn workspace(&self, size: u64) -> *mut c_void {
+        if size == 0 {
+            ptr::null_mut()
+        } else {
+            self.malloc(size as usize)
+        }
+    }
+
+    fn rebind_input(&self, exec: *mut aclOpExecutor, index: usize, t: *mut aclTensor, mem: *mut c_void) -> i32 {
+        // SAFETY: the mock validates the executor, the tensor, the index and the address.
+        unsafe { self.c.nnopbase.aclSetInputTensorAddr(exec, index, t, mem) }
+    }
+
+    fn rebind_output(&self, exec: *mut aclOpExecutor, index: usize, t: *mut aclTensor, mem: *mut c_void) -> i32 {
+        // SAFETY: the mock validates the executor, the tensor, the index and the address.
+        unsafe { self.c.nnopbase.aclSetOutputTensorAddr(exec, index, t, mem) }
+    }
+
+    fn destroy_executor(&self, exec: *mut aclOpExecutor) -> i32 {
+        // SAFETY: the mock validates the handle (and refuses to free one with queued launches).
+        unsafe { self.c.nnopbase.aclDestroyAclOpExecutor(exec) }
+    }
+
+    fn repeatable(&self, exec: *mut aclOpExecutor) {
+        // SAFETY: a live executor fresh from phase 1.
+        assert_eq!(unsafe { self.c.nnopbase.aclSetAclOpExecutorRepeatable(exec) }, 0);
+    }
+
+    /// Phase 1 of aclnnBatchNormElemt without weight and bias: (workspace bytes, executor).
+    fn elemt_phase1(
+        &self,
+        input: *mut aclTensor,
+        mean: *mut aclTensor,
+        invstd: *mut aclTensor,
+        output: *mut aclTensor,
+    ) -> (u64, *mut aclOpExecutor) {
+        let api = self.c.operator(&BATCH_NORM_ELEMT).unwrap();
+        let f = api.aclnnBatchNormElemtGetWorkspaceSize.as_ref().unwrap();
+        let (mut size, mut exec) = (0u64, ptr::null_mut());
+        // SAFETY: live descriptors (weight and bias absent) and valid out-pointers.
+        let st = unsafe { f(input, ptr::null(), ptr::null(), mean, invstd, EPS, output, &mut size, &mut exec) };
+        assert_eq!(st, 0, "{}", self.err());
+        (size, exec)
+    }
+
+    fn elemt_phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
+        let api = self.c.operator(&BATCH_NORM_ELEMT).unwrap();
+        let f = api.aclnnBatchNormElemt.as_ref().unwrap();
+        // SAFETY: a live executor; the workspace holds `size` bytes; the default stream.
+        unsafe { f(ws, size, exec, ptr::null_mut()) }
+    }
+
+    /// Phase 1 of aclnnBatchNormReduceBackward without weight, the mask (inputG, weightG, biasG) =
+    /// (false, true, true): sumDy and sumDyXmu absent. (workspace bytes, executor).
+    fn reduce_backward_phase1(
+        &self,
+        grad_out: *mut aclTensor,
+        input: *mut aclTensor,
+        mean: *mut aclTensor,
+        invstd: *mut aclTensor,
+        grad_weight: *mut aclTensor,
+        grad_bias: *mut aclTensor,
+    ) -> (u64, *mut aclOpExecutor) {
+        let api = self.c.operator(&BATCH_NORM_REDUCE_BACKWARD).unwrap();
+        let f = api.aclnnBatchNormReduceBackwardGetWorkspaceSize.as_ref().unwrap();
+        let (mut size, mut exec) = (0u64, ptr::null_mut());
+        let none = ptr::null_mut();
+        // SAFETY: live descriptors (weight, sumDy and sumDyXmu absent) and valid out-pointers.
+        let st = unsafe {
+            f(
+                grad_out,
+                input,
+                mean,
+                invstd,
+                ptr::null(),
+                false,
+                true,
+                true,
+                none,
+                none,
+                grad_weight,
+                grad_bias,
+                &mut size,
+                &mut exec,
+            )
+        };
+        assert_eq!(st, 0, "{}", self.err());
+        (size, exec)
+    }
+
+    fn reduce_backward_phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
+        let api = self.c.operator(&BATCH_NORM_REDUCE_BACKWARD).unwrap();
+        let f = api.aclnnBatchNormReduceBackward.as_ref().unwrap();
+        // SAFETY: a live executor; the workspace holds `size` bytes; the default stream.
+        unsafe { f(ws, size, exec, ptr::null_mut()) }
     }
 
     fn phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
@@ -306,6 +425,348 @@ fn a_repeatable_executor_on_two_streams_at_once_is_a_violation() {
         s.destroy(t);
     }
     for m in [input_mem, mean_mem, invstd_mem, ws] {
+        s.free(m);
+    }
+}
+
+/// Per-channel statistics to feed the operators: mean in [-1, 1], invstd in [0.5, 2].
+fn random_stats(seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = common::Rng::new(seed);
+    let mean = (0..C).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+    let invstd = (0..C).map(|_| rng.uniform(0.5, 2.0) as f32).collect();
+    (mean, invstd)
+}
+
+/// The f64 reference of aclnnBatchNormElemt without weight and bias: (x - mean) * invstd.
+fn elemt_reference(x: &[f32], mean: &[f32], invstd: &[f32]) -> Vec<f64> {
+    (0..N * C).map(|i| (x[i] as f64 - mean[i % C] as f64) * invstd[i % C] as f64).collect()
+}
+
+/// The f64 reference of aclnnBatchNormReduceBackward's (gradWeight, gradBias) per channel, and
+/// the magnitude of the sums behind gradWeight (its f32 rounding error scales with it).
+fn reduce_backward_reference(dy: &[f32], x: &[f32], mean: &[f32], invstd: &[f32]) -> [Vec<f64>; 3] {
+    let at = |v: &[f32], n: usize, c: usize| v[n * C + c] as f64;
+    let grad_bias: Vec<f64> = (0..C).map(|c| (0..N).map(|n| at(dy, n, c)).sum()).collect();
+    let grad_weight =
+        (0..C).map(|c| (0..N).map(|n| at(dy, n, c) * (at(x, n, c) - mean[c] as f64)).sum::<f64>() * invstd[c] as f64);
+    let scale = (0..C).map(|c| {
+        (0..N).map(|n| (at(dy, n, c) * at(x, n, c)).abs() + (mean[c] as f64 * at(dy, n, c)).abs()).sum::<f64>()
+            * invstd[c] as f64
+    });
+    [grad_weight.collect(), grad_bias, scale.collect()]
+}
+
+/// A rebind by index counts only the present arguments: aclnnBatchNormElemt without weight and
+/// bias has the inputs input (0), mean (1) and invstd (2), the output output (0). Rebound to new
+/// memory (the old freed), it launches again and matches the f64 reference.
+#[test]
+fn a_rebind_by_index_skips_absent_optional_inputs() {
+    common::mock::isolated(|_| {
+        let s = Session::new();
+        let (x1, (mean1, invstd1)) = (random_input(6), random_stats(7));
+        let mem1 = [s.upload(&x1), s.upload(&mean1), s.upload(&invstd1), s.malloc(N * C * 4)];
+        let input = s.tensor(&[N as i64, C as i64], mem1[0]);
+        let (mean, invstd) = (s.tensor(&[C as i64], mem1[1]), s.tensor(&[C as i64], mem1[2]));
+        let output = s.tensor(&[N as i64, C as i64], mem1[3]);
+        let (size, exec) = s.elemt_phase1(input, mean, invstd, output);
+        s.repeatable(exec);
+        let ws = s.workspace(size);
+        assert_eq!(s.elemt_phase2(ws, size, exec), 0, "{}", s.err());
+        assert_close(&s.download(mem1[3], N * C), &elemt_reference(&x1, &mean1, &invstd1), "output");
+
+        let (x2, (mean2, invstd2)) = (random_input(8), random_stats(9));
+        let mem2 = [s.upload(&x2), s.upload(&mean2), s.upload(&invstd2), s.malloc(N * C * 4)];
+        for m in mem1 {
+            s.free(m);
+        }
+        for (i, (t, m)) in [(input, mem2[0]), (mean, mem2[1]), (invstd, mem2[2])].into_iter().enumerate() {
+            assert_eq!(s.rebind_input(exec, i, t, m), 0, "input {i}: {}", s.err());
+        }
+        assert_eq!(s.rebind_output(exec, 0, output, mem2[3]), 0, "{}", s.err());
+        assert_eq!(s.elemt_phase2(ws, size, exec), 0, "{}", s.err());
+        let got = s.download(mem2[3], N * C);
+        assert_close(&got, &elemt_reference(&x2, &mean2, &invstd2), "output after rebinding");
+
+        assert_eq!(s.destroy_executor(exec), 0);
+        for t in [input, mean, invstd, output] {
+            s.destroy(t);
+        }
+        for m in mem2.into_iter().chain([ws].into_iter().filter(|p| !p.is_null())) {
+            s.free(m);
+        }
+    });
+}
+
+/// Outputs the mask turns off are absent and not counted: aclnnBatchNormReduceBackward with
+/// (inputG, weightG, biasG) = (false, true, true) has the outputs gradWeight (0) and gradBias (1),
+/// not 2 and 3. Rebound to new memory, it launches again and matches the f64 reference.
+#[test]
+fn a_rebind_by_index_skips_outputs_the_mask_turns_off() {
+    common::mock::isolated(|_| {
+        let s = Session::new();
+        let shape = [N as i64, C as i64];
+        let values = |seed: u64| (random_input(seed), random_input(seed + 1), random_stats(seed + 2));
+        let (dy1, x1, (mean1, invstd1)) = values(10);
+        let mem1 =
+            [s.upload(&dy1), s.upload(&x1), s.upload(&mean1), s.upload(&invstd1), s.malloc(C * 4), s.malloc(C * 4)];
+        let (grad_out, input) = (s.tensor(&shape, mem1[0]), s.tensor(&shape, mem1[1]));
+        let (mean, invstd) = (s.tensor(&[C as i64], mem1[2]), s.tensor(&[C as i64], mem1[3]));
+        let (grad_weight, grad_bias) = (s.tensor(&[C as i64], mem1[4]), s.tensor(&[C as i64], mem1[5]));
+        let (size, exec) = s.reduce_backward_phase1(grad_out, input, mean, invstd, grad_weight, grad_bias);
+        s.repeatable(exec);
+        let ws = s.workspace(size);
+        let check = |mem: &[*mut c_void; 6], [gw, gb, scale]: [Vec<f64>; 3], when: &str| {
+            let (got_w, got_b) = (s.download(mem[4], C), s.download(mem[5], C));
+            for c in 0..C {
+                let tol_w = 1e-5 * (scale[c] + 1.0);
+                assert!((got_w[c] as f64 - gw[c]).abs() <= tol_w, "gradWeight[{c}] {when}: {} vs {}", got_w[c], gw[c]);
+            }
+            assert_close(&got_b, &gb, &format!("gradBias {when}"));
+        };
+        assert_eq!(s.reduce_backward_phase2(ws, size, exec), 0, "{}", s.err());
+        check(&mem1, reduce_backward_reference(&dy1, &x1, &mean1, &invstd1), "");
+
+        let (dy2, x2, (mean2, invstd2)) = values(20);
+        let mem2 =
+            [s.upload(&dy2), s.upload(&x2), s.upload(&mean2), s.upload(&invstd2), s.malloc(C * 4), s.malloc(C * 4)];
+        for m in mem1 {
+            s.free(m);
+        }
+        for (i, t) in [grad_out, input, mean, invstd].into_iter().enumerate() {
+            assert_eq!(s.rebind_input(exec, i, t, mem2[i]), 0, "input {i}: {}", s.err());
+        }
+        assert_eq!(s.rebind_output(exec, 0, grad_weight, mem2[4]), 0, "{}", s.err());
+        assert_eq!(s.rebind_output(exec, 1, grad_bias, mem2[5]), 0, "{}", s.err());
+        assert_eq!(s.reduce_backward_phase2(ws, size, exec), 0, "{}", s.err());
+        check(&mem2, reduce_backward_reference(&dy2, &x2, &mean2, &invstd2), "after rebinding");
+
+        assert_eq!(s.destroy_executor(exec), 0);
+        for t in [grad_out, input, mean, invstd, grad_weight, grad_bias] {
+            s.destroy(t);
+        }
+        for m in mem2.into_iter().chain([ws].into_iter().filter(|p| !p.is_null())) {
+            s.free(m);
+        }
+    });
+}
+
+/// Asserts that `rebind` is rejected with 161002, as exactly one violation whose message and
+/// error text contain every needle.
+#[track_caller]
+fn expect_rejected(s: &Session, rebind: impl FnOnce() -> i32, needles: &[&str]) {
+    let mut status = 0;
+    let v = violations_of(|| status = rebind());
+    let err = s.err();
+    assert_eq!(status, 161002, "status; violations {v:?}; error {err}");
+    assert_eq!(v.len(), 1, "{v:?}");
+    for needle in needles {
+        assert!(v[0].contains(needle), "no `{needle}` in the violation {:?}", v[0]);
+        assert!(err.contains(needle), "no `{needle}` in the error text {err:?}");
+    }
+}
+
+/// A rebind at the wrong index is a violation and rebinds nothing: aclnnBatchNormStats's outputs
+/// swapped, an output through aclSetInputTensorAddr; on aclnnBatchNormElemt without weight and
+/// bias, mean at index 1 of the inputs as if the absent weight and bias counted (3) is out of
+/// range, and invstd at mean's index (1) is the wrong tensor.
+#[test]
+fn a_rebind_at_the_wrong_index_is_a_violation() {
+    let _guard = common::mock::lock();
+    let _ctx = common::mock::context();
+    let s = Session::new();
+    let x = random_input(30);
+    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
+    let input = s.tensor(&[N as i64, C as i64], input_mem);
+    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (size, exec) = s.phase1(input, mean, invstd);
+    s.repeatable(exec);
+    // Memory the rejected rebinds point at: had one been applied, the launch would write there.
+    let other = s.malloc(N * C * 4);
+    let api = ["aclSetOutputTensorAddr", "aclSetInputTensorAddr"];
+    expect_rejected(
+        &s,
+        || s.rebind_output(exec, 0, invstd, other),
+        &[api[0], "output index 0", "is mean", "invstd (index 1)"],
+    );
+    expect_rejected(
+        &s,
+        || s.rebind_output(exec, 1, mean, other),
+        &[api[0], "output index 1", "is invstd", "mean (index 0)"],
+    );
+    expect_rejected(
+        &s,
+        || s.rebind_input(exec, 0, mean, other),
+        &[api[1], "input index 0", "is input", "output mean (index 0)"],
+    );
+    let ws = s.workspace(size);
+    assert_eq!(s.phase2(ws, size, exec), 0, "{}", s.err());
+    let (m, v) = reference(&x);
+    assert_close(&s.download(mean_mem, C), &m, "mean (the rejected rebinds changed nothing)");
+    assert_close(&s.download(invstd_mem, C), &v, "invstd (the rejected rebinds changed nothing)");
+
+    // aclnnBatchNormElemt without weight and bias: inputs input, mean, invstd.
+    let y_mem = s.malloc(N * C * 4);
+    let output = s.tensor(&[N as i64, C as i64], y_mem);
+    let (_, eexec) = s.elemt_phase1(input, mean, invstd, output);
+    s.repeatable(eexec);
+    expect_rejected(
+        &s,
+        || s.rebind_input(eexec, 3, mean, mean_mem),
+        &[api[1], "index 3 is out of range", "3 present inputs: input, mean, invstd", "input mean (index 1)"],
+    );
+    expect_rejected(&s, || s.rebind_input(eexec, 1, invstd, invstd_mem), &[api[1], "input index 1", "is mean"]);
+    assert_eq!(s.rebind_input(eexec, 1, mean, mean_mem), 0, "the right index: {}", s.err());
+
+    assert_eq!(s.destroy_executor(exec), 0);
+    assert_eq!(s.destroy_executor(eexec), 0);
+    for t in [input, mean, invstd, output] {
+        s.destroy(t);
+    }
+    for m in
+        [input_mem, mean_mem, invstd_mem, other, y_mem].into_iter().chain([ws].into_iter().filter(|p| !p.is_null()))
+    {
+        s.free(m);
+    }
+}
+
+/// An index past the present inputs or outputs is a violation: aclnnBatchNormStats has one input
+/// and two outputs; aclnnBatchNormReduceBackward with sumDy and sumDyXmu masked off has two
+/// outputs, so gradBias at its prototype position among the outputs (3) is out of range.
+#[test]
+fn a_rebind_out_of_range_is_a_violation() {
+    let _guard = common::mock::lock();
+    let _ctx = common::mock::context();
+    let s = Session::new();
+    let x = random_input(40);
+    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
+    let input = s.tensor(&[N as i64, C as i64], input_mem);
+    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (_, exec) = s.phase1(input, mean, invstd);
+    s.repeatable(exec);
+    let api = ["aclSetOutputTensorAddr", "aclSetInputTensorAddr"];
+    expect_rejected(
+        &s,
+        || s.rebind_input(exec, 1, input, input_mem),
+        &[api[1], "index 1 is out of range", "1 present inputs: input", "input input (index 0)"],
+    );
+    expect_rejected(
+        &s,
+        || s.rebind_output(exec, 2, invstd, invstd_mem),
+        &[api[0], "index 2 is out of range", "2 present outputs: mean, invstd", "output invstd (index 1)"],
+    );
+    expect_rejected(&s, || s.rebind_output(exec, usize::MAX, mean, mean_mem), &[api[0], "is out of range"]);
+
+    let (gw_mem, gb_mem) = (s.malloc(C * 4), s.malloc(C * 4));
+    let (grad_weight, grad_bias) = (s.tensor(&[C as i64], gw_mem), s.tensor(&[C as i64], gb_mem));
+    let (_, rexec) = s.reduce_backward_phase1(input, input, mean, invstd, grad_weight, grad_bias);
+    s.repeatable(rexec);
+    expect_rejected(
+        &s,
+        || s.rebind_output(rexec, 3, grad_bias, gb_mem),
+        &[api[0], "index 3 is out of range", "2 present outputs: gradWeight, gradBias", "output gradBias (index 1)"],
+    );
+    assert_eq!(s.rebind_output(rexec, 1, grad_bias, gb_mem), 0, "the right index: {}", s.err());
+
+    assert_eq!(s.destroy_executor(exec), 0);
+    assert_eq!(s.destroy_executor(rexec), 0);
+    for t in [input, mean, invstd, grad_weight, grad_bias] {
+        s.destroy(t);
+    }
+    for m in [input_mem, mean_mem, invstd_mem, gw_mem, gb_mem] {
+        s.free(m);
+    }
+}
+
+/// A tensor of another executor, at an index that is valid for the executor, is a violation: it
+/// is not that argument (nor any present argument of this executor).
+#[test]
+fn a_rebind_to_another_executors_tensor_is_a_violation() {
+    let _guard = common::mock::lock();
+    let _ctx = common::mock::context();
+    let s = Session::new();
+    let x = random_input(50);
+    let mems = [s.upload(&x), s.malloc(C * 4), s.malloc(C * 4), s.upload(&x), s.malloc(C * 4), s.malloc(C * 4)];
+    let t: Vec<*mut aclTensor> = mems
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| if i % 3 == 0 { s.tensor(&[N as i64, C as i64], m) } else { s.tensor(&[C as i64], m) })
+        .collect();
+    let (_, a) = s.phase1(t[0], t[1], t[2]);
+    let (_, b) = s.phase1(t[3], t[4], t[5]);
+    s.repeatable(a);
+    s.repeatable(b);
+    let not_mine = "not a present argument of this executor";
+    expect_rejected(
+        &s,
+        || s.rebind_input(a, 0, t[3], mems[3]),
+        &["aclSetInputTensorAddr", "input index 0", "is input", not_mine],
+    );
+    expect_rejected(
+        &s,
+        || s.rebind_output(a, 1, t[5], mems[5]),
+        &["aclSetOutputTensorAddr", "output index 1", "is invstd", not_mine],
+    );
+    assert_eq!(s.rebind_output(b, 1, t[5], mems[5]), 0, "on its own executor: {}", s.err());
+
+    assert_eq!(s.destroy_executor(a), 0);
+    assert_eq!(s.destroy_executor(b), 0);
+    for &h in &t {
+        s.destroy(h);
+    }
+    for m in mems {
+        s.free(m);
+    }
+}
+
+/// Destroying a repeatable executor while launches of it are queued and have not run is a
+/// violation (161002) and frees nothing: the queued launches still run, and the destroy after
+/// synchronising the stream is clean.
+#[test]
+fn destroying_a_repeatable_executor_with_a_queued_launch_is_a_violation() {
+    let _guard = common::mock::lock();
+    let _ctx = common::mock::context();
+    let s = Session::new();
+    let x = random_input(60);
+    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
+    let input = s.tensor(&[N as i64, C as i64], input_mem);
+    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (size, exec) = s.phase1(input, mean, invstd);
+    s.repeatable(exec);
+    let ws = s.workspace(size);
+    let mut stream: aclrtStream = ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { s.c.acl.aclrtCreateStream(&mut stream) }, 0);
+    assert_eq!(s.phase2_on(ws, size, exec, stream), 0, "{}", s.err());
+    assert_eq!(s.phase2_on(ws, size, exec, stream), 0, "{}", s.err());
+    let live = ascend::mock::stats().live_executors;
+    let mut status = 0;
+    let v = violations_of(|| status = s.destroy_executor(exec));
+    let err = s.err();
+    assert_eq!(status, 161002, "{v:?} {err}");
+    assert!(
+        v.len() == 1
+            && v[0].contains("aclDestroyAclOpExecutor: executor")
+            && v[0].contains("of aclnnBatchNormStats is destroyed while 2 launches of it are queued and have not run"),
+        "{v:?}"
+    );
+    assert!(err.contains("aclDestroyAclOpExecutor failed. ERROR: 161002"), "{err}");
+    assert_eq!(ascend::mock::stats().live_executors, live, "the executor is not freed");
+
+    // SAFETY: `stream` is live.
+    assert_eq!(unsafe { s.c.acl.aclrtSynchronizeStream(stream) }, 0, "the queued launches run");
+    let (m, iv) = reference(&x);
+    assert_close(&s.download(mean_mem, C), &m, "mean");
+    assert_close(&s.download(invstd_mem, C), &iv, "invstd");
+    let v = violations_of(|| assert_eq!(s.destroy_executor(exec), 0, "{}", s.err()));
+    assert!(v.is_empty(), "after synchronising: {v:?}");
+    assert_eq!(ascend::mock::stats().live_executors, live - 1);
+
+    // SAFETY: the stream has drained.
+    assert_eq!(unsafe { s.c.acl.aclrtDestroyStream(stream) }, 0);
+    for t in [input, mean, invstd] {
+        s.destroy(t);
+    }
+    for m in [input_mem, mean_mem, invstd_mem].into_iter().chain([ws].into_iter().filter(|p| !p.is_null())) {
         s.free(m);
     }
 }
