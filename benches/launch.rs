@@ -1,19 +1,19 @@
 //! Host cost of one operator launch on the mock CANN (`cargo bench --features mock --bench launch`).
 //!
-//! Per steady `batch_norm_stats_into` launch (same shapes every time), printed next to raw C
-//! sequences through `ascend-sys` measured in the same run, on the same stream and tensors:
+//! Per steady `batch_norm_stats_into` launch (same shapes every time), with the stream's launch
+//! cache on (the default) and off, printed next to raw C sequences through `ascend-sys` measured
+//! in the same run, on the same stream and tensors:
 //! - the descriptors created and phase-1 calls per launch (`ascend::mock::launch_counters`), and
 //!   the Rust heap allocations per launch (a counting global allocator; the mock's C side is
 //!   not counted);
-//! - host time of our launch vs the raw uncached sequence (3 × `aclCreateTensor`, phase 1,
-//!   phase 2, 3 × `aclDestroyTensor`);
-//! - host time of the raw cached sequence a launch cache would run (a repeatable executor:
-//!   3 × `aclSet{Input,Output}TensorAddr` + phase 2) and of phase 2 alone, the targets a cache
-//!   is measured against.
+//! - host time of our cached launch vs the raw cached sequence (a repeatable executor:
+//!   3 × `aclSet{Input,Output}TensorAddr` + phase 2) and vs phase 2 alone;
+//! - host time of our uncached launch vs the raw uncached sequence (3 × `aclCreateTensor`,
+//!   phase 1, phase 2, 3 × `aclDestroyTensor`).
 //!
 //! Only enqueueing is timed: the mock runs the kernels when the stream is synchronised, which
-//! happens after each timed batch. Every figure is the best of several batches. The raw
-//! sequences use their own allocations of the same sizes.
+//! happens after each timed batch. Every figure is the best of several interleaved batches. The
+//! raw sequences use their own tensors of the same sizes, from the same allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::c_void;
@@ -25,7 +25,7 @@ use std::time::Instant;
 use ascend::ops::batch_norm_stats_into;
 use ascend::{DType, Stream, Tensor};
 use ascend_sys::symbols::BATCH_NORM_STATS;
-use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, aclrtMemMallocPolicy, Cann};
+use ascend_sys::{aclDataType, aclFormat, aclOpExecutor, aclTensor, Cann};
 use common::cpu_model;
 
 mod common;
@@ -62,17 +62,21 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Best time per launch (ns) of `BATCH` calls of `launch`, synchronising `stream` after each batch.
-fn best_ns(stream: &Stream, mut launch: impl FnMut()) -> f64 {
-    let mut best = f64::INFINITY;
+/// The best time per launch (ns) of each variant: `REPEATS` rounds, each timing `BATCH` calls of
+/// every variant in turn (interleaved, so drift in the machine's state favours none), its stream
+/// synchronised after each batch.
+fn best_ns(variants: &mut [(&Stream, &mut dyn FnMut())]) -> Vec<f64> {
+    let mut best = vec![f64::INFINITY; variants.len()];
     for _ in 0..REPEATS {
-        let t = Instant::now();
-        for _ in 0..BATCH {
-            launch();
+        for ((stream, launch), best) in variants.iter_mut().zip(&mut best) {
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                launch();
+            }
+            let ns = t.elapsed().as_nanos() as f64 / BATCH as f64;
+            stream.synchronize().unwrap();
+            *best = best.min(ns);
         }
-        let ns = t.elapsed().as_nanos() as f64 / BATCH as f64;
-        stream.synchronize().unwrap();
-        best = best.min(ns);
     }
     best
 }
@@ -85,20 +89,12 @@ struct RawArgs {
 }
 
 impl RawArgs {
-    fn new(c: &'static Cann) -> RawArgs {
-        let policy = aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST;
-        let mut mem = [ptr::null_mut(); 3];
-        for (m, bytes) in mem.iter_mut().zip([N * C * 4, C * 4, C * 4]) {
-            // SAFETY: a valid out-pointer; device 0 is bound on this thread.
-            assert_eq!(unsafe { c.acl.aclrtMalloc(m, bytes, policy) }, 0);
-            // SAFETY: writes `bytes` bytes of the fresh allocation.
-            assert_eq!(unsafe { c.acl.aclrtMemset(*m, bytes, 0x3f, bytes) }, 0);
-        }
-        let mut ws = ptr::null_mut();
-        let ws_size = 64;
-        // SAFETY: a valid out-pointer.
-        assert_eq!(unsafe { c.acl.aclrtMalloc(&mut ws, ws_size as usize, policy) }, 0);
-        RawArgs { c, mem, ws, ws_size }
+    /// Over the device memory of `input`, `mean`, `invstd` and `ws` (the raw sequences run on
+    /// buffers from the same allocator as ours, so the mock's bookkeeping costs the same).
+    fn new(c: &'static Cann, [input, mean, invstd, ws]: [&Tensor; 4]) -> RawArgs {
+        let mem = [input, mean, invstd].map(|t| t.device_ptr().unwrap());
+        let ws_size = (ws.numel() * 4) as u64;
+        RawArgs { c, mem, ws: ws.device_ptr().unwrap(), ws_size }
     }
 
     fn descriptors(&self) -> [*mut aclTensor; 3] {
@@ -136,31 +132,43 @@ fn main() {
     let input = Tensor::from_slice(&s, &x, &[N, C]).unwrap();
     let mut mean = Tensor::zeros(&s, DType::F32, &[C]).unwrap();
     let mut invstd = Tensor::zeros(&s, DType::F32, &[C]).unwrap();
-    let raw = RawArgs::new(c);
+    let raw_tensors = [
+        Tensor::from_slice(&s, &x, &[N, C]).unwrap(),
+        Tensor::zeros(&s, DType::F32, &[C]).unwrap(),
+        Tensor::zeros(&s, DType::F32, &[C]).unwrap(),
+        Tensor::zeros(&s, DType::F32, &[16]).unwrap(),
+    ];
+    let raw = RawArgs::new(c, [&raw_tensors[0], &raw_tensors[1], &raw_tensors[2], &raw_tensors[3]]);
 
     println!("CPU: {}", cpu_model());
     println!("batch_norm_stats_into, input [{N}, {C}] f32, on the mock CANN; best of {REPEATS} batches of {BATCH}");
 
-    // Descriptors and phase-1 calls per steady launch.
-    batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
-    let before = ascend::mock::launch_counters();
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
-    for _ in 0..BATCH {
-        batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
+    // Descriptors, phase-1 calls and heap allocations per steady launch, cached and not.
+    let uncached_stream = ctx.new_stream().unwrap();
+    uncached_stream.set_launch_cache_capacity(0);
+    let per_launch = |s: &Stream, mean: &mut Tensor, invstd: &mut Tensor| {
+        batch_norm_stats_into(s, &input, EPS, mean, invstd).unwrap();
+        let before = ascend::mock::launch_counters();
+        let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+        for _ in 0..BATCH {
+            batch_norm_stats_into(s, &input, EPS, mean, invstd).unwrap();
+        }
+        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
+        let after = ascend::mock::launch_counters();
+        s.synchronize().unwrap();
+        [after.tensors_created - before.tensors_created, after.phase1_calls - before.phase1_calls, allocations]
+            .map(|n| n as f64 / BATCH as f64)
+    };
+    for (what, stream) in [("cached", &s), ("uncached", &uncached_stream)] {
+        let [d, p, a] = per_launch(stream, &mut mean, &mut invstd);
+        println!("per launch ({what:>8}): {d:.1} aclCreateTensor, {p:.1} phase-1 calls, {a:.1} Rust heap allocations");
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
-    let after = ascend::mock::launch_counters();
-    s.synchronize().unwrap();
-    println!(
-        "per launch: {:.1} aclCreateTensor, {:.1} phase-1 calls, {:.1} Rust heap allocations (no launch cache \
-         on this branch)",
-        (after.tensors_created - before.tensors_created) as f64 / BATCH as f64,
-        (after.phase1_calls - before.phase1_calls) as f64 / BATCH as f64,
-        allocations as f64 / BATCH as f64
-    );
 
-    let ours = best_ns(&s, || batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap());
-    let raw_uncached = best_ns(&s, || {
+    let mut mean2 = Tensor::zeros(&s, DType::F32, &[C]).unwrap();
+    let mut invstd2 = Tensor::zeros(&s, DType::F32, &[C]).unwrap();
+    let mut ours = || batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
+    let mut ours_uncached = || batch_norm_stats_into(&uncached_stream, &input, EPS, &mut mean2, &mut invstd2).unwrap();
+    let mut raw_uncached = || {
         let t = raw.descriptors();
         let (mut size, mut exec): (u64, *mut aclOpExecutor) = (0, ptr::null_mut());
         // SAFETY: live descriptors over live allocations, valid out-pointers; phase 2 consumes
@@ -174,9 +182,9 @@ fn main() {
                 c.nnopbase.aclDestroyTensor(d);
             }
         }
-    });
+    };
 
-    // A repeatable executor: what a cache hit would run.
+    // A repeatable executor: what a cache hit runs.
     let t = raw.descriptors();
     let (mut size, mut exec): (u64, *mut aclOpExecutor) = (0, ptr::null_mut());
     // SAFETY: as above; the executor is made repeatable before its first launch.
@@ -185,7 +193,7 @@ fn main() {
         assert_eq!(c.nnopbase.aclSetAclOpExecutorRepeatable(exec), 0);
     }
     let ws = if size == 0 { ptr::null_mut() } else { raw.ws };
-    let raw_rebind_phase2 = best_ns(&s, || {
+    let mut raw_rebind_phase2 = || {
         // SAFETY: a live repeatable executor and its live descriptors over live allocations.
         unsafe {
             assert_eq!(c.nnopbase.aclSetInputTensorAddr(exec, 0, t[0], raw.mem[0]), 0);
@@ -193,11 +201,19 @@ fn main() {
             assert_eq!(c.nnopbase.aclSetOutputTensorAddr(exec, 1, t[2], raw.mem[2]), 0);
             assert_eq!(phase2(ws, size, exec, raw_stream), 0);
         }
-    });
-    let raw_phase2 = best_ns(&s, || {
+    };
+    let mut raw_phase2 = || {
         // SAFETY: as above.
         assert_eq!(unsafe { phase2(ws, size, exec, raw_stream) }, 0);
-    });
+    };
+    let times = best_ns(&mut [
+        (&s, &mut ours),
+        (&uncached_stream, &mut ours_uncached),
+        (&s, &mut raw_uncached),
+        (&s, &mut raw_rebind_phase2),
+        (&s, &mut raw_phase2),
+    ]);
+    let [ours, ours_uncached, raw_uncached, raw_rebind_phase2, raw_phase2] = times[..] else { unreachable!() };
     s.synchronize().unwrap();
     // SAFETY: the stream has drained; the caller owns the repeatable executor and the descriptors.
     unsafe {
@@ -205,24 +221,22 @@ fn main() {
         for d in t {
             c.nnopbase.aclDestroyTensor(d);
         }
-        for m in raw.mem.into_iter().chain([raw.ws]) {
-            c.acl.aclrtFree(m);
-        }
     }
 
     println!("host time per launch:");
-    println!("  ours (uncached: descriptors + phase 1 + phase 2)  {ours:>8.0} ns");
+    println!("  ours, cached (rebind + phase 2)                   {ours:>8.0} ns");
     println!(
-        "  raw phase 1 + phase 2 (3 descriptors each time)   {raw_uncached:>8.0} ns   ours / raw = {:.2}x",
-        ours / raw_uncached
-    );
-    println!(
-        "  raw cached: rebind 3 tensors + phase 2            {raw_rebind_phase2:>8.0} ns   ours / raw = {:.2}x",
+        "  raw cached: rebind 3 tensors + phase 2            {raw_rebind_phase2:>8.0} ns   ours cached / raw = {:.2}x",
         ours / raw_rebind_phase2
     );
     println!(
-        "  raw phase 2 alone                                 {raw_phase2:>8.0} ns   ours / raw = {:.2}x",
+        "  raw phase 2 alone                                 {raw_phase2:>8.0} ns   ours cached / raw = {:.2}x",
         ours / raw_phase2
+    );
+    println!("  ours, uncached (descriptors + phase 1 + phase 2)  {ours_uncached:>8.0} ns");
+    println!(
+        "  raw phase 1 + phase 2 (3 descriptors each time)   {raw_uncached:>8.0} ns   ours uncached / raw = {:.2}x",
+        ours_uncached / raw_uncached
     );
     black_box((&mean, &invstd));
 }

@@ -53,6 +53,7 @@ pub mod sync_batch_norm;
 mod tensor;
 
 pub use context::{Backend, Context, MemoryStats, BACKEND_ENV};
+pub use device::launch_cache::LaunchCacheStats;
 pub use dtype::{bf16, f16, DType, Element};
 pub use error::{Error, Result, STATUS_INVALID, STATUS_NULLPTR};
 pub use event::Event;

@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::context::{Backend, Context, ContextKind};
+use crate::device::launch_cache::LaunchCacheStats;
 use crate::device::{Device, StreamInner};
 use crate::error::{Error, Result};
 
@@ -83,6 +84,24 @@ impl Stream {
                 Ok(Stream::new(ctx.clone(), Some(unsafe { StreamInner::borrowed(d.clone(), raw) })))
             }
         }
+    }
+
+    /// Sets how many launch signatures this stream's launch cache keeps (0 turns it off; the
+    /// least recently used go first). A launch of an `_into` or allocating operator entry whose
+    /// operator, tensor dtypes, shapes, strides, offsets, storage sizes and scalars match a kept
+    /// one skips phase 1 and the descriptors: its executor (repeatable) is rebound to the new
+    /// addresses and launched. New streams start with `ASCEND_LAUNCH_CACHE_SIZE` entries
+    /// (default 256), or 0 with `ASCEND_NO_LAUNCH_CACHE=1`. Removed entries are destroyed once
+    /// their queued launches have run. Nothing to do on the CPU backend.
+    pub fn set_launch_cache_capacity(&self, entries: usize) {
+        if let Some(s) = &self.inner {
+            s.launches.set_capacity(s, entries);
+        }
+    }
+
+    /// The counters of this stream's launch cache (all 0 on the CPU backend).
+    pub fn launch_cache_stats(&self) -> LaunchCacheStats {
+        self.inner.as_ref().map(|s| s.launches.stats()).unwrap_or_default()
     }
 
     pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {

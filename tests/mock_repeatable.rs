@@ -360,26 +360,41 @@ fn misuse_of_repeatable_executors_is_a_violation() {
     }
 }
 
-/// The launch counters count what the launch path does: today (no launch cache) every
-/// `batch_norm_stats_into` makes its three descriptors and runs phase 1, every time.
+/// The launch counters count what the launch path does. With the launch cache off, every
+/// `batch_norm_stats_into` makes its three descriptors and runs phase 1; with it on, only the
+/// first does: the next ones rebind the cached executor (new output buffers included) and run
+/// phase 2, with the same values.
 #[test]
 fn launch_counters_count_descriptors_and_phase1_calls() {
     common::mock::isolated(|ctx| {
-        let s = ctx.new_stream().unwrap();
-        let x = random_input(4);
-        let input = ascend::Tensor::from_slice(&s, &x, &[N, C]).unwrap();
-        let mut mean = ascend::Tensor::zeros(&s, ascend::DType::F32, &[C]).unwrap();
-        let mut invstd = ascend::Tensor::zeros(&s, ascend::DType::F32, &[C]).unwrap();
-        let before = ascend::mock::launch_counters();
-        for _ in 0..3 {
-            ascend::ops::batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
+        for cached in [false, true] {
+            let s = ctx.new_stream().unwrap();
+            if !cached {
+                s.set_launch_cache_capacity(0);
+            }
+            let x = random_input(4);
+            let input = ascend::Tensor::from_slice(&s, &x, &[N, C]).unwrap();
+            let before = ascend::mock::launch_counters();
+            let mut kept = Vec::new();
+            for _ in 0..3 {
+                // Fresh outputs each time: the cache rebinds them.
+                let mut mean = ascend::Tensor::zeros(&s, ascend::DType::F32, &[C]).unwrap();
+                let mut invstd = ascend::Tensor::zeros(&s, ascend::DType::F32, &[C]).unwrap();
+                ascend::ops::batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
+                kept.push((mean, invstd));
+            }
+            let after = ascend::mock::launch_counters();
+            let (descriptors, phase1) = if cached { (3, 1) } else { (9, 3) };
+            assert_eq!(after.tensors_created - before.tensors_created, descriptors, "cached: {cached}");
+            assert_eq!(after.phase1_calls - before.phase1_calls, phase1, "cached: {cached}");
+            let stats = s.launch_cache_stats();
+            assert_eq!((stats.hits, stats.misses), if cached { (2, 1) } else { (0, 0) });
+            let (m, v) = reference(&x);
+            for (mean, invstd) in &kept {
+                assert_close(&mean.to_vec::<f32>(&s).unwrap(), &m, "mean");
+                assert_close(&invstd.to_vec::<f32>(&s).unwrap(), &v, "invstd");
+            }
         }
-        let after = ascend::mock::launch_counters();
-        assert_eq!(after.tensors_created - before.tensors_created, 9);
-        assert_eq!(after.phase1_calls - before.phase1_calls, 3);
-        let (m, v) = reference(&x);
-        assert_close(&mean.to_vec::<f32>(&s).unwrap(), &m, "mean");
-        assert_close(&invstd.to_vec::<f32>(&s).unwrap(), &v, "invstd");
     });
 }
 

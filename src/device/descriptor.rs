@@ -75,6 +75,12 @@ impl<'a> AclTensor<'a> {
     pub(crate) fn buffer(&self) -> &'a DeviceBuffer {
         self.buffer
     }
+
+    /// Gives up ownership of the descriptor (and its tie to the buffer): the caller destroys it,
+    /// and rebinds its address before any launch that uses it after this buffer's lifetime.
+    pub(crate) fn into_raw(self) -> *mut aclTensor {
+        std::mem::ManuallyDrop::new(self).raw
+    }
 }
 
 impl Drop for AclTensor<'_> {

@@ -188,18 +188,37 @@ impl DeviceBuffer {
 ///
 /// Once `stream` waits for an earlier stream's event, the earlier stream is forgotten: work after
 /// `stream`'s (an event recorded on it at drop, a host wait) is after the earlier stream's too.
-pub(crate) fn enqueue_using<R>(
+pub(crate) fn enqueue_using<'b, R>(
     stream: &Arc<StreamInner>,
-    buffers: &[&DeviceBuffer],
+    buffers: impl IntoIterator<Item = &'b DeviceBuffer>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    let mut sorted: Vec<&DeviceBuffer> = buffers.to_vec();
-    sorted.sort_by_key(|b| std::ptr::from_ref::<DeviceBuffer>(b) as usize);
-    sorted.dedup_by(|a, b| std::ptr::eq(*a, *b));
-    let mut guards: Vec<MutexGuard<'_, Vec<Arc<StreamInner>>>> = sorted.iter().map(|b| b.lock_users()).collect();
-    // Each earlier stream once, however many buffers it used.
+    // On the stack: a launch allocates nothing here.
+    let mut sorted: [Option<&DeviceBuffer>; MAX_BUFFERS] = [None; MAX_BUFFERS];
+    let mut n = 0;
+    for b in buffers {
+        let slot = sorted.get_mut(n).ok_or_else(|| {
+            crate::Error::internal(format!("one enqueue lists more than {MAX_BUFFERS} device buffers"))
+        })?;
+        *slot = Some(b);
+        n += 1;
+    }
+    let sorted = &mut sorted[..n];
+    sorted.sort_unstable_by_key(|b| b.map_or(0, |b| std::ptr::from_ref::<DeviceBuffer>(b) as usize));
+    let mut guards: [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>; MAX_BUFFERS] = std::array::from_fn(|_| None);
+    let mut previous: Option<&DeviceBuffer> = None;
+    for (guard, b) in guards.iter_mut().zip(sorted.iter().flatten()) {
+        if previous.is_some_and(|p| std::ptr::eq(p, *b)) {
+            continue; // each buffer once
+        }
+        previous = Some(b);
+        *guard = Some(b.lock_users());
+    }
+    // Each earlier stream once, however many buffers it used (this allocates only when another
+    // stream is involved).
     let mut ordered: Vec<Arc<StreamInner>> = Vec::new();
-    for users in &mut guards {
+    let guards = &mut guards[..n];
+    for users in guards.iter_mut().flatten() {
         // On failure the unordered ones stay listed, so drop still waits for them.
         while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
             if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
@@ -210,13 +229,16 @@ pub(crate) fn enqueue_using<R>(
         }
     }
     let result = enqueue();
-    for users in &mut guards {
+    for users in guards.iter_mut().flatten() {
         if users.is_empty() {
             users.push(stream.clone());
         }
     }
     result
 }
+
+/// The most buffers one enqueue touches (an operator's at most 16 tensors and its workspace).
+const MAX_BUFFERS: usize = 20;
 
 impl Drop for DeviceBuffer {
     /// Owned memory goes back to the allocator after the work of every stream that used it,

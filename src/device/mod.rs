@@ -10,11 +10,13 @@
 //!   wait); work of another stream on it is ordered after them by an event on the device.
 //! * [`EventInner`]: an `aclrtEvent`.
 //! * [`descriptor::AclTensor`] and [`executor::Executor`]: `aclTensor` and `aclOpExecutor`.
+//! * [`launch_cache`]: the repeatable executors a stream keeps, so repeated launches skip phase 1.
 
 pub(crate) mod allocator;
 pub(crate) mod descriptor;
 mod event;
 pub(crate) mod executor;
+pub(crate) mod launch_cache;
 mod memory;
 mod runtime;
 mod stream;

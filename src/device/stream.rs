@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use ascend_sys::{aclrtMemcpyKind, aclrtStream};
 
 use super::allocator::Order;
+use super::launch_cache::{self, LaunchCache};
 use super::{enqueue_using, leaked, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak};
 use crate::acl;
 use crate::error::Result;
@@ -29,6 +30,8 @@ pub(crate) struct StreamInner {
     spare_events: Mutex<Vec<Arc<EventInner>>>,
     /// Pinned memory for the small uploads the library makes itself ([`StreamInner::upload`]).
     staging: Mutex<Staging>,
+    /// Repeatable executors of launches on this stream (see [`LaunchCache`]).
+    pub(crate) launches: LaunchCache,
 }
 
 /// The next stream id (0 is never used).
@@ -93,6 +96,7 @@ impl StreamInner {
             waited: Mutex::new(Vec::new()),
             spare_events: Mutex::new(Vec::new()),
             staging: Mutex::new(Staging::default()),
+            launches: LaunchCache::new(launch_cache::default_capacity()),
         }
     }
 
@@ -139,7 +143,33 @@ impl StreamInner {
         // may be free to go now.
         self.device.reap_host_frees(false);
         self.device.memory.reap_now(self.device.cann);
+        self.launches.reap(self);
         Ok(())
+    }
+
+    /// An event recorded now on this stream (from the pool): complete once everything queued
+    /// here so far has run.
+    pub(crate) fn marker(&self) -> Result<Arc<EventInner>> {
+        let pooled = self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let event = match pooled {
+            Some(e) => e,
+            None => EventInner::new(self.device.clone())?,
+        };
+        match self.record(&event) {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                self.recycle_event(event);
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns an event no queued wait refers to (its record has completed, or never happened)
+    /// to the pool.
+    pub(crate) fn recycle_event(&self, event: Arc<EventInner>) {
+        if Arc::strong_count(&event) == 1 {
+            self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        }
     }
 
     /// Records `event` on this stream (`aclrtRecordEvent`).
@@ -169,7 +199,7 @@ impl StreamInner {
             None => EventInner::new(self.device.clone())?,
         };
         if let Err(e) = earlier.record(&event) {
-            self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+            self.recycle_event(event);
             return Err(e);
         }
         self.wait(event)
@@ -221,7 +251,7 @@ impl StreamInner {
         }
         let device = &self.device;
         let dst_ptr = dst.ptr().cast::<u8>().wrapping_add(offset).cast::<std::ffi::c_void>();
-        enqueue_using(self, &[dst], || {
+        enqueue_using(self, [dst], || {
             // Locked until the copy is queued, so a synchronise frees the staging area only for
             // uploads queued before it. Lock order: a buffer's stream list, then the staging area
             // (as `DeviceBuffer::synchronize`, which synchronises streams under its list).
@@ -298,7 +328,11 @@ impl Drop for StreamInner {
     fn drop(&mut self) {
         let workspace = self.workspace.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         let staging = std::mem::take(self.staging.get_mut().unwrap_or_else(|p| p.into_inner()));
-        match self.synchronize() {
+        let drained = self.synchronize();
+        // Cached executors are destroyed (or, if the stream could not drain, leaked) before the
+        // stream and its device go.
+        self.launches.teardown(drained.is_ok());
+        match drained {
             // The workspace and the staging area are idle now that the stream has drained.
             Ok(()) => {
                 drop(workspace);

@@ -1,5 +1,5 @@
 //! The one launch path of every operator on Ascend: descriptor list → phase 1 → workspace →
-//! phase 2 → record, written once.
+//! phase 2 → record, written once, with the stream's launch cache in front of it.
 //!
 //! [`prepare`] describes every tensor an operator lists (its inputs and outputs, see
 //! [`Operator`]) through `DeviceCall`, the only way to get an `aclTensor` for phase 1: the
@@ -8,23 +8,96 @@
 //! only its two FFI functions. [`DevicePrepared::launch`] hands that list (plus the workspace) to
 //! [`enqueue_using`], which records the stream on every buffer and enqueues phase 2 as one step,
 //! under the buffers' locks. No operator writes its own lifetime code.
+//!
+//! [`run`] (what the `_into` and allocating entries take) first asks the stream's
+//! [`LaunchCache`](crate::device::launch_cache): on a hit, every tensor's address is rebound and
+//! phase 2 runs, its buffers recorded through the same [`enqueue_using`]; on a miss, the call
+//! above runs with its executor made repeatable and is kept. The two-phase `prepare_*` API
+//! always runs phase 1 (its call may be launched on any stream of the device).
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use ascend_sys::aclTensor;
 use ascend_sys::symbols;
-use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream};
 
-use super::operator::{Handles, Operator, Outputs};
+use super::operator::{Handles, Operator, Outputs, ScalarBits};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
+use crate::device::launch_cache::{Entry, Signature, MAX_RANK};
 use crate::device::{enqueue_using, Device, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
-/// Phase 2 of every aclnn operator: `(workspace, workspace bytes, executor, stream)`.
-pub(crate) type Phase2 = unsafe extern "C" fn(*mut c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
+pub(crate) use crate::device::launch_cache::Phase2;
+
+/// The most tensors of one call, inputs and outputs together (this crate's operators have at
+/// most 9; kept small: a launch keeps these lists on the stack).
+const MAX_ARGS: usize = 16;
+
+fn too_many() -> Error {
+    Error::internal(format!("an operator lists more than {MAX_ARGS} inputs and outputs"))
+}
+
+/// The tensors of one call, inputs then outputs, each in its prototype's order (`None`: absent),
+/// with their aclnn names (for errors); on the stack.
+#[derive(Clone, Copy)]
+struct CallArgs<'a> {
+    tensors: [Option<&'a Tensor>; MAX_ARGS],
+    names: [&'static str; MAX_ARGS],
+    len: usize,
+    inputs: usize,
+}
+
+impl<'a> CallArgs<'a> {
+    fn of<O: Operator<'a>>(op: &O, outs: O::Outputs) -> Result<Self> {
+        let mut args = CallArgs { tensors: [None; MAX_ARGS], names: [""; MAX_ARGS], len: 0, inputs: 0 };
+        for (t, name) in op.inputs() {
+            if args.len == MAX_ARGS {
+                return Err(too_many());
+            }
+            args.push(t, name);
+        }
+        args.inputs = args.len;
+        for (t, name) in outs.into_shared().zip(O::OUTPUTS) {
+            if args.len == MAX_ARGS {
+                return Err(too_many());
+            }
+            args.push(t, name);
+        }
+        Ok(args)
+    }
+
+    fn push(&mut self, t: Option<&'a Tensor>, name: &'static str) {
+        (self.tensors[self.len], self.names[self.len]) = (t, name);
+        self.len += 1;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Option<&'a Tensor>, &'static str)> + '_ {
+        self.tensors[..self.len].iter().copied().zip(self.names[..self.len].iter().copied())
+    }
+
+    /// The present outputs.
+    fn outputs(&self) -> impl Iterator<Item = &'a Tensor> + '_ {
+        self.tensors[self.inputs..self.len].iter().flatten().copied()
+    }
+}
+
+/// The buffer of `t` (argument `name`), which must be on `device` (the stream checks said so).
+fn buffer_on<'t>(t: &'t Tensor, name: &'static str, device: &Device) -> Result<&'t DeviceBuffer> {
+    let Some((buffer, on)) = t.device_buffer() else {
+        return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
+    };
+    if !on.same(device) {
+        return Err(Error::internal(format!(
+            "{name}: a tensor on Ascend device {} reached a call on device {} after the stream checks",
+            on.id, device.id
+        )));
+    }
+    Ok(buffer)
+}
 
 /// The device arguments of one operator call, being described for phase 1.
 struct DeviceCall<'a> {
@@ -37,27 +110,12 @@ impl<'a> DeviceCall<'a> {
     /// phase 1. The handle lives as long as this call (and the prepared call made from it).
     fn describe(&mut self, t: Option<&'a Tensor>, name: &'static str) -> Result<*mut aclTensor> {
         let Some(t) = t else { return Ok(std::ptr::null_mut()) };
-        let Some((buffer, device)) = t.device_buffer() else {
-            return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
-        };
-        if !device.same(&self.device) {
-            return Err(Error::internal(format!(
-                "{name}: a tensor on Ascend device {} reached a call on device {} after the stream checks",
-                device.id, self.device.id
-            )));
-        }
+        let buffer = buffer_on(t, name, &self.device)?;
         let d = AclTensor::new(buffer, t.dtype(), t.shape(), t.strides(), t.offset(), t.storage_len())?;
         let raw = d.raw();
         self.descriptors.push(d);
         Ok(raw)
     }
-}
-
-/// The most inputs, or outputs, an operator has (aclnn's have at most a dozen tensors).
-const MAX_TENSORS: usize = 16;
-
-fn too_many() -> Error {
-    Error::internal(format!("an operator lists more than {MAX_TENSORS} inputs or outputs"))
 }
 
 /// Phase 1 of `op` on `device`, its streams checked: every tensor described (inputs, then
@@ -71,30 +129,28 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(
     plan: O::Plan,
     outs: O::Outputs,
 ) -> Result<DevicePrepared<'a>> {
-    // bounded: MAX_TENSORS (16) descriptors, a constant.
+    let args = CallArgs::of(&op, outs)?;
+    phase1::<O>(device, op.scalars(), args, O::zero_after_launch(&plan))
+}
+
+fn phase1<'a, O: Operator<'a>>(
+    device: &Arc<Device>,
+    scalars: O::Scalars,
+    args: CallArgs<'a>,
+    zero_after_launch: bool,
+) -> Result<DevicePrepared<'a>> {
+    // bounded: MAX_ARGS (16) descriptors, a constant.
     #[allow(clippy::disallowed_methods)]
-    let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(MAX_TENSORS) };
+    let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(MAX_ARGS) };
     // The handles live on the stack: describing a call allocates only its descriptor list.
-    let (mut inputs, mut n_in) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
-    for (t, name) in op.inputs() {
-        *inputs.get_mut(n_in).ok_or_else(too_many)? = call.describe(t, name)?;
-        n_in += 1;
+    let mut handles = [std::ptr::null_mut(); MAX_ARGS];
+    for (h, (t, name)) in handles.iter_mut().zip(args.iter()) {
+        *h = call.describe(t, name)?;
     }
-    let (mut outputs, mut n_out) = ([std::ptr::null_mut(); MAX_TENSORS], 0);
-    let zero = O::zero_after_launch(&plan);
-    let mut zero_after_launch = Vec::new();
-    for (t, name) in outs.into_shared().zip(O::OUTPUTS) {
-        *outputs.get_mut(n_out).ok_or_else(too_many)? = call.describe(t, name)?;
-        n_out += 1;
-        if let (true, Some(t)) = (zero, t) {
-            zero_after_launch.push(t);
-        }
-    }
-    let (inputs, outputs) = (&inputs[..n_in], &outputs[..n_out]);
     let api = device.cann.operator(O::OP)?;
     let launch = crate::acl::op_fn(O::phase2(api), O::OP.name)?;
     device.bind()?;
-    let scalars = op.scalars();
+    let (inputs, outputs) = handles[..args.len].split_at(args.inputs);
     let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
         let h = Handles { inputs, outputs, size, executor };
         // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
@@ -103,7 +159,145 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(
         unsafe { O::phase1(api, scalars, h) }
     })?;
     let executor = Executor::new(device.clone(), raw);
-    Ok(DevicePrepared { executor: Some(executor), call, workspace_size, op: O::OP, launch, zero_after_launch })
+    Ok(DevicePrepared {
+        executor: Some(executor),
+        call,
+        handles,
+        args,
+        workspace_size,
+        op: O::OP,
+        launch,
+        zero_after_launch,
+    })
+}
+
+/// What the launch cache sees of a call: each tensor's layout and storage address (inputs then
+/// outputs; `None` and null where absent).
+struct Bound<'t> {
+    layouts: [Option<Layout<'t>>; MAX_ARGS],
+    addrs: [*mut c_void; MAX_ARGS],
+}
+
+impl<'t> Bound<'t> {
+    /// `None` when the launch cache does not take the call: a tensor not in device memory of
+    /// `device`, of rank over [`MAX_RANK`], or whose storage address is null (empty) or not
+    /// 32-byte aligned (CANN rebinds only aligned addresses).
+    fn of(args: &CallArgs<'t>, device: &Device) -> Option<Self> {
+        let mut b = Bound { layouts: [None; MAX_ARGS], addrs: [std::ptr::null_mut(); MAX_ARGS] };
+        for ((l, addr), (t, _)) in b.layouts.iter_mut().zip(&mut b.addrs).zip(args.iter()) {
+            let Some(t) = t else { continue };
+            let (buffer, on) = t.device_buffer()?;
+            let p = buffer.ptr();
+            if !on.same(device) || p.is_null() || !(p as usize).is_multiple_of(32) || t.shape().len() > MAX_RANK {
+                return None;
+            }
+            (*l, *addr) = (Some(t.layout()), p);
+        }
+        Some(b)
+    }
+
+    fn signature<'s, S: ScalarBits>(
+        &'s self,
+        op: &'static symbols::Operator,
+        scalars: S,
+        args: &CallArgs<'_>,
+    ) -> Signature<'s> {
+        Signature { op, scalars: scalars.bits(), tensors: &self.layouts[..args.len], inputs: args.inputs }
+    }
+}
+
+/// An `_into` entry's first step on Ascend: if `inner`'s launch cache holds the executor of this
+/// call's signature, launches it (every tensor rebound, then phase 2) and returns `true`. The
+/// signature (operator, every tensor's dtype, shape, strides, offset and storage length, the
+/// scalars) is all the operator's validation reads, and the entry was made by a call that passed
+/// it, so the call is not validated again. Returns `false`, doing nothing, when the call is not
+/// cached (then it is validated and goes through [`run`]).
+pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
+    inner: &Arc<StreamInner>,
+    device: &Device,
+    op: &O,
+    outs: &O::Outputs,
+) -> Result<bool> {
+    if !inner.launches.enabled() {
+        return Ok(false);
+    }
+    let mut args = CallArgs { tensors: [None; MAX_ARGS], names: [""; MAX_ARGS], len: 0, inputs: 0 };
+    for (t, name) in op.inputs() {
+        if args.len == MAX_ARGS {
+            return Ok(false);
+        }
+        args.push(t, name);
+    }
+    args.inputs = args.len;
+    for (t, name) in outs.each().zip(O::OUTPUTS) {
+        if args.len == MAX_ARGS {
+            return Ok(false);
+        }
+        args.push(t, name);
+    }
+    let Some(bound) = Bound::of(&args, device) else { return Ok(false) };
+    let sig = bound.signature(O::OP, op.scalars(), &args);
+    let addrs = &bound.addrs[..args.len];
+    match inner.launches.launch_hit(inner, sig.hash(), &sig, |entry| launch_cached(inner, &args, addrs, entry)) {
+        Some(result) => result.map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// A validated `_into` or allocating call on Ascend: the cached executor of this call's
+/// signature on `inner` if there is one (rebound, then phase 2), else phase 1 with a repeatable
+/// executor, launched and kept. Calls the cache does not take (it is off, an empty input that is
+/// zeroed after the launch, or see [`Bound::of`]) run [`prepare`] and launch as always.
+pub(crate) fn run<'a, O: Operator<'a>>(
+    inner: &Arc<StreamInner>,
+    device: &Arc<Device>,
+    op: O,
+    plan: O::Plan,
+    outs: O::Outputs,
+) -> Result<()> {
+    let args = CallArgs::of(&op, outs)?;
+    let (scalars, zero) = (op.scalars(), O::zero_after_launch(&plan));
+    let bound = if zero || !inner.launches.enabled() { None } else { Bound::of(&args, device) };
+    let Some(bound) = bound else {
+        return phase1::<O>(device, scalars, args, zero)?.launch_on(inner, None);
+    };
+    let sig = bound.signature(O::OP, scalars, &args);
+    let hash = sig.hash();
+    let addrs = &bound.addrs[..args.len];
+    if let Some(result) =
+        inner.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, &args, addrs, entry))
+    {
+        return result;
+    }
+    // A miss (the slow path): first destroy the retired entries whose launches have run.
+    inner.launches.reap(inner);
+    let mut prepared = phase1::<O>(device, scalars, args, false)?;
+    prepared.executor.as_mut().map_or(Ok(()), Executor::make_repeatable)?;
+    prepared.launch_and_keep(inner, &sig, hash)
+}
+
+/// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
+/// buffer, then launched with the stream's workspace, its buffers recorded with the enqueue.
+fn launch_cached(inner: &Arc<StreamInner>, args: &CallArgs<'_>, addrs: &[*mut c_void], entry: &Entry) -> Result<()> {
+    let device = &inner.device;
+    let size = entry.workspace_size();
+    // Every present tensor's buffer is on the device ([`Bound::of`] checked).
+    let buffers = args.tensors[..args.len].iter().flatten().filter_map(|t| t.device_buffer().map(|(b, _)| b));
+    enqueue_using(inner, buffers, || {
+        device.bind()?;
+        // SAFETY: each address is this call's buffer of that argument (checked 32-byte aligned
+        // and non-null; the view was validated to lie inside it), recorded on this stream by
+        // `enqueue_using`, so it outlives the launch.
+        unsafe { entry.rebind(addrs) }?;
+        inner.with_workspace(size, |ws| {
+            // SAFETY: the entry's phase 2 with its live repeatable executor, all of whose
+            // tensors were just rebound to live buffers recorded on this stream; `ws` is null
+            // with size 0 or the stream's workspace of at least `size` bytes; the executor is
+            // launched on this stream only (its cache's).
+            let status = unsafe { entry.phase2()(ws, size, entry.executor(), inner.raw()) };
+            crate::acl::check(device.cann, entry.op_name(), status)
+        })
+    })
 }
 
 /// Phase 1 done on Ascend: the executor and the descriptors (each with its buffer), borrowing
@@ -112,10 +306,13 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(
 pub(crate) struct DevicePrepared<'a> {
     executor: Option<Executor>,
     call: DeviceCall<'a>,
+    /// Each argument's descriptor (null: absent), as phase 1 got them.
+    handles: [*mut aclTensor; MAX_ARGS],
+    args: CallArgs<'a>,
     workspace_size: u64,
     op: &'static symbols::Operator,
     launch: Phase2,
-    zero_after_launch: Vec<&'a Tensor>,
+    zero_after_launch: bool,
 }
 
 impl std::fmt::Debug for DevicePrepared<'_> {
@@ -147,8 +344,72 @@ impl DevicePrepared<'_> {
         self.launch_on(inner, workspace)
     }
 
-    /// Phase 2 on `inner`, a stream of the call's device.
+    /// Phase 2 on `inner`, a stream of the call's device; consumes the executor.
     pub(crate) fn launch_on(mut self, inner: &Arc<StreamInner>, workspace: Option<&Workspace>) -> Result<()> {
+        let Some(executor) = self.executor.take() else {
+            return Err(Error::internal("a prepared call's executor was launched twice"));
+        };
+        // The executor moves into the closure: if phase 2 never runs (say the stream's workspace
+        // could not be allocated), dropping the closure destroys the unlaunched executor.
+        self.enqueue(inner, workspace, move |launch, ws, size| {
+            // SAFETY: `launch` is the operator's phase 2 (the signature every aclnn launch has);
+            // the executor is fresh from its phase 1 and consumed here; `ws` is null with size
+            // 0 or a live allocation of at least `size` bytes on this device (the caller's,
+            // checked, or the stream's); every buffer the executor references is recorded on
+            // this stream by `enqueue_using` before it releases them, so none is freed before
+            // the stream has completed the work.
+            unsafe { launch(ws, size, executor.into_raw(), inner.raw()) }
+        })?;
+        for t in self.args.outputs().filter(|_| self.zero_after_launch) {
+            zero_device_view(t)?;
+        }
+        Ok(())
+    }
+
+    /// Phase 2 of a call whose executor was made repeatable, on `inner` with its workspace;
+    /// then the executor and the descriptors go to the stream's launch cache for `sig` (whose
+    /// hash is `hash`), or are retired if the launch failed.
+    fn launch_and_keep(mut self, inner: &Arc<StreamInner>, sig: &Signature<'_>, hash: u64) -> Result<()> {
+        let Some(executor) = self.executor.take() else {
+            return Err(Error::internal("a prepared call's executor was launched twice"));
+        };
+        let raw = executor.into_raw();
+        let result = self.enqueue(inner, None, |launch, ws, size| {
+            // SAFETY: as in `launch_on`, but the executor is repeatable: phase 2 does not consume
+            // it, and it goes to the cache of this stream, the only one it is launched on.
+            unsafe { launch(ws, size, raw, inner.raw()) }
+        });
+        let descriptors: [*mut aclTensor; MAX_ARGS] = self.handles;
+        self.call.descriptors.into_iter().for_each(|d| {
+            d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
+        });
+        // SAFETY: `raw` is the live repeatable executor of phase 1 of `sig.op` over these live
+        // descriptors (null where absent), in `sig`'s order; nothing else uses them from here.
+        let entry = unsafe {
+            Entry::new(
+                self.call.device.clone(),
+                sig,
+                &descriptors[..self.args.len],
+                raw,
+                self.workspace_size,
+                self.launch,
+            )
+        };
+        match result {
+            Ok(()) => inner.launches.insert(inner, hash, entry),
+            Err(_) => inner.launches.retire(inner, [entry]),
+        }
+        result
+    }
+
+    /// Enqueues `phase2(launch, workspace, size)` on `inner` through [`enqueue_using`] with every
+    /// buffer of the call (and the caller's workspace), and checks its status.
+    fn enqueue(
+        &self,
+        inner: &Arc<StreamInner>,
+        workspace: Option<&Workspace>,
+        phase2: impl FnOnce(Phase2, *mut c_void, u64) -> i32,
+    ) -> Result<()> {
         let device = &self.call.device;
         let size = self.workspace_size;
         // CANN's rule: the workspace is null exactly when its size is 0, whatever the caller gave.
@@ -156,37 +417,17 @@ impl DevicePrepared<'_> {
             Some(ws) if size > 0 => Some(ws.buffer_for(size, device)?),
             _ => None,
         };
-        let Some(executor) = self.executor.take() else {
-            return Err(Error::internal("a prepared call's executor was launched twice"));
-        };
-        // bounded: one buffer per descriptor (at most 2·MAX_TENSORS: inputs and outputs), a list
-        // already in memory.
-        #[allow(clippy::disallowed_methods)]
-        let mut buffers: Vec<&DeviceBuffer> = self.call.descriptors.iter().map(AclTensor::buffer).collect();
-        buffers.extend(caller_workspace);
+        let buffers = self.call.descriptors.iter().map(AclTensor::buffer).chain(caller_workspace);
         let (cann, op, launch) = (device.cann, self.op, self.launch);
-        // The executor moves into the closure: if phase 2 never runs (say the stream's workspace
-        // could not be allocated), dropping the closure destroys the unlaunched executor.
         let run = move |ws: *mut c_void| {
             device.bind()?;
-            // SAFETY: `launch` is the operator's phase 2 (the signature every aclnn launch has);
-            // the executor is fresh from its phase 1 and consumed here; `ws` is null with size
-            // 0 or a live allocation of at least `size` bytes on this device (the caller's,
-            // checked above, or the stream's); every buffer the executor references is in
-            // `buffers`, on which `enqueue_using` records this stream before releasing them, so
-            // none is freed before the stream has completed the work.
-            let status = unsafe { launch(ws, size, executor.into_raw(), inner.raw()) };
-            crate::acl::check(cann, op.name, status)
+            crate::acl::check(cann, op.name, phase2(launch, ws, size))
         };
-        enqueue_using(inner, &buffers, || match caller_workspace {
+        enqueue_using(inner, buffers, || match caller_workspace {
             Some(b) => run(b.ptr()),
             None if size == 0 => run(std::ptr::null_mut()),
             None => inner.with_workspace(size, run),
-        })?;
-        for t in &self.zero_after_launch {
-            zero_device_view(t)?;
-        }
-        Ok(())
+        })
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) trait Operator<'a>: Sized + 'a {
     /// What validation established (channels, whether the input is empty, ...).
     type Plan: Copy + 'a;
     /// Phase 1's arguments that are not tensors (eps, momentum, the mask), by value.
-    type Scalars: Copy;
+    type Scalars: ScalarBits;
 
     /// Its input tensors in its prototype's order.
     fn inputs(&self) -> impl IntoIterator<Item = Arg<'a>>;
@@ -63,6 +63,30 @@ pub(crate) trait Operator<'a>: Sized + 'a {
     /// inputs), so the launch fills them with zeros.
     fn zero_after_launch(_plan: &Self::Plan) -> bool {
         false
+    }
+}
+
+/// Phase 1's scalars as bits: part of the launch cache's key (equal bits, equal phase 1).
+pub(crate) trait ScalarBits: Copy {
+    /// The bits of each scalar, unused words 0.
+    fn bits(&self) -> [u64; 4];
+}
+
+impl ScalarBits for () {
+    fn bits(&self) -> [u64; 4] {
+        [0; 4]
+    }
+}
+
+impl ScalarBits for f64 {
+    fn bits(&self) -> [u64; 4] {
+        [self.to_bits(), 0, 0, 0]
+    }
+}
+
+impl ScalarBits for (f64, f64) {
+    fn bits(&self) -> [u64; 4] {
+        [self.0.to_bits(), self.1.to_bits(), 0, 0]
     }
 }
 
@@ -158,9 +182,15 @@ pub(crate) fn prepare<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outp
     }
 }
 
-/// An `_into` entry: [`prepare`] and launch on the same stream (with its cached workspace),
-/// without checking again.
+/// An `_into` entry: a launch from the stream's launch cache when it holds this call's
+/// signature (validated when the entry was made: see [`launch::launch_if_cached`]), else
+/// [`prepare`] and launch on the same stream (with its cached workspace), without checking again.
 pub(crate) fn run<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outputs) -> Result<()> {
+    if let Some((inner, device)) = stream.ascend() {
+        if launch::launch_if_cached(inner, device, &op, &outs)? {
+            return Ok(());
+        }
+    }
     let plan = checked(stream, &op, &outs)?;
     run_checked(stream, op, plan, outs)
 }
@@ -171,7 +201,7 @@ pub(crate) fn run<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outputs)
 pub(crate) fn run_checked<'a, O: Operator<'a>>(stream: &Stream, op: O, plan: O::Plan, outs: O::Outputs) -> Result<()> {
     match stream.ascend() {
         None => op.cpu(plan, outs),
-        Some((inner, device)) => launch::prepare(device, op, plan, outs)?.launch_on(inner, None),
+        Some((inner, device)) => launch::run(inner, device, op, plan, outs),
     }
 }
 

@@ -19,7 +19,7 @@ pub struct Prepared<'a> {
 enum Kind<'a> {
     /// The CPU kernel, with its validated arguments.
     Cpu(Box<dyn FnOnce() -> Result<()> + 'a>),
-    Ascend(DevicePrepared<'a>),
+    Ascend(Box<DevicePrepared<'a>>),
 }
 
 impl std::fmt::Debug for Prepared<'_> {
@@ -39,7 +39,7 @@ impl<'a> Prepared<'a> {
 
     /// A call for Ascend, phase 1 done.
     pub(crate) fn ascend(prepared: DevicePrepared<'a>) -> Self {
-        Prepared { kind: Kind::Ascend(prepared) }
+        Prepared { kind: Kind::Ascend(Box::new(prepared)) }
     }
 
     /// The workspace phase 2 needs, in bytes (0 on the CPU, and often on Ascend).

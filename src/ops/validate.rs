@@ -86,13 +86,21 @@ pub(crate) fn distinct_elements(name: &'static str, m: &Layout<'_>) -> Result<()
     if m.shape.contains(&0) {
         return Ok(());
     }
-    // bounded: one entry per dim of the shape, a slice already in memory.
+    // (stride, size) of each dim of size > 1: on the stack for the usual ranks (a launch
+    // allocates nothing), else one entry per dim of the shape, a slice already in memory.
+    let mut stack = [(0usize, 0usize); 8];
     #[allow(clippy::disallowed_methods)]
-    let mut dims: Vec<(usize, usize)> =
-        m.shape.iter().zip(m.strides).filter(|(&d, _)| d > 1).map(|(&d, &s)| (s, d)).collect();
+    let mut heap = if m.shape.len() > stack.len() { vec![(0, 0); m.shape.len()] } else { Vec::new() };
+    let dims = if heap.is_empty() { &mut stack[..] } else { &mut heap[..] };
+    let mut n = 0;
+    for (&d, &s) in m.shape.iter().zip(m.strides).filter(|(&d, _)| d > 1) {
+        dims[n] = (s, d);
+        n += 1;
+    }
+    let dims = &mut dims[..n];
     dims.sort_unstable();
     let mut span = 0usize; // the largest offset the smaller dims reach
-    for (stride, size) in dims {
+    for &mut (stride, size) in dims {
         if stride <= span {
             return Err(Error::invalid(
                 name,

@@ -7,13 +7,14 @@
 //! * a prepared call dropped unlaunched writes nothing;
 //! * every argument dropped right after the launch, before the queued work ran: the results are
 //!   right and the mock counts no violation;
-//! * (mock) a fault injected at each CANN call the operator makes fails the call with that status
-//!   (`NullHandle` for `aclCreateTensor`), naming the call, leaking nothing and writing nothing,
-//!   in both the `_into` and the allocating form (and an `aclrtMalloc` fault fails the allocating
-//!   form), after which the call works again;
-//! * (mock) a fault at any CANN function the crate binds (but those that destroy or free, whose
-//!   failure is a reported leak by design): each call either succeeds with the right values or
-//!   fails writing nothing, and the operator's own calls and `aclCreateTensor` do fail.
+//! * (mock) on each path through the launch cache (off, a miss, a hit), a fault injected at each
+//!   CANN call the path makes fails the call with that status (`NullHandle` for
+//!   `aclCreateTensor`), naming the call, leaking nothing and writing nothing, in both the
+//!   `_into` and the allocating form (and an `aclrtMalloc` fault fails the allocating form),
+//!   after which the call works again;
+//! * (mock) on each path, a fault at any CANN function the crate binds (but those that destroy or
+//!   free, whose failure is a reported leak by design): each call either succeeds with the right
+//!   values or fails writing nothing, and the path's own calls do fail.
 //!
 //! The mock runs are inside `common::mock::isolated` (serialised, then checked for no leaked
 //! allocation, descriptor, executor or stream and no violation).
@@ -155,61 +156,127 @@ pub fn arguments_dropped_right_after_the_launch<F: Framework>(ctx: &Context) -> 
     Ok(())
 }
 
-/// The live counters once `ctx`'s caching allocator has returned its cached blocks (a cached
-/// block is not a leak).
+/// Empties the launch cache of `s` (its entries destroyed once the stream has drained), keeping
+/// its capacity.
 #[cfg(feature = "mock")]
-fn live(ctx: &Context) -> [u64; 4] {
-    ctx.empty_cache().expect("empty_cache");
-    let s = ascend::mock::stats();
-    [s.live_allocations, s.live_tensors, s.live_executors, s.live_streams]
+pub fn flush_launch_cache(s: &Stream) {
+    let capacity = s.launch_cache_stats().capacity;
+    s.set_launch_cache_capacity(0);
+    s.synchronize().expect("synchronize");
+    s.set_launch_cache_capacity(capacity);
 }
 
-/// A fault injected at each CANN call the operator makes fails the call with that status (or
-/// `NullHandle` for aclCreateTensor), naming the call, leaks nothing and writes nothing, in the
-/// `_into` and the allocating form; an aclrtMalloc fault fails the allocating form; then the call
-/// works.
+/// The live counters once the launch cache of `s` has been emptied and `ctx`'s caching allocator
+/// has returned its cached blocks (neither a cached executor nor a cached block is a leak).
+#[cfg(feature = "mock")]
+fn live(ctx: &Context, s: &Stream) -> [u64; 4] {
+    flush_launch_cache(s);
+    ctx.empty_cache().expect("empty_cache");
+    let st = ascend::mock::stats();
+    [st.live_allocations, st.live_tensors, st.live_executors, st.live_streams]
+}
+
+/// The path a call takes through the launch cache, arranged before each faulted call.
+#[cfg(feature = "mock")]
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// The cache is off: descriptors, phase 1, phase 2 (which consumes the executor).
+    Uncached,
+    /// An empty cache: descriptors, phase 1, `aclSetAclOpExecutorRepeatable`, phase 2.
+    Miss,
+    /// The call's executor is cached: rebind every tensor, phase 2.
+    Hit,
+}
+
+#[cfg(feature = "mock")]
+impl Path {
+    const ALL: [Path; 3] = [Path::Uncached, Path::Miss, Path::Hit];
+
+    /// Readies `s` so that the next call of `case` takes this path.
+    fn arrange<F: Framework>(self, s: &Stream, case: &F, up: &mut F::Up) -> Result<()> {
+        match self {
+            Path::Uncached => s.set_launch_cache_capacity(0),
+            Path::Miss => flush_launch_cache(s),
+            Path::Hit => {
+                let mut warm = case.outputs(s)?;
+                case.run_into(up, s, &mut warm)?;
+                s.synchronize()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The CANN calls of this path, each with the status a fault injects and the status the call
+    /// then fails with (`None`: `NullHandle`, for aclCreateTensor's null).
+    fn calls(self, phase1: &str, aclnn: &'static str) -> Vec<(String, i32, Option<i32>)> {
+        let create = ("aclCreateTensor".to_string(), 161001, None);
+        let p1 = (phase1.to_string(), 561103, Some(561103));
+        let p2 = (aclnn.to_string(), 361001, Some(361001));
+        match self {
+            Path::Uncached => vec![create, p1, p2],
+            Path::Miss => vec![create, p1, ("aclSetAclOpExecutorRepeatable".into(), 561103, Some(561103)), p2],
+            Path::Hit => vec![
+                ("aclSetInputTensorAddr".into(), 161002, Some(161002)),
+                ("aclSetOutputTensorAddr".into(), 161002, Some(161002)),
+                p2,
+            ],
+        }
+    }
+}
+
+/// On each path through the launch cache, a fault injected at each CANN call the path makes
+/// fails the call with that status (or `NullHandle` for aclCreateTensor), naming the call, leaks
+/// nothing and writes nothing, in the `_into` and the allocating form; an aclrtMalloc fault fails
+/// the allocating form; then the call works.
 #[cfg(feature = "mock")]
 pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
     use ascend::mock::fail_next_on_this_thread;
-    let s = ctx.new_stream()?;
-    let case = F::small(120);
-    let mut up = case.upload(&s)?;
-    let mut out = case.outputs(&s)?;
-    case.run_into(&mut up, &s, &mut out)?; // the stream's workspace cache exists from here on
-    let mut out = case.outputs(&s)?;
-    let base = live(ctx);
-    let before = written::<F>(&s, &up, &out);
     let phase1 = format!("{}GetWorkspaceSize", F::ACLNN);
-    for (api, code, status) in
-        [("aclCreateTensor", 161001, None), (phase1.as_str(), 561103, Some(561103)), (F::ACLNN, 361001, Some(361001))]
-    {
-        fail_next_on_this_thread(api, code);
-        let err = case.run_into(&mut up, &s, &mut out).unwrap_err();
-        if status.is_none() {
-            assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{err:?}");
+    for path in Path::ALL {
+        let s = ctx.new_stream()?;
+        let case = F::small(120);
+        let mut up = case.upload(&s)?;
+        let mut out = case.outputs(&s)?;
+        case.run_into(&mut up, &s, &mut out)?; // the stream's workspace cache exists from here on
+        let mut out = case.outputs(&s)?;
+        let base = live(ctx, &s);
+        for (api, code, status) in path.calls(&phase1, F::ACLNN) {
+            let api = api.as_str();
+            // (Arranging a hit runs the call, which may update in-place arguments.)
+            path.arrange(&s, &case, &mut up)?;
+            let before = written::<F>(&s, &up, &out);
+            fail_next_on_this_thread(api, code);
+            let err = case.run_into(&mut up, &s, &mut out).unwrap_err();
+            if status.is_none() {
+                assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{path:?}: {err:?}");
+            }
+            assert_eq!(err.status(), status, "{path:?}, {api}: {err:?}");
+            assert!(err.to_string().contains(api), "{path:?}, {api}: {err}");
+            assert_eq!(live(ctx, &s), base, "{path:?}, {api}: leaked");
+            assert_eq!(written::<F>(&s, &up, &out), before, "{path:?}, {api}: wrote");
+            path.arrange(&s, &case, &mut up)?;
+            let before = written::<F>(&s, &up, &out);
+            fail_next_on_this_thread(api, code);
+            let err = case.run(&mut up, &s).unwrap_err();
+            assert_eq!(err.status(), status, "{path:?}, {api} (allocating): {err:?}");
+            assert_eq!(live(ctx, &s), base, "{path:?}, {api} (allocating): leaked");
+            assert_eq!(written::<F>(&s, &up, &out), before, "{path:?}, {api} (allocating): wrote");
         }
-        assert_eq!(err.status(), status, "{api}: {err:?}");
-        assert!(err.to_string().contains(api), "{api}: {err}");
-        assert_eq!(live(ctx), base, "{api}: leaked");
-        assert_eq!(written::<F>(&s, &up, &out), before, "{api}: wrote");
-        fail_next_on_this_thread(api, code);
-        let err = case.run(&mut up, &s).unwrap_err();
-        assert_eq!(err.status(), status, "{api} (allocating): {err:?}");
-        assert_eq!(live(ctx), base, "{api} (allocating): leaked");
-        assert_eq!(written::<F>(&s, &up, &out), before, "{api} (allocating): wrote");
+        fail_next_on_this_thread("aclrtMalloc", 207001);
+        assert_eq!(status_of(case.run(&mut up, &s)), 207001);
+        assert_eq!(live(ctx, &s), base, "{path:?}, aclrtMalloc: leaked");
+        path.arrange(&s, &case, &mut up)?;
+        case.run_into(&mut up, &s, &mut out)?;
+        case.check(ctx, &s, "after the faults", &out);
     }
-    fail_next_on_this_thread("aclrtMalloc", 207001);
-    assert_eq!(status_of(case.run(&mut up, &s)), 207001);
-    assert_eq!(live(ctx), base, "aclrtMalloc: leaked");
-    case.run_into(&mut up, &s, &mut out)?;
-    case.check(ctx, &s, "after the faults", &out);
     Ok(())
 }
 
-/// A fault armed at every CANN function the crate binds (but those that destroy or free, whose
-/// failure is a reported leak by design) before one `_into` and one allocating call: each call
-/// either succeeds with the right values or fails writing nothing; the operator's two calls and
-/// aclCreateTensor do fail.
+/// On each path through the launch cache, a fault armed at every CANN function the crate binds
+/// (but those that destroy or free, whose failure is a reported leak by design) before one
+/// `_into` and one allocating call: each call either succeeds with the right values or fails
+/// writing nothing; the calls of the path (the operator's, the descriptors', the rebinds) do
+/// fail.
 #[cfg(feature = "mock")]
 pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
     use ascend::mock::{clear_faults, fail_next_on_this_thread};
@@ -223,32 +290,39 @@ pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
         .chain([phase1.as_str(), F::ACLNN])
         .filter(|a| !skip.iter().any(|k| a.contains(k)))
         .collect();
-    let s = ctx.new_stream()?;
-    let case = F::small(122);
-    let mut up = case.upload(&s)?;
-    let mut failed = Vec::new();
-    for api in apis {
-        let mut out = case.outputs(&s)?;
-        let before = written::<F>(&s, &up, &out);
-        fail_next_on_this_thread(api, 507899);
-        let r = case.run_into(&mut up, &s, &mut out);
-        clear_faults();
-        match r {
-            Ok(()) => case.check(ctx, &s, api, &out),
-            Err(e) => {
-                failed.push(api);
-                assert_eq!(written::<F>(&s, &up, &out), before, "{api}: failed ({e}) but wrote");
+    for path in Path::ALL {
+        let s = ctx.new_stream()?;
+        let case = F::small(122);
+        let mut up = case.upload(&s)?;
+        let mut failed = Vec::new();
+        for &api in &apis {
+            let mut out = case.outputs(&s)?;
+            path.arrange(&s, &case, &mut up)?;
+            let before = written::<F>(&s, &up, &out);
+            fail_next_on_this_thread(api, 507899);
+            let r = case.run_into(&mut up, &s, &mut out);
+            clear_faults();
+            match r {
+                Ok(()) => case.check(ctx, &s, api, &out),
+                Err(e) => {
+                    failed.push(api);
+                    assert_eq!(written::<F>(&s, &up, &out), before, "{path:?}, {api}: failed ({e}) but wrote");
+                }
+            }
+            path.arrange(&s, &case, &mut up)?;
+            fail_next_on_this_thread(api, 507899);
+            let r = case.run(&mut up, &s);
+            clear_faults();
+            if let Ok(res) = r {
+                case.check_res(ctx, &s, api, &res);
             }
         }
-        fail_next_on_this_thread(api, 507899);
-        let r = case.run(&mut up, &s);
-        clear_faults();
-        if let Ok(res) = r {
-            case.check_res(ctx, &s, api, &res);
+        for (api, _, _) in path.calls(&phase1, F::ACLNN) {
+            assert!(
+                failed.contains(&api.as_str()),
+                "{path:?}: a fault at {api} must fail the call (failed: {failed:?})"
+            );
         }
-    }
-    for api in ["aclCreateTensor", phase1.as_str(), F::ACLNN] {
-        assert!(failed.contains(&api), "a fault at {api} must fail the call (failed: {failed:?})");
     }
     Ok(())
 }

@@ -250,6 +250,12 @@ pub struct OutputMask {
     pub bias_g: bool,
 }
 
+impl super::operator::ScalarBits for OutputMask {
+    fn bits(&self) -> [u64; 4] {
+        [u64::from(self.input_g) | u64::from(self.weight_g) << 1 | u64::from(self.bias_g) << 2, 0, 0, 0]
+    }
+}
+
 impl OutputMask {
     /// All four outputs.
     pub const ALL: OutputMask = OutputMask { input_g: true, weight_g: true, bias_g: true };

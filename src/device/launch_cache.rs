@@ -1,0 +1,528 @@
+//! The launch cache of a stream: repeatable executors kept by what their phase 1 saw, so that a
+//! launch with the same operator, argument metadata and scalars skips phase 1 and the
+//! descriptors. A hit rebinds each tensor's device address (`aclSetInputTensorAddr` /
+//! `aclSetOutputTensorAddr`) and runs phase 2 only (docs/cann/ASYNC.md §5).
+//!
+//! * **Per stream.** An entry is launched only on the stream whose cache holds it, so a
+//!   repeatable executor is never launched on two streams at once.
+//! * **Keyed** by the operator, every tensor argument's dtype, shape, strides, offset and storage
+//!   length (absent ones as absent), and the scalars (by their bits, the mask included). Calls
+//!   with a tensor of more than [`MAX_RANK`] dimensions, an empty storage or an address that is
+//!   not 32-byte aligned (CANN's rule for rebinding) are not cached.
+//! * **Bounded**: at most `capacity` entries, the least recently used evicted. The capacity of a
+//!   new stream is `ASCEND_LAUNCH_CACHE_SIZE` (default [`DEFAULT_CAPACITY`]);
+//!   `ASCEND_NO_LAUNCH_CACHE=1` makes it 0 (off); `Stream::set_launch_cache_capacity` changes it.
+//! * **Locked while launching**: a hit rebinds and launches its entry with the cache locked, so
+//!   no other launch rebinds it in between; the lock is never held across phase 1.
+//! * **Destroyed after its work.** A removed entry (evicted, replaced, or whose rebind or launch
+//!   failed) may have a launch queued: its executor and descriptors are destroyed
+//!   (`aclDestroyAclOpExecutor`, `aclDestroyTensor`) only once an event recorded on the stream
+//!   after that launch has completed (queried, never waited for), or after the stream has been
+//!   synchronised; the stream's drop synchronises and destroys them all, before its device goes.
+//!
+//! Soundness: a cached descriptor keeps the address its last launch used, whose memory may since
+//! have been freed. It is never launched that way: before every launch each present tensor is
+//! rebound to the current call's buffer, and the call's buffers are recorded on the stream with
+//! the enqueue, as for any launch (`enqueue_using`).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
+
+use super::{leaked, report, report_drop_error, Device, EventInner, Leak, StreamInner};
+use crate::acl;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::layout::Layout;
+
+/// The most dimensions a cached call's tensors have (aclnn's tensors have at most 8).
+pub(crate) const MAX_RANK: usize = 8;
+/// Entries per stream unless `ASCEND_LAUNCH_CACHE_SIZE` says otherwise.
+pub(crate) const DEFAULT_CAPACITY: usize = 256;
+/// Set to `1`, turns the launch cache off for new streams.
+pub(crate) const OFF_ENV: &str = "ASCEND_NO_LAUNCH_CACHE";
+/// The number of entries per stream.
+pub(crate) const SIZE_ENV: &str = "ASCEND_LAUNCH_CACHE_SIZE";
+
+/// The capacity of a new stream's cache, from the environment (read once; an unreadable size is
+/// reported and the default used).
+pub(crate) fn default_capacity() -> usize {
+    static CAPACITY: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAPACITY.get_or_init(|| {
+        if std::env::var(OFF_ENV).is_ok_and(|v| v.trim() == "1") {
+            return 0;
+        }
+        match std::env::var(SIZE_ENV) {
+            Err(_) => DEFAULT_CAPACITY,
+            Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+                report(format_args!(
+                    "{SIZE_ENV}={v:?} is not a number of entries; using the default {DEFAULT_CAPACITY}"
+                ));
+                DEFAULT_CAPACITY
+            }),
+        }
+    })
+}
+
+/// Phase 2 of every aclnn operator: `(workspace, workspace bytes, executor, stream)`.
+pub(crate) type Phase2 =
+    unsafe extern "C" fn(*mut std::ffi::c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
+
+/// What phase 1 saw of one tensor argument.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct TensorKey {
+    dtype: DType,
+    rank: usize,
+    shape: [usize; MAX_RANK],
+    strides: [usize; MAX_RANK],
+    offset: usize,
+    storage_len: usize,
+}
+
+impl TensorKey {
+    fn of(l: &Layout<'_>) -> Option<Self> {
+        let rank = l.shape.len();
+        if rank > MAX_RANK || l.strides.len() != rank {
+            return None;
+        }
+        let (mut shape, mut strides) = ([0; MAX_RANK], [0; MAX_RANK]);
+        shape[..rank].copy_from_slice(l.shape);
+        strides[..rank].copy_from_slice(l.strides);
+        Some(TensorKey { dtype: l.dtype, rank, shape, strides, offset: l.offset, storage_len: l.storage_len })
+    }
+
+    fn matches(&self, l: &Layout<'_>) -> bool {
+        self.dtype == l.dtype
+            && self.offset == l.offset
+            && self.storage_len == l.storage_len
+            && self.shape[..self.rank] == *l.shape
+            && self.strides[..self.rank] == *l.strides
+    }
+}
+
+/// The signature of one call, borrowed from its arguments: what a cache entry must match.
+pub(crate) struct Signature<'s> {
+    pub(crate) op: &'static symbols::Operator,
+    /// The scalars' bits (unused words 0).
+    pub(crate) scalars: [u64; 4],
+    /// The inputs then the outputs, each in its prototype's order (`None`: absent).
+    pub(crate) tensors: &'s [Option<Layout<'s>>],
+    /// How many of `tensors` are inputs.
+    pub(crate) inputs: usize,
+}
+
+fn mix(h: u64, x: u64) -> u64 {
+    (h.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
+}
+
+impl Signature<'_> {
+    /// A hash of everything the signature holds.
+    pub(crate) fn hash(&self) -> u64 {
+        let mut h = mix(std::ptr::from_ref(self.op) as u64, self.inputs as u64);
+        for s in self.scalars {
+            h = mix(h, s);
+        }
+        for t in self.tensors {
+            let Some(l) = t else {
+                h = mix(h, u64::MAX);
+                continue;
+            };
+            h = mix(h, l.dtype as u64 ^ ((l.shape.len() as u64) << 8));
+            for (&d, &s) in l.shape.iter().zip(l.strides) {
+                h = mix(mix(h, d as u64), s as u64);
+            }
+            h = mix(mix(h, l.offset as u64), l.storage_len as u64);
+        }
+        h
+    }
+}
+
+/// A repeatable executor with the descriptors its phase 1 saw, destroyed on drop (executor
+/// first: it refers to the descriptors).
+pub(crate) struct Entry {
+    device: Arc<Device>,
+    op: &'static symbols::Operator,
+    scalars: [u64; 4],
+    /// Per argument, inputs then outputs: its key and its descriptor (`None`: absent).
+    tensors: Vec<Option<(TensorKey, *mut aclTensor)>>,
+    inputs: usize,
+    executor: *mut aclOpExecutor,
+    workspace_size: u64,
+    phase2: Phase2,
+}
+
+// SAFETY: the executor and descriptors are host objects of the device's default context, used
+// from any thread that binds the device (every use does); an entry is used by one launch at a
+// time (checked out of its cache).
+unsafe impl Send for Entry {}
+
+impl Entry {
+    /// An entry over `executor` (made repeatable) and `descriptors` (one per argument of `sig`,
+    /// null for an absent one), which it owns from now on.
+    ///
+    /// # Safety
+    /// `executor` is a live repeatable executor from phase 1 of `sig.op` over `descriptors`,
+    /// which are live; neither is used by anyone else afterwards.
+    pub(crate) unsafe fn new(
+        device: Arc<Device>,
+        sig: &Signature<'_>,
+        descriptors: &[*mut aclTensor],
+        executor: *mut aclOpExecutor,
+        workspace_size: u64,
+        phase2: Phase2,
+    ) -> Self {
+        // bounded: one per argument of an operator (at most 32), a miss only.
+        #[allow(clippy::disallowed_methods)]
+        let tensors = sig
+            .tensors
+            .iter()
+            .zip(descriptors)
+            .map(|(l, &d)| l.as_ref().and_then(TensorKey::of).map(|k| (k, d)))
+            .collect();
+        Entry {
+            device,
+            op: sig.op,
+            scalars: sig.scalars,
+            tensors,
+            inputs: sig.inputs,
+            executor,
+            workspace_size,
+            phase2,
+        }
+    }
+
+    fn matches(&self, sig: &Signature<'_>) -> bool {
+        std::ptr::eq(self.op, sig.op)
+            && self.scalars == sig.scalars
+            && self.inputs == sig.inputs
+            && self.tensors.len() == sig.tensors.len()
+            && self.tensors.iter().zip(sig.tensors).all(|(e, t)| match (e, t) {
+                (Some((k, _)), Some(l)) => k.matches(l),
+                (None, None) => true,
+                _ => false,
+            })
+    }
+
+    /// The workspace phase 2 needs.
+    pub(crate) fn workspace_size(&self) -> u64 {
+        self.workspace_size
+    }
+
+    /// The operator's phase 2.
+    pub(crate) fn phase2(&self) -> Phase2 {
+        self.phase2
+    }
+
+    /// The operator's phase-2 name, for errors.
+    pub(crate) fn op_name(&self) -> &'static str {
+        self.op.name
+    }
+
+    /// The executor, for phase 2 (it stays owned by the entry).
+    pub(crate) fn executor(&self) -> *mut aclOpExecutor {
+        self.executor
+    }
+
+    /// Points every present tensor at `addrs[i]` (the storage of argument `i`, inputs then
+    /// outputs): input `k` (counting present inputs only) with `aclSetInputTensorAddr(k)`, output
+    /// `k` likewise with `aclSetOutputTensorAddr` (docs/cann/API.md §2.4). The device is bound.
+    ///
+    /// # Safety
+    /// Each `addrs[i]` of a present argument is 32-byte aligned and holds that argument's storage
+    /// in a live allocation of the entry's device that outlives the launch that follows.
+    pub(crate) unsafe fn rebind(&self, addrs: &[*mut std::ffi::c_void]) -> Result<()> {
+        let cann = self.device.cann;
+        let (mut input, mut output) = (0usize, 0usize);
+        for (i, (t, &addr)) in self.tensors.iter().zip(addrs).enumerate() {
+            let Some((_, d)) = *t else { continue };
+            // SAFETY: a live repeatable executor and one of its live descriptors, at its index
+            // among the present inputs (or outputs); `addr` as this function's contract says.
+            let (call, status) = unsafe {
+                if i < self.inputs {
+                    input += 1;
+                    ("aclSetInputTensorAddr", cann.nnopbase.aclSetInputTensorAddr(self.executor, input - 1, d, addr))
+                } else {
+                    output += 1;
+                    ("aclSetOutputTensorAddr", cann.nnopbase.aclSetOutputTensorAddr(self.executor, output - 1, d, addr))
+                }
+            };
+            acl::check(cann, call, status)?;
+        }
+        Ok(())
+    }
+
+    /// Leaks the executor and descriptors (work that could not be waited for may use them).
+    fn leak(mut self) {
+        leaked(Leak::Executor);
+        for _ in self.tensors.iter().flatten() {
+            leaked(Leak::Tensor);
+        }
+        self.executor = std::ptr::null_mut();
+        self.tensors.clear();
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.bind() {
+            report_drop_error("aclrtSetDevice (destroying a cached executor)", &e);
+            return;
+        }
+        let cann = self.device.cann;
+        if !self.executor.is_null() {
+            // SAFETY: a live repeatable executor, owned by the entry; every launch of it has run
+            // (see `Retired`), and it is never used again.
+            let status = unsafe { cann.nnopbase.aclDestroyAclOpExecutor(self.executor) };
+            if let Err(e) = acl::check(cann, "aclDestroyAclOpExecutor", status) {
+                report_drop_error("aclDestroyAclOpExecutor", &e);
+                leaked(Leak::Executor);
+            }
+        }
+        for &(_, d) in self.tensors.iter().flatten() {
+            // SAFETY: a live descriptor owned by the entry; its executor is gone.
+            if let Err(e) = unsafe { acl::destroy_tensor(cann, d) } {
+                report_drop_error("aclDestroyTensor", &e);
+                leaked(Leak::Tensor);
+            }
+        }
+    }
+}
+
+/// One place of the cache.
+struct Slot {
+    hash: u64,
+    last_used: u64,
+    entry: Entry,
+}
+
+/// Entries removed from the cache, destroyed once `event` (recorded on the stream after their
+/// last launch) has completed.
+struct Retired {
+    entries: Vec<Entry>,
+    event: Arc<EventInner>,
+}
+
+#[derive(Default)]
+struct State {
+    slots: Vec<Slot>,
+    index: HashMap<u64, usize, BuildHasherDefault<Identity>>,
+    clock: u64,
+    retired: Vec<Retired>,
+    stats: LaunchCacheStats,
+}
+
+/// Counters of a stream's launch cache ([`Stream::launch_cache_stats`](crate::Stream::launch_cache_stats)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchCacheStats {
+    /// Launches served by a cached executor (no phase 1, no descriptor made).
+    pub hits: u64,
+    /// Cacheable launches that ran phase 1 (and made an entry).
+    pub misses: u64,
+    /// Entries removed: to make room, replaced, by a smaller capacity, or after a failed rebind
+    /// or launch.
+    pub evictions: u64,
+    /// Entries in the cache now.
+    pub entries: usize,
+    /// The most entries it keeps.
+    pub capacity: usize,
+}
+
+/// A stream's cache of repeatable executors (see the module docs).
+///
+/// Locking: the state's lock is held across a hit (the rebind and phase 2, which lock the
+/// buffers' stream lists), never across phase 1. A stream's synchronise, which may run under a
+/// buffer's lock, only tries it ([`LaunchCache::reap`]), so the two orders never deadlock.
+pub(crate) struct LaunchCache {
+    capacity: AtomicUsize,
+    state: Mutex<State>,
+}
+
+impl LaunchCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        LaunchCache { capacity: AtomicUsize::new(capacity), state: Mutex::new(State::default()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether launches are cached at all.
+    pub(crate) fn enabled(&self) -> bool {
+        self.capacity.load(Ordering::Relaxed) > 0
+    }
+
+    /// If the entry of `sig` (whose hash is `hash`) is cached, runs `launch` with it (the cache
+    /// locked: no other launch rebinds it meanwhile) and returns its result; an entry whose
+    /// launch failed is retired. `None` when it is not cached (nothing ran).
+    pub(crate) fn launch_hit(
+        &self,
+        stream: &StreamInner,
+        hash: u64,
+        sig: &Signature<'_>,
+        launch: impl FnOnce(&Entry) -> Result<()>,
+    ) -> Option<Result<()>> {
+        let mut st = self.lock();
+        let &i = st.index.get(&hash)?;
+        if !st.slots[i].entry.matches(sig) {
+            return None;
+        }
+        st.clock += 1;
+        (st.slots[i].last_used, st.stats.hits) = (st.clock, st.stats.hits + 1);
+        let result = launch(&st.slots[i].entry);
+        if result.is_err() {
+            let failed = Self::remove(&mut st, i);
+            drop(st);
+            self.retire(stream, [failed]);
+        }
+        Some(result)
+    }
+
+    /// Takes slot `i` out (the last slot moves into its place).
+    fn remove(st: &mut State, i: usize) -> Entry {
+        let s = st.slots.swap_remove(i);
+        st.index.remove(&s.hash);
+        if let Some(moved) = st.slots.get(i) {
+            let h = moved.hash;
+            st.index.insert(h, i);
+        }
+        s.entry
+    }
+
+    /// Adds a launched entry for a call whose hash is `hash`, replacing the one that had that hash
+    /// or, if the cache is full, the least recently used one; counts a miss.
+    pub(crate) fn insert(&self, stream: &StreamInner, hash: u64, entry: Entry) {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        let mut st = self.lock();
+        st.stats.misses += 1;
+        st.clock += 1;
+        let clock = st.clock;
+        let mut old = None;
+        if let Some(&i) = st.index.get(&hash) {
+            old = Some(Self::remove(&mut st, i));
+        } else if st.slots.len() >= capacity {
+            if let Some((i, _)) = st.slots.iter().enumerate().min_by_key(|(_, s)| s.last_used) {
+                old = Some(Self::remove(&mut st, i));
+            }
+        }
+        if st.slots.len() < capacity {
+            // bounded: at most `capacity` slots, a miss only.
+            #[allow(clippy::disallowed_methods)]
+            st.slots.reserve(1);
+            st.slots.push(Slot { hash, last_used: clock, entry });
+            let i = st.slots.len() - 1;
+            st.index.insert(hash, i);
+            drop(st);
+            self.retire(stream, old);
+        } else {
+            drop(st);
+            self.retire(stream, old.into_iter().chain([entry])); // capacity 0 meanwhile
+        }
+    }
+
+    /// Destroys `entries` once the work queued on `stream` so far (their launches among it) has
+    /// run: an event is recorded now and queried later. If it cannot be recorded, the stream is
+    /// synchronised first; if that fails too, they are leaked.
+    pub(crate) fn retire(&self, stream: &StreamInner, entries: impl IntoIterator<Item = Entry>) {
+        // bounded: the entries being retired, at most the capacity.
+        #[allow(clippy::disallowed_methods)]
+        let mut list: Vec<Entry> = entries.into_iter().collect();
+        if list.is_empty() {
+            return;
+        }
+        self.lock().stats.evictions += list.len() as u64;
+        match stream.marker() {
+            Ok(event) => self.lock().retired.push(Retired { entries: list, event }),
+            Err(e) => {
+                report_drop_error("aclrtRecordEvent (retiring cached executors)", &e);
+                if let Err(e) = stream.synchronize() {
+                    report_drop_error("aclrtSynchronizeStream (retiring cached executors)", &e);
+                    list.drain(..).for_each(Entry::leak);
+                }
+            }
+        }
+        self.reap(stream);
+    }
+
+    /// Destroys the retired entries whose events have completed (never waits); their events go
+    /// back to the stream's pool. Does nothing if the cache is locked (a launch is using it).
+    pub(crate) fn reap(&self, stream: &StreamInner) {
+        let mut retired = match self.state.try_lock() {
+            Ok(mut st) => std::mem::take(&mut st.retired),
+            Err(std::sync::TryLockError::Poisoned(p)) => std::mem::take(&mut p.into_inner().retired),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        if retired.is_empty() {
+            return;
+        }
+        // bounded: the retired lists, a list already in memory.
+        #[allow(clippy::disallowed_methods)]
+        let mut done = Vec::new();
+        retired.retain_mut(|r| {
+            let complete = r.event.is_complete().unwrap_or(false);
+            if complete {
+                done.push(std::mem::take(&mut r.entries));
+                stream.recycle_event(r.event.clone());
+            }
+            !complete
+        });
+        self.lock().retired.append(&mut retired);
+        drop(done); // destroyed outside the lock
+    }
+
+    /// Changes the capacity; entries beyond it (least recently used first) are retired.
+    pub(crate) fn set_capacity(&self, stream: &StreamInner, capacity: usize) {
+        self.capacity.store(capacity, Ordering::Relaxed);
+        let mut st = self.lock();
+        // bounded: the entries beyond the new capacity, at most the old one.
+        #[allow(clippy::disallowed_methods)]
+        let mut removed = Vec::new();
+        while st.slots.len() > capacity {
+            let Some((i, _)) = st.slots.iter().enumerate().min_by_key(|(_, s)| s.last_used) else { break };
+            removed.push(Self::remove(&mut st, i));
+        }
+        drop(st);
+        self.retire(stream, removed);
+    }
+
+    /// The counters.
+    pub(crate) fn stats(&self) -> LaunchCacheStats {
+        let st = self.lock();
+        LaunchCacheStats { entries: st.slots.len(), capacity: self.capacity.load(Ordering::Relaxed), ..st.stats }
+    }
+
+    /// Everything the cache holds, for the stream's drop: destroyed if the stream has drained
+    /// (`drained`), else leaked.
+    pub(crate) fn teardown(&self, drained: bool) {
+        let mut st = self.lock();
+        // bounded: the cache's own entries, already in memory.
+        #[allow(clippy::disallowed_methods)]
+        let mut all: Vec<Entry> = st.slots.drain(..).map(|s| s.entry).collect();
+        all.extend(st.retired.drain(..).flat_map(|r| r.entries));
+        st.index.clear();
+        drop(st);
+        if !drained {
+            all.into_iter().for_each(Entry::leak);
+        }
+    }
+}
+
+/// A hasher for keys that are already hashes.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix(self.0, u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
