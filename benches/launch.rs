@@ -6,10 +6,15 @@
 //! - the descriptors created and phase-1 calls per launch (`ascend::mock::launch_counters`), and
 //!   the Rust heap allocations per launch (a counting global allocator; the mock's C side is
 //!   not counted);
-//! - host time of our cached launch vs the raw cached sequence (a repeatable executor:
-//!   3 × `aclSet{Input,Output}TensorAddr` + phase 2) and vs phase 2 alone;
+//! - host time of our cached launch on the same tensors vs phase 2 alone (a cached descriptor
+//!   already bound to a tensor's buffer is not rebound), and on alternating tensors vs the raw
+//!   cached sequence (a repeatable executor: 3 × `aclSet{Input,Output}TensorAddr` + phase 2);
 //! - host time of our uncached launch vs the raw uncached sequence (3 × `aclCreateTensor`,
 //!   phase 1, phase 2, 3 × `aclDestroyTensor`).
+//!
+//! `LAUNCH_PROFILE=cached|rebinding|uncached|raw-uncached|raw-rebind|raw-phase2|none` runs one
+//! variant 20,000 times for a profiler instead (e.g. `valgrind --tool=callgrind`: the difference
+//! of two variants' instruction counts is their host cost difference, free of timing noise).
 //!
 //! Only enqueueing is timed: the mock runs the kernels when the stream is synchronised, which
 //! happens after each timed batch. Every figure is the best of several interleaved batches. The
@@ -167,6 +172,17 @@ fn main() {
     let mut mean2 = Tensor::zeros(&s, DType::F32, &[C]).unwrap();
     let mut invstd2 = Tensor::zeros(&s, DType::F32, &[C]).unwrap();
     let mut ours = || batch_norm_stats_into(&s, &input, EPS, &mut mean, &mut invstd).unwrap();
+    // Two sets of tensors, alternately: every launch rebinds its three tensors.
+    let mut sets = [0, 1].map(|_| {
+        let t = Tensor::from_slice(&s, &x, &[N, C]).unwrap();
+        (t, Tensor::zeros(&s, DType::F32, &[C]).unwrap(), Tensor::zeros(&s, DType::F32, &[C]).unwrap())
+    });
+    let mut turn = 0;
+    let mut ours_rebinding = || {
+        turn ^= 1;
+        let (x, m, v) = &mut sets[turn];
+        batch_norm_stats_into(&s, x, EPS, m, v).unwrap()
+    };
     let mut ours_uncached = || batch_norm_stats_into(&uncached_stream, &input, EPS, &mut mean2, &mut invstd2).unwrap();
     let mut raw_uncached = || {
         let t = raw.descriptors();
@@ -206,14 +222,37 @@ fn main() {
         // SAFETY: as above.
         assert_eq!(unsafe { phase2(ws, size, exec, raw_stream) }, 0);
     };
+    // For profilers (perf, callgrind): `LAUNCH_PROFILE=<variant>` runs one variant many times and
+    // prints nothing else; `none` runs the loop with no launch (the baseline to subtract).
+    if let Ok(variant) = std::env::var("LAUNCH_PROFILE") {
+        for _ in 0..100 {
+            for _ in 0..BATCH {
+                match variant.as_str() {
+                    "cached" => ours(),
+                    "rebinding" => ours_rebinding(),
+                    "uncached" => ours_uncached(),
+                    "raw-uncached" => raw_uncached(),
+                    "raw-rebind" => raw_rebind_phase2(),
+                    "raw-phase2" => raw_phase2(),
+                    _ => {}
+                }
+            }
+            s.synchronize().unwrap();
+            uncached_stream.synchronize().unwrap();
+        }
+        return;
+    }
     let times = best_ns(&mut [
         (&s, &mut ours),
+        (&s, &mut ours_rebinding),
         (&uncached_stream, &mut ours_uncached),
         (&s, &mut raw_uncached),
         (&s, &mut raw_rebind_phase2),
         (&s, &mut raw_phase2),
     ]);
-    let [ours, ours_uncached, raw_uncached, raw_rebind_phase2, raw_phase2] = times[..] else { unreachable!() };
+    let [ours, ours_rebinding, ours_uncached, raw_uncached, raw_rebind_phase2, raw_phase2] = times[..] else {
+        unreachable!()
+    };
     s.synchronize().unwrap();
     // SAFETY: the stream has drained; the caller owns the repeatable executor and the descriptors.
     unsafe {
@@ -224,19 +263,20 @@ fn main() {
     }
 
     println!("host time per launch:");
-    println!("  ours, cached (rebind + phase 2)                   {ours:>8.0} ns");
     println!(
-        "  raw cached: rebind 3 tensors + phase 2            {raw_rebind_phase2:>8.0} ns   ours cached / raw = {:.2}x",
-        ours / raw_rebind_phase2
-    );
-    println!(
-        "  raw phase 2 alone                                 {raw_phase2:>8.0} ns   ours cached / raw = {:.2}x",
+        "  ours, cached, same tensors (phase 2 only)          {ours:>8.0} ns   vs raw phase 2 alone: {:.2}x",
         ours / raw_phase2
     );
-    println!("  ours, uncached (descriptors + phase 1 + phase 2)  {ours_uncached:>8.0} ns");
+    println!("  raw phase 2 alone                                  {raw_phase2:>8.0} ns");
     println!(
-        "  raw phase 1 + phase 2 (3 descriptors each time)   {raw_uncached:>8.0} ns   ours uncached / raw = {:.2}x",
+        "  ours, cached, other tensors (rebind 3 + phase 2)   {ours_rebinding:>8.0} ns   vs raw rebind + phase 2: {:.2}x",
+        ours_rebinding / raw_rebind_phase2
+    );
+    println!("  raw rebind 3 tensors + phase 2                     {raw_rebind_phase2:>8.0} ns");
+    println!(
+        "  ours, uncached (descriptors + phase 1 + phase 2)   {ours_uncached:>8.0} ns   vs raw phase 1 + phase 2: {:.2}x",
         ours_uncached / raw_uncached
     );
+    println!("  raw phase 1 + phase 2 (3 descriptors each time)    {raw_uncached:>8.0} ns");
     black_box((&mean, &invstd));
 }

@@ -26,6 +26,21 @@ impl<'a> Layout<'a> {
     }
 }
 
+/// A hash of everything a layout holds (for the launch cache's key; a fast mixing function, not
+/// resistant to adversarial inputs, which only cost the cache hits).
+pub(crate) fn hash(l: &Layout<'_>) -> u64 {
+    let mut h = mix(l.dtype as u64, l.shape.len() as u64);
+    for (&d, &s) in l.shape.iter().zip(l.strides) {
+        h = mix(mix(h, d as u64), s as u64);
+    }
+    mix(mix(h, l.offset as u64), l.storage_len as u64)
+}
+
+/// One step of the hash: FxHash's rotate-xor-multiply.
+pub(crate) fn mix(h: u64, x: u64) -> u64 {
+    (h.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
+}
+
 /// Host storage a [`Strided`] view lies in: its element type and length in elements.
 pub(crate) trait Storage {
     /// The element type.

@@ -120,10 +120,36 @@ pub struct Tensor {
     strides: Vec<usize>,
     offset: usize,
     storage_len: usize,
+    /// A hash of the five fields above (they never change): the launch cache's key is made of them.
+    layout_hash: u64,
     pub(crate) storage: Storage,
 }
 
 impl Tensor {
+    /// A tensor over `storage` with this layout (checked by the caller).
+    fn with_layout(
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+        storage_len: usize,
+        storage: Storage,
+    ) -> Tensor {
+        let layout_hash = layout::hash(&crate::layout::Layout {
+            dtype,
+            shape: &shape,
+            strides: &strides,
+            offset,
+            storage_len,
+        });
+        Tensor { dtype, shape, strides, offset, storage_len, layout_hash, storage }
+    }
+
+    /// A hash of the dtype, shape, strides, offset and storage length (computed once).
+    pub(crate) fn layout_hash(&self) -> u64 {
+        self.layout_hash
+    }
+
     /// A contiguous (row-major) tensor of `shape` holding a copy of `data` (on Ascend: memory no
     /// queued work uses, and the blocking `aclrtMemcpy`, so the data is on the device when this
     /// returns).
@@ -182,14 +208,7 @@ impl Tensor {
                 Storage::Device(DeviceStorage { buffer: Arc::new(DeviceBuffer::on_stream(inner, bytes)?) })
             }
         };
-        Ok(Tensor {
-            dtype,
-            shape: shape.to_vec(),
-            strides: layout::contiguous_strides(shape),
-            offset: 0,
-            storage_len: n,
-            storage,
-        })
+        Ok(Tensor::with_layout(dtype, shape.to_vec(), layout::contiguous_strides(shape), 0, n, storage))
     }
 
     /// Like [`from_slice_strided`](Self::from_slice_strided), for the small uploads the crate
@@ -218,14 +237,7 @@ impl Tensor {
         layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
         let host = HostData::from_slice(storage)?;
         let storage = Self::place(stream, host, staged)?;
-        Ok(Tensor {
-            dtype: T::DTYPE,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-            storage_len: storage_len_of(&storage, T::DTYPE),
-            storage,
-        })
+        Ok(Tensor::with_layout(T::DTYPE, shape.to_vec(), strides.to_vec(), offset, storage_len_of(&storage, T::DTYPE), storage))
     }
 
     /// The storage of `host` for `stream`'s backend; with `staged`, small data goes up through
@@ -337,14 +349,7 @@ impl Tensor {
         // SAFETY: the caller's guarantee: `storage_bytes` of live device memory of this device at
         // `ptr`, kept until this tensor and its work are gone.
         let buffer = Arc::new(unsafe { DeviceBuffer::foreign(device.clone(), ptr, storage_len * size) });
-        Ok(Tensor {
-            dtype,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-            storage_len,
-            storage: Storage::Device(DeviceStorage { buffer }),
-        })
+        Ok(Tensor::with_layout(dtype, shape.to_vec(), strides.to_vec(), offset, storage_len, Storage::Device(DeviceStorage { buffer })))
     }
 
     /// The device address of the tensor's storage (element 0 of the storage, not of the view:
@@ -470,14 +475,7 @@ impl Tensor {
             Storage::Device(d) => Storage::Device(DeviceStorage { buffer: d.buffer.clone() }),
             Storage::Host(h) => Storage::Host(h.clone()),
         };
-        Ok(Tensor {
-            dtype: self.dtype,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-            storage_len: self.storage_len,
-            storage,
-        })
+        Ok(Tensor::with_layout(self.dtype, shape.to_vec(), strides.to_vec(), offset, self.storage_len, storage))
     }
 
     /// Takes the elements `view` (made by [`view`](Self::view) of this tensor, then written)

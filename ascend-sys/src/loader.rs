@@ -82,11 +82,11 @@ impl Cann {
         let package = OPAPI_PACKAGES.iter().find(|(p, _)| *p == op.package).map(|(_, file)| *file);
         let mut tried = Vec::new();
         for file in std::iter::once(OPAPI).chain(package) {
-            let path = candidate(&self.dir, file);
+            // (The path is spelled out only for the error: a launch looks its operator up here.)
             match self.op_library(file) {
                 Ok(lib) if lib.exported.contains(&op.phase1) && lib.exported.contains(&op.name) => return Ok(&lib.api),
-                Ok(_) => tried.push((path.display().to_string(), format!("lacks {} or {}", op.phase1, op.name))),
-                Err(why) => tried.push((path.display().to_string(), why)),
+                Ok(lib) => tried.push((lib.path.display().to_string(), format!("lacks {} or {}", op.phase1, op.name))),
+                Err(why) => tried.push((candidate(&self.dir, file).display().to_string(), why)),
             }
         }
         let library = std::iter::once(OPAPI).chain(package).collect::<Vec<_>>().join("|");

@@ -46,8 +46,22 @@ impl<'a> AclTensor<'a> {
     ) -> Result<Self> {
         let device: &'a Device = buffer.device();
         debug_assert!(storage_len * dtype.size_in_bytes() <= buffer.bytes());
-        let dims = shape.iter().map(|&d| to_i64(d, "shape")).collect::<Result<Vec<_>>>()?;
-        let strides = strides.iter().map(|&s| to_i64(s, "strides")).collect::<Result<Vec<_>>>()?;
+        // On the stack for the usual ranks (aclnn tensors have at most 8 dims).
+        let (mut dims_stack, mut strides_stack) = ([0i64; 8], [0i64; 8]);
+        let (dims_heap, strides_heap);
+        let (dims, strides) = if shape.len() <= 8 && strides.len() <= 8 {
+            for (d, &v) in dims_stack.iter_mut().zip(shape) {
+                *d = to_i64(v, "shape")?;
+            }
+            for (d, &v) in strides_stack.iter_mut().zip(strides) {
+                *d = to_i64(v, "strides")?;
+            }
+            (&dims_stack[..shape.len()], &strides_stack[..strides.len()])
+        } else {
+            dims_heap = shape.iter().map(|&d| to_i64(d, "shape")).collect::<Result<Vec<_>>>()?;
+            strides_heap = strides.iter().map(|&s| to_i64(s, "strides")).collect::<Result<Vec<_>>>()?;
+            (&dims_heap[..], &strides_heap[..])
+        };
         device.bind()?;
         // SAFETY: the buffer is a live allocation of at least `storage_len` elements (or null with
         // storage_len 0), the view lies inside it (checked by the caller), and the descriptor
@@ -55,8 +69,8 @@ impl<'a> AclTensor<'a> {
         let raw = unsafe {
             acl::create_tensor(
                 device.cann,
-                &dims,
-                &strides,
+                dims,
+                strides,
                 to_i64(offset, "offset")?,
                 acl_dtype(dtype),
                 aclFormat::ACL_FORMAT_ND,

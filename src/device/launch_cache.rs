@@ -36,7 +36,7 @@ use super::{leaked, report, report_drop_error, Device, EventInner, Leak, StreamI
 use crate::acl;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::layout::Layout;
+use crate::layout::{mix, Layout};
 
 /// The most dimensions a cached call's tensors have (aclnn's tensors have at most 8).
 pub(crate) const MAX_RANK: usize = 8;
@@ -95,11 +95,13 @@ impl TensorKey {
     }
 
     fn matches(&self, l: &Layout<'_>) -> bool {
+        // Element by element: for ranks this small a loop beats a `memcmp` call.
         self.dtype == l.dtype
             && self.offset == l.offset
             && self.storage_len == l.storage_len
-            && self.shape[..self.rank] == *l.shape
-            && self.strides[..self.rank] == *l.strides
+            && self.rank == l.shape.len()
+            && self.rank == l.strides.len()
+            && (0..self.rank).all(|i| self.shape[i] == l.shape[i] && self.strides[i] == l.strides[i])
     }
 }
 
@@ -110,12 +112,10 @@ pub(crate) struct Signature<'s> {
     pub(crate) scalars: [u64; 4],
     /// The inputs then the outputs, each in its prototype's order (`None`: absent).
     pub(crate) tensors: &'s [Option<Layout<'s>>],
+    /// Each tensor's [`crate::layout::hash`] (any constant for an absent one).
+    pub(crate) hashes: &'s [u64],
     /// How many of `tensors` are inputs.
     pub(crate) inputs: usize,
-}
-
-fn mix(h: u64, x: u64) -> u64 {
-    (h.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
 impl Signature<'_> {
@@ -125,16 +125,8 @@ impl Signature<'_> {
         for s in self.scalars {
             h = mix(h, s);
         }
-        for t in self.tensors {
-            let Some(l) = t else {
-                h = mix(h, u64::MAX);
-                continue;
-            };
-            h = mix(h, l.dtype as u64 ^ ((l.shape.len() as u64) << 8));
-            for (&d, &s) in l.shape.iter().zip(l.strides) {
-                h = mix(mix(h, d as u64), s as u64);
-            }
-            h = mix(mix(h, l.offset as u64), l.storage_len as u64);
+        for &t in self.hashes {
+            h = mix(h, t);
         }
         h
     }
@@ -148,6 +140,8 @@ pub(crate) struct Entry {
     scalars: [u64; 4],
     /// Per argument, inputs then outputs: its key and its descriptor (`None`: absent).
     tensors: Vec<Option<(TensorKey, *mut aclTensor)>>,
+    /// Per argument: the id of the buffer its descriptor is bound to now (0: none).
+    bound: Vec<u64>,
     inputs: usize,
     executor: *mut aclOpExecutor,
     workspace_size: u64,
@@ -161,7 +155,8 @@ unsafe impl Send for Entry {}
 
 impl Entry {
     /// An entry over `executor` (made repeatable) and `descriptors` (one per argument of `sig`,
-    /// null for an absent one), which it owns from now on.
+    /// null for an absent one, bound to the buffers whose ids are `buffers`), which it owns from
+    /// now on.
     ///
     /// # Safety
     /// `executor` is a live repeatable executor from phase 1 of `sig.op` over `descriptors`,
@@ -170,11 +165,12 @@ impl Entry {
         device: Arc<Device>,
         sig: &Signature<'_>,
         descriptors: &[*mut aclTensor],
+        buffers: &[u64],
         executor: *mut aclOpExecutor,
         workspace_size: u64,
         phase2: Phase2,
     ) -> Self {
-        // bounded: one per argument of an operator (at most 32), a miss only.
+        // bounded: one per argument of an operator (at most 16), a miss only.
         #[allow(clippy::disallowed_methods)]
         let tensors = sig
             .tensors
@@ -182,11 +178,15 @@ impl Entry {
             .zip(descriptors)
             .map(|(l, &d)| l.as_ref().and_then(TensorKey::of).map(|k| (k, d)))
             .collect();
+        // bounded: one per argument, a miss only.
+        #[allow(clippy::disallowed_methods)]
+        let bound = buffers.to_vec();
         Entry {
             device,
             op: sig.op,
             scalars: sig.scalars,
             tensors,
+            bound,
             inputs: sig.inputs,
             executor,
             workspace_size,
@@ -226,30 +226,41 @@ impl Entry {
         self.executor
     }
 
-    /// Points every present tensor at `addrs[i]` (the storage of argument `i`, inputs then
+    /// Points every present tensor at `addrs[i]`, the storage of buffer `buffers[i]` (inputs then
     /// outputs): input `k` (counting present inputs only) with `aclSetInputTensorAddr(k)`, output
-    /// `k` likewise with `aclSetOutputTensorAddr` (docs/cann/API.md §2.4). The device is bound.
+    /// `k` likewise with `aclSetOutputTensorAddr` (docs/cann/API.md §2.4). A descriptor already
+    /// bound to that very buffer (same id, hence same address) is left as it is. The device is
+    /// bound.
     ///
     /// # Safety
     /// Each `addrs[i]` of a present argument is 32-byte aligned and holds that argument's storage
-    /// in a live allocation of the entry's device that outlives the launch that follows.
-    pub(crate) unsafe fn rebind(&self, addrs: &[*mut std::ffi::c_void]) -> Result<()> {
+    /// in the live allocation of buffer `buffers[i]` of the entry's device, which outlives the
+    /// launch that follows.
+    pub(crate) unsafe fn rebind(&mut self, addrs: &[*mut std::ffi::c_void], buffers: &[u64]) -> Result<()> {
         let cann = self.device.cann;
         let (mut input, mut output) = (0usize, 0usize);
-        for (i, (t, &addr)) in self.tensors.iter().zip(addrs).enumerate() {
+        for (i, ((t, bound), (&addr, &id))) in
+            self.tensors.iter().zip(&mut self.bound).zip(addrs.iter().zip(buffers)).enumerate()
+        {
             let Some((_, d)) = *t else { continue };
+            let (is_input, index) = if i < self.inputs { (true, &mut input) } else { (false, &mut output) };
+            *index += 1;
+            if *bound == id {
+                continue;
+            }
             // SAFETY: a live repeatable executor and one of its live descriptors, at its index
             // among the present inputs (or outputs); `addr` as this function's contract says.
             let (call, status) = unsafe {
-                if i < self.inputs {
-                    input += 1;
-                    ("aclSetInputTensorAddr", cann.nnopbase.aclSetInputTensorAddr(self.executor, input - 1, d, addr))
+                if is_input {
+                    ("aclSetInputTensorAddr", cann.nnopbase.aclSetInputTensorAddr(self.executor, *index - 1, d, addr))
                 } else {
-                    output += 1;
-                    ("aclSetOutputTensorAddr", cann.nnopbase.aclSetOutputTensorAddr(self.executor, output - 1, d, addr))
+                    ("aclSetOutputTensorAddr", cann.nnopbase.aclSetOutputTensorAddr(self.executor, *index - 1, d, addr))
                 }
             };
+            // Unknown until it succeeds (a failed entry is retired anyway).
+            *bound = 0;
             acl::check(cann, call, status)?;
+            *bound = id;
         }
         Ok(())
     }
@@ -362,7 +373,7 @@ impl LaunchCache {
         stream: &StreamInner,
         hash: u64,
         sig: &Signature<'_>,
-        launch: impl FnOnce(&Entry) -> Result<()>,
+        launch: impl FnOnce(&mut Entry) -> Result<()>,
     ) -> Option<Result<()>> {
         let mut st = self.lock();
         let &i = st.index.get(&hash)?;
@@ -371,7 +382,7 @@ impl LaunchCache {
         }
         st.clock += 1;
         (st.slots[i].last_used, st.stats.hits) = (st.clock, st.stats.hits + 1);
-        let result = launch(&st.slots[i].entry);
+        let result = launch(&mut st.slots[i].entry);
         if result.is_err() {
             let failed = Self::remove(&mut st, i);
             drop(st);

@@ -112,13 +112,27 @@ pub(crate) struct DeviceBuffer {
     /// `None` only inside `drop`.
     alloc: Option<DeviceAlloc>,
     users: Mutex<Vec<Arc<StreamInner>>>,
+    /// Unique in the process, never reused: tells this buffer from a later one at the same
+    /// address (the launch cache skips rebinding a descriptor already bound to this buffer).
+    id: u64,
+}
+
+/// The next buffer id.
+static NEXT_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_buffer_id() -> u64 {
+    NEXT_BUFFER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl DeviceBuffer {
     /// A buffer that nothing orders yet (written first by the host): an idle block, which no
     /// queued work uses.
     pub(crate) fn new(device: Arc<Device>, bytes: usize) -> Result<Self> {
-        Ok(DeviceBuffer { alloc: Some(DeviceAlloc::new(device, bytes, Order::Idle)?), users: Mutex::new(Vec::new()) })
+        Ok(DeviceBuffer {
+            alloc: Some(DeviceAlloc::new(device, bytes, Order::Idle)?),
+            users: Mutex::new(Vec::new()),
+            id: next_buffer_id(),
+        })
     }
 
     /// A buffer for work on `stream`. Its block may still be in use by work queued earlier on
@@ -127,7 +141,7 @@ impl DeviceBuffer {
     pub(crate) fn on_stream(stream: &Arc<StreamInner>, bytes: usize) -> Result<Self> {
         let (alloc, pending) = DeviceAlloc::with_state(stream.device.clone(), bytes, Order::Stream(stream.id))?;
         let users = if pending { vec![stream.clone()] } else { Vec::new() };
-        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users) })
+        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users), id: next_buffer_id() })
     }
 
     /// A buffer over the caller's device memory (see [`DeviceAlloc::foreign`]): recorded on
@@ -138,7 +152,11 @@ impl DeviceBuffer {
     /// As [`DeviceAlloc::foreign`].
     pub(crate) unsafe fn foreign(device: Arc<Device>, ptr: *mut c_void, bytes: usize) -> Self {
         // SAFETY: the caller's guarantee, passed on.
-        DeviceBuffer { alloc: Some(unsafe { DeviceAlloc::foreign(device, ptr, bytes) }), users: Mutex::new(Vec::new()) }
+        DeviceBuffer {
+            alloc: Some(unsafe { DeviceAlloc::foreign(device, ptr, bytes) }),
+            users: Mutex::new(Vec::new()),
+            id: next_buffer_id(),
+        }
     }
 
     fn alloc(&self) -> &DeviceAlloc {
@@ -151,6 +169,11 @@ impl DeviceBuffer {
 
     pub(crate) fn bytes(&self) -> usize {
         self.alloc().bytes()
+    }
+
+    /// This buffer's process-unique id.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     pub(crate) fn device(&self) -> &Arc<Device> {
@@ -193,46 +216,67 @@ pub(crate) fn enqueue_using<'b, R>(
     buffers: impl IntoIterator<Item = &'b DeviceBuffer>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    // On the stack: a launch allocates nothing here.
+    // On the stack: a launch allocates nothing here. Sorted by address (insertion sort: a
+    // handful of buffers), each buffer once.
     let mut sorted: [Option<&DeviceBuffer>; MAX_BUFFERS] = [None; MAX_BUFFERS];
     let mut n = 0;
+    let addr = |b: &DeviceBuffer| std::ptr::from_ref(b) as usize;
     for b in buffers {
-        let slot = sorted.get_mut(n).ok_or_else(|| {
-            crate::Error::internal(format!("one enqueue lists more than {MAX_BUFFERS} device buffers"))
-        })?;
-        *slot = Some(b);
-        n += 1;
-    }
-    let sorted = &mut sorted[..n];
-    sorted.sort_unstable_by_key(|b| b.map_or(0, |b| std::ptr::from_ref::<DeviceBuffer>(b) as usize));
-    let mut guards: [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>; MAX_BUFFERS] = std::array::from_fn(|_| None);
-    let mut previous: Option<&DeviceBuffer> = None;
-    for (guard, b) in guards.iter_mut().zip(sorted.iter().flatten()) {
-        if previous.is_some_and(|p| std::ptr::eq(p, *b)) {
-            continue; // each buffer once
+        let mut i = n;
+        while i > 0 && sorted[i - 1].is_some_and(|p| addr(p) > addr(b)) {
+            i -= 1;
         }
-        previous = Some(b);
-        *guard = Some(b.lock_users());
+        if i > 0 && sorted[i - 1].is_some_and(|p| std::ptr::eq(p, b)) {
+            continue; // listed already
+        }
+        if n == MAX_BUFFERS {
+            return Err(crate::Error::internal(format!("one enqueue lists more than {MAX_BUFFERS} device buffers")));
+        }
+        sorted.copy_within(i..n, i + 1);
+        sorted[i] = Some(b);
+        n += 1;
     }
     // Each earlier stream once, however many buffers it used (this allocates only when another
     // stream is involved).
     let mut ordered: Vec<Arc<StreamInner>> = Vec::new();
-    let guards = &mut guards[..n];
-    for users in guards.iter_mut().flatten() {
-        // On failure the unordered ones stay listed, so drop still waits for them.
-        while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
-            if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
-                stream.order_after(&users[i])?;
-                ordered.push(users[i].clone());
+    let mut enqueue = Some(enqueue);
+    let mut run = || match enqueue.take() {
+        Some(f) => f(),
+        None => Err(crate::Error::internal("an enqueue ran twice")),
+    };
+    lock_and_enqueue(stream, &sorted[..n], &mut ordered, &mut run)
+}
+
+/// Locks the first buffer's stream list, orders `stream` after the other streams in it (each
+/// once, remembered in `ordered`), then recurses on the rest; with every list locked, runs
+/// `enqueue`; then records `stream` on each buffer, as the locks are released. Each guard lives
+/// in its own frame: no list of guards is built.
+fn lock_and_enqueue<R>(
+    stream: &Arc<StreamInner>,
+    buffers: &[Option<&DeviceBuffer>],
+    ordered: &mut Vec<Arc<StreamInner>>,
+    enqueue: &mut dyn FnMut() -> Result<R>,
+) -> Result<R> {
+    let Some((Some(first), rest)) = buffers.split_first() else { return enqueue() };
+    let mut users = first.lock_users();
+    let mut result = Ok(());
+    // On failure the unordered ones stay listed, so drop still waits for them.
+    while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
+        if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
+            if let Err(e) = stream.order_after(&users[i]) {
+                result = Err(e);
+                break;
             }
-            users.swap_remove(i);
+            ordered.push(users[i].clone());
         }
+        users.swap_remove(i);
     }
-    let result = enqueue();
-    for users in guards.iter_mut().flatten() {
-        if users.is_empty() {
-            users.push(stream.clone());
-        }
+    let result = result.and_then(|()| lock_and_enqueue(stream, rest, ordered, enqueue));
+    // Recorded even when the work failed (it may have queued part of it; recording too much only
+    // costs an event), and when ordering failed: the streams ordered before `stream` were
+    // forgotten here, and `stream` waits for them.
+    if !users.iter().any(|s| Arc::ptr_eq(s, stream)) {
+        users.push(stream.clone());
     }
     result
 }

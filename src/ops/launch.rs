@@ -175,25 +175,38 @@ fn phase1<'a, O: Operator<'a>>(
 /// outputs; `None` and null where absent).
 struct Bound<'t> {
     layouts: [Option<Layout<'t>>; MAX_ARGS],
+    /// Each layout's hash (kept by its tensor), `u64::MAX` where absent.
+    hashes: [u64; MAX_ARGS],
     addrs: [*mut c_void; MAX_ARGS],
+    /// Each tensor's buffer id (0 where absent).
+    ids: [u64; MAX_ARGS],
 }
 
 impl<'t> Bound<'t> {
-    /// `None` when the launch cache does not take the call: a tensor not in device memory of
-    /// `device`, of rank over [`MAX_RANK`], or whose storage address is null (empty) or not
-    /// 32-byte aligned (CANN rebinds only aligned addresses).
-    fn of(args: &CallArgs<'t>, device: &Device) -> Option<Self> {
-        let mut b = Bound { layouts: [None; MAX_ARGS], addrs: [std::ptr::null_mut(); MAX_ARGS] };
-        for ((l, addr), (t, _)) in b.layouts.iter_mut().zip(&mut b.addrs).zip(args.iter()) {
+    fn new() -> Self {
+        Bound {
+            layouts: [None; MAX_ARGS],
+            hashes: [u64::MAX; MAX_ARGS],
+            addrs: [std::ptr::null_mut(); MAX_ARGS],
+            ids: [0; MAX_ARGS],
+        }
+    }
+
+    /// Fills in `args`; `false` when the launch cache does not take the call: a tensor not in
+    /// device memory of `device`, of rank over [`MAX_RANK`], or whose storage address is null
+    /// (empty) or not 32-byte aligned (CANN rebinds only aligned addresses).
+    fn fill(&mut self, args: &CallArgs<'t>, device: &Device) -> bool {
+        let slots = self.layouts.iter_mut().zip(&mut self.hashes).zip(self.addrs.iter_mut().zip(&mut self.ids));
+        for (((l, h), (addr, id)), (t, _)) in slots.zip(args.iter()) {
             let Some(t) = t else { continue };
-            let (buffer, on) = t.device_buffer()?;
+            let Some((buffer, on)) = t.device_buffer() else { return false };
             let p = buffer.ptr();
             if !on.same(device) || p.is_null() || !(p as usize).is_multiple_of(32) || t.shape().len() > MAX_RANK {
-                return None;
+                return false;
             }
-            (*l, *addr) = (Some(t.layout()), p);
+            (*l, *h, *addr, *id) = (Some(t.layout()), t.layout_hash(), p, buffer.id());
         }
-        Some(b)
+        true
     }
 
     fn signature<'s, S: ScalarBits>(
@@ -202,7 +215,8 @@ impl<'t> Bound<'t> {
         scalars: S,
         args: &CallArgs<'_>,
     ) -> Signature<'s> {
-        Signature { op, scalars: scalars.bits(), tensors: &self.layouts[..args.len], inputs: args.inputs }
+        let n = args.len;
+        Signature { op, scalars: scalars.bits(), tensors: &self.layouts[..n], hashes: &self.hashes[..n], inputs: args.inputs }
     }
 }
 
@@ -235,10 +249,13 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
         }
         args.push(t, name);
     }
-    let Some(bound) = Bound::of(&args, device) else { return Ok(false) };
+    let mut bound = Bound::new();
+    if !bound.fill(&args, device) {
+        return Ok(false);
+    }
     let sig = bound.signature(O::OP, op.scalars(), &args);
-    let addrs = &bound.addrs[..args.len];
-    match inner.launches.launch_hit(inner, sig.hash(), &sig, |entry| launch_cached(inner, &args, addrs, entry)) {
+    let (addrs, ids) = (&bound.addrs[..args.len], &bound.ids[..args.len]);
+    match inner.launches.launch_hit(inner, sig.hash(), &sig, |entry| launch_cached(inner, &args, addrs, ids, entry)) {
         Some(result) => result.map(|()| true),
         None => Ok(false),
     }
@@ -247,7 +264,7 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
 /// A validated `_into` or allocating call on Ascend: the cached executor of this call's
 /// signature on `inner` if there is one (rebound, then phase 2), else phase 1 with a repeatable
 /// executor, launched and kept. Calls the cache does not take (it is off, an empty input that is
-/// zeroed after the launch, or see [`Bound::of`]) run [`prepare`] and launch as always.
+/// zeroed after the launch, or see [`Bound::fill`]) run [`prepare`] and launch as always.
 pub(crate) fn run<'a, O: Operator<'a>>(
     inner: &Arc<StreamInner>,
     device: &Arc<Device>,
@@ -257,15 +274,15 @@ pub(crate) fn run<'a, O: Operator<'a>>(
 ) -> Result<()> {
     let args = CallArgs::of(&op, outs)?;
     let (scalars, zero) = (op.scalars(), O::zero_after_launch(&plan));
-    let bound = if zero || !inner.launches.enabled() { None } else { Bound::of(&args, device) };
-    let Some(bound) = bound else {
+    let mut bound = Bound::new();
+    if zero || !inner.launches.enabled() || !bound.fill(&args, device) {
         return phase1::<O>(device, scalars, args, zero)?.launch_on(inner, None);
-    };
+    }
     let sig = bound.signature(O::OP, scalars, &args);
     let hash = sig.hash();
-    let addrs = &bound.addrs[..args.len];
+    let (addrs, ids) = (&bound.addrs[..args.len], &bound.ids[..args.len]);
     if let Some(result) =
-        inner.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, &args, addrs, entry))
+        inner.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, &args, addrs, ids, entry))
     {
         return result;
     }
@@ -278,17 +295,23 @@ pub(crate) fn run<'a, O: Operator<'a>>(
 
 /// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
 /// buffer, then launched with the stream's workspace, its buffers recorded with the enqueue.
-fn launch_cached(inner: &Arc<StreamInner>, args: &CallArgs<'_>, addrs: &[*mut c_void], entry: &Entry) -> Result<()> {
+fn launch_cached(
+    inner: &Arc<StreamInner>,
+    args: &CallArgs<'_>,
+    addrs: &[*mut c_void],
+    ids: &[u64],
+    entry: &mut Entry,
+) -> Result<()> {
     let device = &inner.device;
     let size = entry.workspace_size();
-    // Every present tensor's buffer is on the device ([`Bound::of`] checked).
+    // Every present tensor's buffer is on the device ([`Bound::fill`] checked).
     let buffers = args.tensors[..args.len].iter().flatten().filter_map(|t| t.device_buffer().map(|(b, _)| b));
     enqueue_using(inner, buffers, || {
         device.bind()?;
-        // SAFETY: each address is this call's buffer of that argument (checked 32-byte aligned
-        // and non-null; the view was validated to lie inside it), recorded on this stream by
-        // `enqueue_using`, so it outlives the launch.
-        unsafe { entry.rebind(addrs) }?;
+        // SAFETY: each address is this call's buffer of that argument, whose id is `ids[i]`
+        // (checked 32-byte aligned and non-null; the view was validated to lie inside it),
+        // recorded on this stream by `enqueue_using`, so it outlives the launch.
+        unsafe { entry.rebind(addrs, ids) }?;
         inner.with_workspace(size, |ws| {
             // SAFETY: the entry's phase 2 with its live repeatable executor, all of whose
             // tensors were just rebound to live buffers recorded on this stream; `ws` is null
@@ -380,6 +403,10 @@ impl DevicePrepared<'_> {
             unsafe { launch(ws, size, raw, inner.raw()) }
         });
         let descriptors: [*mut aclTensor; MAX_ARGS] = self.handles;
+        let mut ids = [0u64; MAX_ARGS];
+        for (id, t) in ids.iter_mut().zip(&self.args.tensors[..self.args.len]) {
+            *id = t.and_then(Tensor::device_buffer).map_or(0, |(b, _)| b.id());
+        }
         self.call.descriptors.into_iter().for_each(|d| {
             d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
         });
@@ -390,6 +417,7 @@ impl DevicePrepared<'_> {
                 self.call.device.clone(),
                 sig,
                 &descriptors[..self.args.len],
+                &ids[..self.args.len],
                 raw,
                 self.workspace_size,
                 self.launch,

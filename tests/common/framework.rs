@@ -184,7 +184,7 @@ enum Path {
     Uncached,
     /// An empty cache: descriptors, phase 1, `aclSetAclOpExecutorRepeatable`, phase 2.
     Miss,
-    /// The call's executor is cached: rebind every tensor, phase 2.
+    /// The call's executor is cached, bound to other buffers: rebind every tensor, phase 2.
     Hit,
 }
 
@@ -193,13 +193,14 @@ impl Path {
     const ALL: [Path; 3] = [Path::Uncached, Path::Miss, Path::Hit];
 
     /// Readies `s` so that the next call of `case` takes this path.
-    fn arrange<F: Framework>(self, s: &Stream, case: &F, up: &mut F::Up) -> Result<()> {
+    fn arrange<F: Framework>(self, s: &Stream, case: &F) -> Result<()> {
         match self {
             Path::Uncached => s.set_launch_cache_capacity(0),
             Path::Miss => flush_launch_cache(s),
             Path::Hit => {
-                let mut warm = case.outputs(s)?;
-                case.run_into(up, s, &mut warm)?;
+                // On buffers of its own, so the next call rebinds every tensor.
+                let (mut other, mut warm) = (case.upload(s)?, case.outputs(s)?);
+                case.run_into(&mut other, s, &mut warm)?;
                 s.synchronize()?;
             }
         }
@@ -242,8 +243,7 @@ pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
         let base = live(ctx, &s);
         for (api, code, status) in path.calls(&phase1, F::ACLNN) {
             let api = api.as_str();
-            // (Arranging a hit runs the call, which may update in-place arguments.)
-            path.arrange(&s, &case, &mut up)?;
+            path.arrange(&s, &case)?;
             let before = written::<F>(&s, &up, &out);
             fail_next_on_this_thread(api, code);
             let err = case.run_into(&mut up, &s, &mut out).unwrap_err();
@@ -254,7 +254,7 @@ pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
             assert!(err.to_string().contains(api), "{path:?}, {api}: {err}");
             assert_eq!(live(ctx, &s), base, "{path:?}, {api}: leaked");
             assert_eq!(written::<F>(&s, &up, &out), before, "{path:?}, {api}: wrote");
-            path.arrange(&s, &case, &mut up)?;
+            path.arrange(&s, &case)?;
             let before = written::<F>(&s, &up, &out);
             fail_next_on_this_thread(api, code);
             let err = case.run(&mut up, &s).unwrap_err();
@@ -265,7 +265,7 @@ pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
         fail_next_on_this_thread("aclrtMalloc", 207001);
         assert_eq!(status_of(case.run(&mut up, &s)), 207001);
         assert_eq!(live(ctx, &s), base, "{path:?}, aclrtMalloc: leaked");
-        path.arrange(&s, &case, &mut up)?;
+        path.arrange(&s, &case)?;
         case.run_into(&mut up, &s, &mut out)?;
         case.check(ctx, &s, "after the faults", &out);
     }
@@ -297,7 +297,7 @@ pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
         let mut failed = Vec::new();
         for &api in &apis {
             let mut out = case.outputs(&s)?;
-            path.arrange(&s, &case, &mut up)?;
+            path.arrange(&s, &case)?;
             let before = written::<F>(&s, &up, &out);
             fail_next_on_this_thread(api, 507899);
             let r = case.run_into(&mut up, &s, &mut out);
@@ -309,7 +309,7 @@ pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
                     assert_eq!(written::<F>(&s, &up, &out), before, "{path:?}, {api}: failed ({e}) but wrote");
                 }
             }
-            path.arrange(&s, &case, &mut up)?;
+            path.arrange(&s, &case)?;
             fail_next_on_this_thread(api, 507899);
             let r = case.run(&mut up, &s);
             clear_faults();
