@@ -12,7 +12,9 @@
 //! i32::MIN/MAX), contiguous, channels-last, spread and zero-stride (broadcast) views, empty
 //! inputs (N = 0), ranks without elements, optional arguments present or not, output dtypes the
 //! operator refuses, and scalar arguments at their edges (0, NaN, ±inf, beyond f32, subnormal,
-//! negative). A failure shrinks to a minimal program. `DIFFERENTIAL_CASES` sets the number of
+//! negative). Each program runs with the mock streams' launch cache off (capacity 0), small (1
+//! or 2 entries, so entries are retired with launches queued) or at the environment's default.
+//! A failure shrinks to a minimal program. `DIFFERENTIAL_CASES` sets the number of
 //! programs (default 300), `DIFFERENTIAL_SEED` the seed (default: fixed).
 #![cfg(feature = "mock")]
 
@@ -25,7 +27,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRu
 
 use ascend::hccl::{Communicator, ReduceOp};
 use ascend::ops::{self, OutputMask, Prepared, Workspace};
-use ascend::{bf16, f16, sync_batch_norm, Context, DType, Result, Stream, Tensor};
+use ascend::{bf16, f16, sync_batch_norm, Context, DType, LaunchCacheStats, Result, Stream, Tensor};
 
 type Outcome = std::result::Result<(), TestCaseError>;
 
@@ -276,12 +278,16 @@ struct Program {
     c: usize,
     s: usize,
     w: usize,
+    /// The launch cache capacity of every mock stream during this program (`None`: the
+    /// environment's default; 0: off).
+    capacity: Option<usize>,
     steps: Vec<Step>,
 }
 
 fn program() -> impl Strategy<Value = Program> {
-    (0usize..4, 1usize..5, 1usize..4, 1usize..4, proptest::collection::vec(step(), 1..12))
-        .prop_map(|(n, c, s, w, steps)| Program { n, c, s, w, steps })
+    let capacity = prop_oneof![Just(None), Just(Some(0)), Just(Some(1)), Just(Some(2))];
+    (0usize..4, 1usize..5, 1usize..4, 1usize..4, capacity, proptest::collection::vec(step(), 1..12))
+        .prop_map(|(n, c, s, w, capacity, steps)| Program { n, c, s, w, capacity, steps })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,6 +463,8 @@ struct World {
     /// Two ranks on CPU contexts, and two on mock devices 0 and 1.
     cpu_ranks: Vec<Rank>,
     mock_ranks: Vec<Rank>,
+    /// A new mock stream's launch cache capacity (from the environment).
+    default_capacity: usize,
 }
 
 impl World {
@@ -465,9 +473,11 @@ impl World {
             let comms = Communicator::init_all(&ctxs)?;
             comms.into_iter().zip(&ctxs).map(|(comm, ctx)| Ok(Rank { comm, stream: ctx.new_stream()? })).collect()
         };
+        let mock = ascend::mock::context(0)?.new_stream()?;
         Ok(World {
             cpu: Context::cpu().new_stream()?,
-            mock: ascend::mock::context(0)?.new_stream()?,
+            default_capacity: mock.launch_cache_stats().capacity,
+            mock,
             cpu_ranks: ranks(vec![Context::cpu(), Context::cpu()])?,
             mock_ranks: ranks(vec![ascend::mock::context(0)?, ascend::mock::context(1)?])?,
         })
@@ -767,6 +777,16 @@ fn check(what: &str, mock: Result<Outputs>, cpu: Result<Outputs>) -> Outcome {
 
 fn run_program(world: &mut World, p: &Program) -> Outcome {
     PROGRAMS.fetch_add(1, Relaxed);
+    // The launch cache on or off (entries beyond a smaller capacity are retired, with their
+    // launches possibly still queued).
+    let capacity = p.capacity.unwrap_or(world.default_capacity);
+    let mock_streams = |w: &World| -> Vec<LaunchCacheStats> {
+        std::iter::once(&w.mock).chain(w.mock_ranks.iter().map(|r| &r.stream)).map(Stream::launch_cache_stats).collect()
+    };
+    std::iter::once(&world.mock)
+        .chain(world.mock_ranks.iter().map(|r| &r.stream))
+        .for_each(|s| s.set_launch_cache_capacity(capacity));
+    let before = mock_streams(world);
     for (i, step) in p.steps.iter().enumerate() {
         let what = format!("step {i} ({step:?}) of [{}, {}, {}], W {}", p.n, p.c, p.s, p.w);
         let violations = ascend::mock::stats().violations;
@@ -785,6 +805,13 @@ fn run_program(world: &mut World, p: &Program) -> Outcome {
             return Err(fail(format!("{what}: mock violations {:?}", ascend::mock::violations_since(violations))));
         }
     }
+    for (a, b) in mock_streams(world).iter().zip(&before) {
+        CACHE_HITS.fetch_add((a.hits - b.hits) as usize, Relaxed);
+        CACHE_MISSES.fetch_add((a.misses - b.misses) as usize, Relaxed);
+    }
+    if capacity == 0 {
+        UNCACHED_PROGRAMS.fetch_add(1, Relaxed);
+    }
     Ok(())
 }
 
@@ -793,6 +820,10 @@ static STEPS: AtomicUsize = AtomicUsize::new(0);
 static RAN: AtomicUsize = AtomicUsize::new(0);
 static REJECTED: AtomicUsize = AtomicUsize::new(0);
 static COMPARED: AtomicUsize = AtomicUsize::new(0);
+/// Launch cache hits and misses on the mock streams, and programs run with the cache off.
+static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
+static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
+static UNCACHED_PROGRAMS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn every_operator_collective_and_sync_batch_norm_agrees_with_the_cpu_twin() {
@@ -818,12 +849,15 @@ fn differential() {
     };
     println!(
         "differential: seed {seed}, {} programs, {} steps: {} ran on both backends, {} rejected alike, \
-         {} outputs compared",
+         {} outputs compared; launch cache: {} hits, {} misses, {} programs with it off",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         RAN.load(Relaxed),
         REJECTED.load(Relaxed),
         COMPARED.load(Relaxed),
+        CACHE_HITS.load(Relaxed),
+        CACHE_MISSES.load(Relaxed),
+        UNCACHED_PROGRAMS.load(Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");

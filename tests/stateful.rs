@@ -6,7 +6,10 @@
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
 //! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
 //! communicator of the two mock devices (one thread per rank), and an injected fault
-//! before any step (at any CANN function the crate binds). Every step runs on the mock and on a
+//! before any step (at any CANN function the crate binds). The launch cache is on and off: each
+//! program gives every stream slot a capacity (0, i.e. off, 1, 2 or the environment's default,
+//! so CI's run with `ASCEND_NO_LAUNCH_CACHE=1` has slots with the cache on too), and steps change
+//! a stream's capacity or flush its cache (entries retired with their launches still queued). Every step runs on the mock and on a
 //! CPU twin of the same program, and after every step:
 //! - the mock counted no violation (no memory freed, raced or misused);
 //! - both backends agreed: the same success, or the same aclnn status (a step that crosses
@@ -191,6 +194,20 @@ enum Step {
     },
     /// (Caching allocator) Returns the shared contexts' cached blocks to the device.
     EmptyCache,
+    /// (Launch cache) The last single launch that ran on both backends (and writes none of its
+    /// inputs), again: the same slots and stream, so the same signature when the slots kept
+    /// their layouts, with whatever tensors they hold now (a cached executor is rebound to them).
+    Again,
+    /// (Launch cache) Sets the stream's launch cache capacity (0: off).
+    CacheCapacity {
+        stream: usize,
+        capacity: usize,
+    },
+    /// (Launch cache) Empties the stream's launch cache without synchronising (its entries are
+    /// retired while their launches may be queued), keeping its capacity.
+    FlushLaunchCache {
+        stream: usize,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -258,6 +275,10 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (slot.clone(), stream.clone()).prop_map(|(slot, stream)| Step::AsyncRead { slot, stream }),
         6 => launch().prop_map(Step::Launch),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
+        1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
+            .prop_map(|(stream, capacity)| Step::CacheCapacity { stream, capacity }),
+        1 => stream.clone().prop_map(|stream| Step::FlushLaunchCache { stream }),
+        6 => Just(Step::Again),
         // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
         2 => (any::<bool>(), 0..3usize, any::<bool>()).prop_map(|(big, i, max)| {
             let (a, b) = if big { (i, 3) } else { (BIG + i, 8) };
@@ -292,6 +313,10 @@ struct Program {
     s: usize,
     /// The device of each stream slot, made before the steps.
     devices: [u8; STREAM_SLOTS],
+    /// The launch cache capacity of every stream made in each slot (`None`: the environment's
+    /// default, 256 unless `ASCEND_NO_LAUNCH_CACHE=1` or `ASCEND_LAUNCH_CACHE_SIZE` says
+    /// otherwise).
+    capacities: [Option<usize>; STREAM_SLOTS],
     /// Uploads filling every tensor slot before the steps (so most launches find arguments).
     init: Vec<Step>,
     steps: Vec<Step>,
@@ -309,8 +334,10 @@ fn program() -> impl Strategy<Value = Program> {
             .collect::<Vec<_>>()
     });
     let devices = (0..DEVICES).prop_map(|d| [0, 0, d]);
-    (0usize..4, 1usize..5, 1usize..4, devices, init, proptest::collection::vec(step(), 10..60))
-        .prop_map(|(n, c, s, devices, init, steps)| Program { n, c, s, devices, init, steps })
+    let capacity = prop_oneof![Just(None), Just(Some(0)), Just(Some(1)), Just(Some(2))];
+    let capacities = proptest::array::uniform3(capacity);
+    (0usize..4, 1usize..5, 1usize..4, devices, capacities, init, proptest::collection::vec(step(), 10..60))
+        .prop_map(|(n, c, s, devices, capacities, init, steps)| Program { n, c, s, devices, capacities, init, steps })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,6 +363,10 @@ struct World {
     comms: Option<Vec<(Communicator, Stream)>>,
     /// The context of each device that `SharedStream` steps make their streams on.
     shared: [Option<Context>; DEVICES as usize],
+    /// The launch cache capacity of the streams made in each slot (see [`Program`]).
+    capacities: [Option<usize>; STREAM_SLOTS],
+    /// The last single launch that ran on both backends and writes none of its inputs, for `Again`.
+    last_launch: Option<Launch>,
 }
 
 type Outcome = std::result::Result<(), TestCaseError>;
@@ -447,7 +478,41 @@ impl World {
             apis: fault_apis(),
             comms: None,
             shared: Default::default(),
+            capacities: p.capacities,
+            last_launch: None,
         }
+    }
+
+    /// Puts a stream just made into `slot`, with the slot's launch cache capacity.
+    fn place(&mut self, slot: usize, s: Stream, device: u8) {
+        if let Some(capacity) = self.capacities[slot] {
+            s.set_launch_cache_capacity(capacity);
+        }
+        self.streams[slot] = Some((s, device));
+    }
+
+    /// The launch cache's steps: a new capacity, or a flush (no synchronisation in either).
+    fn run_launch_cache_step(&mut self, step: &Step) -> Outcome {
+        let (Step::CacheCapacity { stream, .. } | Step::FlushLaunchCache { stream }) = step else {
+            return Err(fail(format!("not a launch cache step: {step:?}")));
+        };
+        let Some((s, _)) = &self.streams[*stream] else { return Ok(()) };
+        let before = s.launch_cache_stats();
+        let capacity = match step {
+            Step::CacheCapacity { capacity, .. } => *capacity,
+            _ => before.capacity,
+        };
+        if matches!(step, Step::FlushLaunchCache { .. }) {
+            s.set_launch_cache_capacity(0);
+        }
+        s.set_launch_cache_capacity(capacity);
+        let after = s.launch_cache_stats();
+        let kept = before.entries.min(if matches!(step, Step::FlushLaunchCache { .. }) { 0 } else { capacity });
+        let retired = (before.entries - kept) as u64;
+        if (after.capacity, after.entries, after.evictions) != (capacity, kept, before.evictions + retired) {
+            return Err(fail(format!("launch cache {step:?}: {before:?} -> {after:?}")));
+        }
+        Ok(())
     }
 
     /// The caching allocator's steps (see [`cache_step`]).
@@ -462,7 +527,7 @@ impl World {
                 let made = ctx.and_then(|ctx| Ok((ctx.new_stream()?, ctx)));
                 match made {
                     Ok((s, ctx)) => {
-                        self.streams[*slot] = Some((s, *device));
+                        self.place(*slot, s, *device);
                         self.shared[usize::from(*device)] = Some(ctx);
                     }
                     Err(e) if !faulted => return Err(fail(format!("shared stream: {e:?}"))),
@@ -513,12 +578,13 @@ impl World {
                 self.streams[*slot] = None;
                 let made = ascend::mock::context(i32::from(*device)).and_then(|ctx| ctx.new_stream());
                 match made {
-                    Ok(s) => self.streams[*slot] = Some((s, *device)),
+                    Ok(s) => self.place(*slot, s, *device),
                     Err(e) if !faulted => return Err(fail(format!("new stream: {e:?}"))),
                     Err(_) => fault_error(),
                 }
             }
             Step::SharedStream { .. } | Step::EmptyCache => return self.run_cache_step(step, faulted),
+            Step::CacheCapacity { .. } | Step::FlushLaunchCache { .. } => return self.run_launch_cache_step(step),
             Step::DropStream { slot } => self.streams[*slot] = None,
             Step::DropTensor { slot } => self.slots[*slot] = None,
             Step::Upload { slot, stream, dt, layout, seed } => {
@@ -682,6 +748,10 @@ impl World {
                 }
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
+            Step::Again => {
+                let Some(l) = self.last_launch.clone() else { return Ok(()) };
+                return self.launch_one(&l, faulted);
+            }
             Step::Parallel(a, b) => return self.launch_parallel(a, b, faulted),
             Step::AllReduce { a, b, max } => return self.all_reduce(*a, *b, *max, faulted),
             Step::Fault { api, step } => {
@@ -740,7 +810,24 @@ impl World {
             return Ok(());
         }
         let mut taken = self.take_outputs(l);
+        let before = self.streams[l.stream].as_ref().map(|(s, _)| s.launch_cache_stats());
+        let ran = LAUNCHED.load(Relaxed);
         let r = self.launch_with(l, &mut taken, faulted, None);
+        // `Again` repeats only a launch that writes none of its inputs: one whose results feed
+        // its next inputs would grow them past where every sum is exact (then the mock and the
+        // twin may round differently, cache or not).
+        let ins = l.input_slots();
+        if LAUNCHED.load(Relaxed) != ran && !l.output_slots().iter().any(|o| ins.contains(o)) {
+            self.last_launch = Some(l.clone());
+        }
+        if let (Some(before), Some((s, _))) = (before, &self.streams[l.stream]) {
+            let after = s.launch_cache_stats();
+            CACHE_HITS.fetch_add((after.hits - before.hits) as usize, Relaxed);
+            CACHE_MISSES.fetch_add((after.misses - before.misses) as usize, Relaxed);
+            if after.capacity == 0 {
+                UNCACHED.fetch_add(1, Relaxed);
+            }
+        }
         self.put_back(l, taken);
         r
     }
@@ -1023,6 +1110,10 @@ static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
 static PARALLEL: AtomicUsize = AtomicUsize::new(0);
 /// All-reduce steps that ran on both ranks.
 static COLLECTIVES: AtomicUsize = AtomicUsize::new(0);
+/// Single launches (`Launch`, `Again`) that hit or missed the launch cache, or found it off.
+static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
+static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
+static UNCACHED: AtomicUsize = AtomicUsize::new(0);
 
 fn fault_error() {
     FAULT_ERRORS.fetch_add(1, Relaxed);
@@ -1053,6 +1144,12 @@ fn run_program(p: &Program) -> Outcome {
                     ascend::mock::violations_since(violations)
                 )));
             }
+            for (slot, (st, _)) in world.streams.iter().enumerate().filter_map(|(k, s)| Some((k, s.as_ref()?))) {
+                let stats = st.launch_cache_stats();
+                if stats.entries > stats.capacity {
+                    return Err(fail(format!("step {i} ({step:?}): stream {slot}'s launch cache: {stats:?}")));
+                }
+            }
         }
         world.final_check()?;
     }
@@ -1080,7 +1177,8 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
     println!(
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
-         {} all-reduces over two devices; {} reads compared bit for bit",
+         {} all-reduces over two devices; {} reads compared bit for bit; single launches: \
+         {} launch cache hits, {} misses, {} with it off",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         FAULTED.load(Relaxed),
@@ -1091,6 +1189,9 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         PARALLEL.load(Relaxed),
         COLLECTIVES.load(Relaxed),
         COMPARED.load(Relaxed),
+        CACHE_HITS.load(Relaxed),
+        CACHE_MISSES.load(Relaxed),
+        UNCACHED.load(Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");
