@@ -125,6 +125,10 @@ pub struct Tensor {
     pub(crate) storage: Storage,
 }
 
+/// The alignment CANN requires of an `aclTensor`'s data address (`aclCreateTensor`,
+/// `aclSet{Input,Output}TensorAddr`).
+const TENSOR_DATA_ALIGN: usize = 32;
+
 impl Tensor {
     /// A tensor over `storage` with this layout (checked by the caller).
     fn with_layout(
@@ -135,13 +139,8 @@ impl Tensor {
         storage_len: usize,
         storage: Storage,
     ) -> Tensor {
-        let layout_hash = layout::hash(&crate::layout::Layout {
-            dtype,
-            shape: &shape,
-            strides: &strides,
-            offset,
-            storage_len,
-        });
+        let layout_hash =
+            layout::hash(&crate::layout::Layout { dtype, shape: &shape, strides: &strides, offset, storage_len });
         Tensor { dtype, shape, strides, offset, storage_len, layout_hash, storage }
     }
 
@@ -237,7 +236,14 @@ impl Tensor {
         layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
         let host = HostData::from_slice(storage)?;
         let storage = Self::place(stream, host, staged)?;
-        Ok(Tensor::with_layout(T::DTYPE, shape.to_vec(), strides.to_vec(), offset, storage_len_of(&storage, T::DTYPE), storage))
+        Ok(Tensor::with_layout(
+            T::DTYPE,
+            shape.to_vec(),
+            strides.to_vec(),
+            offset,
+            storage_len_of(&storage, T::DTYPE),
+            storage,
+        ))
     }
 
     /// The storage of `host` for `stream`'s backend; with `staged`, small data goes up through
@@ -316,9 +322,10 @@ impl Tensor {
     /// through the one launch path: every stream that enqueues work on it is recorded, and dropping
     /// the tensor waits for that work, so the caller may free the memory once the tensor is gone.
     ///
-    /// Errors (nothing is made): a CPU stream, a null or misaligned `ptr` (it must be aligned to
-    /// the dtype's size; CANN itself wants the 32 bytes `aclrtMalloc` gives), a view outside
-    /// `storage_bytes`.
+    /// Errors (nothing is made): a CPU stream, a null `ptr` or one not 32-byte aligned (CANN's
+    /// rule for an `aclTensor`'s data, which `aclrtMalloc` gives: docs/cann/API.md §2.4; for a
+    /// view into the middle of an allocation pass the allocation's start and an `offset`), a view
+    /// outside `storage_bytes`.
     ///
     /// # Safety
     /// `ptr` points to at least `storage_bytes` bytes of device memory of `stream`'s device that
@@ -338,10 +345,13 @@ impl Tensor {
             return Err(stream.mismatch("stream", "foreign device memory needs an Ascend stream"));
         };
         let size = dtype.size_in_bytes();
-        if ptr.is_null() || !(ptr as usize).is_multiple_of(size) {
+        if ptr.is_null() || !(ptr as usize).is_multiple_of(TENSOR_DATA_ALIGN) {
             return Err(Error::invalid(
                 "ptr",
-                format!("expected a non-null device address aligned to {size} bytes ({dtype}), got {ptr:p}"),
+                format!(
+                    "expected a non-null device address aligned to {TENSOR_DATA_ALIGN} bytes (CANN's rule for tensor \
+                     data; view the middle of an allocation with `offset`), got {ptr:p}"
+                ),
             ));
         }
         let storage_len = storage_bytes / size;
@@ -349,7 +359,14 @@ impl Tensor {
         // SAFETY: the caller's guarantee: `storage_bytes` of live device memory of this device at
         // `ptr`, kept until this tensor and its work are gone.
         let buffer = Arc::new(unsafe { DeviceBuffer::foreign(device.clone(), ptr, storage_len * size) });
-        Ok(Tensor::with_layout(dtype, shape.to_vec(), strides.to_vec(), offset, storage_len, Storage::Device(DeviceStorage { buffer })))
+        Ok(Tensor::with_layout(
+            dtype,
+            shape.to_vec(),
+            strides.to_vec(),
+            offset,
+            storage_len,
+            Storage::Device(DeviceStorage { buffer }),
+        ))
     }
 
     /// The device address of the tensor's storage (element 0 of the storage, not of the view:

@@ -3,6 +3,8 @@
 //! recovery, `empty_cache`, and the switch that turns caching off. Values are checked against the
 //! host data (f64 sums for the operator results).
 
+#![cfg(feature = "mock")]
+
 mod common;
 
 use std::sync::Mutex;

@@ -207,6 +207,12 @@ fn a_tensor_over_foreign_device_memory_runs_operators_and_never_frees_it() {
         );
         let odd = ptr.cast::<u8>().wrapping_add(2).cast();
         assert_eq!(Tensor::from_raw_device(&s, odd, f32_, &[1], &[1], 0, 4).unwrap_err().status(), Some(161002));
+        // Aligned to the dtype but not to the 32 bytes CANN wants of tensor data: refused too,
+        // naming `ptr` (the way to view the middle of an allocation is `offset`).
+        let element = ptr.cast::<u8>().wrapping_add(4).cast();
+        let err = Tensor::from_raw_device(&s, element, f32_, &[1], &[1], 0, 4).unwrap_err();
+        assert!(matches!(&err, ascend::Error::InvalidArgument { argument: "ptr", .. }), "{err:?}");
+        assert!(err.to_string().contains("32"), "{err}");
         assert_eq!(
             Tensor::from_raw_device(&s, ptr, f32_, &[n, c], &[c, 1], 1, bytes).unwrap_err().status(),
             Some(161002),

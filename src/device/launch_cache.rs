@@ -470,15 +470,16 @@ impl LaunchCache {
         }
         // bounded: the retired lists, a list already in memory.
         #[allow(clippy::disallowed_methods)]
-        let mut done = Vec::new();
-        retired.retain_mut(|r| {
-            let complete = r.event.is_complete().unwrap_or(false);
-            if complete {
-                done.push(std::mem::take(&mut r.entries));
-                stream.recycle_event(r.event.clone());
+        let (mut done, mut pending) = (Vec::new(), Vec::new());
+        for r in retired.drain(..) {
+            if r.event.is_complete().unwrap_or(false) {
+                done.push(r.entries);
+                stream.recycle_event(r.event); // moved out: the pool gets it back
+            } else {
+                pending.push(r);
             }
-            !complete
-        });
+        }
+        retired = pending;
         self.lock().retired.append(&mut retired);
         drop(done); // destroyed outside the lock
     }

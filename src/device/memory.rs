@@ -151,8 +151,8 @@ impl DeviceBuffer {
     /// # Safety
     /// As [`DeviceAlloc::foreign`].
     pub(crate) unsafe fn foreign(device: Arc<Device>, ptr: *mut c_void, bytes: usize) -> Self {
-        // SAFETY: the caller's guarantee, passed on.
         DeviceBuffer {
+            // SAFETY: the caller's guarantee, passed on.
             alloc: Some(unsafe { DeviceAlloc::foreign(device, ptr, bytes) }),
             users: Mutex::new(Vec::new()),
             id: next_buffer_id(),

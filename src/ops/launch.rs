@@ -216,7 +216,13 @@ impl<'t> Bound<'t> {
         args: &CallArgs<'_>,
     ) -> Signature<'s> {
         let n = args.len;
-        Signature { op, scalars: scalars.bits(), tensors: &self.layouts[..n], hashes: &self.hashes[..n], inputs: args.inputs }
+        Signature {
+            op,
+            scalars: scalars.bits(),
+            tensors: &self.layouts[..n],
+            hashes: &self.hashes[..n],
+            inputs: args.inputs,
+        }
     }
 }
 
