@@ -11,7 +11,7 @@
 use std::sync::Barrier;
 
 use ascend::hccl::Communicator;
-use ascend::mock::{stats, MockStats};
+use ascend::mock::{launch_counters, stats, LaunchCounters, MockStats};
 use ascend::ops::{batch_norm_reduce_backward, batch_norm_reduce_backward_into, OutputMask, ReduceBackwardOut};
 use ascend::{sync_batch_norm, Context, DType, Tensor};
 
@@ -74,7 +74,7 @@ fn main() -> ascend::Result<()> {
                     s.synchronize()?;
                     barrier.wait();
                     if r == 0 {
-                        snapshots.lock().unwrap().push(stats());
+                        snapshots.lock().unwrap().push((stats(), launch_counters()));
                     }
                     barrier.wait();
                     for _ in 0..STEPS {
@@ -82,7 +82,21 @@ fn main() -> ascend::Result<()> {
                     }
                     barrier.wait();
                     if r == 0 {
-                        snapshots.lock().unwrap().push(stats());
+                        snapshots.lock().unwrap().push((stats(), launch_counters()));
+                    }
+                    // The same steps with the launch cache off, for comparison.
+                    s.set_launch_cache_capacity(0);
+                    barrier.wait();
+                    if r == 0 {
+                        snapshots.lock().unwrap().push((stats(), launch_counters()));
+                    }
+                    barrier.wait();
+                    for _ in 0..STEPS {
+                        step()?;
+                    }
+                    barrier.wait();
+                    if r == 0 {
+                        snapshots.lock().unwrap().push((stats(), launch_counters()));
                     }
                     barrier.wait();
                     s.synchronize()?;
@@ -95,9 +109,17 @@ fn main() -> ascend::Result<()> {
         }
         Ok(())
     })?;
-    let snaps = snapshots.into_inner().unwrap();
+    let (snaps, launches): (Vec<MockStats>, Vec<LaunchCounters>) = snapshots.into_inner().unwrap().into_iter().unzip();
     println!("per rank and steady step ({RANKS} ranks as threads, {STEPS} steps, {SHAPE:?} f32):");
     print_counts("SyncBatchNorm forward + backward", &snaps[0], &snaps[1], RANKS as u64 * STEPS);
+    let per_step = |a: &LaunchCounters, b: &LaunchCounters| {
+        let per = (RANKS as u64 * STEPS) as f64;
+        ((b.tensors_created - a.tensors_created) as f64 / per, (b.phase1_calls - a.phase1_calls) as f64 / per)
+    };
+    for (what, (a, b)) in [("launch cache on (default)", (0, 1)), ("launch cache off", (2, 3))] {
+        let (tensors, phase1) = per_step(&launches[a], &launches[b]);
+        println!("  {what:<42} aclCreateTensor {tensors:>5.2}  phase-1 calls {phase1:>5.2}");
+    }
     let per = (RANKS as u64 * STEPS) as f64;
     println!(
         "{:<44} all-gathers {:>5.2}  all-reduces {:>5.2}  broadcasts {:>5.2}",
