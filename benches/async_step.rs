@@ -72,33 +72,26 @@ fn main() -> ascend::Result<()> {
                         step()?;
                     }
                     s.synchronize()?;
-                    barrier.wait();
-                    if r == 0 {
-                        snapshots.lock().unwrap().push((stats(), launch_counters()));
-                    }
-                    barrier.wait();
-                    for _ in 0..STEPS {
-                        step()?;
-                    }
-                    barrier.wait();
-                    if r == 0 {
-                        snapshots.lock().unwrap().push((stats(), launch_counters()));
-                    }
+                    // A snapshot taken by rank 0 while every rank waits, and STEPS steps between two.
+                    let snapshot = || {
+                        barrier.wait();
+                        if r == 0 {
+                            snapshots.lock().unwrap().push((stats(), launch_counters()));
+                        }
+                        barrier.wait();
+                    };
+                    let measured = || -> ascend::Result<()> {
+                        snapshot();
+                        for _ in 0..STEPS {
+                            step()?;
+                        }
+                        snapshot();
+                        Ok(())
+                    };
+                    measured()?;
                     // The same steps with the launch cache off, for comparison.
                     s.set_launch_cache_capacity(0);
-                    barrier.wait();
-                    if r == 0 {
-                        snapshots.lock().unwrap().push((stats(), launch_counters()));
-                    }
-                    barrier.wait();
-                    for _ in 0..STEPS {
-                        step()?;
-                    }
-                    barrier.wait();
-                    if r == 0 {
-                        snapshots.lock().unwrap().push((stats(), launch_counters()));
-                    }
-                    barrier.wait();
+                    measured()?;
                     s.synchronize()?;
                     Ok(())
                 })

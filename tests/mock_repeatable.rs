@@ -17,7 +17,7 @@
 
 mod common;
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::ptr;
 
 use ascend_sys::symbols::{BATCH_NORM_ELEMT, BATCH_NORM_REDUCE_BACKWARD, BATCH_NORM_STATS};
@@ -112,15 +112,7 @@ impl Session {
 
     /// The thread's aclGetRecentErrMsg (consumed), or "".
     fn err(&self) -> String {
-        // SAFETY: returns null or a NUL-terminated string valid until the next call on this thread.
-        unsafe {
-            let p = self.c.acl.aclGetRecentErrMsg();
-            if p.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        }
+        common::raw_mock::recent_error(self.c)
     }
 
     /// A workspace of `size` bytes (null for none).

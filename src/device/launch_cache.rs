@@ -22,8 +22,10 @@
 //!
 //! Soundness: a cached descriptor keeps the address its last launch used, whose memory may since
 //! have been freed. It is never launched that way: before every launch each present tensor is
-//! rebound to the current call's buffer, and the call's buffers are recorded on the stream with
-//! the enqueue, as for any launch (`enqueue_using`).
+//! rebound to the current call's buffer, unless the descriptor is bound to that very buffer
+//! already (buffer ids are unique in the process and never reused, and a buffer's address never
+//! changes), and the call's buffers are recorded on the stream with the enqueue, as for any
+//! launch (`enqueue_using`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

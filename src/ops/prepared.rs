@@ -10,7 +10,9 @@ use crate::stream::Stream;
 /// refilled or read in between. On Ascend, phase 1 has run (`aclnn*GetWorkspaceSize`: the
 /// descriptors and the executor exist); [`launch`](Self::launch) runs phase 2, which consumes the
 /// executor, so a prepared call runs once. Dropping it unlaunched destroys the executor
-/// (`aclSetAclOpExecutorRepeatable` + `aclDestroyAclOpExecutor`) and writes nothing.
+/// (`aclSetAclOpExecutorRepeatable` + `aclDestroyAclOpExecutor`) and writes nothing. Phase 1 runs
+/// for every prepared call, as in CANN's own API: the stream's launch cache serves the `_into`
+/// and allocating entries, whose launch stays on the stream they were given.
 #[must_use = "a prepared call does nothing until it is launched"]
 pub struct Prepared<'a> {
     kind: Kind<'a>,

@@ -194,15 +194,7 @@ impl Mock {
 
     /// The thread's aclGetRecentErrMsg (consumed), or "".
     pub fn err(&self) -> String {
-        // SAFETY: returns null or a NUL-terminated string valid until the next call on this thread.
-        unsafe {
-            let p = self.c.acl.aclGetRecentErrMsg();
-            if p.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        }
+        recent_error(self.c)
     }
 
     pub fn stream(&self) -> aclrtStream {
@@ -633,4 +625,17 @@ pub fn replica(
     let xmu: Vec<f32> = (0..c).map(|ch| tot[c + ch] - mean[ch] * tot[ch]).collect();
     let gw: Vec<f32> = (0..c).map(|ch| xmu[ch] * invstd[ch]).collect();
     (sum_dy, xmu, gw)
+}
+
+/// The thread's aclGetRecentErrMsg of toolkit `c` (consumed), or "".
+pub fn recent_error(c: &Cann) -> String {
+    // SAFETY: returns null or a NUL-terminated string valid until the next call on this thread.
+    unsafe {
+        let p = c.acl.aclGetRecentErrMsg();
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
 }
