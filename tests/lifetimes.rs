@@ -12,8 +12,8 @@
 mod common;
 
 use ascend::mock::{fail_next, stats};
-use ascend::ops::{batch_norm_reduce_backward, OutputMask, ReduceBackwardOut, Workspace};
-use ascend::{Backend, Context, DType, Error, Result, Tensor};
+use ascend::ops::{batch_norm_reduce_backward, OutputMask, ReduceBackward, ReduceBackwardOut, Workspace};
+use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
 use common::mock::isolated;
 use common::*;
 
@@ -50,6 +50,43 @@ fn live_uncached(ctx: &Context) -> [u64; 4] {
     live(&stats())
 }
 
+/// Runs `f` isolated (`common::mock::isolated`) with a fresh stream of the mock context; an
+/// error fails the test.
+fn on_stream(f: impl FnOnce(&Context, Stream) -> Result<()>) {
+    isolated(|ctx| f(ctx, ctx.new_stream()?)).unwrap();
+}
+
+/// Outputs to write into (filled, to see that a failed call wrote nothing) and the counters to
+/// compare with after a failure, taken with no cached block (cached blocks are not leaks).
+fn outs_and_baseline(ctx: &Context, s: &Stream) -> Result<(Outs, ascend::mock::MockStats)> {
+    let outs = Outs::filled(s, DType::F32, 3)?;
+    ctx.empty_cache()?;
+    Ok((outs, stats()))
+}
+
+/// After a failure, the same call works and writes the right values.
+fn works_afterwards(s: &Stream, up: &Up, outs: &mut Outs, inp: &Inputs) -> Result<()> {
+    up.run_into(s, OutputMask::ALL, outs.all())?;
+    outs.check(s, OutputMask::ALL, &inp.expected());
+    Ok(())
+}
+
+/// The result `a` of a run on `s1`, read through `s2`, and `b` of a run on `s2`, read through
+/// `s1`, are right.
+fn read_crosswise((s1, a): (&Stream, &ReduceBackward), (s2, b): (&Stream, &ReduceBackward), inp: &Inputs) {
+    check_result(s2, a, OutputMask::ALL, DType::F32, &inp.expected());
+    check_result(s1, b, OutputMask::ALL, DType::F32, &inp.expected());
+}
+
+/// [`on_stream`] with `inputs(seed)` uploaded on that stream.
+fn with_inputs(seed: u64, f: impl FnOnce(&Context, Stream, Inputs, Up) -> Result<()>) {
+    on_stream(|ctx, s| {
+        let inp = inputs(seed);
+        let up = inp.upload(&s)?;
+        f(ctx, s, inp, up)
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropping before synchronisation
 
@@ -57,24 +94,19 @@ fn live_uncached(ctx: &Context) -> [u64; 4] {
 /// and no violation is counted (the buffers wait for the stream before `aclrtFree`).
 #[test]
 fn inputs_dropped_before_sync() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(1);
-        let up = inp.upload(&s)?;
+    with_inputs(1, |_, s, inp, up| {
         let out = up.run(&s, OutputMask::ALL)?;
         assert!(queued_tasks() > 0, "the mock runs work at synchronisation: it must still be queued");
         drop(up);
         check_result(&s, &out, OutputMask::ALL, DType::F32, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// Outputs dropped right after the launch and never read: no violation, nothing leaks.
 #[test]
 fn outputs_dropped_before_sync() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|_, s| {
         let up = inputs(2).upload(&s)?;
         drop(up.run(&s, OutputMask::ALL)?); // the stream's workspace now exists
         s.synchronize()?;
@@ -84,18 +116,14 @@ fn outputs_dropped_before_sync() {
         drop(out);
         assert_eq!(stats().live_allocations, before.live_allocations, "outputs freed (after the stream drained)");
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// The stream dropped right after the launch: the outputs, read through another stream, are
 /// right.
 #[test]
 fn stream_dropped_before_sync() {
-    isolated(|ctx| -> Result<()> {
-        let inp = inputs(3);
-        let s = ctx.new_stream()?;
-        let up = inp.upload(&s)?;
+    with_inputs(3, |ctx, s, inp, up| {
         let mut outs = Outs::filled(&s, DType::F32, 3)?;
         up.run_into(&s, OutputMask::ALL, outs.all())?;
         let out = up.run(&s, OutputMask::ALL)?;
@@ -104,8 +132,7 @@ fn stream_dropped_before_sync() {
         outs.check(&s2, OutputMask::ALL, &inp.expected());
         check_result(&s2, &out, OutputMask::ALL, DType::F32, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// Everything (inputs, outputs, a caller-owned workspace, the stream) dropped right after the
@@ -141,10 +168,7 @@ fn everything_dropped_before_sync_in_any_order() {
 /// A caller-owned workspace dropped right after the launch: the results are right.
 #[test]
 fn workspace_dropped_before_sync() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(5);
-        let up = inp.upload(&s)?;
+    with_inputs(5, |_, s, inp, up| {
         let mut outs = Outs::filled(&s, DType::F32, 3)?;
         let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
         assert!(p.workspace_size() > 0, "the mock's kernel uses a workspace");
@@ -153,26 +177,21 @@ fn workspace_dropped_before_sync() {
         drop(ws);
         outs.check(&s, OutputMask::ALL, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// Inputs read by two streams and outputs written on one and read through the other: every
 /// stream that used a buffer is waited for.
 #[test]
 fn buffers_shared_by_two_streams() {
-    isolated(|ctx| -> Result<()> {
-        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
-        let inp = inputs(6);
-        let up = inp.upload(&s1)?;
+    with_inputs(6, |ctx, s1, inp, up| {
+        let s2 = ctx.new_stream()?;
         let a = up.run(&s1, OutputMask::ALL)?;
         let b = up.run(&s2, OutputMask::ALL)?;
         drop(up);
-        check_result(&s2, &a, OutputMask::ALL, DType::F32, &inp.expected());
-        check_result(&s1, &b, OutputMask::ALL, DType::F32, &inp.expected());
+        read_crosswise((&s1, &a), (&s2, &b), &inp);
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// A buffer used on a second stream after the first is ordered by an event on the device: the
@@ -181,10 +200,8 @@ fn buffers_shared_by_two_streams() {
 /// right and the mock's hazard detector counts nothing.
 #[test]
 fn cross_stream_use_is_ordered_by_events_without_host_waits() {
-    isolated(|ctx| -> Result<()> {
-        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
-        let inp = inputs(16);
-        let up = inp.upload(&s1)?;
+    with_inputs(16, |ctx, s1, inp, up| {
+        let s2 = ctx.new_stream()?;
         let a = up.run(&s1, OutputMask::ALL)?;
         let before = stats();
         let b = up.run(&s2, OutputMask::ALL)?;
@@ -194,11 +211,9 @@ fn cross_stream_use_is_ordered_by_events_without_host_waits() {
         assert_eq!(after.device_synchronizes, before.device_synchronizes);
         assert!(queued_tasks() > 0, "work is still queued");
         drop(up);
-        check_result(&s2, &a, OutputMask::ALL, DType::F32, &inp.expected());
-        check_result(&s1, &b, OutputMask::ALL, DType::F32, &inp.expected());
+        read_crosswise((&s1, &a), (&s2, &b), &inp);
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// The public events: a record on one stream, waited for by another, orders a copy read on the
@@ -245,8 +260,7 @@ fn events_order_streams_and_time_work() {
 /// views are refused without queuing anything. On the CPU backend the same calls copy at once.
 #[test]
 fn host_buffers_and_async_copies() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|ctx, s| {
         let data: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         let mut up = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
         assert!(up.as_slice().iter().all(|&v| v == 0.0), "starts zeroed");
@@ -292,8 +306,7 @@ fn host_buffers_and_async_copies() {
         assert_eq!(back.as_slice(), &data[..]);
         assert!(t.copy_from_host_async(&s, &ch).is_err(), "a CPU-backend (unpinned) buffer on an Ascend stream");
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// `Context::memory_stats` follows the caching allocator: a tensor raises `allocated` by its
@@ -359,10 +372,7 @@ fn live_counts_follow_values() {
 /// workspace), leaks nothing, and the next call works.
 #[test]
 fn fault_malloc() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(10);
-        let up = inp.upload(&s)?;
+    with_inputs(10, |ctx, s, inp, up| {
         let base = stats();
         let expect_malloc_error = |what: &str, err: Error| {
             assert_eq!(err.status(), Some(RT_MEMORY_ALLOCATION), "{what}: {err:?}");
@@ -399,21 +409,15 @@ fn fault_malloc() {
         up.run_into(&fresh, OutputMask::ALL, outs.all())?;
         outs.check(&fresh, OutputMask::ALL, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// Phase 1 failing (any status, here 561103 and 161002) surfaces with that status and CANN's
 /// message, destroys the descriptors already made, creates no executor and writes nothing.
 #[test]
 fn fault_phase1() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(11);
-        let up = inp.upload(&s)?;
-        let mut outs = Outs::filled(&s, DType::F32, 3)?;
-        ctx.empty_cache()?; // cached blocks are not leaks: compare without them
-        let base = stats();
+    with_inputs(11, |ctx, s, inp, up| {
+        let (mut outs, base) = outs_and_baseline(ctx, &s)?;
         for code in [INNER_NULLPTR, INVALID, NULLPTR] {
             fail_next("aclnnBatchNormReduceBackwardGetWorkspaceSize", code);
             let err = up.run_into(&s, OutputMask::ALL, outs.all()).unwrap_err();
@@ -433,11 +437,8 @@ fn fault_phase1() {
             assert_eq!(up.run(&s, OutputMask::ALL).unwrap_err().status(), Some(code));
             assert_eq!(live_uncached(ctx), live(&base));
         }
-        up.run_into(&s, OutputMask::ALL, outs.all())?;
-        outs.check(&s, OutputMask::ALL, &inp.expected());
-        Ok(())
-    })
-    .unwrap();
+        works_afterwards(&s, &up, &mut outs, &inp)
+    });
 }
 
 /// Phase 2 failing surfaces with its status, consumes the executor (CANN's rule: the launch owns
@@ -445,16 +446,13 @@ fn fault_phase1() {
 /// with a caller's. (Launch cache off: a failed cached launch is in common::framework.)
 #[test]
 fn fault_phase2() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|ctx, s| {
         s.set_launch_cache_capacity(0);
         let inp = inputs(12);
         let up = inp.upload(&s)?;
         let mut outs = Outs::filled(&s, DType::F32, 3)?;
         up.run_into(&s, OutputMask::ALL, outs.all())?; // the stream's workspace now exists
-        let mut outs = Outs::filled(&s, DType::F32, 3)?;
-        ctx.empty_cache()?; // cached blocks are not leaks: compare without them
-        let base = stats();
+        let (mut outs, base) = outs_and_baseline(ctx, &s)?;
         for code in [RUNTIME_ERROR, INVALID] {
             fail_next("aclnnBatchNormReduceBackward", code);
             let err = up.run_into(&s, OutputMask::ALL, outs.all()).unwrap_err();
@@ -471,24 +469,16 @@ fn fault_phase2() {
             assert_eq!(live_uncached(ctx), live(&base));
             outs.assert_untouched(&s);
         }
-        up.run_into(&s, OutputMask::ALL, outs.all())?;
-        outs.check(&s, OutputMask::ALL, &inp.expected());
-        Ok(())
-    })
-    .unwrap();
+        works_afterwards(&s, &up, &mut outs, &inp)
+    });
 }
 
 /// `aclCreateTensor` returning null surfaces as `Error::NullHandle` naming it (no status), with
 /// the descriptors made before it destroyed and nothing written.
 #[test]
 fn fault_create_tensor() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(13);
-        let up = inp.upload(&s)?;
-        let mut outs = Outs::filled(&s, DType::F32, 3)?;
-        ctx.empty_cache()?; // cached blocks are not leaks: compare without them
-        let base = stats();
+    with_inputs(13, |ctx, s, inp, up| {
+        let (mut outs, base) = outs_and_baseline(ctx, &s)?;
         fail_next("aclCreateTensor", 0);
         let err = up.run_into(&s, OutputMask::ALL, outs.all()).unwrap_err();
         assert!(matches!(&err, Error::NullHandle { call: "aclCreateTensor", .. }), "{err:?}");
@@ -499,19 +489,15 @@ fn fault_create_tensor() {
         fail_next("aclCreateTensor", 0);
         assert!(matches!(up.run(&s, OutputMask::ALL).unwrap_err(), Error::NullHandle { .. }));
         assert_eq!(live_uncached(ctx), live(&base));
-        up.run_into(&s, OutputMask::ALL, outs.all())?;
-        outs.check(&s, OutputMask::ALL, &inp.expected());
-        Ok(())
-    })
-    .unwrap();
+        works_afterwards(&s, &up, &mut outs, &inp)
+    });
 }
 
 /// Other runtime calls failing (the upload's `aclrtMemcpy`, `aclrtMemset` of zeros,
 /// `aclrtCreateStream`) surface with their status and leak nothing.
 #[test]
 fn fault_other_runtime_calls() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|ctx, s| {
         ctx.empty_cache()?; // cached blocks are not leaks: compare without them
         let base = stats();
         fail_next("aclrtMemcpy", RT_PARAM_INVALID);
@@ -523,8 +509,7 @@ fn fault_other_runtime_calls() {
         assert_eq!(live_uncached(ctx), live(&base));
         assert_eq!(Tensor::from_slice(&s, &[1f32; 4], &[4])?.to_vec::<f32>(&s)?, [1.0; 4]);
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,8 +519,7 @@ fn fault_other_runtime_calls() {
 /// (no live executor, no violation) and writes nothing. Repeated, so a leak would add up.
 #[test]
 fn prepared_dropped_without_launch() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|_, s| {
         let up = inputs(20).upload(&s)?;
         let mut outs = Outs::filled(&s, DType::F32, 3)?;
         let base = stats();
@@ -551,8 +535,7 @@ fn prepared_dropped_without_launch() {
         outs.assert_untouched(&s);
         assert_eq!(stats().violations, base.violations);
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// The steady-state loop (same shapes, `_into` with pre-allocated outputs, 50 iterations)
@@ -560,10 +543,7 @@ fn prepared_dropped_without_launch() {
 /// two-phase loop with a caller-owned workspace, which allocates nothing at all.
 #[test]
 fn steady_state_loop_allocates_nothing() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(21);
-        let up = inp.upload(&s)?;
+    with_inputs(21, |_, s, inp, up| {
         let mut outs = Outs::filled(&s, DType::F32, 3)?;
         let first = stats().device_mallocs;
         up.run_into(&s, OutputMask::ALL, outs.all())?;
@@ -588,20 +568,16 @@ fn steady_state_loop_allocates_nothing() {
         assert_eq!(stats().device_mallocs, start, "two-phase loop with a caller workspace");
         outs.check(&s, OutputMask::ALL, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// A workspace smaller than phase 1 asked for is rejected (161002) before phase 2: the executor
 /// is destroyed, nothing is written, no violation.
 #[test]
 fn too_small_workspace_rejected() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|ctx, s| {
         let up = inputs(22).upload(&s)?;
-        let mut outs = Outs::filled(&s, DType::F32, 3)?;
-        ctx.empty_cache()?; // cached blocks are not leaks: compare without them
-        let base = stats();
+        let (mut outs, base) = outs_and_baseline(ctx, &s)?;
         let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
         let size = p.workspace_size();
         assert!(size > 0);
@@ -617,8 +593,7 @@ fn too_small_workspace_rejected() {
         assert_eq!(live_uncached(ctx), live(&base));
         outs.assert_untouched(&s);
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// Four threads, each with its own stream on one shared `Context` (clones), run concurrently
@@ -665,8 +640,7 @@ fn four_threads_share_a_context() {
 /// still queued: the old workspace is freed only after that work ran; both results are right.
 #[test]
 fn stream_workspace_grows_with_work_queued() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|_, s| {
         let small = Inputs::normal(23, DType::F32, DType::F32, &[2, 3, 4]);
         let large = Inputs::normal(24, DType::F32, DType::F32, &[2, 40, 4]);
         let (us, ul) = (small.upload(&s)?, large.upload(&s)?);
@@ -686,18 +660,14 @@ fn stream_workspace_grows_with_work_queued() {
         us.run_into(&s, OutputMask::ALL, a.all())?; // and the big one serves small calls
         a.check(&s, OutputMask::ALL, &small.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// Tensors, results and a stream dropped on a thread that never made a CANN call itself (so
 /// the device must be bound there before aclrtFree / aclrtDestroyStream): no violation.
 #[test]
 fn values_dropped_on_a_fresh_thread() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(32);
-        let up = inp.upload(&s)?;
+    with_inputs(32, |ctx, s, inp, up| {
         let out = up.run(&s, OutputMask::ALL)?;
         std::thread::spawn(move || drop((up, out, s))).join().expect("thread");
         // and a fresh thread that reads results through a stream it was given
@@ -707,17 +677,13 @@ fn values_dropped_on_a_fresh_thread() {
         let exp = inp.expected();
         std::thread::spawn(move || check_result(&s, &out, OutputMask::ALL, DType::F32, &exp)).join().expect("thread");
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// A stream moved to another thread and tensors shared across threads.
 #[test]
 fn stream_moves_between_threads() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(31);
-        let up = inp.upload(&s)?;
+    with_inputs(31, |_, s, inp, up| {
         let shared = &up;
         let (s, out) = std::thread::scope(|sc| {
             sc.spawn(move || {
@@ -731,8 +697,7 @@ fn stream_moves_between_threads() {
         check_result(&s, &out, OutputMask::ALL, DType::F32, &inp.expected());
         check_result(&s, &up.run(&s, OutputMask::ALL)?, OutputMask::ALL, DType::F32, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -761,8 +726,7 @@ fn missing_device_is_an_error() {
 /// with 161002 before anything is enqueued.
 #[test]
 fn cpu_tensor_on_an_ascend_stream() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|_, s| {
         let cs = Context::cpu().new_stream()?;
         let inp = inputs(40);
         let up = inp.upload(&s)?;
@@ -799,6 +763,5 @@ fn cpu_tensor_on_an_ascend_stream() {
         outs.assert_untouched(&s);
         assert_eq!(host_out.to_vec::<f32>(&cs)?, [0.0; 3]);
         Ok(())
-    })
-    .unwrap();
+    });
 }
