@@ -310,8 +310,7 @@ mod raw_formats {
     /// `CheckFormat(input, output)`): a private format on mean, invstd, weight or bias is accepted.
     #[test]
     fn cann_rule_elemt_checks_only_the_input_format() {
-        super::common::mock::isolated(|_ctx| {
-            let mut raw = Mock::in_isolated();
+        crate::common::raw_mock::isolated(|raw| {
             let api = raw.c.operator(&symbols::BATCH_NORM_ELEMT).expect("the mock exports it");
             let x_v = [1f32, -2.0, 0.5, 3.0];
             let phase1 = |raw: &mut Mock, fx, fstat| {
@@ -328,7 +327,7 @@ mod raw_formats {
                 };
                 (st, ex, out)
             };
-            let (st, ex, out) = phase1(&mut raw, ND, PRIVATE);
+            let (st, ex, out) = phase1(raw, ND, PRIVATE);
             assert_eq!(st, 0, "a private format on mean, invstd, weight and bias is accepted");
             let null = std::ptr::null_mut();
             // SAFETY: the executor is fresh from phase 1; workspace 0 with null; default stream.
@@ -336,7 +335,7 @@ mod raw_formats {
             let got = raw.read_f32(out);
             let want = [(1.0 - 0.5) * 2.0 * 1.5 + 0.25, (-2.0 + 0.5) * 0.5, (0.5 - 0.5) * 3.0 + 0.25, 3.5 * 0.5];
             assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-5), "{got:?}");
-            let (st, ex, _) = phase1(&mut raw, PRIVATE, ND);
+            let (st, ex, _) = phase1(raw, PRIVATE, ND);
             assert_eq!((st, ex.is_null()), (INVALID, true), "a private input format is refused");
         });
     }
@@ -347,8 +346,7 @@ mod raw_formats {
     /// meanAll, invstdAll, runningMean or runningVar is accepted.
     #[test]
     fn cann_rule_gather_checks_only_the_formats_of_input_mean_invstd_and_counts() {
-        super::common::mock::isolated(|_ctx| {
-            let mut raw = Mock::in_isolated();
+        crate::common::raw_mock::isolated(|raw| {
             let api = raw.c.operator(&symbols::BATCH_NORM_GATHER_STATS_WITH_COUNTS).expect("the mock exports it");
             let phase1 = |raw: &mut Mock, fin, fout| {
                 let x = raw.f32s_in(fin, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
@@ -368,7 +366,7 @@ mod raw_formats {
                 };
                 (st, ws, ex, mean_all)
             };
-            let (st, ws, ex, mean_all) = phase1(&mut raw, ND, PRIVATE);
+            let (st, ws, ex, mean_all) = phase1(raw, ND, PRIVATE);
             assert_eq!(st, 0, "a private format on meanAll, invstdAll, runningMean and runningVar is accepted");
             let mut mem = std::ptr::null_mut();
             if ws > 0 {
@@ -383,7 +381,7 @@ mod raw_formats {
                 // SAFETY: the allocation above, no longer used (read_f32 synchronised the stream).
                 unsafe { raw.c.acl.aclrtFree(mem) };
             }
-            let (st, _, ex, _) = phase1(&mut raw, PRIVATE, ND);
+            let (st, _, ex, _) = phase1(raw, PRIVATE, ND);
             assert_eq!(
                 (st, ex.is_null()),
                 (INVALID, true),

@@ -545,13 +545,8 @@ fn deterministic(ctx: &Context) -> R {
 fn nan_and_inf_propagate(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     let mut case = Case::uniform_dtype(152, &[2, 3, 4], DType::F32);
-    let mut dy = case.dy.values();
-    dy[1] = f64::NAN;
-    dy[6] = f64::INFINITY;
-    case.dy = Data::new(DType::F32, &dy, &[2, 3, 4]);
-    let mut x = case.x.values();
-    x[9] = f64::NEG_INFINITY;
-    case.x = Data::new(DType::F32, &x, &[2, 3, 4]);
+    case.dy = case.dy.with_values_at(&[(1, f64::NAN), (6, f64::INFINITY)]);
+    case.x = case.x.with_values_at(&[(9, f64::NEG_INFINITY)]);
     check(ctx, &s, "NaN and inf", &case.upload(&s)?.run(&s)?, DType::F32, &case);
     Ok(())
 }
@@ -571,8 +566,7 @@ mod mock_only {
     /// N = Σ of all W·C counts, the trap the safe API rejects); a bf16 counter is 161002.
     #[test]
     fn raw_counters_and_null_arguments() {
-        isolated(|_ctx| -> R {
-            let mut raw = common::raw_mock::Mock::in_isolated();
+        common::raw_mock::isolated(|raw| {
             let (dy_v, x_v) = ([1.0f32, -2.0, 0.5, 3.0], [0.0f32, 1.0, 2.0, -1.0]);
             let (mean_v, invstd_v, sd_v, sdx_v) = ([0.5f32, -0.5], [2.0f32, 0.5], [4.0f32, -8.0], [2.0f32, 6.0]);
             let dy = raw.f32s(&[2, 2], &dy_v);
@@ -620,14 +614,12 @@ mod mock_only {
                 assert!(ex.is_null());
             }
             let i32_counter = raw.i32s(&[2, 1], &[3, 5]);
-            run(&raw, i32_counter, 8.0);
+            run(raw, i32_counter, 8.0);
             let per_channel = raw.f32s(&[2, 2], &[10.0, 10.0, 10.0, 10.0]);
-            run(&raw, per_channel, 40.0);
+            run(raw, per_channel, 40.0);
             let bf16_counter = raw.bf16s(&[2], &[3.0, 5.0]);
             assert_eq!(phase1(dy, bf16_counter, out).0, INVALID);
-            Ok(())
-        })
-        .unwrap();
+        });
     }
 
     /// The mock's all-f16 path really computes in f16, as CANN does: its result differs from the

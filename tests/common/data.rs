@@ -124,6 +124,16 @@ impl Data {
         Data::new(self.dtype, &self.values(), &self.shape)
     }
 
+    /// The same dtype and logical values, contiguous, but for the row-major elements at the given
+    /// positions, replaced (e.g. to plant NaN and infinities).
+    pub fn with_values_at(&self, replaced: &[(usize, f64)]) -> Data {
+        let mut v = self.values();
+        for &(k, value) in replaced {
+            v[k] = value;
+        }
+        Data::new(self.dtype, &v, &self.shape)
+    }
+
     /// The same values converted to `dtype` (rounded).
     pub fn cast(&self, dtype: DType) -> Data {
         Data::strided(dtype, &self.storage, &self.shape, &self.strides, self.offset)

@@ -77,6 +77,12 @@ pub struct Mock {
     _serial: Option<MutexGuard<'static, ()>>,
 }
 
+/// Runs `f` on a raw session ([`Mock::in_isolated`]) inside `common::mock::isolated` (which
+/// checks afterwards that nothing leaked and no violation was counted).
+pub fn isolated(f: impl FnOnce(&mut Mock)) {
+    crate::common::mock::isolated(|_| f(&mut Mock::in_isolated()));
+}
+
 impl Mock {
     /// A test's own session: holds `common::mock::lock`, initialises ACL (once per process; an
     /// earlier initialisation by the safe API is fine), clears any fault a failed test left and
