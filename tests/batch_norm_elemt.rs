@@ -132,14 +132,16 @@ impl Up {
             out,
         )
     }
+
+    fn prepare<'a>(&'a self, s: &Stream, out: &'a mut Tensor) -> Result<Prepared<'a>> {
+        let (w, b) = (self.weight.as_ref(), self.bias.as_ref());
+        prepare_batch_norm_elemt(s, &self.x, w, b, &self.mean, &self.invstd, self.eps, out)
+    }
 }
 
 impl Framework for Case {
     const ACLNN: &'static str = "aclnnBatchNormElemt";
     const MOCK_WORKSPACE: bool = false;
-    type Up = Up;
-    type Out = Tensor;
-    type Res = Tensor;
 
     fn small(seed: u64) -> Case {
         Case::random(seed, &[2, 3, 4], DType::F32, DType::F32, Some(DType::F32))
@@ -149,38 +151,7 @@ impl Framework for Case {
         Case::random(seed, &[2, 3, 4, 5], DType::F16, DType::F32, Some(DType::BF16))
     }
 
-    fn upload(&self, s: &Stream) -> Result<Up> {
-        Case::upload(self, s)
-    }
-
-    fn outputs(&self, s: &Stream) -> Result<Tensor> {
-        Data::filled(self.x.dtype, &self.x.shape, 777.0).tensor(s)
-    }
-
-    fn run(&self, up: &mut Up, s: &Stream) -> Result<Tensor> {
-        up.run(s)
-    }
-
-    fn run_into(&self, up: &mut Up, s: &Stream, out: &mut Tensor) -> Result<()> {
-        up.run_into(s, out)
-    }
-
-    fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, out: &'a mut Tensor) -> Result<Prepared<'a>> {
-        let (w, b) = (up.weight.as_ref(), up.bias.as_ref());
-        prepare_batch_norm_elemt(s, &up.x, w, b, &up.mean, &up.invstd, up.eps, out)
-    }
-
-    fn check(&self, ctx: &Context, s: &Stream, what: &str, out: &Tensor) {
-        check(ctx, s, what, out, self.x.dtype, self);
-    }
-
-    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &Tensor) {
-        check(ctx, s, what, res, self.x.dtype, self);
-    }
-
-    fn out_bits(s: &Stream, out: &Tensor) -> Vec<Vec<u32>> {
-        vec![bits(s, out)]
-    }
+    one_output_framework_items!(output_dtype_of: x);
 }
 
 /// The tolerance factor K of the module docs for `ctx`'s backend.
@@ -295,13 +266,9 @@ fn strided_outputs(ctx: &Context) -> R {
 
 /// Ranks 2 to 8 (channels at dim 1 throughout).
 fn ranks_2_to_8(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for rank in 2..=8 {
-        let shape: Vec<usize> = (0..rank).map(|d| [3, 4, 2, 1, 3, 2, 1, 2][d]).collect();
-        let case = Case::random(50 + rank as u64, &shape, DType::F32, DType::F32, Some(DType::F32));
-        check(ctx, &s, &format!("rank {rank}"), &case.upload(&s)?.run(&s)?, DType::F32, &case);
-    }
-    Ok(())
+    common::framework::ranks_2_to_8(ctx, |rank, shape| {
+        Case::random(50 + rank, shape, DType::F32, DType::F32, Some(DType::F32))
+    })
 }
 
 /// Inputs above the CPU's threading threshold (1 MiB read and written), contiguous and
@@ -322,30 +289,7 @@ fn large_inputs_use_the_threaded_path(ctx: &Context) -> R {
 
 /// An empty input (batch 0, or an empty spatial dim) computes nothing and succeeds.
 fn empty_inputs(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for shape in [[0, 3, 4], [2, 3, 0]] {
-        let case = Case::random(70, &shape, DType::F32, DType::F32, Some(DType::F32));
-        let up = case.upload(&s)?;
-        let out = up.run(&s)?;
-        assert_eq!(out.shape(), &shape[..]);
-        assert!(out.to_vec::<f32>(&s)?.is_empty());
-        let mut into = Tensor::zeros(&s, DType::F32, &shape)?;
-        up.run_into(&s, &mut into)?;
-        let mut into = Tensor::zeros(&s, DType::F32, &shape)?;
-        let p = prepare_batch_norm_elemt(
-            &s,
-            &up.x,
-            up.weight.as_ref(),
-            up.bias.as_ref(),
-            &up.mean,
-            &up.invstd,
-            up.eps,
-            &mut into,
-        )?;
-        assert_eq!(p.workspace_size(), 0);
-        p.launch(&s, None)?;
-    }
-    Ok(())
+    common::framework::empty_inputs(ctx, |shape| Case::random(70, shape, DType::F32, DType::F32, Some(DType::F32)))
 }
 
 // ---------------------------------------------------------------------------------------------

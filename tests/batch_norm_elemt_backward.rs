@@ -127,6 +127,14 @@ impl Case {
     }
 }
 
+/// `$f` (the allocating, `_into` or prepare form) called on stream `$s` with the inputs of `$up`
+/// in the operator's order, then the output if one is given.
+macro_rules! with_inputs {
+    ($f:ident($s:expr, $up:expr $(, $out:expr)?)) => {
+        $f($s, &$up.dy, &$up.x, &$up.mean, &$up.invstd, $up.weight.as_ref(), &$up.sum_dy, &$up.sum_dy_xmu, &$up.counter $(, $out)?)
+    };
+}
+
 /// Uploaded inputs.
 struct Up {
     dy: Tensor,
@@ -141,47 +149,15 @@ struct Up {
 
 impl Up {
     fn run(&self, s: &Stream) -> Result<Tensor> {
-        batch_norm_elemt_backward(
-            s,
-            &self.dy,
-            &self.x,
-            &self.mean,
-            &self.invstd,
-            self.weight.as_ref(),
-            &self.sum_dy,
-            &self.sum_dy_xmu,
-            &self.counter,
-        )
+        with_inputs!(batch_norm_elemt_backward(s, self))
     }
 
     fn run_into(&self, s: &Stream, out: &mut Tensor) -> Result<()> {
-        batch_norm_elemt_backward_into(
-            s,
-            &self.dy,
-            &self.x,
-            &self.mean,
-            &self.invstd,
-            self.weight.as_ref(),
-            &self.sum_dy,
-            &self.sum_dy_xmu,
-            &self.counter,
-            out,
-        )
+        with_inputs!(batch_norm_elemt_backward_into(s, self, out))
     }
 
     fn prepare<'a>(&'a self, s: &Stream, out: &'a mut Tensor) -> Result<Prepared<'a>> {
-        prepare_batch_norm_elemt_backward(
-            s,
-            &self.dy,
-            &self.x,
-            &self.mean,
-            &self.invstd,
-            self.weight.as_ref(),
-            &self.sum_dy,
-            &self.sum_dy_xmu,
-            &self.counter,
-            out,
-        )
+        with_inputs!(prepare_batch_norm_elemt_backward(s, self, out))
     }
 
     /// The three forms (allocating, `_into`, prepare) all rejected with 161002 naming `argument`,
@@ -198,9 +174,6 @@ impl Up {
 impl Framework for Case {
     const ACLNN: &'static str = "aclnnBatchNormElemtBackward";
     const MOCK_WORKSPACE: bool = false;
-    type Up = Up;
-    type Out = Tensor;
-    type Res = Tensor;
 
     fn small(seed: u64) -> Case {
         Case::uniform_dtype(seed, &[2, 3, 4], DType::F32)
@@ -210,37 +183,7 @@ impl Framework for Case {
         Case::random(seed, &[2, 3, 4, 5], DType::F16, DType::F16, DType::F32, Some(DType::BF16))
     }
 
-    fn upload(&self, s: &Stream) -> Result<Up> {
-        Case::upload(self, s)
-    }
-
-    fn outputs(&self, s: &Stream) -> Result<Tensor> {
-        Data::filled(self.dy.dtype, &self.x.shape, 777.0).tensor(s)
-    }
-
-    fn run(&self, up: &mut Up, s: &Stream) -> Result<Tensor> {
-        up.run(s)
-    }
-
-    fn run_into(&self, up: &mut Up, s: &Stream, out: &mut Tensor) -> Result<()> {
-        up.run_into(s, out)
-    }
-
-    fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, out: &'a mut Tensor) -> Result<Prepared<'a>> {
-        up.prepare(s, out)
-    }
-
-    fn check(&self, ctx: &Context, s: &Stream, what: &str, out: &Tensor) {
-        check(ctx, s, what, out, self.dy.dtype, self);
-    }
-
-    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &Tensor) {
-        check(ctx, s, what, res, self.dy.dtype, self);
-    }
-
-    fn out_bits(s: &Stream, out: &Tensor) -> Vec<Vec<u32>> {
-        vec![bits(s, out)]
-    }
+    one_output_framework_items!(output_dtype_of: dy);
 }
 
 /// Asserts that `out` has the case's shape, dtype `dtype` and values within tolerance.
@@ -387,13 +330,9 @@ fn strided_outputs(ctx: &Context) -> R {
 
 /// Ranks 2 to 8 (channels at dim 1 throughout).
 fn ranks_2_to_8(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for rank in 2..=8 {
-        let shape: Vec<usize> = (0..rank).map(|d| [3, 4, 2, 1, 3, 2, 1, 2][d]).collect();
-        let case = Case::random(80 + rank as u64, &shape, DType::F32, DType::F32, DType::F32, Some(DType::F32));
-        check(ctx, &s, &format!("rank {rank}"), &case.upload(&s)?.run(&s)?, DType::F32, &case);
-    }
-    Ok(())
+    common::framework::ranks_2_to_8(ctx, |rank, shape| {
+        Case::random(80 + rank, shape, DType::F32, DType::F32, DType::F32, Some(DType::F32))
+    })
 }
 
 /// Inputs above the CPU's threading threshold, contiguous f32 and channels-last bf16.
@@ -416,20 +355,7 @@ fn large_inputs_use_the_threaded_path(ctx: &Context) -> R {
 
 /// An empty input (batch 0, or an empty spatial dim) computes nothing and succeeds.
 fn empty_inputs(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for shape in [[0, 3, 4], [2, 3, 0]] {
-        let case = Case::uniform_dtype(100, &shape, DType::F32);
-        let up = case.upload(&s)?;
-        let out = up.run(&s)?;
-        assert_eq!(out.shape(), &shape[..]);
-        assert!(out.to_vec::<f32>(&s)?.is_empty());
-        let mut into = Tensor::zeros(&s, DType::F32, &shape)?;
-        up.run_into(&s, &mut into)?;
-        let p = up.prepare(&s, &mut into)?;
-        assert_eq!(p.workspace_size(), 0);
-        p.launch(&s, None)?;
-    }
-    Ok(())
+    common::framework::empty_inputs(ctx, |shape| Case::uniform_dtype(100, shape, DType::F32))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@
 #![allow(dead_code)]
 
 use ascend::ops::{Prepared, Workspace};
-use ascend::{Backend, Context, Error, Result, Stream};
+use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
 
 use super::data::status_of;
 
@@ -327,6 +327,43 @@ pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
     Ok(())
 }
 
+/// Ranks 2 to 8 (channels at dim 1 throughout; `case(rank, shape)` makes each rank's case):
+/// the allocating form's result is right.
+pub fn ranks_2_to_8<F: Framework>(ctx: &Context, case: impl Fn(u64, &[usize]) -> F) -> Result<()> {
+    let s = ctx.new_stream()?;
+    for rank in 2..=8 {
+        let shape: Vec<usize> = (0..rank).map(|d| [3, 4, 2, 1, 3, 2, 1, 2][d]).collect();
+        let case = case(rank as u64, &shape);
+        let res = case.run(&mut case.upload(&s)?, &s)?;
+        case.check_res(ctx, &s, &format!("rank {rank}"), &res);
+    }
+    Ok(())
+}
+
+/// An empty input (batch 0, or an empty spatial dim; `case(shape)` makes the f32 case) computes
+/// nothing and succeeds in the three forms of a one-output operator: the allocating form gives an
+/// empty tensor of that shape, prepare asks for no workspace.
+pub fn empty_inputs<F: Framework<Out = Tensor, Res = Tensor>>(
+    ctx: &Context,
+    case: impl Fn(&[usize]) -> F,
+) -> Result<()> {
+    let s = ctx.new_stream()?;
+    for shape in [[0, 3, 4], [2, 3, 0]] {
+        let case = case(&shape);
+        let mut up = case.upload(&s)?;
+        let out = case.run(&mut up, &s)?;
+        assert_eq!(out.shape(), &shape[..]);
+        assert!(out.to_vec::<f32>(&s)?.is_empty());
+        let mut into = Tensor::zeros(&s, DType::F32, &shape)?;
+        case.run_into(&mut up, &s, &mut into)?;
+        let mut into = Tensor::zeros(&s, DType::F32, &shape)?;
+        let p = case.prepare(&mut up, &s, &mut into)?;
+        assert_eq!(p.workspace_size(), 0);
+        p.launch(&s, None)?;
+    }
+    Ok(())
+}
+
 /// Instantiates the framework tests for one operator: `framework_tests!(Case)`, where `Case`
 /// (in scope at the invocation) implements [`Framework`]. Expands into `framework::cpu::*` and,
 /// with the mock feature, `framework::mock::*` (each run inside `common::mock::isolated`).
@@ -382,3 +419,56 @@ macro_rules! framework_tests {
 }
 #[allow(unused_imports)]
 pub(crate) use framework_tests;
+
+/// The [`Framework`] items every operator with one output tensor spells the same way: `Up`
+/// (in scope at the invocation, with `run`, `run_into` and `prepare` methods) as the uploaded
+/// case, one `Tensor` out, outputs shaped like the case's `x` in the dtype of its field `$field`
+/// and pre-filled with 777, and the file's `check(ctx, s, what, out, dtype, case)` for both
+/// forms' results.
+#[allow(unused_macros)]
+macro_rules! one_output_framework_items {
+    (output_dtype_of: $field:ident) => {
+        type Up = Up;
+        type Out = ascend::Tensor;
+        type Res = ascend::Tensor;
+
+        fn upload(&self, s: &ascend::Stream) -> ascend::Result<Up> {
+            Self::upload(self, s)
+        }
+
+        fn outputs(&self, s: &ascend::Stream) -> ascend::Result<ascend::Tensor> {
+            crate::common::data::Data::filled(self.$field.dtype, &self.x.shape, 777.0).tensor(s)
+        }
+
+        fn run(&self, up: &mut Up, s: &ascend::Stream) -> ascend::Result<ascend::Tensor> {
+            up.run(s)
+        }
+
+        fn run_into(&self, up: &mut Up, s: &ascend::Stream, out: &mut ascend::Tensor) -> ascend::Result<()> {
+            up.run_into(s, out)
+        }
+
+        fn prepare<'a>(
+            &self,
+            up: &'a mut Up,
+            s: &ascend::Stream,
+            out: &'a mut ascend::Tensor,
+        ) -> ascend::Result<ascend::ops::Prepared<'a>> {
+            up.prepare(s, out)
+        }
+
+        fn check(&self, ctx: &ascend::Context, s: &ascend::Stream, what: &str, out: &ascend::Tensor) {
+            check(ctx, s, what, out, self.$field.dtype, self);
+        }
+
+        fn check_res(&self, ctx: &ascend::Context, s: &ascend::Stream, what: &str, res: &ascend::Tensor) {
+            check(ctx, s, what, res, self.$field.dtype, self);
+        }
+
+        fn out_bits(s: &ascend::Stream, out: &ascend::Tensor) -> Vec<Vec<u32>> {
+            vec![crate::common::data::bits(s, out)]
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use one_output_framework_items;
