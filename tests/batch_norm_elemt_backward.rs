@@ -188,9 +188,7 @@ impl Framework for Case {
 
 /// Asserts that `out` has the case's shape, dtype `dtype` and values within tolerance.
 fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case: &Case) {
-    assert_eq!(out.shape(), &case.x.shape[..], "{what}: shape");
-    assert_eq!(out.dtype(), dtype, "{what}: dtype");
-    let got = read(s, out);
+    let got = read_checked(s, what, out, &case.x.shape, dtype);
     let (exp, terms) = case.expected();
     let u32_ = unit_roundoff(DType::F32);
     let tol = |i: usize, e: f64| {
@@ -455,16 +453,10 @@ fn tensors_from_the_other_backend(ctx: &Context) -> R {
 
 /// The same call gives the same bits, through every entry point.
 fn deterministic(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let case = Case::random(140, &[3, 5, 7, 9], DType::BF16, DType::BF16, DType::F32, Some(DType::F32));
-    let up = case.upload(&s)?;
-    let a = up.run(&s)?;
-    let b = up.run(&s)?;
-    let mut c = Tensor::zeros(&s, DType::BF16, &case.x.shape)?;
-    up.run_into(&s, &mut c)?;
-    assert_eq!(bits(&s, &a), bits(&s, &b));
-    assert_eq!(bits(&s, &a), bits(&s, &c));
-    Ok(())
+    common::framework::deterministic(
+        ctx,
+        Case::random(140, &[3, 5, 7, 9], DType::BF16, DType::BF16, DType::F32, Some(DType::F32)),
+    )
 }
 
 /// NaN and ±inf in gradOut or input give NaN and the matching infinity, on both backends.

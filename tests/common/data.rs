@@ -207,6 +207,13 @@ pub fn read(stream: &Stream, t: &Tensor) -> Vec<f64> {
     t.to_vec::<f32>(stream).expect("to_vec").into_iter().map(f64::from).collect()
 }
 
+/// Asserts that `out` has `shape` and `dtype` (naming `what`), and reads it as [`read`] does.
+pub fn read_checked(s: &Stream, what: &str, out: &Tensor, shape: &[usize], dtype: DType) -> Vec<f64> {
+    assert_eq!(out.shape(), shape, "{what}: shape");
+    assert_eq!(out.dtype(), dtype, "{what}: dtype");
+    read(s, out)
+}
+
 /// A tensor's elements as the raw bits of its own dtype, for bit-exact comparisons.
 pub fn bits(stream: &Stream, t: &Tensor) -> Vec<u32> {
     match t.dtype() {
