@@ -498,6 +498,28 @@ fn launch(stream: &Stream, p: Prepared<'_>, caller_workspace: bool) -> Result<()
     }
 }
 
+/// An operator called through `entry` with the arguments `($arg, ...)`: the allocating form
+/// `$alloc`, or the `_into` form `$into` or the prepared form `$prepare` (launched as [`launch`]
+/// does) writing into outputs made as `[$out = $make, ...]`; gives the output or the tuple of
+/// outputs.
+macro_rules! by_entry {
+    ($entry:expr, $s:expr, ($($arg:expr),*), $alloc:path, $prepare:path, $into:path, [$($out:ident = $make:expr),+]) => {
+        match $entry {
+            Entry::Alloc => $alloc($($arg),*)?,
+            _ => {
+                $(let mut $out = $make;)+
+                match $entry {
+                    Entry::TwoPhase { caller_workspace } => {
+                        launch($s, $prepare($($arg,)* $(&mut $out),+)?, caller_workspace)?
+                    }
+                    _ => $into($($arg,)* $(&mut $out),+)?,
+                }
+                ($($out),+)
+            }
+        }
+    };
+}
+
 fn outputs(stream: &Stream, named: &[(&str, &Tensor)], exact: bool) -> Result<Outputs> {
     named.iter().map(|(n, t)| Ok((n.to_string(), t.dtype(), read(stream, t)?, exact))).collect()
 }
@@ -536,22 +558,15 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
         }
         Step::Stats { x, eps, entry, out } => {
             let x = up(x, &big, Values::Small)?;
-            let (mean, invstd) = match entry {
-                Entry::Alloc => ops::batch_norm_stats(s, &x, eps)?,
-                _ => {
-                    let mut mean = Tensor::zeros(s, out.dtype(), &chan)?;
-                    let mut invstd = Tensor::zeros(s, DType::F32, &chan)?;
-                    match entry {
-                        Entry::TwoPhase { caller_workspace } => launch(
-                            s,
-                            ops::prepare_batch_norm_stats(s, &x, eps, &mut mean, &mut invstd)?,
-                            caller_workspace,
-                        )?,
-                        _ => ops::batch_norm_stats_into(s, &x, eps, &mut mean, &mut invstd)?,
-                    }
-                    (mean, invstd)
-                }
-            };
+            let (mean, invstd) = by_entry!(
+                entry,
+                s,
+                (s, &x, eps),
+                ops::batch_norm_stats,
+                ops::prepare_batch_norm_stats,
+                ops::batch_norm_stats_into,
+                [mean = Tensor::zeros(s, out.dtype(), &chan)?, invstd = Tensor::zeros(s, DType::F32, &chan)?]
+            );
             outputs(s, &[("mean", &mean), ("invstd", &invstd)], false)
         }
         Step::Gather { x, mean, invstd, counts, running, momentum, eps, entry, out } => {
@@ -561,56 +576,15 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
             let counts = up(counts, &[w], Values::Count)?;
             let mut rm = running.map(|(a, _)| up(a, &chan, Values::Small)).transpose()?;
             let mut rv = running.map(|(_, b)| up(b, &chan, Values::Scale)).transpose()?;
-            let (m, v) = match entry {
-                Entry::Alloc => ops::batch_norm_gather_stats_with_counts(
-                    s,
-                    &x,
-                    &mean,
-                    &invstd,
-                    rm.as_mut(),
-                    rv.as_mut(),
-                    momentum,
-                    eps,
-                    &counts,
-                )?,
-                _ => {
-                    let mut m = Tensor::zeros(s, out.dtype(), &chan)?;
-                    let mut v = Tensor::zeros(s, DType::F32, &chan)?;
-                    match entry {
-                        Entry::TwoPhase { caller_workspace } => launch(
-                            s,
-                            ops::prepare_batch_norm_gather_stats_with_counts(
-                                s,
-                                &x,
-                                &mean,
-                                &invstd,
-                                rm.as_mut(),
-                                rv.as_mut(),
-                                momentum,
-                                eps,
-                                &counts,
-                                &mut m,
-                                &mut v,
-                            )?,
-                            caller_workspace,
-                        )?,
-                        _ => ops::batch_norm_gather_stats_with_counts_into(
-                            s,
-                            &x,
-                            &mean,
-                            &invstd,
-                            rm.as_mut(),
-                            rv.as_mut(),
-                            momentum,
-                            eps,
-                            &counts,
-                            &mut m,
-                            &mut v,
-                        )?,
-                    }
-                    (m, v)
-                }
-            };
+            let (m, v) = by_entry!(
+                entry,
+                s,
+                (s, &x, &mean, &invstd, rm.as_mut(), rv.as_mut(), momentum, eps, &counts),
+                ops::batch_norm_gather_stats_with_counts,
+                ops::prepare_batch_norm_gather_stats_with_counts,
+                ops::batch_norm_gather_stats_with_counts_into,
+                [m = Tensor::zeros(s, out.dtype(), &chan)?, v = Tensor::zeros(s, DType::F32, &chan)?]
+            );
             let mut named = vec![("meanAll", &m), ("invstdAll", &v)];
             if let (Some(rm), Some(rv)) = (&rm, &rv) {
                 named.extend([("runningMean", rm), ("runningVar", rv)]);
@@ -624,21 +598,15 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
             let mean = up(mean, &chan, Values::Small)?;
             let invstd = up(invstd, &chan, Values::Scale)?;
             let (wt, bt) = (weight.as_ref(), bias.as_ref());
-            let y = match entry {
-                Entry::Alloc => ops::batch_norm_elemt(s, &x, wt, bt, &mean, &invstd, eps)?,
-                _ => {
-                    let mut y = Tensor::zeros(s, out.dtype(), &big)?;
-                    match entry {
-                        Entry::TwoPhase { caller_workspace } => launch(
-                            s,
-                            ops::prepare_batch_norm_elemt(s, &x, wt, bt, &mean, &invstd, eps, &mut y)?,
-                            caller_workspace,
-                        )?,
-                        _ => ops::batch_norm_elemt_into(s, &x, wt, bt, &mean, &invstd, eps, &mut y)?,
-                    }
-                    y
-                }
-            };
+            let y = by_entry!(
+                entry,
+                s,
+                (s, &x, wt, bt, &mean, &invstd, eps),
+                ops::batch_norm_elemt,
+                ops::prepare_batch_norm_elemt,
+                ops::batch_norm_elemt_into,
+                [y = Tensor::zeros(s, out.dtype(), &big)?]
+            );
             outputs(s, &[("output", &y)], false)
         }
         Step::ElemtBackward { dy, x, mean, invstd, weight, sums, counter, entry, out } => {
@@ -651,45 +619,15 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
             let sum_dy_xmu = up(sums.1, &chan, Values::Small)?;
             let counter = up(counter, &[w], Values::Count)?;
             let wt = weight.as_ref();
-            let dx = match entry {
-                Entry::Alloc => {
-                    ops::batch_norm_elemt_backward(s, &dy, &x, &mean, &invstd, wt, &sum_dy, &sum_dy_xmu, &counter)?
-                }
-                _ => {
-                    let mut dx = Tensor::zeros(s, out.dtype(), &big)?;
-                    match entry {
-                        Entry::TwoPhase { caller_workspace } => launch(
-                            s,
-                            ops::prepare_batch_norm_elemt_backward(
-                                s,
-                                &dy,
-                                &x,
-                                &mean,
-                                &invstd,
-                                wt,
-                                &sum_dy,
-                                &sum_dy_xmu,
-                                &counter,
-                                &mut dx,
-                            )?,
-                            caller_workspace,
-                        )?,
-                        _ => ops::batch_norm_elemt_backward_into(
-                            s,
-                            &dy,
-                            &x,
-                            &mean,
-                            &invstd,
-                            wt,
-                            &sum_dy,
-                            &sum_dy_xmu,
-                            &counter,
-                            &mut dx,
-                        )?,
-                    }
-                    dx
-                }
-            };
+            let dx = by_entry!(
+                entry,
+                s,
+                (s, &dy, &x, &mean, &invstd, wt, &sum_dy, &sum_dy_xmu, &counter),
+                ops::batch_norm_elemt_backward,
+                ops::prepare_batch_norm_elemt_backward,
+                ops::batch_norm_elemt_backward_into,
+                [dx = Tensor::zeros(s, out.dtype(), &big)?]
+            );
             outputs(s, &[("gradInput", &dx)], false)
         }
         Step::Collective { .. } | Step::SyncBatchNorm { .. } => unreachable!("run on ranks"),

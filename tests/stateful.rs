@@ -59,23 +59,6 @@ fn fault_apis() -> Vec<&'static str> {
 // Programs
 
 #[derive(Clone, Copy, Debug)]
-enum Dt {
-    F32,
-    F16,
-    BF16,
-}
-
-impl Dt {
-    fn dtype(self) -> DType {
-        match self {
-            Dt::F32 => DType::F32,
-            Dt::F16 => DType::F16,
-            Dt::BF16 => DType::BF16,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
 enum Layout {
     Contiguous,
     /// Channel dim innermost (for [C] slots: contiguous).
@@ -135,14 +118,14 @@ enum Step {
     Upload {
         slot: usize,
         stream: usize,
-        dt: Dt,
+        dt: DType,
         layout: Layout,
         seed: u64,
     },
     Zeros {
         slot: usize,
         stream: usize,
-        dt: Dt,
+        dt: DType,
     },
     DropTensor {
         slot: usize,
@@ -215,8 +198,8 @@ enum Step {
     },
 }
 
-fn dt() -> impl Strategy<Value = Dt> {
-    prop_oneof![3 => Just(Dt::F32), 1 => Just(Dt::F16), 1 => Just(Dt::BF16)]
+fn dt() -> impl Strategy<Value = DType> {
+    prop_oneof![3 => Just(DType::F32), 1 => Just(DType::F16), 1 => Just(DType::BF16)]
 }
 
 fn layout() -> impl Strategy<Value = Layout> {
@@ -591,7 +574,7 @@ impl World {
                 let Some((s, device)) = &self.streams[*stream] else { return Ok(()) };
                 let (shape, strides, offset, len) = self.geometry(*slot, *layout);
                 let data = rng_values(*seed, len, *slot < BIG);
-                let make = |st: &Stream| upload(st, dt.dtype(), &data, &shape, &strides, offset);
+                let make = |st: &Stream| upload(st, *dt, &data, &shape, &strides, offset);
                 let (mock, cpu) = (make(s), make(&self.cpu));
                 let device = *device;
                 match (mock, cpu) {
@@ -603,7 +586,7 @@ impl World {
             Step::Zeros { slot, stream, dt } => {
                 let Some((s, device)) = &self.streams[*stream] else { return Ok(()) };
                 let shape: Vec<usize> = if *slot < BIG { self.shape.to_vec() } else { vec![self.c] };
-                let (mock, cpu) = (Tensor::zeros(s, dt.dtype(), &shape), Tensor::zeros(&self.cpu, dt.dtype(), &shape));
+                let (mock, cpu) = (Tensor::zeros(s, *dt, &shape), Tensor::zeros(&self.cpu, *dt, &shape));
                 let device = *device;
                 match (mock, cpu) {
                     (Ok(mock), Ok(cpu)) => self.slots[*slot] = Some(Slot { mock, cpu, device, known: true }),
