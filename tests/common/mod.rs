@@ -7,6 +7,7 @@
 //! * [`backends`]: the contexts to run on and `on_both_backends!` (CPU always, the mock Ascend
 //!   with `--features mock`, isolated);
 //! * [`reduce_backward`]: the first operator's f64 reference and fixtures;
+//! * [`mock_counters`]: the mock's host-wait and allocation counters, named;
 //! * [`raw_mock`]: one raw session on the mock CANN through `ascend-sys`, for what the safe API
 //!   cannot express;
 //! * [`framework`]: `framework_tests!`, the launch path's behaviour every operator's test file
@@ -19,6 +20,8 @@
 pub mod backends;
 pub mod data;
 pub mod framework;
+#[cfg(feature = "mock")]
+pub mod mock_counters;
 pub mod ranks;
 #[cfg(feature = "mock")]
 pub mod raw_mock;
