@@ -71,11 +71,12 @@ impl Case {
     fn random(seed: u64, shape: &[usize], gdt: DType, xdt: DType, sdt: DType, wdt: Option<DType>) -> Case {
         let mut rng = Rng::new(seed);
         let c = shape[1];
+        let [dy, x, mean, invstd] = backward_draws(&mut rng, shape, gdt, xdt, sdt);
         Case {
-            dy: Data::normal(&mut rng, gdt, shape, 0.0, 1.0),
-            x: Data::normal(&mut rng, xdt, shape, 0.5, 1.0),
-            mean: Data::uniform(&mut rng, sdt, &[c], 0.3, 0.7),
-            invstd: Data::uniform(&mut rng, sdt, &[c], 0.5, 2.0),
+            dy,
+            x,
+            mean,
+            invstd,
             weight: wdt.map(|d| Data::normal(&mut rng, d, &[c], 1.0, 0.5)),
             sum_dy: Data::normal(&mut rng, sdt, &[c], 0.0, 30.0),
             sum_dy_xmu: Data::normal(&mut rng, sdt, &[c], 0.0, 30.0),

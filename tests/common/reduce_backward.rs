@@ -139,20 +139,27 @@ pub struct Inputs {
     pub weight: Option<Data>,
 }
 
+/// The backward operators' common inputs, drawn from `rng` in this order: dy ~ N(0, 1) in `gdt`,
+/// x ~ N(0.5, 1) in `xdt`, mean ~ U(0.3, 0.7) (near the data mean, so the one-pass Ascend
+/// kernel is accurate) and invstd ~ U(0.5, 2) in `sdt`, per channel (dim 1 of `shape`).
+pub fn backward_draws(rng: &mut Rng, shape: &[usize], gdt: DType, xdt: DType, sdt: DType) -> [Data; 4] {
+    let c = shape[1];
+    [
+        Data::normal(rng, gdt, shape, 0.0, 1.0),
+        Data::normal(rng, xdt, shape, 0.5, 1.0),
+        Data::uniform(rng, sdt, &[c], 0.3, 0.7),
+        Data::uniform(rng, sdt, &[c], 0.5, 2.0),
+    ]
+}
+
 impl Inputs {
     /// dy ~ N(0,1), x ~ N(0.5,1), mean ~ U(0.3,0.7) (near the data mean, so the one-pass Ascend
     /// kernel is accurate), invstd ~ U(0.5,2), weight ~ N(0,1); gradOut/input in `dt`, the
     /// per-channel vectors in `sdt`.
     pub fn normal(seed: u64, dt: DType, sdt: DType, shape: &[usize]) -> Self {
         let mut rng = Rng::new(seed);
-        let c = shape[1];
-        Inputs {
-            dy: Data::normal(&mut rng, dt, shape, 0.0, 1.0),
-            x: Data::normal(&mut rng, dt, shape, 0.5, 1.0),
-            mean: Data::uniform(&mut rng, sdt, &[c], 0.3, 0.7),
-            invstd: Data::uniform(&mut rng, sdt, &[c], 0.5, 2.0),
-            weight: Some(Data::normal(&mut rng, sdt, &[c], 0.0, 1.0)),
-        }
+        let [dy, x, mean, invstd] = backward_draws(&mut rng, shape, dt, dt, sdt);
+        Inputs { dy, x, mean, invstd, weight: Some(Data::normal(&mut rng, sdt, &[shape[1]], 0.0, 1.0)) }
     }
 
     /// The ATK system tests' distribution: all five tensors U(-10,10) in `dt` (so invstd may be
