@@ -31,7 +31,36 @@ struct Session {
     c: &'static Cann,
 }
 
+/// aclnnBatchNormStats's arguments on the device: `x` (random, [N, C]) uploaded as input, mean
+/// and invstd ([C]) allocated.
+struct StatsArgs {
+    x: Vec<f32>,
+    input_mem: *mut c_void,
+    mean_mem: *mut c_void,
+    invstd_mem: *mut c_void,
+    input: *mut aclTensor,
+    mean: *mut aclTensor,
+    invstd: *mut aclTensor,
+}
+
 impl Session {
+    /// A test's session: `common::mock::lock` held, the mock context made (initialising ACL),
+    /// device 0 bound.
+    fn locked() -> (std::sync::MutexGuard<'static, ()>, ascend::Context, Session) {
+        let guard = common::mock::lock();
+        let ctx = common::mock::context();
+        (guard, ctx, Session::new())
+    }
+
+    /// [`StatsArgs`] with the input of `random_input(seed)`.
+    fn stats_args(&self, seed: u64) -> StatsArgs {
+        let x = random_input(seed);
+        let (input_mem, mean_mem, invstd_mem) = (self.upload(&x), self.malloc(C * 4), self.malloc(C * 4));
+        let input = self.tensor(&[N as i64, C as i64], input_mem);
+        let (mean, invstd) = (self.tensor(&[C as i64], mean_mem), self.tensor(&[C as i64], invstd_mem));
+        StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd }
+    }
+
     fn new() -> Session {
         let c = common::raw_mock::cann();
         // SAFETY: device 0 exists on the mock; ACL was initialised by the isolated context.
@@ -305,13 +334,8 @@ fn violations_of(f: impl FnOnce()) -> Vec<String> {
 
 #[test]
 fn misuse_of_repeatable_executors_is_a_violation() {
-    let _guard = common::mock::lock();
-    let _ctx = common::mock::context();
-    let s = Session::new();
-    let x = random_input(3);
-    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
-    let input = s.tensor(&[N as i64, C as i64], input_mem);
-    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (_guard, _ctx, s) = Session::locked();
+    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(3);
     let (size, exec) = s.phase1(input, mean, invstd);
     let ws = s.malloc(size as usize);
 
@@ -394,13 +418,8 @@ fn launch_counters_count_descriptors_and_phase1_calls() {
 /// is a violation; once the first stream has drained, launching it on another is fine.
 #[test]
 fn a_repeatable_executor_on_two_streams_at_once_is_a_violation() {
-    let _guard = common::mock::lock();
-    let _ctx = common::mock::context();
-    let s = Session::new();
-    let x = random_input(5);
-    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
-    let input = s.tensor(&[N as i64, C as i64], input_mem);
-    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (_guard, _ctx, s) = Session::locked();
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(5);
     let (size, exec) = s.phase1(input, mean, invstd);
     let ws = s.malloc(size as usize);
     let (mut a, mut b): (aclrtStream, aclrtStream) = (ptr::null_mut(), ptr::null_mut());
@@ -578,13 +597,8 @@ fn expect_rejected(s: &Session, rebind: impl FnOnce() -> i32, needles: &[&str]) 
 /// range, and invstd at mean's index (1) is the wrong tensor.
 #[test]
 fn a_rebind_at_the_wrong_index_is_a_violation() {
-    let _guard = common::mock::lock();
-    let _ctx = common::mock::context();
-    let s = Session::new();
-    let x = random_input(30);
-    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
-    let input = s.tensor(&[N as i64, C as i64], input_mem);
-    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (_guard, _ctx, s) = Session::locked();
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(30);
     let (size, exec) = s.phase1(input, mean, invstd);
     s.repeatable(exec);
     // Memory the rejected rebinds point at: had one been applied, the launch would write there.
@@ -641,13 +655,8 @@ fn a_rebind_at_the_wrong_index_is_a_violation() {
 /// outputs, so gradBias at its prototype position among the outputs (3) is out of range.
 #[test]
 fn a_rebind_out_of_range_is_a_violation() {
-    let _guard = common::mock::lock();
-    let _ctx = common::mock::context();
-    let s = Session::new();
-    let x = random_input(40);
-    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
-    let input = s.tensor(&[N as i64, C as i64], input_mem);
-    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (_guard, _ctx, s) = Session::locked();
+    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(40);
     let (_, exec) = s.phase1(input, mean, invstd);
     s.repeatable(exec);
     let api = ["aclSetOutputTensorAddr", "aclSetInputTensorAddr"];
@@ -688,9 +697,7 @@ fn a_rebind_out_of_range_is_a_violation() {
 /// is not that argument (nor any present argument of this executor).
 #[test]
 fn a_rebind_to_another_executors_tensor_is_a_violation() {
-    let _guard = common::mock::lock();
-    let _ctx = common::mock::context();
-    let s = Session::new();
+    let (_guard, _ctx, s) = Session::locked();
     let x = random_input(50);
     let mems = [s.upload(&x), s.malloc(C * 4), s.malloc(C * 4), s.upload(&x), s.malloc(C * 4), s.malloc(C * 4)];
     let t: Vec<*mut aclTensor> = mems
@@ -730,13 +737,8 @@ fn a_rebind_to_another_executors_tensor_is_a_violation() {
 /// synchronising the stream is clean.
 #[test]
 fn destroying_a_repeatable_executor_with_a_queued_launch_is_a_violation() {
-    let _guard = common::mock::lock();
-    let _ctx = common::mock::context();
-    let s = Session::new();
-    let x = random_input(60);
-    let (input_mem, mean_mem, invstd_mem) = (s.upload(&x), s.malloc(C * 4), s.malloc(C * 4));
-    let input = s.tensor(&[N as i64, C as i64], input_mem);
-    let (mean, invstd) = (s.tensor(&[C as i64], mean_mem), s.tensor(&[C as i64], invstd_mem));
+    let (_guard, _ctx, s) = Session::locked();
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(60);
     let (size, exec) = s.phase1(input, mean, invstd);
     s.repeatable(exec);
     let ws = s.workspace(size);
