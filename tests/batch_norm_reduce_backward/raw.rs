@@ -16,6 +16,20 @@ use half::{bf16, f16};
 use crate::common::raw_mock::*;
 use crate::common::Rng;
 
+/// Runs `f` on a session of its own with `ut_case(dt)` and a list for the tensors [`swap`]
+/// makes; then releases them all and expects no violation.
+fn with_ut_case(dt: aclDataType, f: impl FnOnce(&Mock, &Case, &mut Vec<Dev>)) {
+    let m = Mock::new();
+    let case = ut_case(&m, dt);
+    let mut extra = Vec::new();
+    f(&m, &case, &mut extra);
+    for d in extra {
+        m.release(d);
+    }
+    case.release(&m);
+    m.expect_violations(0, "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The documentation's sample (T01)
 
@@ -71,33 +85,27 @@ fn ut_int32_grad_and_input_invalid() {
 
 #[test]
 fn ut_mask_off_output_is_not_checked() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT16);
-    let mut extra = Vec::new();
-    let mut a = case.args();
-    // sumDy int32 with inputG = false: OK, and never written
-    swap(&m, &mut a, 5, &Spec::contiguous(aclDataType::ACL_INT32, &[3]), &mut extra);
-    a.g = [false, true, true];
-    m.expect_ok(&a);
-    assert_eq!(m.d2h(extra[0].mem, 12), vec![0u8; 12], "a masked-off output is never written");
-    assert_eq!(m.read(&case.devs[6]), [SENTINEL; 3], "sumDyXmu is masked off too");
-    // NULL masked-off outputs are fine too
-    a.t[5] = ptr::null_mut();
-    a.t[6] = ptr::null_mut();
-    m.expect_ok(&a);
-    // gradWeight NC1HWC0 with weightG = false: OK
-    let mut b = case.args();
-    swap(&m, &mut b, 7, &f32_spec(&[3]).with_format(aclFormat::ACL_FORMAT_NC1HWC0), &mut extra);
-    b.g = [true, false, true];
-    m.expect_ok(&b);
-    // ... but with weightG = true it is a private format
-    b.g = [true, true, true];
-    m.expect_status(&b, INVALID, "Format of gradWeight does not support NC1HWC0");
-    for d in extra {
-        m.release(d);
-    }
-    case.release(&m);
-    m.expect_violations(0, "");
+    with_ut_case(aclDataType::ACL_FLOAT16, |m, case, extra| {
+        let mut a = case.args();
+        // sumDy int32 with inputG = false: OK, and never written
+        swap(m, &mut a, 5, &Spec::contiguous(aclDataType::ACL_INT32, &[3]), extra);
+        a.g = [false, true, true];
+        m.expect_ok(&a);
+        assert_eq!(m.d2h(extra[0].mem, 12), vec![0u8; 12], "a masked-off output is never written");
+        assert_eq!(m.read(&case.devs[6]), [SENTINEL; 3], "sumDyXmu is masked off too");
+        // NULL masked-off outputs are fine too
+        a.t[5] = ptr::null_mut();
+        a.t[6] = ptr::null_mut();
+        m.expect_ok(&a);
+        // gradWeight NC1HWC0 with weightG = false: OK
+        let mut b = case.args();
+        swap(m, &mut b, 7, &f32_spec(&[3]).with_format(aclFormat::ACL_FORMAT_NC1HWC0), extra);
+        b.g = [true, false, true];
+        m.expect_ok(&b);
+        // ... but with weightG = true it is a private format
+        b.g = [true, true, true];
+        m.expect_status(&b, INVALID, "Format of gradWeight does not support NC1HWC0");
+    });
 }
 
 #[test]
@@ -152,108 +160,95 @@ fn ut_empty_input_succeeds_without_writing() {
 
 #[test]
 fn ut_rank_outside_2_to_8_invalid() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let mut extra = Vec::new();
-    let rank9 = f32_spec(&[2, 3, 1, 4, 1, 1, 1, 1, 1]);
-    for slot in [0, 1] {
+    with_ut_case(aclDataType::ACL_FLOAT, |m, case, extra| {
+        let rank9 = f32_spec(&[2, 3, 1, 4, 1, 1, 1, 1, 1]);
+        for slot in [0, 1] {
+            let mut a = case.args();
+            swap(m, &mut a, slot, &rank9, extra);
+            let name = ["gradOut", "input"][slot];
+            m.expect_status(&a, INVALID, &format!("Dim of {name} should be in [2, 8], but got 9"));
+        }
         let mut a = case.args();
-        swap(&m, &mut a, slot, &rank9, &mut extra);
-        let name = ["gradOut", "input"][slot];
-        m.expect_status(&a, INVALID, &format!("Dim of {name} should be in [2, 8], but got 9"));
-    }
-    let mut a = case.args();
-    swap(&m, &mut a, 0, &f32_spec(&[8]), &mut extra);
-    swap(&m, &mut a, 1, &f32_spec(&[8]), &mut extra);
-    m.expect_status(&a, INVALID, "Dim of gradOut should be in [2, 8], but got 1");
-    // rank 8 is accepted (T21)
-    let mut rng = Rng::new(21);
-    let shape = [2, 3, 2, 2, 2, 2, 2, 2];
-    let v = rng.vec_f32(384, -1.0, 1.0);
-    let big = Case::new(&m, aclDataType::ACL_FLOAT, &shape, &v, &v, &[0.1, 0.2, 0.3], &[1.0, 2.0, 3.0]);
-    m.expect_ok(&big.args());
-    big.release(&m);
-    for d in extra {
-        m.release(d);
-    }
-    case.release(&m);
-    m.expect_violations(0, "");
+        swap(m, &mut a, 0, &f32_spec(&[8]), extra);
+        swap(m, &mut a, 1, &f32_spec(&[8]), extra);
+        m.expect_status(&a, INVALID, "Dim of gradOut should be in [2, 8], but got 1");
+        // rank 8 is accepted (T21)
+        let mut rng = Rng::new(21);
+        let shape = [2, 3, 2, 2, 2, 2, 2, 2];
+        let v = rng.vec_f32(384, -1.0, 1.0);
+        let big = Case::new(m, aclDataType::ACL_FLOAT, &shape, &v, &v, &[0.1, 0.2, 0.3], &[1.0, 2.0, 3.0]);
+        m.expect_ok(&big.args());
+        big.release(m);
+    });
 }
 
 #[test]
 fn ut_mismatches_invalid() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let mut extra = Vec::new();
-    // gradOut f32 with input f16
-    let mut a = case.args();
-    swap(&m, &mut a, 1, &Spec::contiguous(aclDataType::ACL_FLOAT16, &[2, 3, 1, 4]), &mut extra);
-    m.expect_status(&a, INVALID, "Tensor gradOut dtype DT_FLOAT should be the same as tensor input dtype DT_FLOAT16");
-    // gradOut ND with input NHWC
-    let mut a = case.args();
-    swap(&m, &mut a, 1, &f32_spec(&[2, 3, 1, 4]).with_format(aclFormat::ACL_FORMAT_NHWC), &mut extra);
-    m.expect_status(&a, INVALID, "Format of gradOut ND should be the same as format of input NHWC");
-    // sumDy of shape [5]: invalid with inputG, OK without
-    let mut a = case.args();
-    swap(&m, &mut a, 5, &f32_spec(&[5]), &mut extra);
-    m.expect_status(&a, INVALID, "Expected tensor sumDy to have shape [3], but got [5]");
-    a.g = [false, true, true];
-    m.expect_ok(&a);
-    // mean and invstd may have another (supported) dtype than input; outputs too
-    let mut a = case.args();
-    swap(&m, &mut a, 2, &Spec::contiguous(aclDataType::ACL_BF16, &[3]), &mut extra);
-    swap(&m, &mut a, 8, &Spec::contiguous(aclDataType::ACL_FLOAT16, &[3]), &mut extra);
-    m.expect_ok(&a);
-    // an unsupported mean dtype
-    let mut a = case.args();
-    swap(&m, &mut a, 3, &Spec::contiguous(aclDataType::ACL_INT32, &[3]), &mut extra);
-    m.expect_status(&a, INVALID, "Tensor invstd not implemented for DT_INT32");
-    // channel 0 (T15)
-    let mut a = case.args();
-    swap(&m, &mut a, 0, &f32_spec(&[4, 0, 3]), &mut extra);
-    swap(&m, &mut a, 1, &f32_spec(&[4, 0, 3]), &mut extra);
-    m.expect_status(&a, INVALID, "should not be 0");
-    for d in extra {
-        m.release(d);
-    }
-    case.release(&m);
-    m.expect_violations(0, "");
+    with_ut_case(aclDataType::ACL_FLOAT, |m, case, extra| {
+        // gradOut f32 with input f16
+        let mut a = case.args();
+        swap(m, &mut a, 1, &Spec::contiguous(aclDataType::ACL_FLOAT16, &[2, 3, 1, 4]), extra);
+        m.expect_status(
+            &a,
+            INVALID,
+            "Tensor gradOut dtype DT_FLOAT should be the same as tensor input dtype DT_FLOAT16",
+        );
+        // gradOut ND with input NHWC
+        let mut a = case.args();
+        swap(m, &mut a, 1, &f32_spec(&[2, 3, 1, 4]).with_format(aclFormat::ACL_FORMAT_NHWC), extra);
+        m.expect_status(&a, INVALID, "Format of gradOut ND should be the same as format of input NHWC");
+        // sumDy of shape [5]: invalid with inputG, OK without
+        let mut a = case.args();
+        swap(m, &mut a, 5, &f32_spec(&[5]), extra);
+        m.expect_status(&a, INVALID, "Expected tensor sumDy to have shape [3], but got [5]");
+        a.g = [false, true, true];
+        m.expect_ok(&a);
+        // mean and invstd may have another (supported) dtype than input; outputs too
+        let mut a = case.args();
+        swap(m, &mut a, 2, &Spec::contiguous(aclDataType::ACL_BF16, &[3]), extra);
+        swap(m, &mut a, 8, &Spec::contiguous(aclDataType::ACL_FLOAT16, &[3]), extra);
+        m.expect_ok(&a);
+        // an unsupported mean dtype
+        let mut a = case.args();
+        swap(m, &mut a, 3, &Spec::contiguous(aclDataType::ACL_INT32, &[3]), extra);
+        m.expect_status(&a, INVALID, "Tensor invstd not implemented for DT_INT32");
+        // channel 0 (T15)
+        let mut a = case.args();
+        swap(m, &mut a, 0, &f32_spec(&[4, 0, 3]), extra);
+        swap(m, &mut a, 1, &f32_spec(&[4, 0, 3]), extra);
+        m.expect_status(&a, INVALID, "should not be 0");
+    });
 }
 
 #[test]
 fn ut_null_checks_come_first() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let names = ["gradOut", "input", "mean", "invstd", "", "sumDy", "sumDyXmu", "gradWeight", "gradBias"];
-    for slot in [0, 1, 2, 3, 5, 6, 7, 8] {
+    with_ut_case(aclDataType::ACL_FLOAT, |m, case, extra| {
+        let names = ["gradOut", "input", "mean", "invstd", "", "sumDy", "sumDyXmu", "gradWeight", "gradBias"];
+        for slot in [0, 1, 2, 3, 5, 6, 7, 8] {
+            let mut a = case.args();
+            a.t[slot] = ptr::null_mut();
+            let needle = format!("Expected a proper Tensor but got null for argument {}.", names[slot]);
+            m.expect_status(&a, NULLPTR, &needle);
+        }
+        // sumDyXmu NULL while gradOut is NC1HWC0: the null check wins
         let mut a = case.args();
-        a.t[slot] = ptr::null_mut();
-        let needle = format!("Expected a proper Tensor but got null for argument {}.", names[slot]);
-        m.expect_status(&a, NULLPTR, &needle);
-    }
-    // sumDyXmu NULL while gradOut is NC1HWC0: the null check wins
-    let mut extra = Vec::new();
-    let mut a = case.args();
-    swap(&m, &mut a, 0, &f32_spec(&[2, 3, 1, 4]).with_format(aclFormat::ACL_FORMAT_NC1HWC0), &mut extra);
-    a.t[6] = ptr::null_mut();
-    m.expect_status(&a, NULLPTR, "got null for argument sumDyXmu");
-    // weight may be NULL
-    let mut a = case.args();
-    a.t[4] = ptr::null_mut();
-    m.expect_ok(&a);
-    // null workspaceSize / executor pointers
-    let a = case.args();
-    let mut ws = 0u64;
-    let mut ex = ptr::null_mut();
-    // SAFETY: deliberately null out-pointers; the mock checks them before writing.
-    let (st1, st2) = unsafe { (m.phase1_to(&a, ptr::null_mut(), &mut ex), m.phase1_to(&a, &mut ws, ptr::null_mut())) };
-    assert_eq!((st1, st2), (NULLPTR, NULLPTR));
-    assert!(m.err().contains("argument executor"));
-    for d in extra {
-        m.release(d);
-    }
-    case.release(&m);
-    m.expect_violations(0, "");
+        swap(m, &mut a, 0, &f32_spec(&[2, 3, 1, 4]).with_format(aclFormat::ACL_FORMAT_NC1HWC0), extra);
+        a.t[6] = ptr::null_mut();
+        m.expect_status(&a, NULLPTR, "got null for argument sumDyXmu");
+        // weight may be NULL
+        let mut a = case.args();
+        a.t[4] = ptr::null_mut();
+        m.expect_ok(&a);
+        // null workspaceSize / executor pointers
+        let a = case.args();
+        let mut ws = 0u64;
+        let mut ex = ptr::null_mut();
+        // SAFETY: deliberately null out-pointers; the mock checks them before writing.
+        let (st1, st2) =
+            unsafe { (m.phase1_to(&a, ptr::null_mut(), &mut ex), m.phase1_to(&a, &mut ws, ptr::null_mut())) };
+        assert_eq!((st1, st2), (NULLPTR, NULLPTR));
+        assert!(m.err().contains("argument executor"));
+    });
 }
 
 #[test]

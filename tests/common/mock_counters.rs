@@ -5,8 +5,11 @@
 
 use ascend::mock::MockStats;
 
-/// Each counter's name and how to read it from a snapshot.
-pub const HOST_WAITS_AND_ALLOCATIONS: [(&str, fn(&MockStats) -> u64); 7] = [
+/// How to read one counter from a snapshot.
+pub type Counter = fn(&MockStats) -> u64;
+
+/// Each counter's name and how to read it.
+pub const HOST_WAITS_AND_ALLOCATIONS: [(&str, Counter); 7] = [
     ("stream syncs", |s| s.stream_synchronizes),
     ("event syncs", |s| s.event_synchronizes),
     ("device syncs", |s| s.device_synchronizes),
