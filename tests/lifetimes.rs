@@ -14,7 +14,7 @@ mod common;
 use ascend::mock::{fail_next, stats};
 use ascend::ops::{batch_norm_reduce_backward, OutputMask, ReduceBackward, ReduceBackwardOut, Workspace};
 use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
-use common::mock::isolated;
+use common::mock::{isolated, on_stream, with_uploaded};
 use common::*;
 
 const INVALID: i32 = 161002;
@@ -50,12 +50,6 @@ fn live_uncached(ctx: &Context) -> [u64; 4] {
     live(&stats())
 }
 
-/// Runs `f` isolated (`common::mock::isolated`) with a fresh stream of the mock context; an
-/// error fails the test.
-fn on_stream(f: impl FnOnce(&Context, Stream) -> Result<()>) {
-    isolated(|ctx| f(ctx, ctx.new_stream()?)).unwrap();
-}
-
 /// Outputs to write into (filled, to see that a failed call wrote nothing) and the counters to
 /// compare with after a failure, taken with no cached block (cached blocks are not leaks).
 fn outs_and_baseline(ctx: &Context, s: &Stream) -> Result<(Outs, ascend::mock::MockStats)> {
@@ -78,13 +72,9 @@ fn read_crosswise((s1, a): (&Stream, &ReduceBackward), (s2, b): (&Stream, &Reduc
     check_result(s1, b, OutputMask::ALL, DType::F32, &inp.expected());
 }
 
-/// [`on_stream`] with `inputs(seed)` uploaded on that stream.
+/// `common::mock::with_uploaded` with `inputs(seed)`.
 fn with_inputs(seed: u64, f: impl FnOnce(&Context, Stream, Inputs, Up) -> Result<()>) {
-    on_stream(|ctx, s| {
-        let inp = inputs(seed);
-        let up = inp.upload(&s)?;
-        f(ctx, s, inp, up)
-    });
+    with_uploaded(inputs(seed), f);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ use ascend::ops::{
     ReduceBackwardOut, Workspace,
 };
 use ascend::{Context, DType, Error, Result, Tensor};
-use common::mock::isolated;
+use common::mock::{isolated, on_stream, with_uploaded};
 use common::*;
 
 fn inputs(seed: u64, shape: &[usize]) -> Inputs {
@@ -36,26 +36,19 @@ on_both_backends!(
 /// A weight made inside the call expression is dropped while the launch is still queued.
 #[test]
 fn weight_temporary_dropped_while_queued() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(1, &[4, 3, 5]);
-        let up = inp.upload(&s)?;
+    with_uploaded(inputs(1, &[4, 3, 5]), |_, s, inp, up| {
         let w = inp.weight.as_ref().unwrap();
         let out =
             batch_norm_reduce_backward(&s, &up.dy, &up.x, &up.mean, &up.invstd, Some(&w.tensor(&s)?), OutputMask::ALL)?;
         check_result(&s, &out, OutputMask::ALL, DType::F32, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// weight dropped right after a two-phase launch, before any synchronisation.
 #[test]
 fn weight_dropped_after_two_phase_launch() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(2, &[3, 4, 6]);
-        let up = inp.upload(&s)?;
+    with_uploaded(inputs(2, &[3, 4, 6]), |_, s, inp, up| {
         let mut outs = Outs::filled(&s, DType::F32, 4)?;
         let weight = inp.weight.as_ref().unwrap().tensor(&s)?;
         let p = prepare_batch_norm_reduce_backward(
@@ -74,8 +67,7 @@ fn weight_dropped_after_two_phase_launch() {
         drop(ws);
         outs.check(&s, OutputMask::ALL, &inp.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 /// weight is written by work queued on another stream, then read as weight: the launch waits.
@@ -119,8 +111,7 @@ fn weight_ordered_against_other_streams_and_refills() {
 
 #[test]
 fn growing_workspace_keeps_the_old_one_for_queued_work() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
+    on_stream(|_, s| {
         let small = inputs(5, &[3, 2, 4]);
         let big = inputs(6, &[2, 64, 3]);
         let (up_small, up_big) = (small.upload(&s)?, big.upload(&s)?);
@@ -133,8 +124,7 @@ fn growing_workspace_keeps_the_old_one_for_queued_work() {
         check_result(&s, &second, OutputMask::ALL, DType::F32, &big.expected());
         check_result(&s, &up_small.run(&s, OutputMask::ALL)?, OutputMask::ALL, DType::F32, &small.expected());
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -187,10 +177,7 @@ fn threads_sharing_inputs_and_a_workspace() {
 
 #[test]
 fn empty_input_with_a_caller_workspace() {
-    isolated(|ctx| -> Result<()> {
-        let s = ctx.new_stream()?;
-        let inp = inputs(8, &[0, 3, 4]);
-        let up = inp.upload(&s)?;
+    with_uploaded(inputs(8, &[0, 3, 4]), |_, s, _, up| {
         let mut outs = Outs::filled(&s, DType::F32, 3)?;
         let p = up.prepare(&s, OutputMask::ALL, outs.all())?;
         assert_eq!(p.workspace_size(), 0);
@@ -200,8 +187,7 @@ fn empty_input_with_a_caller_workspace() {
             assert_eq!(t.to_vec::<f32>(&s)?, [0.0; 3]);
         }
         Ok(())
-    })
-    .unwrap();
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ pub fn other_backend(ctx: &Context) -> Option<Context> {
 pub mod mock {
     use std::sync::{Mutex, MutexGuard};
 
-    use ascend::Context;
+    use ascend::{Context, Result, Stream};
+
+    use crate::common::reduce_backward::{Inputs, Up};
 
     /// The mock's Ascend device 0.
     pub fn context() -> Context {
@@ -75,6 +77,19 @@ pub mod mock {
         assert_eq!(after.live_executors, before.live_executors, "leaked executor: {before:?} -> {after:?}");
         assert_eq!(after.live_streams, before.live_streams, "leaked stream: {before:?} -> {after:?}");
         result
+    }
+
+    /// [`isolated`] with a fresh stream of the mock context; an error fails the test.
+    pub fn on_stream(f: impl FnOnce(&Context, Stream) -> Result<()>) {
+        isolated(|ctx| f(ctx, ctx.new_stream()?)).unwrap();
+    }
+
+    /// [`on_stream`] with `inp` (the first operator's inputs) uploaded on that stream.
+    pub fn with_uploaded(inp: Inputs, f: impl FnOnce(&Context, Stream, Inputs, Up) -> Result<()>) {
+        on_stream(|ctx, s| {
+            let up = inp.upload(&s)?;
+            f(ctx, s, inp, up)
+        });
     }
 }
 
