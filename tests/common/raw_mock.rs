@@ -325,6 +325,13 @@ impl Mock {
         (st, ws, ex)
     }
 
+    /// Phase 1, which must succeed: the workspace size and the executor.
+    pub fn phase1_ok(&self, a: &Args) -> (u64, *mut aclOpExecutor) {
+        let (st, ws, ex) = self.phase1(a);
+        assert_eq!(st, 0, "phase 1: {}", self.err());
+        (ws, ex)
+    }
+
     /// Phase 1 writing the workspace size and executor through `ws` and `ex`.
     ///
     /// # Safety
@@ -566,6 +573,21 @@ pub fn ut_case(m: &Mock, dt: aclDataType) -> Case {
     let mut rng = Rng::new(0x5EED);
     let v = rng.vec_f32(24, -8.0, 8.0);
     Case::new(m, dt, &[2, 3, 1, 4], &v, &v, &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3])
+}
+
+/// Runs `f` on a session of its own with `ut_case(dt)` and a list for the tensors [`swap`]
+/// makes; then releases them all and expects `violations` violations in all (with no message
+/// left unchecked).
+pub fn with_ut_case(dt: aclDataType, violations: u64, f: impl FnOnce(&Mock, &Case, &mut Vec<Dev>)) {
+    let m = Mock::new();
+    let case = ut_case(&m, dt);
+    let mut extra = Vec::new();
+    f(&m, &case, &mut extra);
+    for d in extra {
+        m.release(d);
+    }
+    case.release(&m);
+    m.expect_violations(violations, "");
 }
 
 /// Replaces tensor `slot` of a case by a fresh tensor of `spec` (kept alive in `extra`).

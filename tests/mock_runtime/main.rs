@@ -65,8 +65,7 @@ fn violation_launch_reading_freed_memory() {
     let m = Mock::new();
     let s = m.stream();
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let (st, size, ex) = m.phase1(&case.args());
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&case.args());
     let ws = m.malloc(size as usize);
     assert_eq!(m.launch(ws, size, ex, s), 0);
     // free the input and the workspace before the launch ran
@@ -87,8 +86,7 @@ fn violation_launch_reading_freed_memory() {
     assert_eq!(m.destroy_stream(s), 0);
     // a tensor over freed memory cannot be launched either
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let (st, size, ex) = m.phase1(&case.args());
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&case.args());
     assert_eq!(m.free(case.devs[2].mem), 0);
     let ws = m.malloc(size as usize);
     assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), INVALID);
@@ -109,8 +107,7 @@ fn violation_destroyed_tensor() {
     let m = Mock::new();
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
     // destroyed between phase 1 and phase 2
-    let (st, size, ex) = m.phase1(&case.args());
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&case.args());
     let extra = m.dev(&f32_spec(&[3]), &[0.0; 3]);
     let mut a = case.args();
     a.t[7] = extra.t;
@@ -184,8 +181,7 @@ fn violation_destroyed_or_unknown_stream() {
 fn violation_executor_launched_twice() {
     let m = Mock::new();
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let (st, size, ex) = m.phase1(&case.args());
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&case.args());
     let ws = m.malloc(size as usize);
     assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
     assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), INVALID);
@@ -202,12 +198,8 @@ fn violation_wrong_workspace() {
     let m = Mock::new();
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
     let a = case.args();
-    let (_, size, _) = {
-        let (st, size, ex) = m.phase1(&a);
-        assert_eq!(st, 0);
-        assert_eq!(m.launch_sync(size, ex, ptr::null_mut()), 0);
-        (st, size, ex)
-    };
+    let (size, ex) = m.phase1_ok(&a);
+    assert_eq!(m.launch_sync(size, ex, ptr::null_mut()), 0);
     assert!(size >= 24, "2·C floats");
     let ws = m.malloc(size as usize);
     let small = m.malloc(size as usize - 4);
@@ -220,8 +212,7 @@ fn violation_wrong_workspace() {
         (unsafe { ws.cast::<u8>().add(4).cast() }, size, "is not inside one live device allocation"),
     ];
     for (i, (ptr_, len, needle)) in cases.into_iter().enumerate() {
-        let (st, _, ex) = m.phase1(&a);
-        assert_eq!(st, 0);
+        let (_, ex) = m.phase1_ok(&a);
         assert_eq!(m.launch(ptr_, len, ex, ptr::null_mut()), INVALID, "case {i}");
         m.expect_violations(i as u64 + 1, needle);
     }
@@ -403,34 +394,28 @@ fn violation_unsynchronized_access_to_queued_work() {
 
 #[test]
 fn violation_unchecked_lengths_caught_when_the_kernel_runs() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let mut extra = Vec::new();
-    // mean of length 2 < C = 3: ops-nn accepts it, the kernel reads past the view
-    let mut a = case.args();
-    swap(&m, &mut a, 2, &f32_spec(&[2]), &mut extra);
-    let (st, size, ex) = m.phase1(&a);
-    assert_eq!(st, 0, "ops-nn does not check mean's length");
-    let ws = m.malloc(size as usize);
-    assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
-    assert_eq!(m.sync(ptr::null_mut()), 507015);
-    m.expect_violations(1, "mean has shape [2] (2 elements) but the kernel reads 3");
-    assert!(m.err().contains("its kernel failed with status 507015"));
-    m.expect_poisoned(case.devs[5].mem, 12, &["they are bytes of sumDy that task #", "its kernel failed"]);
-    // gradOut of another shape than input
-    let mut a = case.args();
-    swap(&m, &mut a, 0, &f32_spec(&[2, 3, 2, 2]), &mut extra);
-    let (st, size2, ex) = m.phase1(&a);
-    assert_eq!(st, 0, "ops-nn does not check gradOut's shape");
-    assert_eq!(m.launch(ws, size2, ex, ptr::null_mut()), 0);
-    assert_eq!(m.sync(ptr::null_mut()), 507015);
-    m.expect_violations(2, "gradOut has shape [2, 3, 2, 2] but input has shape [2, 3, 1, 4]");
-    assert_eq!(m.free(ws), 0);
-    for d in extra {
-        m.release(d);
-    }
-    case.release(&m);
-    m.expect_violations(2, "");
+    with_ut_case(aclDataType::ACL_FLOAT, 2, |m, case, extra| {
+        // mean of length 2 < C = 3: ops-nn accepts it, the kernel reads past the view
+        let mut a = case.args();
+        swap(m, &mut a, 2, &f32_spec(&[2]), extra);
+        let (st, size, ex) = m.phase1(&a);
+        assert_eq!(st, 0, "ops-nn does not check mean's length");
+        let ws = m.malloc(size as usize);
+        assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
+        assert_eq!(m.sync(ptr::null_mut()), 507015);
+        m.expect_violations(1, "mean has shape [2] (2 elements) but the kernel reads 3");
+        assert!(m.err().contains("its kernel failed with status 507015"));
+        m.expect_poisoned(case.devs[5].mem, 12, &["they are bytes of sumDy that task #", "its kernel failed"]);
+        // gradOut of another shape than input
+        let mut a = case.args();
+        swap(m, &mut a, 0, &f32_spec(&[2, 3, 2, 2]), extra);
+        let (st, size2, ex) = m.phase1(&a);
+        assert_eq!(st, 0, "ops-nn does not check gradOut's shape");
+        assert_eq!(m.launch(ws, size2, ex, ptr::null_mut()), 0);
+        assert_eq!(m.sync(ptr::null_mut()), 507015);
+        m.expect_violations(2, "gradOut has shape [2, 3, 2, 2] but input has shape [2, 3, 1, 4]");
+        assert_eq!(m.free(ws), 0);
+    });
 }
 
 #[test]
@@ -443,14 +428,12 @@ fn violation_executor_destroy_rules_and_repeatable() {
     // SAFETY: the mock validates executor handles.
     unsafe {
         assert_eq!(m.c.nnopbase.aclDestroyAclOpExecutor(ptr::null_mut()), 561103);
-        let (st, _, ex) = m.phase1(&case.args());
-        assert_eq!(st, 0);
+        let (_, ex) = m.phase1_ok(&case.args());
         assert_eq!(m.c.nnopbase.aclDestroyAclOpExecutor(ex), 0);
         m.expect_violations(1, "is not repeatable");
         assert_eq!(mock::stats().live_executors, m.base.live_executors, "freed anyway");
         // repeatable: launch twice, then destroy
-        let (st, size, ex) = m.phase1(&case.args());
-        assert_eq!(st, 0);
+        let (size, ex) = m.phase1_ok(&case.args());
         assert_eq!(m.c.nnopbase.aclSetAclOpExecutorRepeatable(ex), 0);
         let ws = m.malloc(size as usize);
         assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
@@ -627,8 +610,7 @@ fn runtime_fail_next() {
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
     mock::fail_next("aclnnBatchNormReduceBackwardGetWorkspaceSize", 561002);
     assert_eq!(m.phase1(&case.args()).0, 561002);
-    let (st, size, ex) = m.phase1(&case.args());
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&case.args());
     mock::fail_next("aclnnBatchNormReduceBackward", 561003);
     assert_eq!(m.launch(ptr::null_mut(), size, ex, ptr::null_mut()), 561003);
     assert_eq!(mock::stats().live_executors, m.base.live_executors, "a failed phase 2 consumes the executor");

@@ -19,8 +19,7 @@ use crate::common::Rng;
 /// (the free while queued, the skip). The input's `mem` is null afterwards (`release` then only
 /// destroys its tensor). Returns the workspace, still allocated.
 fn skip_launch(m: &Mock, case: &mut Case, args: &Args, s: aclrtStream) -> *mut c_void {
-    let (st, size, ex) = m.phase1(args);
-    assert_eq!(st, 0, "phase 1: {}", m.err());
+    let (size, ex) = m.phase1_ok(args);
     let ws = m.malloc(size as usize);
     assert_eq!(m.launch(ws, size, ex, s), 0, "phase 2: {}", m.err());
     let input = std::mem::replace(&mut case.devs[1].mem, ptr::null_mut());
@@ -120,8 +119,7 @@ fn poison_propagates_through_kernels_and_async_copies() {
     let b = ut_case(&m, F32);
     let mut args = b.args();
     args.t[2] = a.devs[5].t;
-    let (st, size, ex) = m.phase1(&args);
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&args);
     let ws_b = m.malloc(size as usize);
     assert_eq!(m.launch(ws_b, size, ex, s), 0);
     assert_eq!(m.sync(s), 507015);
@@ -195,8 +193,7 @@ fn poison_propagates_through_kernels_and_async_copies() {
     assert_eq!(m.d2h(dst, 12), [5u8; 12]);
     assert_eq!(m.poisoned_bytes(), 96 - 12);
     // B relaunched: it runs, clears its outputs, and they hold what a clean run computes
-    let (st, size, ex) = m.phase1(&args);
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&args);
     assert_eq!(m.launch_sync(size, ex, s), 0, "{}", m.err());
     assert_eq!(m.poisoned_bytes(), 36, "A's three other outputs");
     let v = Rng::new(0x5EED).vec_f32(24, -8.0, 8.0);
@@ -243,8 +240,7 @@ fn poison_covers_exactly_the_elements_of_strided_views() {
     // one reading the even view is skipped (and poisons B's outputs)
     let mut args_c = b.args();
     args_c.t[3] = even;
-    let (st, size, ex) = m.phase1(&args_c);
-    assert_eq!(st, 0);
+    let (size, ex) = m.phase1_ok(&args_c);
     assert_eq!(m.launch_sync(size, ex, s), 507015);
     assert!(m.err().contains("was skipped: invstd ["));
     m.expect_poisoned(b.devs[6].mem, 12, &["they are bytes of sumDyXmu", "was skipped: invstd ["]);
