@@ -289,6 +289,14 @@ fn destroy_all(comms: &[Comm]) {
     }
 }
 
+/// [`on_ranks`] over `n` communicators made for it ([`init_all`]) and destroyed afterwards.
+fn on_new_ranks<R: Send>(n: u32, f: impl Fn(u32, Comm, &Rank) -> R + Sync) -> Vec<R> {
+    let comms = init_all(n);
+    let results = on_ranks(&comms, f);
+    destroy_all(&comms);
+    results
+}
+
 /// Runs f(rank, comm, &Rank) on one thread per communicator (rank i on device i).
 fn on_ranks<R: Send>(comms: &[Comm], f: impl Fn(u32, Comm, &Rank) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
@@ -525,8 +533,7 @@ fn all_reduce_over_1_2_4_8_thread_ranks() {
 fn all_gather_and_broadcast_over_1_2_4_8_thread_ranks() {
     let mut s = Session::new();
     for n in [1u32, 2, 4, 8] {
-        let comms = init_all(n);
-        on_ranks(&comms, |rank, c, r| {
+        on_new_ranks(n, |rank, c, r| {
             for (salt, dt) in [Dt::I32, Dt::F16, Dt::F32, Dt::I8].into_iter().enumerate() {
                 let count = 5;
                 let inputs: Vec<Vec<f64>> = (0..n).map(|k| input(dt, k, count, salt as u32)).collect();
@@ -550,7 +557,6 @@ fn all_gather_and_broadcast_over_1_2_4_8_thread_ranks() {
                 r.free(buf);
             }
         });
-        destroy_all(&comms);
         s.expect_clean();
     }
 }
@@ -560,13 +566,12 @@ fn all_gather_and_broadcast_over_1_2_4_8_thread_ranks() {
 #[test]
 fn reductions_are_in_rank_order_and_rounded_once() {
     let mut s = Session::new();
-    let comms = init_all(4);
     let cases: [(Dt, [f64; 4], f64); 3] = [
         (Dt::F32, [1e8, -1e8, 1.0, 1.0], 2.0),      // reversed order: 0
         (Dt::F16, [2048.0, 1.0, 1.0, 1.0], 2052.0), // 2051 rounds to even; per step: 2048
         (Dt::BF16, [256.0, 1.0, 1.0, 1.0], 260.0),  // 259 rounds to even; per step: 256
     ];
-    on_ranks(&comms, |rank, c, r| {
+    on_new_ranks(4, |rank, c, r| {
         for (dt, inputs, want) in cases {
             let per_rank: Vec<Vec<f64>> = inputs.iter().map(|&x| vec![x; 3]).collect();
             assert_eq!(reduce(dt, SUM, &per_rank), vec![want; 3], "the reference itself");
@@ -577,7 +582,6 @@ fn reductions_are_in_rank_order_and_rounded_once() {
             r.free(buf);
         }
     });
-    destroy_all(&comms);
     s.expect_clean();
 }
 
@@ -585,8 +589,7 @@ fn reductions_are_in_rank_order_and_rounded_once() {
 #[test]
 fn large_collectives_move_in_several_rounds() {
     let mut s = Session::new();
-    let comms = init_all(2);
-    on_ranks(&comms, |rank, c, r| {
+    on_new_ranks(2, |rank, c, r| {
         check_all_reduce(2, rank, c, r, ReduceCase { dt: Dt::F32, op: SUM, count: 600_000, in_place: true, salt: 1 });
         let count = 300_000; // 1.2 MB per rank
         let mine: Vec<f64> = (0..count).map(|i| (i as f64) * 2.0 + rank as f64).collect();
@@ -602,7 +605,6 @@ fn large_collectives_move_in_several_rounds() {
         r.free(send);
         r.free(recv);
     });
-    destroy_all(&comms);
     s.expect_clean();
 }
 
