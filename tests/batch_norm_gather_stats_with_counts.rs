@@ -18,8 +18,6 @@ use ascend::ops::{
 use ascend::{Context, DType, Result, Stream, Tensor};
 use common::*;
 
-const INVALID: i32 = 161002;
-
 type R = Result<()>;
 
 framework_tests!(Case);

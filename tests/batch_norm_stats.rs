@@ -15,8 +15,6 @@ use ascend::ops::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_st
 use ascend::{Context, DType, Result, Stream, Tensor};
 use common::*;
 
-const INVALID: i32 = 161002;
-
 type R = Result<()>;
 
 framework_tests!(StatsCase);

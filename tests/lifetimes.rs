@@ -17,8 +17,6 @@ use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
 use common::mock::{isolated, on_stream, with_uploaded};
 use common::*;
 
-const INVALID: i32 = 161002;
-const NULLPTR: i32 = 161001;
 /// ACL_ERROR_RT_MEMORY_ALLOCATION.
 const RT_MEMORY_ALLOCATION: i32 = 207001;
 /// ACLNN_ERR_INNER_NULLPTR.

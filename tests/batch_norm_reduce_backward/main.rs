@@ -26,8 +26,6 @@ use ascend::{bf16, f16, Backend, Context, DType, Error, Result, Stream, Tensor};
 use common::*;
 
 /// aclnn's codes (ACLNN_ERR_PARAM_NULLPTR / ACLNN_ERR_PARAM_INVALID), written out independently.
-const NULLPTR: i32 = 161001;
-const INVALID: i32 = 161002;
 
 type R = Result<()>;
 

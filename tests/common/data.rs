@@ -224,6 +224,11 @@ pub fn bits(stream: &Stream, t: &Tensor) -> Vec<u32> {
     }
 }
 
+/// ACLNN_ERR_PARAM_NULLPTR: a required argument is null.
+pub const NULLPTR: i32 = 161001;
+/// ACLNN_ERR_PARAM_INVALID: an argument CANN refuses.
+pub const INVALID: i32 = 161002;
+
 /// An error's aclnn status, with the error shown when it has none.
 pub fn status_of<T: std::fmt::Debug>(r: Result<T>) -> i32 {
     match r {

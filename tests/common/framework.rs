@@ -23,9 +23,7 @@
 use ascend::ops::{Prepared, Workspace};
 use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
 
-use super::data::{bits, status_of};
-
-const INVALID: i32 = 161002;
+use super::data::{bits, status_of, INVALID};
 
 /// One operator's call, as the framework tests drive it. Implemented by the operator test file's
 /// host case (its inputs as data, which the value checks compare against).

@@ -26,8 +26,7 @@ pub const F16: aclDataType = aclDataType::ACL_FLOAT16;
 pub const BF16: aclDataType = aclDataType::ACL_BF16;
 pub const I32: aclDataType = aclDataType::ACL_INT32;
 
-pub const NULLPTR: i32 = 161001;
-pub const INVALID: i32 = 161002;
+pub use crate::common::data::{INVALID, NULLPTR};
 pub const H2D: aclrtMemcpyKind = aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE;
 pub const D2H: aclrtMemcpyKind = aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST;
 pub const D2D: aclrtMemcpyKind = aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE;
