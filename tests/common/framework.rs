@@ -23,7 +23,7 @@
 use ascend::ops::{Prepared, Workspace};
 use ascend::{Backend, Context, DType, Error, Result, Stream, Tensor};
 
-use super::data::{bits, status_of, INVALID};
+use super::data::{bits, status_of, Data, INVALID};
 
 /// One operator's call, as the framework tests drive it. Implemented by the operator test file's
 /// host case (its inputs as data, which the value checks compare against).
@@ -59,6 +59,13 @@ pub trait Framework: Sized {
     fn in_place_bits(_s: &Stream, _up: &Self::Up) -> Vec<Vec<u32>> {
         Vec::new()
     }
+}
+
+/// [`Framework::outputs`] for the operators that write two f32 per-channel vectors (mean and
+/// invstd): both `[c]`, pre-filled with 42.
+pub fn two_channel_outputs(s: &Stream, c: usize) -> Result<(Tensor, Tensor)> {
+    let filled = || Data::filled(DType::F32, &[c], 42.0).tensor(s);
+    Ok((filled()?, filled()?))
 }
 
 /// Everything a call may write, as bits.
