@@ -25,8 +25,6 @@ use ascend::ops::{
 use ascend::{bf16, f16, Backend, Context, DType, Error, Result, Stream, Tensor};
 use common::*;
 
-/// aclnn's codes (ACLNN_ERR_PARAM_NULLPTR / ACLNN_ERR_PARAM_INVALID), written out independently.
-
 type R = Result<()>;
 
 framework_tests!(Inputs);

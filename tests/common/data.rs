@@ -224,7 +224,8 @@ pub fn bits(stream: &Stream, t: &Tensor) -> Vec<u32> {
     }
 }
 
-/// ACLNN_ERR_PARAM_NULLPTR: a required argument is null.
+/// ACLNN_ERR_PARAM_NULLPTR: a required argument is null. (aclnn's codes are written out here,
+/// independently of the crate's own constants.)
 pub const NULLPTR: i32 = 161001;
 /// ACLNN_ERR_PARAM_INVALID: an argument CANN refuses.
 pub const INVALID: i32 = 161002;
