@@ -539,6 +539,24 @@ impl World {
         Ok(())
     }
 
+    /// Puts a tensor made on both backends into `slot` (on `device`); a failure on the mock alone
+    /// counts as a fault's when one was injected, any other difference fails the case.
+    fn fill_slot(
+        &mut self,
+        slot: usize,
+        device: u8,
+        what: &str,
+        made: (Result<Tensor>, Result<Tensor>),
+        faulted: bool,
+    ) -> Outcome {
+        match made {
+            (Ok(mock), Ok(cpu)) => self.slots[slot] = Some(Slot { mock, cpu, device, known: true }),
+            (Err(_), Ok(_)) if faulted => fault_error(),
+            (m, c) => return agree(what, &m, &c),
+        }
+        Ok(())
+    }
+
     fn geometry(&self, slot: usize, layout: Layout) -> (Vec<usize>, Vec<usize>, usize, usize) {
         let [n, c, s] = self.shape;
         if slot >= BIG {
@@ -575,24 +593,14 @@ impl World {
                 let (shape, strides, offset, len) = self.geometry(*slot, *layout);
                 let data = rng_values(*seed, len, *slot < BIG);
                 let make = |st: &Stream| upload(st, *dt, &data, &shape, &strides, offset);
-                let (mock, cpu) = (make(s), make(&self.cpu));
-                let device = *device;
-                match (mock, cpu) {
-                    (Ok(mock), Ok(cpu)) => self.slots[*slot] = Some(Slot { mock, cpu, device, known: true }),
-                    (Err(_), Ok(_)) if faulted => fault_error(),
-                    (m, c) => return agree("upload", &m, &c),
-                }
+                let made = (make(s), make(&self.cpu));
+                return self.fill_slot(*slot, *device, "upload", made, faulted);
             }
             Step::Zeros { slot, stream, dt } => {
                 let Some((s, device)) = &self.streams[*stream] else { return Ok(()) };
                 let shape: Vec<usize> = if *slot < BIG { self.shape.to_vec() } else { vec![self.c] };
-                let (mock, cpu) = (Tensor::zeros(s, *dt, &shape), Tensor::zeros(&self.cpu, *dt, &shape));
-                let device = *device;
-                match (mock, cpu) {
-                    (Ok(mock), Ok(cpu)) => self.slots[*slot] = Some(Slot { mock, cpu, device, known: true }),
-                    (Err(_), Ok(_)) if faulted => fault_error(),
-                    (m, c) => return agree("zeros", &m, &c),
-                }
+                let made = (Tensor::zeros(s, *dt, &shape), Tensor::zeros(&self.cpu, *dt, &shape));
+                return self.fill_slot(*slot, *device, "zeros", made, faulted);
             }
             Step::Refill { slot, stream, seed } => {
                 let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
