@@ -74,6 +74,21 @@ aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *call, uint64_t
 aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
                            aclrtStream stream);
 
+/* An operator file's `k_op` (phase 1 is `name`GetWorkspaceSize, a NULL required tensor fails it
+ * with `null_code`) and its phase-2 entry point `name`, which is mock_op_phase2 of it; the file
+ * writes phase 1 itself (only it knows its arguments), calling mock_op_phase1(&k_op, ...). */
+#define MOCK_OP_DEFINE(name, null_code_, check_, run_)                                                              \
+    static const mock_op k_op = {                                                                                   \
+        .phase1 = #name "GetWorkspaceSize",                                                                         \
+        .phase2 = #name,                                                                                            \
+        .null_code = (null_code_),                                                                                  \
+        .check = (check_),                                                                                          \
+        .run = (run_),                                                                                              \
+    };                                                                                                              \
+    aclnnStatus name(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, const aclrtStream stream) {  \
+        return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);                                   \
+    }
+
 /* A phase-1 failure: sets aclGetRecentErrMsg as ops-nn words it and returns `code`. */
 aclnnStatus mock_op_fail(const mock_op *op, aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

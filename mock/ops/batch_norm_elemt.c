@@ -112,13 +112,8 @@ static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
     return ACLNN_SUCCESS;
 }
 
-static const mock_op k_op = {
-    .phase1 = "aclnnBatchNormElemtGetWorkspaceSize",
-    .phase2 = "aclnnBatchNormElemt",
-    .null_code = ACLNN_ERR_PARAM_INVALID, /* ops-nn: CheckNotNull returns 161002 for this op */
-    .check = elemt_check,
-    .run = elemt_run,
-};
+/* a NULL tensor: 161002, as ops-nn's CheckNotNull returns for this op */
+MOCK_OP_DEFINE(aclnnBatchNormElemt, ACLNN_ERR_PARAM_INVALID, elemt_check, elemt_run)
 
 aclnnStatus aclnnBatchNormElemtGetWorkspaceSize(const aclTensor *input, const aclTensor *weight, const aclTensor *bias,
                                                 aclTensor *mean, aclTensor *invstd, double eps, aclTensor *output,
@@ -130,9 +125,4 @@ aclnnStatus aclnnBatchNormElemtGetWorkspaceSize(const aclTensor *input, const ac
                                      .used = 1, .write = i == T_OUTPUT};
     }
     return mock_op_phase1(&k_op, &call, workspaceSize, executor);
-}
-
-aclnnStatus aclnnBatchNormElemt(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
-                                const aclrtStream stream) {
-    return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);
 }

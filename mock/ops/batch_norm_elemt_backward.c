@@ -149,13 +149,7 @@ static aclnnStatus elemt_backward_check(const mock_op *op, mock_op_call *call) {
     return ACLNN_SUCCESS;
 }
 
-static const mock_op k_op = {
-    .phase1 = "aclnnBatchNormElemtBackwardGetWorkspaceSize",
-    .phase2 = "aclnnBatchNormElemtBackward",
-    .null_code = ACLNN_ERR_PARAM_NULLPTR,
-    .check = elemt_backward_check,
-    .run = elemt_backward_run,
-};
+MOCK_OP_DEFINE(aclnnBatchNormElemtBackward, ACLNN_ERR_PARAM_NULLPTR, elemt_backward_check, elemt_backward_run)
 
 aclnnStatus aclnnBatchNormElemtBackwardGetWorkspaceSize(const aclTensor *gradOut, const aclTensor *input,
                                                         const aclTensor *mean, const aclTensor *invstd,
@@ -170,9 +164,4 @@ aclnnStatus aclnnBatchNormElemtBackwardGetWorkspaceSize(const aclTensor *gradOut
                                      .write = i == T_GRADIN};
     }
     return mock_op_phase1(&k_op, &call, workspaceSize, executor);
-}
-
-aclnnStatus aclnnBatchNormElemtBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
-                                        const aclrtStream stream) {
-    return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);
 }

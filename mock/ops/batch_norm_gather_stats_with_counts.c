@@ -163,13 +163,7 @@ static aclnnStatus gather_check(const mock_op *op, mock_op_call *call) {
     return ACLNN_SUCCESS;
 }
 
-static const mock_op k_op = {
-    .phase1 = "aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize",
-    .phase2 = "aclnnBatchNormGatherStatsWithCounts",
-    .null_code = ACLNN_ERR_PARAM_NULLPTR,
-    .check = gather_check,
-    .run = gather_run,
-};
+MOCK_OP_DEFINE(aclnnBatchNormGatherStatsWithCounts, ACLNN_ERR_PARAM_NULLPTR, gather_check, gather_run)
 
 aclnnStatus aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
     const aclTensor *input, const aclTensor *mean, const aclTensor *invstd, aclTensor *runningMean,
@@ -183,9 +177,4 @@ aclnnStatus aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
         call.args[i] = (mock_op_arg){.name = k_names[i], .handle = h[i], .required = !optional, .used = 1, .write = write};
     }
     return mock_op_phase1(&k_op, &call, workspaceSize, executor);
-}
-
-aclnnStatus aclnnBatchNormGatherStatsWithCounts(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
-                                                const aclrtStream stream) {
-    return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);
 }

@@ -177,13 +177,7 @@ static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
     return ACLNN_SUCCESS;
 }
 
-static const mock_op k_op = {
-    .phase1 = "aclnnBatchNormReduceBackwardGetWorkspaceSize",
-    .phase2 = "aclnnBatchNormReduceBackward",
-    .null_code = ACLNN_ERR_PARAM_NULLPTR,
-    .check = bn_check,
-    .run = bn_run,
-};
+MOCK_OP_DEFINE(aclnnBatchNormReduceBackward, ACLNN_ERR_PARAM_NULLPTR, bn_check, bn_run)
 
 aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(const aclTensor *gradOut, const aclTensor *input,
                                                          const aclTensor *mean, const aclTensor *invstd,
@@ -201,9 +195,4 @@ aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(const aclTensor *gradOu
                                      .used = used[i], .write = i >= T_SUMDY};
     }
     return mock_op_phase1(&k_op, &call, workspaceSize, executor);
-}
-
-aclnnStatus aclnnBatchNormReduceBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
-                                         const aclrtStream stream) {
-    return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);
 }

@@ -144,13 +144,7 @@ static aclnnStatus stats_check(const mock_op *op, mock_op_call *call) {
     return ACLNN_SUCCESS;
 }
 
-static const mock_op k_op = {
-    .phase1 = "aclnnBatchNormStatsGetWorkspaceSize",
-    .phase2 = "aclnnBatchNormStats",
-    .null_code = ACLNN_ERR_PARAM_NULLPTR,
-    .check = stats_check,
-    .run = stats_run,
-};
+MOCK_OP_DEFINE(aclnnBatchNormStats, ACLNN_ERR_PARAM_NULLPTR, stats_check, stats_run)
 
 aclnnStatus aclnnBatchNormStatsGetWorkspaceSize(const aclTensor *input, double eps, aclTensor *mean, aclTensor *invstd,
                                                 uint64_t *workspaceSize, aclOpExecutor **executor) {
@@ -160,9 +154,4 @@ aclnnStatus aclnnBatchNormStatsGetWorkspaceSize(const aclTensor *input, double e
         call.args[i] = (mock_op_arg){.name = k_names[i], .handle = h[i], .required = 1, .used = 1, .write = i != T_INPUT};
     }
     return mock_op_phase1(&k_op, &call, workspaceSize, executor);
-}
-
-aclnnStatus aclnnBatchNormStats(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
-                                const aclrtStream stream) {
-    return mock_op_phase2(&k_op, workspace, workspaceSize, executor, stream);
 }
