@@ -12,6 +12,7 @@
 #ifndef ASCEND_MOCK_INTERNAL_H
 #define ASCEND_MOCK_INTERNAL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -117,6 +118,11 @@ void ascend_mock_unlock(void);
 void ascend_mock_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Sets the calling thread's aclGetRecentErrMsg text. */
 void ascend_mock_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A failed call of `api`, as every library words it: formats the detail (at most detail_max - 1
+ * characters), counts a violation "<api>: <detail>" when `violation`, and sets the error text
+ * "<api> failed. ERROR: <code>. <detail>" ("ERROR: <code> (<code_name>)" when code_name is given). */
+void ascend_mock_report_v(int violation, const char *api, int code, const char *code_name, size_t detail_max,
+                          const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
 /* If a fault is armed for `api` (for this thread or globally), disarms it, sets the error text,
  * stores its status and returns 1; else returns 0. */
 int ascend_mock_take_fault(const char *api, int *status);

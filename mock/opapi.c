@@ -344,36 +344,20 @@ aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *
 }
 
 /* ---- phase 2 ------------------------------------------------------------------------------------------- */
-/* Sets the phase-2 error message (and, with `violation`, counts a violation) and returns `code`. */
-static aclnnStatus p2_vreport(const mock_op *op, aclnnStatus code, int violation, const char *fmt, va_list ap) {
-    char detail[768];
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    if (violation) {
-        ascend_mock_violation("%s: %s", op->phase2, detail);
-    }
-    ascend_mock_set_error("%s failed. ERROR: %d. %s", op->phase2, code, detail);
+/* Sets the phase-2 error message (and, with `violation`, counts a violation) and returns `code`.
+ * Called as p2_fail() and p2_violation(). */
+static aclnnStatus p2_report(const mock_op *op, aclnnStatus code, int violation, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static aclnnStatus p2_report(const mock_op *op, aclnnStatus code, int violation, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    ascend_mock_report_v(violation, op->phase2, code, NULL, 768, fmt, ap);
+    va_end(ap);
     return code;
 }
-
-static aclnnStatus p2_fail(const mock_op *op, aclnnStatus code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static aclnnStatus p2_fail(const mock_op *op, aclnnStatus code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    aclnnStatus r = p2_vreport(op, code, 0, fmt, ap);
-    va_end(ap);
-    return r;
-}
-
+#define p2_fail(op, code, ...) p2_report((op), (code), 0, __VA_ARGS__)
 /* As p2_fail, and counts the violation. */
-static aclnnStatus p2_violation(const mock_op *op, aclnnStatus code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static aclnnStatus p2_violation(const mock_op *op, aclnnStatus code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    aclnnStatus r = p2_vreport(op, code, 1, fmt, ap);
-    va_end(ap);
-    return r;
-}
+#define p2_violation(op, code, ...) p2_report((op), (code), 1, __VA_ARGS__)
 
 /* Byte range of a tensor's view; 0 when the view is empty. */
 static int view_range(const ascend_mock_tensor *t, ascend_mock_range *r) {

@@ -61,29 +61,25 @@ void ascend_mock_set_error(const char *fmt, ...) {
     va_end(ap);
 }
 
-/* fail() and violate(): counts a violation when `count`, sets the error text, returns code. */
-static int report(int count, int code, const char *api, const char *fmt, va_list ap) {
+void ascend_mock_report_v(int violation, const char *api, int code, const char *code_name, size_t detail_max,
+                          const char *fmt, va_list ap) {
     char detail[MESSAGE_MAX - 64];
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    if (count) {
+    vsnprintf(detail, detail_max < sizeof detail ? detail_max : sizeof detail, fmt, ap);
+    if (violation) {
         ascend_mock_violation("%s: %s", api, detail);
     }
-    ascend_mock_set_error("%s failed. ERROR: %d. %s", api, code, detail);
-    return code;
+    if (code_name) {
+        ascend_mock_set_error("%s failed. ERROR: %d (%s). %s", api, code, code_name, detail);
+    } else {
+        ascend_mock_set_error("%s failed. ERROR: %d. %s", api, code, detail);
+    }
 }
 
-int fail(int code, const char *api, const char *fmt, ...) {
+/* fail() and violate() (internal.h). */
+int diag_report(int count, int code, const char *api, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    report(0, code, api, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-int violate(int code, const char *api, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    report(1, code, api, fmt, ap);
+    ascend_mock_report_v(count, api, code, NULL, MESSAGE_MAX - 64, fmt, ap);
     va_end(ap);
     return code;
 }

@@ -52,10 +52,12 @@ enum {
 /* ---- diag.c: the lock, error text, violations ------------------------------------------------------------ */
 extern pthread_mutex_t g_lock;
 
-/* Sets the error text "<api> failed. ERROR: <code>. <detail>" and returns code. */
-int fail(int code, const char *api, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Sets the error text "<api> failed. ERROR: <code>. <detail>" and returns code; with `count`, also
+ * counts a violation "<api>: <detail>". Called as fail() and violate(). */
+int diag_report(int count, int code, const char *api, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+#define fail(code, api, ...) diag_report(0, (code), (api), __VA_ARGS__)
 /* As fail(), and counts a violation "<api>: <detail>". */
-int violate(int code, const char *api, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define violate(code, api, ...) diag_report(1, (code), (api), __VA_ARGS__)
 
 /* ---- handles.c: hash table, handle counts ----------------------------------------------------------------- */
 /* calloc that aborts when the host is out of memory. */

@@ -26,30 +26,13 @@ const char *result_name(int code) {
     return (code >= 0 && code < (int)(sizeof names / sizeof names[0])) ? names[code] : "HCCL_E_UNKNOWN";
 }
 
-static HcclResult vreport(HcclResult code, int violation, const char *api, const char *fmt, va_list ap) {
-    char detail[MSG_MAX];
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    if (violation) {
-        ascend_mock_violation("%s: %s", api, detail);
-    }
-    ascend_mock_set_error("%s failed. ERROR: %d (%s). %s", api, (int)code, result_name((int)code), detail);
+/* hfail() and hviolate() (internal.h). */
+HcclResult hreport(HcclResult code, int violation, const char *api, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    ascend_mock_report_v(violation, api, (int)code, result_name((int)code), MSG_MAX, fmt, ap);
+    va_end(ap);
     return code;
-}
-
-HcclResult hfail(HcclResult code, const char *api, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    HcclResult r = vreport(code, 0, api, fmt, ap);
-    va_end(ap);
-    return r;
-}
-
-HcclResult hviolate(HcclResult code, const char *api, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    HcclResult r = vreport(code, 1, api, fmt, ap);
-    va_end(ap);
-    return r;
 }
 
 /* ---- time and environment ------------------------------------------------------------------------ */

@@ -75,10 +75,13 @@ enum { COLL_ALL_REDUCE = 1, COLL_ALL_GATHER = 2, COLL_BROADCAST = 3 };
 /* ---- diag.c ------------------------------------------------------------------------------------ */
 /* HCCL's name of a result code, e.g. "HCCL_E_PARA". */
 const char *result_name(int code);
-/* Sets the error text "<api> failed. ERROR: <code> (<name>). <detail>" and returns code. */
-HcclResult hfail(HcclResult code, const char *api, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Sets the error text "<api> failed. ERROR: <code> (<name>). <detail>" and returns code; with
+ * `violation`, also counts a violation "<api>: <detail>". Called as hfail() and hviolate(). */
+HcclResult hreport(HcclResult code, int violation, const char *api, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define hfail(code, api, ...) hreport((code), 0, (api), __VA_ARGS__)
 /* As hfail, and counts a violation "<api>: <detail>". */
-HcclResult hviolate(HcclResult code, const char *api, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define hviolate(code, api, ...) hreport((code), 1, (api), __VA_ARGS__)
 /* CLOCK_MONOTONIC in ns. */
 uint64_t now_ns(void);
 void sleep_ms(long ms);
