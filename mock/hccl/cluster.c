@@ -277,6 +277,27 @@ static const char *table_add(jr *r, table *t, const char *entry, char *why, size
 }
 
 /* Reads the table from the file's bytes; returns NULL or what is wrong. */
+/* The length of the array at p; 0 when p is not an array (or is empty). */
+static long j_len(jr *r, const char *p) {
+    long n = 0;
+    if (j_is(p, '[')) {
+        j_index(r, p, -1, &n);
+    }
+    return n;
+}
+
+/* Adds the n entries of the array `list` to t, the i-th named "<name>[i]" in a refusal. */
+static const char *table_add_all(jr *r, table *t, const char *list, long n, const char *name, char *why, size_t cap) {
+    char where[96];
+    for (long i = 0; i < n; i++) {
+        snprintf(where, sizeof where, "%s[%ld]", name, i);
+        if (table_add(r, t, j_index(r, list, i, NULL), why, cap, where)) {
+            return why;
+        }
+    }
+    return NULL;
+}
+
 static const char *table_parse(const char *text, size_t len, table *t, char *why, size_t cap) {
     jr r = {text, text + len, NULL, 0};
     for (int i = 0; i < CLUSTER_MAX_RANKS; i++) {
@@ -307,19 +328,15 @@ static const char *table_parse(const char *text, size_t len, table *t, char *why
         snprintf(why, cap, "\"status\" must be \"completed\" (the table is not ready)");
         return why;
     }
-    char where[96];
     if (v2) {
         const char *list = j_get(&r, root, "rank_list");
-        long n = 0;
-        if (!j_is(list, '[') || (j_index(&r, list, -1, &n), n == 0)) {
+        long n = j_len(&r, list);
+        if (n == 0) {
             snprintf(why, cap, "version 2.0 needs a non-empty \"rank_list\" array");
             return why;
         }
-        for (long i = 0; i < n; i++) {
-            snprintf(where, sizeof where, "rank_list[%ld]", i);
-            if (table_add(&r, t, j_index(&r, list, i, NULL), why, cap, where)) {
-                return why;
-            }
+        if (table_add_all(&r, t, list, n, "rank_list", why, cap)) {
+            return why;
         }
         long long count;
         if (j_uint(&r, j_get(&r, root, "rank_count"), 65536, &count) || count != (long long)t->nranks) {
@@ -328,24 +345,23 @@ static const char *table_parse(const char *text, size_t len, table *t, char *why
         }
     } else {
         const char *servers = j_get(&r, root, "server_list");
-        long ns = 0;
-        if (!j_is(servers, '[') || (j_index(&r, servers, -1, &ns), ns == 0)) {
+        long ns = j_len(&r, servers);
+        if (ns == 0) {
             snprintf(why, cap, "a non-empty \"server_list\" array is required");
             return why;
         }
         for (long s = 0; s < ns; s++) {
             const char *server = j_index(&r, servers, s, NULL);
             const char *devices = j_is(server, '{') ? j_get(&r, server, "device") : NULL;
-            long nd = 0;
-            if (!j_is(devices, '[') || (j_index(&r, devices, -1, &nd), nd == 0)) {
+            long nd = j_len(&r, devices);
+            if (nd == 0) {
                 snprintf(why, cap, "server_list[%ld] has no non-empty \"device\" array", s);
                 return why;
             }
-            for (long d = 0; d < nd; d++) {
-                snprintf(where, sizeof where, "server_list[%ld].device[%ld]", s, d);
-                if (table_add(&r, t, j_index(&r, devices, d, NULL), why, cap, where)) {
-                    return why;
-                }
+            char name[64];
+            snprintf(name, sizeof name, "server_list[%ld].device", s);
+            if (table_add_all(&r, t, devices, nd, name, why, cap)) {
+                return why;
             }
         }
         const char *sc = j_get(&r, root, "server_count");

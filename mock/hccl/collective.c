@@ -227,6 +227,19 @@ static void reduce_slots(group_hdr *g, uint32_t n, int dt, int op, uint64_t len,
     }
 }
 
+/* Whether k's buffer `what` (allocation `id`, at p) is still alive on c's rank; if it was freed while
+ * the collective ran, counts the violation and says so in local. */
+static int buffer_alive(const comm *c, const coll_task *k, uint64_t id, const char *what, const uint8_t *p, char *local,
+                        size_t cap) {
+    if (ascend_mock_mem_live_locked(id)) {
+        return 1;
+    }
+    ascend_mock_violation("%s #%llu (rank %u): the device memory of %s %p was freed while the collective ran", k->api,
+                          (unsigned long long)k->d.seq, c->rank, what, (const void *)p);
+    snprintf(local, cap, "rank %u's %s was freed while the collective ran", c->rank, what);
+    return 0;
+}
+
 /* The body of a collective's task (see ascend_mock_wait_fn): the lock is held on entry and exit. */
 static int coll_run(void *payload, int skip_status, const char *skip_reason, char *why, size_t cap) {
     coll_task *k = payload;
@@ -273,12 +286,8 @@ static int coll_run(void *payload, int skip_status, const char *skip_reason, cha
         uint64_t off = r * chunk;
         uint64_t len = k->bytes - off < chunk ? k->bytes - off : chunk;
         if (!local_failed && k->contributes) {
-            if (!ascend_mock_mem_live_locked(k->send_id)) {
+            if (!buffer_alive(c, k, k->send_id, "sendBuf", k->send, local, sizeof local)) {
                 local_failed = 1;
-                ascend_mock_violation("%s #%llu (rank %u): the device memory of sendBuf %p was freed while the "
-                                      "collective ran",
-                                      k->api, (unsigned long long)k->d.seq, c->rank, (void *)k->send);
-                snprintf(local, sizeof local, "rank %u's sendBuf was freed while the collective ran", c->rank);
             } else {
                 memcpy(slot(g, c->rank), k->send + off, len);
             }
@@ -325,12 +334,8 @@ static int coll_run(void *payload, int skip_status, const char *skip_reason, cha
             }
         }
         if (!local_failed && !peer_failed && k->writes) {
-            if (!ascend_mock_mem_live_locked(k->recv_id)) {
+            if (!buffer_alive(c, k, k->recv_id, "recvBuf", k->recv, local, sizeof local)) {
                 local_failed = 1;
-                ascend_mock_violation("%s #%llu (rank %u): the device memory of recvBuf %p was freed while the "
-                                      "collective ran",
-                                      k->api, (unsigned long long)k->d.seq, c->rank, (void *)k->recv);
-                snprintf(local, sizeof local, "rank %u's recvBuf was freed while the collective ran", c->rank);
             } else if (k->d.kind == COLL_ALL_REDUCE) {
                 reduce_slots(g, c->nranks, (int)k->d.dtype, (int)k->d.op, len, k->recv + off);
             } else if (k->d.kind == COLL_ALL_GATHER) {
