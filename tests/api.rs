@@ -111,12 +111,7 @@ fn context_and_streams(ctx: &Context) -> R {
 /// Compile-time properties of the public types (docs/DESIGN.md "Public API contract").
 #[test]
 fn static_properties() {
-    fn clone_send_sync<T: Clone + Send + Sync>() {}
-    fn send<T: Send>() {}
-    fn send_sync<T: Send + Sync>() {}
-    fn copy<T: Copy>() {}
-    fn debug<T: std::fmt::Debug>() {}
-    fn error<T: std::error::Error + Send + Sync + 'static>() {}
+    use common::traits::*;
     clone_send_sync::<Context>();
     send::<Stream>();
     send_sync::<Tensor>();

@@ -1,17 +1,15 @@
 //! The public API contract of docs/DESIGN.md, written out as a user would: if this compiles and
 //! passes, the names, signatures and trait bounds the acceptance tests rely on are all there.
 
+mod common;
+
 use ascend::ops::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, OutputMask, ReduceBackward, ReduceBackwardOut,
 };
 use ascend::{bf16, f16, Backend, Context, DType, Element, Error, Result, Stream, Tensor};
 
 fn assert_traits() {
-    fn clone_send_sync<T: Clone + Send + Sync>() {}
-    fn send<T: Send>() {}
-    fn send_sync<T: Send + Sync>() {}
-    fn copy<T: Copy>() {}
-    fn debug<T: std::fmt::Debug>() {}
+    use common::traits::*;
     clone_send_sync::<Context>();
     send::<Stream>();
     send_sync::<Tensor>();

@@ -14,7 +14,8 @@
 //!   instantiates (faults at each and at any CANN call, arguments dropped right after the
 //!   launch, a prepared call dropped unlaunched, the two phases);
 //! * [`self_exec`]: re-running the test binary as a child process;
-//! * [`ranks`]: `on_ranks`, one thread per rank of a collectives test.
+//! * [`ranks`]: `on_ranks`, one thread per rank of a collectives test;
+//! * [`traits`]: compile-time trait probes (`send::<T>()`, ...) for the public types.
 #![allow(dead_code, unused_imports)]
 
 pub mod backends;
@@ -29,6 +30,7 @@ pub mod reduce_backward;
 pub mod rng;
 pub mod self_exec;
 pub mod tolerance;
+pub mod traits;
 
 pub(crate) use backends::on_both_backends;
 pub use backends::*;
