@@ -209,16 +209,23 @@ static ascend_mock_executor *executor_get(const char *api, aclOpExecutor *execut
     return e;
 }
 
+/* The first lines of an entry point on an executor: returns an injected fault, fails with
+ * `null_code` when `null_what` names a NULL argument ("<api> failed. ERROR: <code>. <what> is
+ * null."), then takes the lock and declares `r` (ACLNN_SUCCESS) and `e`, the executor (NULL, with
+ * r set and a violation counted, for a dead one). The entry ends with ascend_mock_unlock(). */
+#define EXECUTOR_ENTER(api, executor, null_code, null_what)                                                            \
+    MOCK_ENTER(api, NULL);                                                                                          \
+    if (null_what) {                                                                                                \
+        ascend_mock_set_error("%s failed. ERROR: %d. %s is null.", (api), (null_code), (null_what));               \
+        return (null_code);                                                                                         \
+    }                                                                                                               \
+    ascend_mock_lock();                                                                                             \
+    int r = ACLNN_SUCCESS;                                                                                          \
+    ascend_mock_executor *e = executor_get((api), (executor), &r)
+
 aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
     static const char api[] = "aclSetAclOpExecutorRepeatable";
-    MOCK_ENTER(api, NULL);
-    if (!executor) {
-        ascend_mock_set_error("%s failed. ERROR: %d. executor is null.", api, ACLNN_ERR_PARAM_NULLPTR);
-        return ACLNN_ERR_PARAM_NULLPTR;
-    }
-    ascend_mock_lock();
-    int r = ACLNN_SUCCESS;
-    ascend_mock_executor *e = executor_get(api, executor, &r);
+    EXECUTOR_ENTER(api, executor, ACLNN_ERR_PARAM_NULLPTR, executor ? NULL : "executor");
     if (e) {
         e->repeatable = 1;
     }
@@ -286,15 +293,7 @@ static const char *args_text(ascend_mock_executor *e, int output, char *buf, siz
  * lie inside one live device allocation. */
 static aclnnStatus set_tensor_addr(const char *api, int output, aclOpExecutor *executor, size_t index,
                                    aclTensor *tensor, void *addr) {
-    MOCK_ENTER(api, NULL);
-    if (!executor || !tensor) {
-        ascend_mock_set_error("%s failed. ERROR: %d. %s is null.", api, ACLNN_ERR_INNER_NULLPTR,
-                              executor ? "tensor" : "executor");
-        return ACLNN_ERR_INNER_NULLPTR;
-    }
-    ascend_mock_lock();
-    int r = ACLNN_SUCCESS;
-    ascend_mock_executor *e = executor_get(api, executor, &r);
+    EXECUTOR_ENTER(api, executor, ACLNN_ERR_INNER_NULLPTR, !executor ? "executor" : !tensor ? "tensor" : NULL);
     if (!e) {
         ascend_mock_unlock();
         return r;
@@ -374,14 +373,7 @@ aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, 
  * the destroy it must retry.) */
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
     static const char api[] = "aclDestroyAclOpExecutor";
-    MOCK_ENTER(api, NULL);
-    if (!executor) {
-        ascend_mock_set_error("%s failed. ERROR: %d. executor is null.", api, ACLNN_ERR_INNER_NULLPTR);
-        return ACLNN_ERR_INNER_NULLPTR;
-    }
-    ascend_mock_lock();
-    int r = ACLNN_SUCCESS;
-    ascend_mock_executor *e = executor_get(api, executor, &r);
+    EXECUTOR_ENTER(api, executor, ACLNN_ERR_INNER_NULLPTR, executor ? NULL : "executor");
     if (e && e->inflight) {
         ascend_mock_violation("%s: executor %p of %s is destroyed while %llu launches of it are queued and have not "
                               "run (synchronise the stream first; not freed)",
