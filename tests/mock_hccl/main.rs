@@ -213,6 +213,16 @@ impl Rank {
         // SAFETY: a live stream of this thread's device.
         unsafe { cann().acl.aclrtSynchronizeStream(self.stream) }
     }
+
+    /// An in-place f32 sum all-reduce of the 4 floats at `buf` on `comm`: queued, then its task
+    /// fails. Returns the error text and how long the call and the failing synchronisation took.
+    fn failing_all_reduce(&self, buf: *mut c_void, comm: Comm) -> (String, Duration) {
+        let start = Instant::now();
+        assert_eq!(all_reduce(buf, buf, 4, Dt::F32, SUM, comm, self.stream), SUCCESS);
+        assert_eq!(self.sync(), TASK_FAILED);
+        let text = err_text();
+        (text, start.elapsed())
+    }
 }
 
 impl Drop for Rank {
@@ -756,12 +766,9 @@ fn a_peer_that_destroyed_its_communicator_fails_the_collective() {
     assert_eq!(destroy(comms[1]), SUCCESS);
     let r = Rank::new(0);
     let buf = r.upload(&[0u8; 16]);
-    let start = Instant::now();
-    assert_eq!(all_reduce(buf, buf, 4, Dt::F32, SUM, comms[0], r.stream), SUCCESS);
-    assert_eq!(r.sync(), TASK_FAILED);
-    let text = err_text();
+    let (text, took) = r.failing_all_reduce(buf, comms[0]);
     assert!(text.contains("rank 1 destroyed its communicator"), "{text}");
-    assert!(start.elapsed() < Duration::from_secs(2), "no wait for a peer that is gone");
+    assert!(took < Duration::from_secs(2), "no wait for a peer that is gone");
     // the group is broken from then on
     assert_eq!(all_reduce(buf, buf, 4, Dt::F32, SUM, comms[0], r.stream), SUCCESS);
     assert_eq!(r.sync(), TASK_FAILED);
@@ -980,12 +987,9 @@ fn a_peer_process_that_exited_fails_the_collective() {
     assert_eq!(st, SUCCESS, "{}", err_text());
     expect_success("the child", &child.wait_with_output().unwrap()); // reaped: its pid is gone
     let buf = r.upload(&[0u8; 16]);
-    let start = Instant::now();
-    assert_eq!(all_reduce(buf, buf, 4, Dt::F32, SUM, c, r.stream), SUCCESS);
-    assert_eq!(r.sync(), TASK_FAILED);
-    let text = err_text();
+    let (text, took) = r.failing_all_reduce(buf, c);
     assert!(text.contains("rank 1 (process") && text.contains("exited"), "{text}");
-    assert!(start.elapsed() < Duration::from_secs(3), "no wait for HCCL_EXEC_TIMEOUT");
+    assert!(took < Duration::from_secs(3), "no wait for HCCL_EXEC_TIMEOUT");
     r.free(buf);
     assert_eq!(destroy(c), SUCCESS);
     drop(r);
@@ -1020,12 +1024,9 @@ fn a_missing_rank_is_a_timeout_not_a_hang() {
         assert_eq!(r.try_download(buf, 16).0, MEM_ERROR, "the output is poisoned");
         // broken from then on: fails at once
         let fresh = r.upload(&[0u8; 16]);
-        let start = Instant::now();
-        assert_eq!(all_reduce(fresh, fresh, 4, Dt::F32, SUM, comms[0], r.stream), SUCCESS);
-        assert_eq!(r.sync(), TASK_FAILED);
-        let text = err_text();
+        let (text, took) = r.failing_all_reduce(fresh, comms[0]);
         assert!(text.contains("group is broken"), "{text}");
-        assert!(start.elapsed() < Duration::from_millis(500));
+        assert!(took < Duration::from_millis(500));
         r.free(buf);
         r.free(fresh);
         drop(r);
