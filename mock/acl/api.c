@@ -124,9 +124,7 @@ aclError aclrtResetDevice(int32_t deviceId) {
 
 aclError aclrtGetDevice(int32_t *deviceId) {
     ACL_ENTER("aclrtGetDevice", NULL, needs_init);
-    if (!r && !deviceId) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "deviceId is null.");
-    }
+    ACL_NOT_NULL(deviceId, "deviceId");
     if (!r) {
         int dev = current_device();
         if (dev < 0) {
@@ -141,9 +139,7 @@ aclError aclrtGetDevice(int32_t *deviceId) {
 
 aclError aclrtGetDeviceCount(uint32_t *count) {
     ACL_ENTER("aclrtGetDeviceCount", NULL, needs_init);
-    if (!r && !count) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "count is null.");
-    }
+    ACL_NOT_NULL(count, "count");
     if (!r) {
         *count = (uint32_t)g_device_count;
     }
@@ -173,9 +169,7 @@ aclError aclrtSynchronizeDevice(void) {
 /* ---- streams --------------------------------------------------------------------------------------- */
 aclError aclrtCreateStream(aclrtStream *out) {
     ACL_ENTER("aclrtCreateStream", out, needs_device);
-    if (!r && !out) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "stream is null.");
-    }
+    ACL_NOT_NULL(out, "stream");
     if (!r) {
         stream *s = xcalloc(1, sizeof *s);
         s->device = current_device();
@@ -194,9 +188,7 @@ aclError aclrtDestroyStream(aclrtStream h) {
         r = violate(ACL_ERROR_INVALID_PARAM, api, "stream is null (the default stream cannot be destroyed)");
     }
     stream *s = NULL;
-    if (!r) {
-        r = stream_resolve(api, h, &s);
-    }
+    ACL_STEP(stream_resolve(api, h, &s));
     if (!r) {
         char why[WHY_MAX] = "";
         /* no new use through the handle from here; then wait out the threads still using it */
@@ -215,9 +207,7 @@ aclError aclrtDestroyStream(aclrtStream h) {
 aclError aclrtSynchronizeStream(aclrtStream h) {
     ACL_ENTER("aclrtSynchronizeStream", NULL, needs_device);
     stream *s = NULL;
-    if (!r) {
-        r = stream_resolve(api, h, &s);
-    }
+    ACL_STEP(stream_resolve(api, h, &s));
     if (!r) {
         g_stream_syncs++;
         char why[WHY_MAX] = "";
@@ -234,9 +224,7 @@ aclError aclrtSynchronizeStream(aclrtStream h) {
 aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
     ACL_ENTER("aclrtMalloc", devPtr, needs_device);
     (void)policy;
-    if (!r && !devPtr) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "devPtr is null.");
-    }
+    ACL_NOT_NULL(devPtr, "devPtr");
     if (!r && size == 0) {
         r = fail(ACL_ERROR_INVALID_PARAM, api, "size must be greater than 0.");
     }
@@ -261,9 +249,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
 
 aclError aclrtFree(void *devPtr) {
     ACL_ENTER("aclrtFree", NULL, needs_device);
-    if (!r && !devPtr) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "devPtr is null.");
-    }
+    ACL_NOT_NULL(devPtr, "devPtr");
     if (!r) {
         uintptr_t p = (uintptr_t)devPtr;
         alloc *a = alloc_at(p);
@@ -383,9 +369,7 @@ static int copy_check(const char *api, void *dst, size_t destMax, const void *sr
                   k == ACL_MEMCPY_INNER_DEVICE_TO_DEVICE || k == ACL_MEMCPY_INTER_DEVICE_TO_DEVICE;
     }
     int r = copy_side(api, "dst", (uintptr_t)dst, count, dst_dev, k, &ranges[*nranges], nranges);
-    if (!r) {
-        r = copy_side(api, "src", (uintptr_t)src, count, src_dev, k, &ranges[*nranges], nranges);
-    }
+    ACL_STEP(copy_side(api, "src", (uintptr_t)src, count, src_dev, k, &ranges[*nranges], nranges));
     return r;
 }
 
@@ -393,9 +377,7 @@ aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, a
     ACL_ENTER("aclrtMemcpy", NULL, needs_device);
     ascend_mock_range ranges[2];
     int n = 0;
-    if (!r) {
-        r = copy_check(api, dst, destMax, src, count, kind, ranges, &n);
-    }
+    ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
     if (!r) {
         g_blocking_copies++;
     }
@@ -426,14 +408,10 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
                           aclrtStream h) {
     ACL_ENTER("aclrtMemcpyAsync", NULL, needs_device);
     stream *s = NULL;
-    if (!r) {
-        r = stream_resolve(api, h, &s);
-    }
+    ACL_STEP(stream_resolve(api, h, &s));
     ascend_mock_range ranges[2];
     int n = 0;
-    if (!r) {
-        r = copy_check(api, dst, destMax, src, count, kind, ranges, &n);
-    }
+    ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
     if (!r && count) {
         hazard_check(api, s, ranges, (size_t)n);
         task *t = xcalloc(1, sizeof *t);
@@ -506,9 +484,7 @@ static int event_wait(const char *api, uint64_t handle) {
 
 aclError aclrtCreateEvent(aclrtEvent *out) {
     ACL_ENTER("aclrtCreateEvent", out, needs_device);
-    if (!r && !out) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "event is null.");
-    }
+    ACL_NOT_NULL(out, "event");
     if (!r) {
         event *e = xcalloc(1, sizeof *e);
         e->device = current_device();
@@ -522,9 +498,7 @@ aclError aclrtCreateEvent(aclrtEvent *out) {
 aclError aclrtDestroyEvent(aclrtEvent h) {
     ACL_ENTER("aclrtDestroyEvent", NULL, needs_device);
     event *e = NULL;
-    if (!r) {
-        r = event_resolve(api, h, &e);
-    }
+    ACL_STEP(event_resolve(api, h, &e));
     for (stream *s = g_streams; s && !r; s = s->next) {
         for (task *t = s->head; t; t = t->next) {
             if (t->kind == TASK_EVENT_WAIT && t->event_handle == e->handle) {
@@ -548,12 +522,8 @@ aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
     ACL_ENTER("aclrtRecordEvent", NULL, needs_device);
     event *e = NULL;
     stream *s = NULL;
-    if (!r) {
-        r = event_resolve(api, eh, &e);
-    }
-    if (!r) {
-        r = stream_resolve(api, sh, &s);
-    }
+    ACL_STEP(event_resolve(api, eh, &e));
+    ACL_STEP(stream_resolve(api, sh, &s));
     if (!r) {
         task *t = xcalloc(1, sizeof *t);
         t->kind = TASK_EVENT;
@@ -571,9 +541,7 @@ aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
 aclError aclrtSynchronizeEvent(aclrtEvent eh) {
     ACL_ENTER("aclrtSynchronizeEvent", NULL, needs_device);
     event *e = NULL;
-    if (!r) {
-        r = event_resolve(api, eh, &e);
-    }
+    ACL_STEP(event_resolve(api, eh, &e));
     if (!r) {
         g_event_syncs++;
         r = event_wait(api, e->handle);
@@ -586,12 +554,8 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
     ACL_ENTER("aclrtStreamWaitEvent", NULL, needs_device);
     stream *s = NULL;
     event *e = NULL;
-    if (!r) {
-        r = stream_resolve(api, sh, &s);
-    }
-    if (!r) {
-        r = event_resolve(api, eh, &e);
-    }
+    ACL_STEP(stream_resolve(api, sh, &s));
+    ACL_STEP(event_resolve(api, eh, &e));
     if (!r) {
         /* The mock device is in order: running the recorded work now is a valid schedule. The
          * waiting stream keeps a marker until it runs, so destroying the event before then (which
@@ -611,12 +575,8 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
 aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) {
     ACL_ENTER("aclrtQueryEventStatus", NULL, needs_device);
     event *e = NULL;
-    if (!r) {
-        r = event_resolve(api, eh, &e);
-    }
-    if (!r && !status) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "status is null.");
-    }
+    ACL_STEP(event_resolve(api, eh, &e));
+    ACL_NOT_NULL(status, "status");
     if (!r) {
         /* Non-blocking: runs nothing. Never recorded = NOT_READY, as rtEventQueryStatus reports. */
         int done = e->recorded_seq != 0 && e->completed_seq >= e->recorded_seq;
@@ -629,15 +589,9 @@ aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) 
 aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
     ACL_ENTER("aclrtEventElapsedTime", NULL, needs_device);
     event *a = NULL, *b = NULL;
-    if (!r && !ms) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "ms is null.");
-    }
-    if (!r) {
-        r = event_resolve(api, start, &a);
-    }
-    if (!r) {
-        r = event_resolve(api, end, &b);
-    }
+    ACL_NOT_NULL(ms, "ms");
+    ACL_STEP(event_resolve(api, start, &a));
+    ACL_STEP(event_resolve(api, end, &b));
     if (!r) {
         const event *pending = (!a->recorded_seq || a->completed_seq < a->recorded_seq) ? a : b;
         if (!pending->recorded_seq || pending->completed_seq < pending->recorded_seq) {
@@ -658,9 +612,7 @@ static uint64_t g_host_mallocs, g_live_host_allocs;
 
 aclError aclrtMallocHost(void **hostPtr, size_t size) {
     ACL_ENTER("aclrtMallocHost", hostPtr, needs_device);
-    if (!r && !hostPtr) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "hostPtr is null.");
-    }
+    ACL_NOT_NULL(hostPtr, "hostPtr");
     if (!r && size == 0) {
         r = fail(ACL_ERROR_INVALID_PARAM, api, "size is 0.");
     }
@@ -684,9 +636,7 @@ aclError aclrtMallocHost(void **hostPtr, size_t size) {
 
 aclError aclrtFreeHost(void *hostPtr) {
     ACL_ENTER("aclrtFreeHost", NULL, needs_device);
-    if (!r && !hostPtr) {
-        r = fail(ACL_ERROR_INVALID_PARAM, api, "hostPtr is null.");
-    }
+    ACL_NOT_NULL(hostPtr, "hostPtr");
     size_t *boxed = NULL;
     if (!r) {
         boxed = htab_get(&g_host_allocs, (uint64_t)(uintptr_t)hostPtr);

@@ -232,4 +232,16 @@ static inline int needs_device(const char *api) {
     ascend_mock_lock();                                                                                            \
     int r = check(api)
 
+/* A step of an entry point: runs `call` (which returns a status) only while r is 0, so that the
+ * first failure is the one the entry reports. */
+#define ACL_STEP(call)                                                                                              \
+    do {                                                                                                            \
+        if (!r) {                                                                                                   \
+            r = (call);                                                                                             \
+        }                                                                                                           \
+    } while (0)
+
+/* The step that refuses a NULL argument `p`: "<what> is null." (ACL_ERROR_INVALID_PARAM). */
+#define ACL_NOT_NULL(p, what) ACL_STEP((p) ? ACL_OK : fail(ACL_ERROR_INVALID_PARAM, api, "%s is null.", (what)))
+
 #endif /* ASCEND_MOCK_ACL_INTERNAL_H */
