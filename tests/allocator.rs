@@ -43,16 +43,9 @@ fn isolated(f: impl FnOnce(&Context) -> Result<()>) {
     assert_eq!(after.live_host_allocations, before.live_host_allocations, "pinned memory left");
 }
 
+/// `n` values uniform in [-2, 2) from the tests' one generator.
 fn rng(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        })
-        .collect()
+    common::Rng::new(seed).vec_f32(n, -2.0, 2.0)
 }
 
 /// Σ over dim 1 of `[n, c]` data in f64: what `gradBias` (Σ dy) must be.
