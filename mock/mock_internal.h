@@ -35,6 +35,15 @@ enum {
     ASCEND_MOCK_KIND_COUNT = 5
 };
 
+/* The aclnn status codes of nnopbase and the operator library (docs/cann/API.md). */
+enum {
+    ACLNN_SUCCESS = 0,
+    ACLNN_ERR_PARAM_NULLPTR = 161001,
+    ACLNN_ERR_PARAM_INVALID = 161002,
+    ACLNN_ERR_RUNTIME_ERROR = 361001,
+    ACLNN_ERR_INNER_NULLPTR = 561103
+};
+
 /* Result of a handle lookup. */
 enum {
     ASCEND_MOCK_LIVE = 0,

@@ -19,13 +19,6 @@
 #pragma GCC visibility pop
 #include "ascend_mock.h"
 
-enum {
-    ACLNN_SUCCESS = 0,
-    ACLNN_ERR_PARAM_NULLPTR = 161001,
-    ACLNN_ERR_PARAM_INVALID = 161002,
-    ACLNN_ERR_INNER_NULLPTR = 561103
-};
-
 static int g_aclnn_initialized;
 /* Successful aclCreateTensor calls (ascend_mock_tensors_created). */
 static uint64_t g_tensors_created;

@@ -23,11 +23,7 @@
 #include "wrapper.h"
 
 enum {
-    ACLNN_SUCCESS = 0,
-    ACLNN_ERR_PARAM_NULLPTR = 161001,
-    ACLNN_ERR_PARAM_INVALID = 161002,
-    ACLNN_ERR_RUNTIME_ERROR = 361001,
-    ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+    ACL_ERROR_RT_AICORE_EXCEPTION = 507015 /* a task that failed on the device */
 };
 
 #define MOCK_OP_MAX_ARGS 11
