@@ -122,6 +122,9 @@ pub struct Tensor {
     storage_len: usize,
     /// A hash of the five fields above (they never change): the launch cache's key is made of them.
     layout_hash: u64,
+    /// Unique per construction in the process (never 0): equal ids mean equal layouts, so the
+    /// launch cache compares a tensor it matched before by this word alone.
+    layout_id: u64,
     pub(crate) storage: Storage,
 }
 
@@ -141,12 +144,19 @@ impl Tensor {
     ) -> Tensor {
         let layout_hash =
             layout::hash(&crate::layout::Layout { dtype, shape: &shape, strides: &strides, offset, storage_len });
-        Tensor { dtype, shape, strides, offset, storage_len, layout_hash, storage }
+        static NEXT_LAYOUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let layout_id = NEXT_LAYOUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Tensor { dtype, shape, strides, offset, storage_len, layout_hash, layout_id, storage }
     }
 
     /// A hash of the dtype, shape, strides, offset and storage length (computed once).
     pub(crate) fn layout_hash(&self) -> u64 {
         self.layout_hash
+    }
+
+    /// This tensor's layout id: unique per construction, so equal ids mean equal layouts.
+    pub(crate) fn layout_id(&self) -> u64 {
+        self.layout_id
     }
 
     /// A contiguous (row-major) tensor of `shape` holding a copy of `data` (on Ascend: memory no

@@ -36,9 +36,9 @@ use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
 
 use super::{leaked, report, report_drop_error, Device, EventInner, Leak, StreamInner};
 use crate::acl;
-use crate::dtype::DType;
 use crate::error::Result;
-use crate::layout::{mix, Layout};
+use crate::layout::mix;
+use crate::tensor::Tensor;
 
 /// The most dimensions a cached call's tensors have (aclnn's tensors have at most 8).
 pub(crate) const MAX_RANK: usize = 8;
@@ -73,38 +73,43 @@ pub(crate) fn default_capacity() -> usize {
 pub(crate) type Phase2 =
     unsafe extern "C" fn(*mut std::ffi::c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
 
-/// What phase 1 saw of one tensor argument.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct TensorKey {
-    dtype: DType,
-    rank: usize,
-    shape: [usize; MAX_RANK],
-    strides: [usize; MAX_RANK],
-    offset: usize,
-    storage_len: usize,
+/// The key word of an absent optional tensor (a present one's first word is its dtype and rank,
+/// far smaller).
+const ABSENT: usize = usize::MAX;
+
+/// Appends what phase 1 saw of `t` to `key`: [`ABSENT`], or its dtype and rank, offset, storage
+/// length, shape and strides (the rank first, so no two layouts spell the same words).
+fn push_key(key: &mut Vec<usize>, t: Option<&Tensor>) {
+    match t {
+        None => key.push(ABSENT),
+        Some(t) => {
+            key.extend([dtype_rank(t), t.offset(), t.storage_len()]);
+            key.extend_from_slice(t.shape());
+            key.extend_from_slice(t.strides());
+        }
+    }
 }
 
-impl TensorKey {
-    fn of(l: &Layout<'_>) -> Option<Self> {
-        let rank = l.shape.len();
-        if rank > MAX_RANK || l.strides.len() != rank {
-            return None;
-        }
-        let (mut shape, mut strides) = ([0; MAX_RANK], [0; MAX_RANK]);
-        shape[..rank].copy_from_slice(l.shape);
-        strides[..rank].copy_from_slice(l.strides);
-        Some(TensorKey { dtype: l.dtype, rank, shape, strides, offset: l.offset, storage_len: l.storage_len })
-    }
+fn dtype_rank(t: &Tensor) -> usize {
+    t.dtype() as usize | (t.shape().len() << 8)
+}
 
-    fn matches(&self, l: &Layout<'_>) -> bool {
-        // Element by element: for ranks this small a loop beats a `memcmp` call.
-        self.dtype == l.dtype
-            && self.offset == l.offset
-            && self.storage_len == l.storage_len
-            && self.rank == l.shape.len()
-            && self.rank == l.strides.len()
-            && (0..self.rank).all(|i| self.shape[i] == l.shape[i] && self.strides[i] == l.strides[i])
+/// Whether `key` starts with the words [`push_key`] makes of `t`; returns the rest.
+fn strip_key<'k>(key: &'k [usize], t: Option<&Tensor>) -> Option<&'k [usize]> {
+    let Some(t) = t else {
+        return key.split_first().filter(|(&w, _)| w == ABSENT).map(|(_, rest)| rest);
+    };
+    let (shape, strides) = (t.shape(), t.strides());
+    let rank = shape.len();
+    let ([head, offset, storage_len], rest) = key.split_first_chunk::<3>()?;
+    if *head != dtype_rank(t) || *offset != t.offset() || *storage_len != t.storage_len() || rest.len() < 2 * rank {
+        return None;
     }
+    let (key_shape, rest) = rest.split_at(rank);
+    let (key_strides, rest) = rest.split_at(rank);
+    // Element by element: for ranks this small a loop beats two `memcmp` calls.
+    let same = |a: &[usize], b: &[usize]| a.iter().zip(b).all(|(x, y)| x == y);
+    (same(key_shape, shape) && same(key_strides, strides)).then_some(rest)
 }
 
 /// The signature of one call, borrowed from its arguments: what a cache entry must match.
@@ -113,22 +118,21 @@ pub(crate) struct Signature<'s> {
     /// The scalars' bits (unused words 0).
     pub(crate) scalars: [u64; 4],
     /// The inputs then the outputs, each in its prototype's order (`None`: absent).
-    pub(crate) tensors: &'s [Option<Layout<'s>>],
-    /// Each tensor's [`crate::layout::hash`] (any constant for an absent one).
-    pub(crate) hashes: &'s [u64],
+    pub(crate) tensors: &'s [Option<&'s Tensor>],
     /// How many of `tensors` are inputs.
     pub(crate) inputs: usize,
 }
 
 impl Signature<'_> {
-    /// A hash of everything the signature holds.
+    /// A hash of everything the signature holds (each tensor's layout hashed once, when it was
+    /// made: [`Tensor::layout_hash`]).
     pub(crate) fn hash(&self) -> u64 {
         let mut h = mix(std::ptr::from_ref(self.op) as u64, self.inputs as u64);
         for s in self.scalars {
             h = mix(h, s);
         }
-        for &t in self.hashes {
-            h = mix(h, t);
+        for t in self.tensors {
+            h = mix(h, t.map_or(u64::MAX, Tensor::layout_hash));
         }
         h
     }
@@ -140,10 +144,15 @@ pub(crate) struct Entry {
     device: Arc<Device>,
     op: &'static symbols::Operator,
     scalars: [u64; 4],
-    /// Per argument, inputs then outputs: its key and its descriptor (`None`: absent).
-    tensors: Vec<Option<(TensorKey, *mut aclTensor)>>,
+    /// Every argument's layout, inputs then outputs, as [`push_key`] spells them.
+    key: Vec<usize>,
+    /// Per argument: its descriptor (null: absent).
+    descriptors: Vec<*mut aclTensor>,
     /// Per argument: the id of the buffer its descriptor is bound to now (0: none).
     bound: Vec<u64>,
+    /// Per argument: the [`Tensor::layout_id`] of the last tensor matched there (0: absent or
+    /// none yet); a tensor with that id has the layout of `key`.
+    seen: Vec<u64>,
     inputs: usize,
     executor: *mut aclOpExecutor,
     workspace_size: u64,
@@ -152,7 +161,7 @@ pub(crate) struct Entry {
 
 // SAFETY: the executor and descriptors are host objects of the device's default context, used
 // from any thread that binds the device (every use does); an entry is used by one launch at a
-// time (checked out of its cache).
+// time (under its cache's lock).
 unsafe impl Send for Entry {}
 
 impl Entry {
@@ -172,23 +181,27 @@ impl Entry {
         workspace_size: u64,
         phase2: Phase2,
     ) -> Self {
-        // bounded: one per argument of an operator (at most 16), a miss only.
+        // bounded: a few words per argument of one operator (at most 16, rank at most 8), a
+        // miss only.
         #[allow(clippy::disallowed_methods)]
-        let tensors = sig
-            .tensors
-            .iter()
-            .zip(descriptors)
-            .map(|(l, &d)| l.as_ref().and_then(TensorKey::of).map(|k| (k, d)))
-            .collect();
+        let mut key = Vec::with_capacity(sig.tensors.len() * (3 + 2 * MAX_RANK));
+        for &t in sig.tensors {
+            push_key(&mut key, t);
+        }
         // bounded: one per argument, a miss only.
         #[allow(clippy::disallowed_methods)]
-        let bound = buffers.to_vec();
+        let (descriptors, bound) = (descriptors.to_vec(), buffers.to_vec());
+        // bounded: one per argument, a miss only.
+        #[allow(clippy::disallowed_methods)]
+        let seen = sig.tensors.iter().map(|t| t.map_or(0, Tensor::layout_id)).collect();
         Entry {
             device,
             op: sig.op,
             scalars: sig.scalars,
-            tensors,
+            key,
+            descriptors,
             bound,
+            seen,
             inputs: sig.inputs,
             executor,
             workspace_size,
@@ -196,16 +209,34 @@ impl Entry {
         }
     }
 
-    fn matches(&self, sig: &Signature<'_>) -> bool {
-        std::ptr::eq(self.op, sig.op)
-            && self.scalars == sig.scalars
-            && self.inputs == sig.inputs
-            && self.tensors.len() == sig.tensors.len()
-            && self.tensors.iter().zip(sig.tensors).all(|(e, t)| match (e, t) {
-                (Some((k, _)), Some(l)) => k.matches(l),
-                (None, None) => true,
-                _ => false,
-            })
+    /// Whether `sig` is this entry's call: the operator, the scalars, and every tensor's layout,
+    /// compared word by word unless the tensor is one matched there before (same layout id).
+    fn matches(&mut self, sig: &Signature<'_>) -> bool {
+        if !std::ptr::eq(self.op, sig.op)
+            || self.scalars != sig.scalars
+            || self.inputs != sig.inputs
+            || self.seen.len() != sig.tensors.len()
+        {
+            return false;
+        }
+        let layout_id = |t: &Option<&Tensor>| t.map_or(0, Tensor::layout_id);
+        if self.seen.iter().zip(sig.tensors).all(|(&seen, t)| seen == layout_id(t)) {
+            return true; // the steady case: the very tensors of an earlier call
+        }
+        let mut key = &self.key[..];
+        for &t in sig.tensors {
+            match strip_key(key, t) {
+                Some(rest) => key = rest,
+                None => return false,
+            }
+        }
+        if !key.is_empty() {
+            return false;
+        }
+        for (seen, t) in self.seen.iter_mut().zip(sig.tensors) {
+            *seen = layout_id(t);
+        }
+        true
     }
 
     /// The workspace phase 2 needs.
@@ -239,12 +270,17 @@ impl Entry {
     /// in the live allocation of buffer `buffers[i]` of the entry's device, which outlives the
     /// launch that follows.
     pub(crate) unsafe fn rebind(&mut self, addrs: &[*mut std::ffi::c_void], buffers: &[u64]) -> Result<()> {
+        if self.bound == buffers {
+            return Ok(()); // the steady case: every descriptor already points at its buffer
+        }
         let cann = self.device.cann;
         let (mut input, mut output) = (0usize, 0usize);
-        for (i, ((t, bound), (&addr, &id))) in
-            self.tensors.iter().zip(&mut self.bound).zip(addrs.iter().zip(buffers)).enumerate()
+        for (i, ((&d, bound), (&addr, &id))) in
+            self.descriptors.iter().zip(&mut self.bound).zip(addrs.iter().zip(buffers)).enumerate()
         {
-            let Some((_, d)) = *t else { continue };
+            if d.is_null() {
+                continue;
+            }
             let (is_input, index) = if i < self.inputs { (true, &mut input) } else { (false, &mut output) };
             *index += 1;
             if *bound == id {
@@ -270,11 +306,11 @@ impl Entry {
     /// Leaks the executor and descriptors (work that could not be waited for may use them).
     fn leak(mut self) {
         leaked(Leak::Executor);
-        for _ in self.tensors.iter().flatten() {
+        for _ in self.descriptors.iter().filter(|d| !d.is_null()) {
             leaked(Leak::Tensor);
         }
         self.executor = std::ptr::null_mut();
-        self.tensors.clear();
+        self.descriptors.clear();
     }
 }
 
@@ -294,7 +330,7 @@ impl Drop for Entry {
                 leaked(Leak::Executor);
             }
         }
-        for &(_, d) in self.tensors.iter().flatten() {
+        for &d in self.descriptors.iter().filter(|d| !d.is_null()) {
             // SAFETY: a live descriptor owned by the entry; its executor is gone.
             if let Err(e) = unsafe { acl::destroy_tensor(cann, d) } {
                 report_drop_error("aclDestroyTensor", &e);

@@ -236,49 +236,63 @@ pub(crate) fn enqueue_using<'b, R>(
         sorted[i] = Some(b);
         n += 1;
     }
-    // Each earlier stream once, however many buffers it used (this allocates only when another
-    // stream is involved).
-    let mut ordered: Vec<Arc<StreamInner>> = Vec::new();
-    let mut enqueue = Some(enqueue);
-    let mut run = || match enqueue.take() {
-        Some(f) => f(),
-        None => Err(crate::Error::internal("an enqueue ran twice")),
-    };
-    lock_and_enqueue(stream, &sorted[..n], &mut ordered, &mut run)
+    // A launch lists a handful of buffers: a small array of guards then (dropping one costs a
+    // step per place).
+    if n <= 4 {
+        lock_and_enqueue::<4, R>(stream, &sorted[..n], enqueue)
+    } else {
+        lock_and_enqueue::<MAX_BUFFERS, R>(stream, &sorted[..n], enqueue)
+    }
 }
 
-/// Locks the first buffer's stream list, orders `stream` after the other streams in it (each
-/// once, remembered in `ordered`), then recurses on the rest; with every list locked, runs
-/// `enqueue`; then records `stream` on each buffer, as the locks are released. Each guard lives
-/// in its own frame: no list of guards is built.
-fn lock_and_enqueue<R>(
+/// Locks every list of `sorted` (at most `K`), in address order (so two enqueues never wait for
+/// each other); orders `stream` after the other streams in them; runs `enqueue`; records
+/// `stream` in every list; then releases them.
+fn lock_and_enqueue<const K: usize, R>(
     stream: &Arc<StreamInner>,
-    buffers: &[Option<&DeviceBuffer>],
-    ordered: &mut Vec<Arc<StreamInner>>,
-    enqueue: &mut dyn FnMut() -> Result<R>,
+    sorted: &[Option<&DeviceBuffer>],
+    enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    let Some((Some(first), rest)) = buffers.split_first() else { return enqueue() };
-    let mut users = first.lock_users();
-    let mut result = Ok(());
-    // On failure the unordered ones stay listed, so drop still waits for them.
-    while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
-        if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
-            if let Err(e) = stream.order_after(&users[i]) {
-                result = Err(e);
-                break;
-            }
-            ordered.push(users[i].clone());
-        }
-        users.swap_remove(i);
+    let mut guards: [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>; K] = [const { None }; K];
+    let mut others = false;
+    for (g, b) in guards.iter_mut().zip(sorted.iter().flatten()) {
+        let users = b.lock_users();
+        others |= users.iter().any(|s| !Arc::ptr_eq(s, stream));
+        *g = Some(users);
     }
-    let result = result.and_then(|()| lock_and_enqueue(stream, rest, ordered, enqueue));
+    let guards = &mut guards[..sorted.len().min(K)];
+    let result = if others { order_after_users(stream, guards) } else { Ok(()) };
+    let result = result.and_then(|()| enqueue());
     // Recorded even when the work failed (it may have queued part of it; recording too much only
     // costs an event), and when ordering failed: the streams ordered before `stream` were
-    // forgotten here, and `stream` waits for them.
-    if !users.iter().any(|s| Arc::ptr_eq(s, stream)) {
-        users.push(stream.clone());
+    // forgotten, and `stream` waits for them.
+    for users in guards.iter_mut().flatten() {
+        if !users.iter().any(|s| Arc::ptr_eq(s, stream)) {
+            users.push(stream.clone());
+        }
     }
     result
+}
+
+/// Orders `stream` after every other stream in the locked lists `guards`, each stream once
+/// however many buffers it used, and forgets them (`stream` waits for them from now on). On
+/// failure the unordered ones stay listed, so a buffer's drop still waits for them. Allocates
+/// only here, when another stream is involved.
+fn order_after_users(
+    stream: &Arc<StreamInner>,
+    guards: &mut [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>],
+) -> Result<()> {
+    let mut ordered: Vec<Arc<StreamInner>> = Vec::new();
+    for users in guards.iter_mut().flatten() {
+        while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
+            if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
+                stream.order_after(&users[i])?;
+                ordered.push(users[i].clone());
+            }
+            users.swap_remove(i);
+        }
+    }
+    Ok(())
 }
 
 /// The most buffers one enqueue touches (an operator's at most 16 tensors and its workspace).

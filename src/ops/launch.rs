@@ -27,7 +27,6 @@ use crate::device::executor::Executor;
 use crate::device::launch_cache::{Entry, Signature, MAX_RANK};
 use crate::device::{enqueue_using, Device, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
-use crate::layout::Layout;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -171,58 +170,75 @@ fn phase1<'a, O: Operator<'a>>(
     })
 }
 
-/// What the launch cache sees of a call: each tensor's layout and storage address (inputs then
-/// outputs; `None` and null where absent).
+/// What the launch cache sees of a call: its tensors, inputs then outputs (`None`: absent), with
+/// each one's buffer, storage address and buffer id (null and 0 where absent).
 struct Bound<'t> {
-    layouts: [Option<Layout<'t>>; MAX_ARGS],
-    /// Each layout's hash (kept by its tensor), `u64::MAX` where absent.
-    hashes: [u64; MAX_ARGS],
+    tensors: [Option<&'t Tensor>; MAX_ARGS],
+    buffers: [Option<&'t DeviceBuffer>; MAX_ARGS],
     addrs: [*mut c_void; MAX_ARGS],
-    /// Each tensor's buffer id (0 where absent).
     ids: [u64; MAX_ARGS],
+    len: usize,
+    inputs: usize,
 }
 
 impl<'t> Bound<'t> {
-    fn new() -> Self {
-        Bound {
-            layouts: [None; MAX_ARGS],
-            hashes: [u64::MAX; MAX_ARGS],
+    /// `inputs` then `outputs`, or `None` when the launch cache does not take the call: more
+    /// than [`MAX_ARGS`] tensors, or a tensor not in device memory of `device`, of rank over
+    /// [`MAX_RANK`], or whose storage address is null (empty) or not 32-byte aligned (CANN
+    /// rebinds only aligned addresses).
+    fn new(
+        device: &Device,
+        inputs: impl IntoIterator<Item = Option<&'t Tensor>>,
+        outputs: impl IntoIterator<Item = Option<&'t Tensor>>,
+    ) -> Option<Self> {
+        let mut b = Bound {
+            tensors: [None; MAX_ARGS],
+            buffers: [None; MAX_ARGS],
             addrs: [std::ptr::null_mut(); MAX_ARGS],
             ids: [0; MAX_ARGS],
+            len: 0,
+            inputs: 0,
+        };
+        for t in inputs {
+            b.push(t, device)?;
         }
+        b.inputs = b.len;
+        for t in outputs {
+            b.push(t, device)?;
+        }
+        Some(b)
     }
 
-    /// Fills in `args`; `false` when the launch cache does not take the call: a tensor not in
-    /// device memory of `device`, of rank over [`MAX_RANK`], or whose storage address is null
-    /// (empty) or not 32-byte aligned (CANN rebinds only aligned addresses).
-    fn fill(&mut self, args: &CallArgs<'t>, device: &Device) -> bool {
-        let slots = self.layouts.iter_mut().zip(&mut self.hashes).zip(self.addrs.iter_mut().zip(&mut self.ids));
-        for (((l, h), (addr, id)), (t, _)) in slots.zip(args.iter()) {
-            let Some(t) = t else { continue };
-            let Some((buffer, on)) = t.device_buffer() else { return false };
-            let p = buffer.ptr();
-            if !on.same(device) || p.is_null() || !(p as usize).is_multiple_of(32) || t.shape().len() > MAX_RANK {
-                return false;
-            }
-            (*l, *h, *addr, *id) = (Some(t.layout()), t.layout_hash(), p, buffer.id());
+    fn push(&mut self, t: Option<&'t Tensor>, device: &Device) -> Option<()> {
+        let i = self.len;
+        if i == MAX_ARGS {
+            return None;
         }
-        true
+        self.len += 1;
+        let Some(t) = t else { return Some(()) };
+        let (buffer, on) = t.device_buffer()?;
+        let p = buffer.ptr();
+        if !on.same(device) || p.is_null() || !(p as usize).is_multiple_of(32) || t.shape().len() > MAX_RANK {
+            return None;
+        }
+        (self.tensors[i], self.buffers[i], self.addrs[i], self.ids[i]) = (Some(t), Some(buffer), p, buffer.id());
+        Some(())
     }
 
-    fn signature<'s, S: ScalarBits>(
-        &'s self,
+    fn signature<S: ScalarBits>(&self, op: &'static symbols::Operator, scalars: S) -> Signature<'_> {
+        Signature { op, scalars: scalars.bits(), tensors: &self.tensors[..self.len], inputs: self.inputs }
+    }
+
+    /// Launches the entry of this call cached on `inner`, if there is one: see [`launch_cached`].
+    fn launch_hit<S: ScalarBits>(
+        &self,
+        inner: &Arc<StreamInner>,
         op: &'static symbols::Operator,
         scalars: S,
-        args: &CallArgs<'_>,
-    ) -> Signature<'s> {
-        let n = args.len;
-        Signature {
-            op,
-            scalars: scalars.bits(),
-            tensors: &self.layouts[..n],
-            hashes: &self.hashes[..n],
-            inputs: args.inputs,
-        }
+    ) -> (u64, Option<Result<()>>) {
+        let sig = self.signature(op, scalars);
+        let hash = sig.hash();
+        (hash, inner.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, self, entry)))
     }
 }
 
@@ -241,27 +257,10 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
     if !inner.launches.enabled() {
         return Ok(false);
     }
-    let mut args = CallArgs { tensors: [None; MAX_ARGS], names: [""; MAX_ARGS], len: 0, inputs: 0 };
-    for (t, name) in op.inputs() {
-        if args.len == MAX_ARGS {
-            return Ok(false);
-        }
-        args.push(t, name);
-    }
-    args.inputs = args.len;
-    for (t, name) in outs.each().zip(O::OUTPUTS) {
-        if args.len == MAX_ARGS {
-            return Ok(false);
-        }
-        args.push(t, name);
-    }
-    let mut bound = Bound::new();
-    if !bound.fill(&args, device) {
+    let Some(bound) = Bound::new(device, op.inputs().into_iter().map(|(t, _)| t), outs.each()) else {
         return Ok(false);
-    }
-    let sig = bound.signature(O::OP, op.scalars(), &args);
-    let (addrs, ids) = (&bound.addrs[..args.len], &bound.ids[..args.len]);
-    match inner.launches.launch_hit(inner, sig.hash(), &sig, |entry| launch_cached(inner, &args, addrs, ids, entry)) {
+    };
+    match bound.launch_hit(inner, O::OP, op.scalars()).1 {
         Some(result) => result.map(|()| true),
         None => Ok(false),
     }
@@ -270,7 +269,7 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
 /// A validated `_into` or allocating call on Ascend: the cached executor of this call's
 /// signature on `inner` if there is one (rebound, then phase 2), else phase 1 with a repeatable
 /// executor, launched and kept. Calls the cache does not take (it is off, an empty input that is
-/// zeroed after the launch, or see [`Bound::fill`]) run [`prepare`] and launch as always.
+/// zeroed after the launch, or see [`Bound::new`]) run [`prepare`] and launch as always.
 pub(crate) fn run<'a, O: Operator<'a>>(
     inner: &Arc<StreamInner>,
     device: &Arc<Device>,
@@ -280,44 +279,37 @@ pub(crate) fn run<'a, O: Operator<'a>>(
 ) -> Result<()> {
     let args = CallArgs::of(&op, outs)?;
     let (scalars, zero) = (op.scalars(), O::zero_after_launch(&plan));
-    let mut bound = Bound::new();
-    if zero || !inner.launches.enabled() || !bound.fill(&args, device) {
+    let present = args.tensors[..args.len].iter().copied();
+    let bound = match zero || !inner.launches.enabled() {
+        true => None,
+        false => Bound::new(device, present.clone().take(args.inputs), present.skip(args.inputs)),
+    };
+    let Some(bound) = bound else {
         return phase1::<O>(device, scalars, args, zero)?.launch_on(inner, None);
-    }
-    let sig = bound.signature(O::OP, scalars, &args);
-    let hash = sig.hash();
-    let (addrs, ids) = (&bound.addrs[..args.len], &bound.ids[..args.len]);
-    if let Some(result) =
-        inner.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, &args, addrs, ids, entry))
-    {
+    };
+    let (hash, hit) = bound.launch_hit(inner, O::OP, scalars);
+    if let Some(result) = hit {
         return result;
     }
     // A miss (the slow path): first destroy the retired entries whose launches have run.
     inner.launches.reap(inner);
     let mut prepared = phase1::<O>(device, scalars, args, false)?;
     prepared.executor.as_mut().map_or(Ok(()), Executor::make_repeatable)?;
-    prepared.launch_and_keep(inner, &sig, hash)
+    prepared.launch_and_keep(inner, &bound.signature(O::OP, scalars), hash)
 }
 
 /// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
 /// buffer, then launched with the stream's workspace, its buffers recorded with the enqueue.
-fn launch_cached(
-    inner: &Arc<StreamInner>,
-    args: &CallArgs<'_>,
-    addrs: &[*mut c_void],
-    ids: &[u64],
-    entry: &mut Entry,
-) -> Result<()> {
+fn launch_cached(inner: &Arc<StreamInner>, call: &Bound<'_>, entry: &mut Entry) -> Result<()> {
     let device = &inner.device;
     let size = entry.workspace_size();
-    // Every present tensor's buffer is on the device ([`Bound::fill`] checked).
-    let buffers = args.tensors[..args.len].iter().flatten().filter_map(|t| t.device_buffer().map(|(b, _)| b));
-    enqueue_using(inner, buffers, || {
+    let n = call.len;
+    enqueue_using(inner, call.buffers[..n].iter().flatten().copied(), || {
         device.bind()?;
-        // SAFETY: each address is this call's buffer of that argument, whose id is `ids[i]`
+        // SAFETY: each address is this call's buffer of that argument, whose id is `call.ids[i]`
         // (checked 32-byte aligned and non-null; the view was validated to lie inside it),
         // recorded on this stream by `enqueue_using`, so it outlives the launch.
-        unsafe { entry.rebind(addrs, ids) }?;
+        unsafe { entry.rebind(&call.addrs[..n], &call.ids[..n]) }?;
         inner.with_workspace(size, |ws| {
             // SAFETY: the entry's phase 2 with its live repeatable executor, all of whose
             // tensors were just rebound to live buffers recorded on this stream; `ws` is null
