@@ -68,3 +68,70 @@ impl<'a> Prepared<'a> {
         }
     }
 }
+
+/// Writes an operator's `_into` entry (one [`operator::run`](super::operator::run)) and its
+/// `prepare_` entry (one [`operator::prepare`](super::operator::prepare)) from one argument list,
+/// after `stream`: in `_into` each reference keeps its own lifetime, in `prepare_` every tensor
+/// is borrowed for the `'a` of the prepared call it returns. `=> (args, outputs)` builds the call
+/// from the arguments. An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor`,
+/// `Option<&mut Tensor>`, `Type<'_>` (a struct of tensors), or a plain value type; each is
+/// followed by a comma.
+macro_rules! into_and_prepare {
+    (
+        $(#[$into_meta:meta])*
+        pub fn $into:ident;
+        $(#[$prep_meta:meta])*
+        pub fn $prep:ident -> $prepared:ident;
+        ($($params:tt)*) => ($op:expr, $outs:expr $(,)?);
+    ) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg [$(#[$into_meta])* $into] [$(#[$prep_meta])* $prep $prepared] ($op, $outs) [] []
+            $($params)*
+        }
+    };
+    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: &Tensor, $($rest:tt)*) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg $i $p $call [$($ia)* $n: &Tensor,] [$($pa)* $n: &'a Tensor,] $($rest)*
+        }
+    };
+    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: Option<&Tensor>, $($rest:tt)*) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg $i $p $call [$($ia)* $n: Option<&Tensor>,] [$($pa)* $n: Option<&'a Tensor>,] $($rest)*
+        }
+    };
+    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: &mut Tensor, $($rest:tt)*) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg $i $p $call [$($ia)* $n: &mut Tensor,] [$($pa)* $n: &'a mut Tensor,] $($rest)*
+        }
+    };
+    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: Option<&mut Tensor>, $($rest:tt)*) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg $i $p $call [$($ia)* $n: Option<&mut Tensor>,] [$($pa)* $n: Option<&'a mut Tensor>,] $($rest)*
+        }
+    };
+    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: $t:ident<'_>, $($rest:tt)*) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg $i $p $call [$($ia)* $n: $t<'_>,] [$($pa)* $n: $t<'a>,] $($rest)*
+        }
+    };
+    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: $t:ty, $($rest:tt)*) => {
+        $crate::ops::prepared::into_and_prepare! {
+            @arg $i $p $call [$($ia)* $n: $t,] [$($pa)* $n: $t,] $($rest)*
+        }
+    };
+    (
+        @arg [$(#[$into_meta:meta])* $into:ident] [$(#[$prep_meta:meta])* $prep:ident $prepared:ident]
+        ($op:expr, $outs:expr) [$($ia:tt)*] [$($pa:tt)*]
+    ) => {
+        $(#[$into_meta])*
+        pub fn $into(stream: &$crate::stream::Stream, $($ia)*) -> $crate::error::Result<()> {
+            $crate::ops::operator::run(stream, $op, $outs)
+        }
+
+        $(#[$prep_meta])*
+        pub fn $prep<'a>(stream: &$crate::stream::Stream, $($pa)*) -> $crate::error::Result<$prepared<'a>> {
+            $crate::ops::operator::prepare(stream, $op, $outs)
+        }
+    };
+}
+pub(crate) use into_and_prepare;

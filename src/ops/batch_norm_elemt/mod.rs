@@ -8,8 +8,8 @@ pub(in crate::ops) mod cpu;
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{into_and_prepare, Prepared};
 use super::validate;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -83,43 +83,33 @@ pub fn batch_norm_elemt(
     Ok(output)
 }
 
-/// [`batch_norm_elemt`] into the caller-owned `output` (same shape and dtype as `input`, any
-/// strides that do not overlap themselves).
-///
-/// On Ascend this is `aclnnBatchNormElemtGetWorkspaceSize` followed by `aclnnBatchNormElemt` on
-/// `stream`, with the stream's cached workspace. The call returns once the work is enqueued; every
-/// tensor may be dropped at once (its memory is freed after the stream has finished with it).
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_elemt_into(
-    stream: &Stream,
-    input: &Tensor,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    mean: &Tensor,
-    invstd: &Tensor,
-    eps: f64,
-    output: &mut Tensor,
-) -> Result<()> {
-    run(stream, Args { input, weight, bias, mean, invstd, eps }, [output])
-}
+into_and_prepare! {
+    /// [`batch_norm_elemt`] into the caller-owned `output` (same shape and dtype as `input`, any
+    /// strides that do not overlap themselves).
+    ///
+    /// On Ascend this is `aclnnBatchNormElemtGetWorkspaceSize` followed by `aclnnBatchNormElemt` on
+    /// `stream`, with the stream's cached workspace. The call returns once the work is enqueued; every
+    /// tensor may be dropped at once (its memory is freed after the stream has finished with it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_elemt_into;
 
-/// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
-/// descriptors and the executor (`aclnnBatchNormElemtGetWorkspaceSize`).
-///
-/// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
-/// phase 2; dropping it unlaunched destroys the executor and writes nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_elemt<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    weight: Option<&'a Tensor>,
-    bias: Option<&'a Tensor>,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    eps: f64,
-    output: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    prepare(stream, Args { input, weight, bias, mean, invstd, eps }, [output])
+    /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
+    /// descriptors and the executor (`aclnnBatchNormElemtGetWorkspaceSize`).
+    ///
+    /// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
+    /// phase 2; dropping it unlaunched destroys the executor and writes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_elemt -> Prepared;
+
+    (
+        input: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        mean: &Tensor,
+        invstd: &Tensor,
+        eps: f64,
+        output: &mut Tensor,
+    ) => (Args { input, weight, bias, mean, invstd, eps }, [output]);
 }
 
 /// The arguments of a call but its output.

@@ -8,8 +8,8 @@ mod cpu;
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{into_and_prepare, Prepared};
 use super::validate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -76,47 +76,35 @@ pub fn batch_norm_elemt_backward(
     Ok(grad_input)
 }
 
-/// [`batch_norm_elemt_backward`] into the caller-owned `grad_input` (input's shape, any of
-/// f32/f16/bf16, any strides that do not overlap themselves).
-///
-/// On Ascend this is `aclnnBatchNormElemtBackwardGetWorkspaceSize` followed by
-/// `aclnnBatchNormElemtBackward` on `stream`, with the stream's cached workspace. The call returns
-/// once the work is enqueued; every tensor may be dropped at once.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_elemt_backward_into(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    sum_dy: &Tensor,
-    sum_dy_xmu: &Tensor,
-    counter: &Tensor,
-    grad_input: &mut Tensor,
-) -> Result<()> {
-    run(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input])
-}
+into_and_prepare! {
+    /// [`batch_norm_elemt_backward`] into the caller-owned `grad_input` (input's shape, any of
+    /// f32/f16/bf16, any strides that do not overlap themselves).
+    ///
+    /// On Ascend this is `aclnnBatchNormElemtBackwardGetWorkspaceSize` followed by
+    /// `aclnnBatchNormElemtBackward` on `stream`, with the stream's cached workspace. The call returns
+    /// once the work is enqueued; every tensor may be dropped at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_elemt_backward_into;
 
-/// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
-/// descriptors and the executor (`aclnnBatchNormElemtBackwardGetWorkspaceSize`).
-///
-/// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
-/// phase 2; dropping it unlaunched destroys the executor and writes nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_elemt_backward<'a>(
-    stream: &Stream,
-    grad_out: &'a Tensor,
-    input: &'a Tensor,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    weight: Option<&'a Tensor>,
-    sum_dy: &'a Tensor,
-    sum_dy_xmu: &'a Tensor,
-    counter: &'a Tensor,
-    grad_input: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    prepare(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input])
+    /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
+    /// descriptors and the executor (`aclnnBatchNormElemtBackwardGetWorkspaceSize`).
+    ///
+    /// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
+    /// phase 2; dropping it unlaunched destroys the executor and writes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_elemt_backward -> Prepared;
+
+    (
+        grad_out: &Tensor,
+        input: &Tensor,
+        mean: &Tensor,
+        invstd: &Tensor,
+        weight: Option<&Tensor>,
+        sum_dy: &Tensor,
+        sum_dy_xmu: &Tensor,
+        counter: &Tensor,
+        grad_input: &mut Tensor,
+    ) => (Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input]);
 }
 
 /// Validates the arguments of a [`batch_norm_elemt_backward`] call as it does, launching nothing

@@ -14,8 +14,8 @@
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{into_and_prepare, Prepared};
 use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
@@ -91,50 +91,35 @@ pub fn batch_norm_gather_stats_with_counts(
     Ok((mean_all, invstd_all))
 }
 
-/// [`batch_norm_gather_stats_with_counts`] into caller-owned outputs `mean_all` and
-/// `invstd_all`: shape `[C]` (any stride but 0), any of f32/f16/bf16.
-///
-/// On Ascend this is `aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize` followed by
-/// `aclnnBatchNormGatherStatsWithCounts` on `stream`, with the stream's cached workspace; it
-/// returns once the work is enqueued.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_gather_stats_with_counts_into(
-    stream: &Stream,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    running_mean: Option<&mut Tensor>,
-    running_var: Option<&mut Tensor>,
-    momentum: f64,
-    eps: f64,
-    counts: &Tensor,
-    mean_all: &mut Tensor,
-    invstd_all: &mut Tensor,
-) -> Result<()> {
-    let op = Args { input, mean, invstd, counts, momentum, eps };
-    run(stream, op, ([running_mean, running_var], [mean_all, invstd_all]))
-}
+into_and_prepare! {
+    /// [`batch_norm_gather_stats_with_counts`] into caller-owned outputs `mean_all` and
+    /// `invstd_all`: shape `[C]` (any stride but 0), any of f32/f16/bf16.
+    ///
+    /// On Ascend this is `aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize` followed by
+    /// `aclnnBatchNormGatherStatsWithCounts` on `stream`, with the stream's cached workspace; it
+    /// returns once the work is enqueued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_gather_stats_with_counts_into;
 
-/// Phase 1 of the two-phase API of [`batch_norm_gather_stats_with_counts_into`]: validates the
-/// arguments and, on Ascend, creates the descriptors and the executor
-/// (`aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize`). The result borrows every tensor
-/// until it is launched ([`Prepared::launch`]) or dropped (which writes nothing).
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    running_mean: Option<&'a mut Tensor>,
-    running_var: Option<&'a mut Tensor>,
-    momentum: f64,
-    eps: f64,
-    counts: &'a Tensor,
-    mean_all: &'a mut Tensor,
-    invstd_all: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    let op = Args { input, mean, invstd, counts, momentum, eps };
-    prepare(stream, op, ([running_mean, running_var], [mean_all, invstd_all]))
+    /// Phase 1 of the two-phase API of [`batch_norm_gather_stats_with_counts_into`]: validates the
+    /// arguments and, on Ascend, creates the descriptors and the executor
+    /// (`aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize`). The result borrows every tensor
+    /// until it is launched ([`Prepared::launch`]) or dropped (which writes nothing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_gather_stats_with_counts -> Prepared;
+
+    (
+        input: &Tensor,
+        mean: &Tensor,
+        invstd: &Tensor,
+        running_mean: Option<&mut Tensor>,
+        running_var: Option<&mut Tensor>,
+        momentum: f64,
+        eps: f64,
+        counts: &Tensor,
+        mean_all: &mut Tensor,
+        invstd_all: &mut Tensor,
+    ) => (Args { input, mean, invstd, counts, momentum, eps }, ([running_mean, running_var], [mean_all, invstd_all]));
 }
 
 /// The arguments of a call but the tensors it writes.

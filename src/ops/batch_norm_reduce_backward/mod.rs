@@ -13,8 +13,8 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use self::validate::Plan;
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{into_and_prepare, Prepared};
 use crate::cpu::host;
 use crate::cpu::ViewMut;
 use crate::dtype::DType;
@@ -86,48 +86,39 @@ pub fn batch_norm_reduce_backward(
     Ok(ReduceBackward { sum_dy, sum_dy_xmu, grad_weight, grad_bias })
 }
 
-/// Computes the BatchNorm backward reductions into caller-owned tensors (any of f32/f16/bf16,
-/// shape `[C]`, any stride). The outputs the mask turns on must be given (else 161001).
-///
-/// On Ascend this is `aclnnBatchNormReduceBackwardGetWorkspaceSize` followed by
-/// `aclnnBatchNormReduceBackward` on `stream`, with the stream's cached workspace (no allocation in
-/// a steady loop of same-size calls). The call returns once the work is enqueued; every tensor may
-/// be dropped at once (its memory is freed after the stream has finished with it).
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_reduce_backward_into(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    mask: OutputMask,
-    out: ReduceBackwardOut<'_>,
-) -> Result<()> {
-    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
-    run(stream, Args { grad_out, input, mean, invstd, weight, mask }, outs)
-}
+into_and_prepare! {
+    /// Computes the BatchNorm backward reductions into caller-owned tensors (any of f32/f16/bf16,
+    /// shape `[C]`, any stride). The outputs the mask turns on must be given (else 161001).
+    ///
+    /// On Ascend this is `aclnnBatchNormReduceBackwardGetWorkspaceSize` followed by
+    /// `aclnnBatchNormReduceBackward` on `stream`, with the stream's cached workspace (no allocation in
+    /// a steady loop of same-size calls). The call returns once the work is enqueued; every tensor may
+    /// be dropped at once (its memory is freed after the stream has finished with it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_reduce_backward_into;
 
-/// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
-/// descriptors and the executor (`aclnnBatchNormReduceBackwardGetWorkspaceSize`).
-///
-/// The result borrows every tensor until it is launched or dropped, so none can be freed or
-/// read in between. [`PreparedReduceBackward::launch`] runs phase 2; dropping it unlaunched
-/// destroys the executor (`aclSetAclOpExecutorRepeatable` + `aclDestroyAclOpExecutor`) and writes
-/// nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_reduce_backward<'a>(
-    stream: &Stream,
-    grad_out: &'a Tensor,
-    input: &'a Tensor,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    weight: Option<&'a Tensor>,
-    mask: OutputMask,
-    out: ReduceBackwardOut<'a>,
-) -> Result<PreparedReduceBackward<'a>> {
-    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
-    prepare(stream, Args { grad_out, input, mean, invstd, weight, mask }, outs)
+    /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
+    /// descriptors and the executor (`aclnnBatchNormReduceBackwardGetWorkspaceSize`).
+    ///
+    /// The result borrows every tensor until it is launched or dropped, so none can be freed or
+    /// read in between. [`PreparedReduceBackward::launch`] runs phase 2; dropping it unlaunched
+    /// destroys the executor (`aclSetAclOpExecutorRepeatable` + `aclDestroyAclOpExecutor`) and writes
+    /// nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_reduce_backward -> PreparedReduceBackward;
+
+    (
+        grad_out: &Tensor,
+        input: &Tensor,
+        mean: &Tensor,
+        invstd: &Tensor,
+        weight: Option<&Tensor>,
+        mask: OutputMask,
+        out: ReduceBackwardOut<'_>,
+    ) => (
+        Args { grad_out, input, mean, invstd, weight, mask },
+        validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]),
+    );
 }
 
 /// The two-phase API's prepared call of this operator (see [`Prepared`]).

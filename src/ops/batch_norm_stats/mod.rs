@@ -4,8 +4,8 @@
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{into_and_prepare, Prepared};
 use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
@@ -48,33 +48,26 @@ pub fn batch_norm_stats(stream: &Stream, input: &Tensor, eps: f64) -> Result<(Te
     Ok((mean, invstd))
 }
 
-/// [`batch_norm_stats`] into caller-owned outputs: `mean` and `invstd` of shape `[C]` (any
-/// stride but 0), dtype f32 (any other is rejected with 161002, as CANN does).
-///
-/// On Ascend this is `aclnnBatchNormStatsGetWorkspaceSize` followed by `aclnnBatchNormStats` on
-/// `stream`, with the stream's cached workspace; it returns once the work is enqueued.
-pub fn batch_norm_stats_into(
-    stream: &Stream,
-    input: &Tensor,
-    eps: f64,
-    mean: &mut Tensor,
-    invstd: &mut Tensor,
-) -> Result<()> {
-    run(stream, Args { input, eps }, [mean, invstd])
-}
+into_and_prepare! {
+    /// [`batch_norm_stats`] into caller-owned outputs: `mean` and `invstd` of shape `[C]` (any
+    /// stride but 0), dtype f32 (any other is rejected with 161002, as CANN does).
+    ///
+    /// On Ascend this is `aclnnBatchNormStatsGetWorkspaceSize` followed by `aclnnBatchNormStats` on
+    /// `stream`, with the stream's cached workspace; it returns once the work is enqueued.
+    pub fn batch_norm_stats_into;
 
-/// Phase 1 of the two-phase API of [`batch_norm_stats_into`]: validates the arguments and, on
-/// Ascend, creates the descriptors and the executor (`aclnnBatchNormStatsGetWorkspaceSize`).
-/// The result borrows every tensor until it is launched ([`Prepared::launch`]) or dropped
-/// (which writes nothing).
-pub fn prepare_batch_norm_stats<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    eps: f64,
-    mean: &'a mut Tensor,
-    invstd: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    prepare(stream, Args { input, eps }, [mean, invstd])
+    /// Phase 1 of the two-phase API of [`batch_norm_stats_into`]: validates the arguments and, on
+    /// Ascend, creates the descriptors and the executor (`aclnnBatchNormStatsGetWorkspaceSize`).
+    /// The result borrows every tensor until it is launched ([`Prepared::launch`]) or dropped
+    /// (which writes nothing).
+    pub fn prepare_batch_norm_stats -> Prepared;
+
+    (
+        input: &Tensor,
+        eps: f64,
+        mean: &mut Tensor,
+        invstd: &mut Tensor,
+    ) => (Args { input, eps }, [mean, invstd]);
 }
 
 /// The arguments of a call but its outputs.
