@@ -69,69 +69,105 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// Writes an operator's `_into` entry (one [`operator::run`](super::operator::run)) and its
-/// `prepare_` entry (one [`operator::prepare`](super::operator::prepare)) from one argument list,
-/// after `stream`: in `_into` each reference keeps its own lifetime, in `prepare_` every tensor
-/// is borrowed for the `'a` of the prepared call it returns. `=> (args, outputs)` builds the call
-/// from the arguments. An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor`,
-/// `Option<&mut Tensor>`, `Type<'_>` (a struct of tensors), or a plain value type; each is
-/// followed by a comma.
-macro_rules! into_and_prepare {
+/// Writes an operator's entry points from one argument list, the allocating entry's:
+/// - the allocating entry as given (its body makes the outputs);
+/// - `fn name_into(.., outputs) => (args, outs);`: the `_into` entry, the same arguments then
+///   the caller's outputs, one [`operator::run`](super::operator::run) of `args` (built from the
+///   arguments) on `outs`;
+/// - `fn prepare_name(.., ..) -> Prepared;`: the `prepare_` entry, the `_into` entry's arguments
+///   each borrowed for the `'a` of the prepared call it returns, one
+///   [`operator::prepare`](super::operator::prepare) of the same call;
+/// - optionally `pub(crate) fn validate_args(..) -> Result<()> { .. }`, the same arguments with
+///   the body given.
+///
+/// An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor`, `Option<&mut Tensor>`,
+/// `Type<'_>` (a struct of tensors) or a value type; the allocating entry's each followed by a
+/// comma.
+macro_rules! entry_points {
     (
+        $(#[$alloc_meta:meta])*
+        pub fn $alloc:ident($stream:ident: &Stream, $($inputs:tt)*) -> $alloc_ret:ty $alloc_body:block
+
         $(#[$into_meta:meta])*
-        pub fn $into:ident;
+        pub fn $into:ident(.., $($outputs:tt)*) => ($op:expr, $outs:expr $(,)?);
+
         $(#[$prep_meta:meta])*
-        pub fn $prep:ident -> $prepared:ident;
-        ($($params:tt)*) => ($op:expr, $outs:expr $(,)?);
+        pub fn $prep:ident(.., ..) -> $prepared:ident;
+
+        $(#[$check_meta:meta])*
+        pub(crate) fn $check:ident(..) -> $check_ret:ty $check_body:block
     ) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg [$(#[$into_meta])* $into] [$(#[$prep_meta])* $prep $prepared] ($op, $outs) [] []
-            $($params)*
-        }
-    };
-    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: &Tensor, $($rest:tt)*) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg $i $p $call [$($ia)* $n: &Tensor,] [$($pa)* $n: &'a Tensor,] $($rest)*
-        }
-    };
-    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: Option<&Tensor>, $($rest:tt)*) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg $i $p $call [$($ia)* $n: Option<&Tensor>,] [$($pa)* $n: Option<&'a Tensor>,] $($rest)*
-        }
-    };
-    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: &mut Tensor, $($rest:tt)*) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg $i $p $call [$($ia)* $n: &mut Tensor,] [$($pa)* $n: &'a mut Tensor,] $($rest)*
-        }
-    };
-    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: Option<&mut Tensor>, $($rest:tt)*) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg $i $p $call [$($ia)* $n: Option<&mut Tensor>,] [$($pa)* $n: Option<&'a mut Tensor>,] $($rest)*
-        }
-    };
-    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: $t:ident<'_>, $($rest:tt)*) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg $i $p $call [$($ia)* $n: $t<'_>,] [$($pa)* $n: $t<'a>,] $($rest)*
-        }
-    };
-    (@arg $i:tt $p:tt $call:tt [$($ia:tt)*] [$($pa:tt)*] $n:ident: $t:ty, $($rest:tt)*) => {
-        $crate::ops::prepared::into_and_prepare! {
-            @arg $i $p $call [$($ia)* $n: $t,] [$($pa)* $n: $t,] $($rest)*
-        }
-    };
-    (
-        @arg [$(#[$into_meta:meta])* $into:ident] [$(#[$prep_meta:meta])* $prep:ident $prepared:ident]
-        ($op:expr, $outs:expr) [$($ia:tt)*] [$($pa:tt)*]
-    ) => {
-        $(#[$into_meta])*
-        pub fn $into(stream: &$crate::stream::Stream, $($ia)*) -> $crate::error::Result<()> {
-            $crate::ops::operator::run(stream, $op, $outs)
+        $crate::ops::prepared::entry_points! {
+            $(#[$alloc_meta])*
+            pub fn $alloc($stream: &Stream, $($inputs)*) -> $alloc_ret $alloc_body
+
+            $(#[$into_meta])*
+            pub fn $into(.., $($outputs)*) => ($op, $outs);
+
+            $(#[$prep_meta])*
+            pub fn $prep(.., ..) -> $prepared;
         }
 
+        $(#[$check_meta])*
+        pub(crate) fn $check($stream: &Stream, $($inputs)*) -> $check_ret $check_body
+    };
+    (
+        $(#[$alloc_meta:meta])*
+        pub fn $alloc:ident($stream:ident: &Stream, $($inputs:tt)*) -> $alloc_ret:ty $alloc_body:block
+
+        $(#[$into_meta:meta])*
+        pub fn $into:ident(.., $($outputs:tt)*) => ($op:expr, $outs:expr $(,)?);
+
+        $(#[$prep_meta:meta])*
+        pub fn $prep:ident(.., ..) -> $prepared:ident;
+    ) => {
+        $(#[$alloc_meta])*
+        pub fn $alloc($stream: &Stream, $($inputs)*) -> $alloc_ret $alloc_body
+
+        $(#[$into_meta])*
+        pub fn $into(
+            $stream: &Stream,
+            $($inputs)*
+            $($outputs)*
+        ) -> $crate::error::Result<()> {
+            $crate::ops::operator::run($stream, $op, $outs)
+        }
+
+        $crate::ops::prepared::entry_points! {
+            @borrow [$(#[$prep_meta])* $prep $prepared $stream ($op, $outs)] []
+            $($inputs)* $($outputs)*,
+        }
+    };
+    // The `prepare_` entry's arguments, one at a time: each tensor reference borrowed for `'a`.
+    (@borrow $f:tt [$($done:tt)*] $n:ident: &Tensor, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: &'a Tensor,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: Option<&Tensor>, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: Option<&'a Tensor>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: &mut Tensor, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: &'a mut Tensor,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: Option<&mut Tensor>, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: Option<&'a mut Tensor>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: $t:ident<'_>, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: $t<'a>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: $t:ty, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: $t,] $($rest)* }
+    };
+    (
+        @borrow [$(#[$prep_meta:meta])* $prep:ident $prepared:ident $stream:ident ($op:expr, $outs:expr)]
+        [$($args:tt)*]
+    ) => {
         $(#[$prep_meta])*
-        pub fn $prep<'a>(stream: &$crate::stream::Stream, $($pa)*) -> $crate::error::Result<$prepared<'a>> {
-            $crate::ops::operator::prepare(stream, $op, $outs)
+        pub fn $prep<'a>(
+            $stream: &Stream,
+            $($args)*
+        ) -> $crate::error::Result<$prepared<'a>> {
+            $crate::ops::operator::prepare($stream, $op, $outs)
         }
     };
 }
-pub(crate) use into_and_prepare;
+pub(crate) use entry_points;
