@@ -449,7 +449,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                 match direct {
                     Some(d) => {
                         let start = self.offset + r0 * w + l0;
-                        rows_block(self.isa, &d[start..], w, lanes, full, last, &mut scratch, &mut out);
+                        let b = RowBlock { m: &d[start..], stride: w, lanes, full, last };
+                        rows_block(self.isa, b, &mut scratch, &mut out);
                     }
                     None => {
                         // bounded: ROWS_PER_BLOCK (256) rows of lanes <= MAX_ROW_LANES (256).
@@ -459,7 +460,12 @@ impl<'a, T: Element> Kernel<'a, T> {
                             // Whole super-rows: one contiguous stretch, widened at once.
                             let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
                             self.widen(&self.data[start..start + n], &mut buf[..n]);
-                            rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                            rows_block(
+                                self.isa,
+                                RowBlock { m: &buf, stride: lanes, lanes, full, last },
+                                &mut scratch,
+                                &mut out,
+                            );
                             r0 = rb;
                             continue;
                         }
@@ -474,7 +480,12 @@ impl<'a, T: Element> Kernel<'a, T> {
                                 odo.advance();
                             }
                         }
-                        rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                        rows_block(
+                            self.isa,
+                            RowBlock { m: &buf, stride: lanes, lanes, full, last },
+                            &mut scratch,
+                            &mut out,
+                        );
                     }
                 }
                 r0 = rb;
@@ -682,12 +693,23 @@ fn cvt32_f16c(c: &[half::f16], t: &mut [f32; LANES]) {
 /// Lanes of a register tile of the one-pass rows path.
 const TILE: usize = 32;
 
+/// One block of rows: `full` rows of `lanes` values at `m[r·stride..]`, then (if `last > 0`) a
+/// row with only its first `last` values.
+#[derive(Clone, Copy)]
+struct RowBlock<'m> {
+    m: &'m [f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+}
+
 /// A block of rows: one pass when every lane is [`one_pass_ok`], else the two passes of
 /// [`rows_core`].
 #[inline(always)]
-fn rows_any(m: &[f32], stride: usize, lanes: usize, full: usize, last: usize, s: &mut RowScratch, out: &mut [Moments]) {
-    if !rows_one_pass(m, stride, lanes, full, last, s, out) {
-        rows_core(m, stride, lanes, full, last, s, out)
+fn rows_any(b: RowBlock<'_>, s: &mut RowScratch, out: &mut [Moments]) {
+    if !rows_one_pass(b, s, out) {
+        rows_core(b, s, out)
     }
 }
 
@@ -696,11 +718,7 @@ fn rows_any(m: &[f32], stride: usize, lanes: usize, full: usize, last: usize, s:
 /// true when every lane is [`one_pass_ok`], else leaves `out` alone and returns false.
 #[inline(always)]
 fn rows_one_pass(
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
+    RowBlock { m, stride, lanes, full, last }: RowBlock<'_>,
     s: &mut RowScratch,
     out: &mut [Moments],
 ) -> bool {
@@ -874,32 +892,14 @@ impl RowScratch {
 }
 
 isa_dispatch! {
-    /// One block of rows: `full` rows of `lanes` values at `m[r·stride..]`, then (if `last > 0`) a
-    /// row with only its first `last` values. Lane j's moments are merged into `out[j]`.
-    #[allow(clippy::too_many_arguments)]
-    fn rows_block(
-        m: &[f32],
-        stride: usize,
-        lanes: usize,
-        full: usize,
-        last: usize,
-        s: &mut RowScratch,
-        out: &mut [Moments],
-    );
+    /// One block of rows; lane j's moments are merged into `out[j]`.
+    fn rows_block(b: RowBlock<'_>, s: &mut RowScratch, out: &mut [Moments]);
     portable: rows_any;
     x86_64: rows_any, avx2 = "avx2", avx512 = "avx512f,avx2";
 }
 
 #[inline(always)]
-fn rows_core(
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
-    s: &mut RowScratch,
-    out: &mut [Moments],
-) {
+fn rows_core(RowBlock { m, stride, lanes, full, last }: RowBlock<'_>, s: &mut RowScratch, out: &mut [Moments]) {
     let (acc, shift, sd, sq) = (&mut s.acc[..lanes], &mut s.shift[..lanes], &mut s.sd[..lanes], &mut s.sq[..lanes]);
     acc.fill(0.0);
     sd.fill(0.0);
