@@ -94,32 +94,7 @@ macro_rules! entry_points {
         $(#[$prep_meta:meta])*
         pub fn $prep:ident(.., ..) -> $prepared:ident;
 
-        $(#[$check_meta:meta])*
-        pub(crate) fn $check:ident(..) -> $check_ret:ty $check_body:block
-    ) => {
-        $crate::ops::prepared::entry_points! {
-            $(#[$alloc_meta])*
-            pub fn $alloc($stream: &Stream, $($inputs)*) -> $alloc_ret $alloc_body
-
-            $(#[$into_meta])*
-            pub fn $into(.., $($outputs)*) => ($op, $outs);
-
-            $(#[$prep_meta])*
-            pub fn $prep(.., ..) -> $prepared;
-        }
-
-        $(#[$check_meta])*
-        pub(crate) fn $check($stream: &Stream, $($inputs)*) -> $check_ret $check_body
-    };
-    (
-        $(#[$alloc_meta:meta])*
-        pub fn $alloc:ident($stream:ident: &Stream, $($inputs:tt)*) -> $alloc_ret:ty $alloc_body:block
-
-        $(#[$into_meta:meta])*
-        pub fn $into:ident(.., $($outputs:tt)*) => ($op:expr, $outs:expr $(,)?);
-
-        $(#[$prep_meta:meta])*
-        pub fn $prep:ident(.., ..) -> $prepared:ident;
+        $($check:tt)*
     ) => {
         $(#[$alloc_meta])*
         pub fn $alloc($stream: &Stream, $($inputs)*) -> $alloc_ret $alloc_body
@@ -137,6 +112,18 @@ macro_rules! entry_points {
             @borrow [$(#[$prep_meta])* $prep $prepared $stream ($op, $outs)] []
             $($inputs)* $($outputs)*,
         }
+
+        $crate::ops::prepared::entry_points! { @check $stream [$($inputs)*] $($check)* }
+    };
+    // The optional `validate_args`.
+    (@check $stream:ident [$($inputs:tt)*]) => {};
+    (
+        @check $stream:ident [$($inputs:tt)*]
+        $(#[$check_meta:meta])*
+        pub(crate) fn $check:ident(..) -> $check_ret:ty $check_body:block
+    ) => {
+        $(#[$check_meta])*
+        pub(crate) fn $check($stream: &Stream, $($inputs)*) -> $check_ret $check_body
     };
     // The `prepare_` entry's arguments, one at a time: each tensor reference borrowed for `'a`.
     (@borrow $f:tt [$($done:tt)*] $n:ident: &Tensor, $($rest:tt)*) => {
