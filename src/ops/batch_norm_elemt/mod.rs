@@ -188,7 +188,7 @@ impl<'a> Operator<'a> for Args<'a> {
         if empty {
             return Ok(());
         }
-        cpu::run(self.input, self.weight, self.bias, self.mean, self.invstd, self.eps as f32, output)
+        cpu::run(&self, output)
     }
 
     unsafe fn phase1(api: &OpApi, eps: f64, h: Handles<'_>) -> Result<aclnnStatus> {
