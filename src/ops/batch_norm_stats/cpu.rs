@@ -446,12 +446,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                     r0 = rb;
                     continue;
                 }
-                match direct {
-                    Some(d) => {
-                        let start = self.offset + r0 * w + l0;
-                        let b = RowBlock { m: &d[start..], stride: w, lanes, full, last };
-                        rows_block(self.isa, b, &mut scratch, &mut out);
-                    }
+                let block = match direct {
+                    Some(d) => RowBlock { m: &d[self.offset + r0 * w + l0..], stride: w, lanes, full, last },
                     None => {
                         // bounded: ROWS_PER_BLOCK (256) rows of lanes <= MAX_ROW_LANES (256).
                         #[allow(clippy::disallowed_methods)]
@@ -460,34 +456,23 @@ impl<'a, T: Element> Kernel<'a, T> {
                             // Whole super-rows: one contiguous stretch, widened at once.
                             let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
                             self.widen(&self.data[start..start + n], &mut buf[..n]);
-                            rows_block(
-                                self.isa,
-                                RowBlock { m: &buf, stride: lanes, lanes, full, last },
-                                &mut scratch,
-                                &mut out,
-                            );
-                            r0 = rb;
-                            continue;
-                        }
-                        for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
-                            let r = r0 + i;
-                            let n = valid(r);
-                            let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
-                            if n > 0 {
-                                self.widen(&self.data[start..start + n], &mut row[..n]);
-                            }
-                            if !flat {
-                                odo.advance();
+                        } else {
+                            for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
+                                let r = r0 + i;
+                                let n = valid(r);
+                                let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
+                                if n > 0 {
+                                    self.widen(&self.data[start..start + n], &mut row[..n]);
+                                }
+                                if !flat {
+                                    odo.advance();
+                                }
                             }
                         }
-                        rows_block(
-                            self.isa,
-                            RowBlock { m: &buf, stride: lanes, lanes, full, last },
-                            &mut scratch,
-                            &mut out,
-                        );
+                        RowBlock { m: &buf, stride: lanes, lanes, full, last }
                     }
-                }
+                };
+                rows_block(self.isa, block, &mut scratch, &mut out);
                 r0 = rb;
             }
             let _ = parts[item].set(out);
