@@ -128,45 +128,34 @@ impl Element for f32 {
     }
 }
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        f16::to_f64(self)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> Self {
-        f16_from_f64(v)
-    }
+/// The [`Element`] impl of a 16-bit float: the `half` crate's widenings and f32 narrowing, and
+/// the one-rounding f64 narrowing `$from_f64`.
+macro_rules! half_element {
+    ($t:ident, $dtype:expr, $from_f64:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                $t::to_f64(self)
+            }
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                $t::from_f32(v)
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                $from_f64(v)
+            }
+        }
+    };
 }
 
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        bf16::to_f64(self)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> Self {
-        bf16_from_f64(v)
-    }
-}
+half_element!(f16, DType::F16, f16_from_f64);
+half_element!(bf16, DType::BF16, bf16_from_f64);
 
 impl Element for i32 {
     const DTYPE: DType = DType::I32;

@@ -149,7 +149,7 @@ fn local_packed(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Res
 /// A `[C]` f32 stand-in for a statistic `forward`/`backward` computes (a zero-stride view of one
 /// element, staged: what the operators' checks look at is its dtype and shape).
 fn per_channel_stand_in(s: &Stream, c: usize) -> Result<Tensor> {
-    Tensor::staged(s, &[0f32], &[c], &[0], 0)
+    Tensor::uploaded(s, &[0f32], &[c], &[0], 0, true)
 }
 
 /// Every check the operators of [`forward`] make, before any of them runs: `input` as

@@ -220,22 +220,11 @@ impl Tensor {
         Ok(Tensor::with_layout(dtype, shape.to_vec(), layout::contiguous_strides(shape), 0, n, storage))
     }
 
-    /// Like [`from_slice_strided`](Self::from_slice_strided), for the small uploads the crate
-    /// makes itself: on Ascend, up to 4 KiB go through the stream's pinned staging area (an
-    /// `aclrtMemcpyAsync` queued on `stream`, no host wait), into memory from the stream's cache.
-    pub(crate) fn staged<T: Element>(
-        stream: &Stream,
-        storage: &[T],
-        shape: &[usize],
-        strides: &[usize],
-        offset: usize,
-    ) -> Result<Tensor> {
-        Self::uploaded(stream, storage, shape, strides, offset, true)
-    }
-
     /// A strided view over a copy of `storage`: [`from_slice_strided`](Self::from_slice_strided),
-    /// or with `staged` [`staged`](Self::staged).
-    fn uploaded<T: Element>(
+    /// or with `staged`, for the small uploads the crate makes itself: on Ascend, up to 4 KiB go
+    /// through the stream's pinned staging area (an `aclrtMemcpyAsync` queued on `stream`, no host
+    /// wait), into memory from the stream's cache.
+    pub(crate) fn uploaded<T: Element>(
         stream: &Stream,
         storage: &[T],
         shape: &[usize],

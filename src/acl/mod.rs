@@ -41,6 +41,23 @@ pub(crate) fn check(cann: &Cann, call: &'static str, status: i32) -> Result<()> 
     }
 }
 
+/// `handle` when it is not null; a null one (CANN reported success but gave nothing) is refused
+/// with `recent_error`'s text.
+fn non_null<H>(cann: &Cann, call: &'static str, handle: *mut H) -> Result<*mut H> {
+    if handle.is_null() {
+        return Err(Error::NullHandle { call, message: recent_error(cann) });
+    }
+    Ok(handle)
+}
+
+/// The handle `create` writes through its out-pointer: the status `create` returns is checked,
+/// and a null handle refused.
+fn created<H>(cann: &Cann, call: &'static str, create: impl FnOnce(&mut *mut H) -> i32) -> Result<*mut H> {
+    let mut handle: *mut H = ptr::null_mut();
+    check(cann, call, create(&mut handle))?;
+    non_null(cann, call, handle)
+}
+
 /// `aclInit(nullptr)`. A process where someone else already initialised ACL (100002) counts as
 /// success.
 pub(crate) fn init(cann: &Cann) -> Result<()> {
@@ -68,13 +85,8 @@ pub(crate) fn set_device(cann: &Cann, device: i32) -> Result<()> {
 
 /// `aclrtCreateStream`.
 pub(crate) fn create_stream(cann: &Cann) -> Result<aclrtStream> {
-    let mut stream: aclrtStream = ptr::null_mut();
     // SAFETY: `stream` is a valid out-pointer.
-    check(cann, "aclrtCreateStream", unsafe { cann.acl.aclrtCreateStream(&mut stream) })?;
-    if stream.is_null() {
-        return Err(Error::NullHandle { call: "aclrtCreateStream", message: recent_error(cann) });
-    }
-    Ok(stream)
+    created(cann, "aclrtCreateStream", |stream| unsafe { cann.acl.aclrtCreateStream(stream) })
 }
 
 /// `aclrtSynchronizeStream`.
@@ -97,14 +109,10 @@ pub(crate) unsafe fn destroy_stream(cann: &Cann, stream: aclrtStream) -> Result<
 
 /// `aclrtMalloc(.., ACL_MEM_MALLOC_HUGE_FIRST)`; `bytes` must be non-zero.
 pub(crate) fn malloc(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
-    let mut p: *mut c_void = ptr::null_mut();
-    // SAFETY: `p` is a valid out-pointer; the policy is a valid enum value.
-    let status = unsafe { cann.acl.aclrtMalloc(&mut p, bytes, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST) };
-    check(cann, "aclrtMalloc", status)?;
-    if p.is_null() {
-        return Err(Error::NullHandle { call: "aclrtMalloc", message: recent_error(cann) });
-    }
-    Ok(p)
+    created(cann, "aclrtMalloc", |p| {
+        // SAFETY: `p` is a valid out-pointer; the policy is a valid enum value.
+        unsafe { cann.acl.aclrtMalloc(p, bytes, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST) }
+    })
 }
 
 /// `aclrtFree`.
@@ -190,10 +198,7 @@ pub(crate) unsafe fn create_tensor(
             data,
         )
     };
-    if t.is_null() {
-        return Err(Error::NullHandle { call: "aclCreateTensor", message: recent_error(cann) });
-    }
-    Ok(t)
+    non_null(cann, "aclCreateTensor", t)
 }
 
 /// `aclDestroyTensor`.
@@ -228,10 +233,7 @@ pub(crate) fn phase1(
     let mut size = 0u64;
     let mut executor: *mut aclOpExecutor = ptr::null_mut();
     check(cann, call, f(&mut size, &mut executor)?)?;
-    if executor.is_null() {
-        return Err(Error::NullHandle { call, message: recent_error(cann) });
-    }
-    Ok((size, executor))
+    Ok((size, non_null(cann, call, executor)?))
 }
 
 /// A function of an op library that [`Cann::operator`] found exported (it is then never an
@@ -248,13 +250,8 @@ pub(crate) fn ctx_set_sys_param(cann: &Cann, opt: ascend_sys::aclSysParamOpt, va
 
 /// `aclrtCreateEvent`.
 pub(crate) fn create_event(cann: &Cann) -> Result<aclrtEvent> {
-    let mut event: aclrtEvent = ptr::null_mut();
     // SAFETY: `event` is a valid out-pointer.
-    check(cann, "aclrtCreateEvent", unsafe { cann.acl.aclrtCreateEvent(&mut event) })?;
-    if event.is_null() {
-        return Err(Error::NullHandle { call: "aclrtCreateEvent", message: recent_error(cann) });
-    }
-    Ok(event)
+    created(cann, "aclrtCreateEvent", |event| unsafe { cann.acl.aclrtCreateEvent(event) })
 }
 
 /// `aclrtDestroyEvent`.
@@ -337,13 +334,8 @@ pub(crate) unsafe fn memcpy_async(
 
 /// `aclrtMallocHost`: `bytes` (non-zero) of page-locked host memory.
 pub(crate) fn malloc_host(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
-    let mut p: *mut c_void = ptr::null_mut();
     // SAFETY: `p` is a valid out-pointer.
-    check(cann, "aclrtMallocHost", unsafe { cann.acl.aclrtMallocHost(&mut p, bytes) })?;
-    if p.is_null() {
-        return Err(Error::NullHandle { call: "aclrtMallocHost", message: recent_error(cann) });
-    }
-    Ok(p)
+    created(cann, "aclrtMallocHost", |p| unsafe { cann.acl.aclrtMallocHost(p, bytes) })
 }
 
 /// `aclrtFreeHost`.

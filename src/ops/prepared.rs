@@ -68,3 +68,93 @@ impl<'a> Prepared<'a> {
         }
     }
 }
+
+/// Writes an operator's entry points from one argument list, the allocating entry's:
+/// - the allocating entry as given (its body makes the outputs);
+/// - `fn name_into(.., outputs) => (args, outs);`: the `_into` entry, the same arguments then
+///   the caller's outputs, one [`operator::run`](super::operator::run) of `args` (built from the
+///   arguments) on `outs`;
+/// - `fn prepare_name(.., ..) -> Prepared;`: the `prepare_` entry, the `_into` entry's arguments
+///   each borrowed for the `'a` of the prepared call it returns, one
+///   [`operator::prepare`](super::operator::prepare) of the same call;
+/// - optionally `pub(crate) fn validate_args(..) -> Result<()> { .. }`, the same arguments with
+///   the body given.
+///
+/// An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor`, `Option<&mut Tensor>`,
+/// `Type<'_>` (a struct of tensors) or a value type; the allocating entry's each followed by a
+/// comma.
+macro_rules! entry_points {
+    (
+        $(#[$alloc_meta:meta])*
+        pub fn $alloc:ident($stream:ident: &Stream, $($inputs:tt)*) -> $alloc_ret:ty $alloc_body:block
+
+        $(#[$into_meta:meta])*
+        pub fn $into:ident(.., $($outputs:tt)*) => ($op:expr, $outs:expr $(,)?);
+
+        $(#[$prep_meta:meta])*
+        pub fn $prep:ident(.., ..) -> $prepared:ident;
+
+        $($check:tt)*
+    ) => {
+        $(#[$alloc_meta])*
+        pub fn $alloc($stream: &Stream, $($inputs)*) -> $alloc_ret $alloc_body
+
+        $(#[$into_meta])*
+        pub fn $into(
+            $stream: &Stream,
+            $($inputs)*
+            $($outputs)*
+        ) -> $crate::error::Result<()> {
+            $crate::ops::operator::run($stream, $op, $outs)
+        }
+
+        $crate::ops::prepared::entry_points! {
+            @borrow [$(#[$prep_meta])* $prep $prepared $stream ($op, $outs)] []
+            $($inputs)* $($outputs)*,
+        }
+
+        $crate::ops::prepared::entry_points! { @check $stream [$($inputs)*] $($check)* }
+    };
+    // The optional `validate_args`.
+    (@check $stream:ident [$($inputs:tt)*]) => {};
+    (
+        @check $stream:ident [$($inputs:tt)*]
+        $(#[$check_meta:meta])*
+        pub(crate) fn $check:ident(..) -> $check_ret:ty $check_body:block
+    ) => {
+        $(#[$check_meta])*
+        pub(crate) fn $check($stream: &Stream, $($inputs)*) -> $check_ret $check_body
+    };
+    // The `prepare_` entry's arguments, one at a time: each tensor reference borrowed for `'a`.
+    (@borrow $f:tt [$($done:tt)*] $n:ident: &Tensor, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: &'a Tensor,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: Option<&Tensor>, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: Option<&'a Tensor>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: &mut Tensor, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: &'a mut Tensor,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: Option<&mut Tensor>, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: Option<&'a mut Tensor>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: $t:ident<'_>, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: $t<'a>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: $t:ty, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: $t,] $($rest)* }
+    };
+    (
+        @borrow [$(#[$prep_meta:meta])* $prep:ident $prepared:ident $stream:ident ($op:expr, $outs:expr)]
+        [$($args:tt)*]
+    ) => {
+        $(#[$prep_meta])*
+        pub fn $prep<'a>(
+            $stream: &Stream,
+            $($args)*
+        ) -> $crate::error::Result<$prepared<'a>> {
+            $crate::ops::operator::prepare($stream, $op, $outs)
+        }
+    };
+}
+pub(crate) use entry_points;

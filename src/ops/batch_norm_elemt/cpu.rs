@@ -4,6 +4,7 @@
 //! normalises by (it rebuilds the variance from invstd, `docs/cann/SYNCBN.md`); over any strides through [`channelwise::map`] (runs of one channel for NCHW,
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
+use super::Args;
 use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
 use crate::cpu::host;
 use crate::error::Result;
@@ -16,16 +17,10 @@ struct Params {
     bias: Vec<f32>,
 }
 
-/// Runs the validated, non-empty call.
-pub(super) fn run(
-    input: &Tensor,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    mean: &Tensor,
-    invstd: &Tensor,
-    eps: f32,
-    output: &mut Tensor,
-) -> Result<()> {
+/// Runs the validated, non-empty call (`eps` in f32, as CANN uses it).
+pub(super) fn run(args: &Args<'_>, output: &mut Tensor) -> Result<()> {
+    let &Args { input, weight, bias, mean, invstd, eps } = args;
+    let eps = eps as f32;
     let c = input.shape()[1];
     let mean = channel_values(mean, "mean")?;
     let invstd = channel_values(invstd, "invstd")?;

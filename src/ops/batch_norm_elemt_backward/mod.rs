@@ -8,134 +8,103 @@ mod cpu;
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{entry_points, Prepared};
 use super::validate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
-/// The input gradient of BatchNorm from the per-channel sums of the whole (global) batch, into a
-/// new tensor of `input`'s shape and dtype.
-///
-/// Per element of channel `c` (dim 1), with `N = Σ counter` (the global element count per
-/// channel):
-/// `gradInput = (gradOut − sumDy[c]/N − (x − mean[c])·invstd[c]²·sumDyXmu[c]/N)·invstd[c]·weight[c]`;
-/// `weight` defaults to 1. `sumDy` and `sumDyXmu` are the sums of
-/// [`batch_norm_reduce_backward`](super::batch_norm_reduce_backward) added over every rank.
-///
-/// # Arguments
-/// * `input`: 2 to 8 dims, `C = shape[1] ≠ 0`; `grad_out` and `grad_input` have its shape; any
-///   strides (`grad_input` must not overlap itself). An empty input (some dim 0) computes
-///   nothing and succeeds.
-/// * `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu`: shape `[C]`, any stride.
-/// * `counter`: the element count of each rank, shape `[W]` or `[W, 1]` (torch saves `[W, 1]`).
-///   CANN sums **every** element of `counter` whatever its shape, so a per-channel `[W, C]` counts
-///   tensor would silently give a wrong `N`: any other shape is rejected (161002).
-/// * dtypes: `grad_out`, `input`, `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu` and
-///   `grad_input` are each f32, f16 or bf16 (Atlas A2/A3; CANN promotes mixed dtypes to f32);
-///   `counter` is f32, f16 or i32 ([`DType::I32`](crate::DType::I32), what torch passes); bf16 is
-///   rejected (161002) as CANN rejects it.
-///
-/// Errors have aclnn's status 161002 (`ACLNN_ERR_PARAM_INVALID`) on both backends; a rejected
-/// call writes nothing.
-///
-/// # Numerics
-/// * Ascend: CANN sums `counter` in f32, divides `sumDy` and `sumDyXmu` by it in f32, then
-///   computes in f16 when all of gradOut, input, mean, invstd, weight, sumDy and sumDyXmu are
-///   f16, else in f32, and rounds into gradInput's dtype. A missing weight is filled with ones as
-///   an **f32** tensor (ops-nn `FillScalar`), so without weight it computes in f32. The mock CANN
-///   does the same.
-/// * CPU: `N` and the per-channel coefficients in f64, then per element in f64 from the exact
-///   inputs: `((dy − sumDy/N) − (x − mean)·invstd²·sumDyXmu/N)·invstd·weight`, rounded to f32 and
-///   then (for f16/bf16 outputs) to the output dtype: within an ulp of the output dtype of the
-///   exact value (half an ulp but for double-rounding ties). Deterministic: the same bits on every
-///   run and for any thread count. Deterministic on Ascend too (documented by CANN).
-///
-/// # Calling
-/// Arguments are validated first, on both backends alike; a rejected call allocates nothing. On
-/// Ascend the work is asynchronous on `stream`: read the result with [`Tensor::to_vec`].
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_elemt_backward(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    sum_dy: &Tensor,
-    sum_dy_xmu: &Tensor,
-    counter: &Tensor,
-) -> Result<Tensor> {
-    let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-    let empty = op.check_inputs()?;
-    check_streams(stream, op.inputs())?;
-    let mut grad_input = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
-    run_checked(stream, op, empty, [&mut grad_input])?;
-    Ok(grad_input)
-}
+entry_points! {
+    /// The input gradient of BatchNorm from the per-channel sums of the whole (global) batch, into a
+    /// new tensor of `input`'s shape and dtype.
+    ///
+    /// Per element of channel `c` (dim 1), with `N = Σ counter` (the global element count per
+    /// channel):
+    /// `gradInput = (gradOut − sumDy[c]/N − (x − mean[c])·invstd[c]²·sumDyXmu[c]/N)·invstd[c]·weight[c]`;
+    /// `weight` defaults to 1. `sumDy` and `sumDyXmu` are the sums of
+    /// [`batch_norm_reduce_backward`](super::batch_norm_reduce_backward) added over every rank.
+    ///
+    /// # Arguments
+    /// * `input`: 2 to 8 dims, `C = shape[1] ≠ 0`; `grad_out` and `grad_input` have its shape; any
+    ///   strides (`grad_input` must not overlap itself). An empty input (some dim 0) computes
+    ///   nothing and succeeds.
+    /// * `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu`: shape `[C]`, any stride.
+    /// * `counter`: the element count of each rank, shape `[W]` or `[W, 1]` (torch saves `[W, 1]`).
+    ///   CANN sums **every** element of `counter` whatever its shape, so a per-channel `[W, C]` counts
+    ///   tensor would silently give a wrong `N`: any other shape is rejected (161002).
+    /// * dtypes: `grad_out`, `input`, `mean`, `invstd`, `weight`, `sum_dy`, `sum_dy_xmu` and
+    ///   `grad_input` are each f32, f16 or bf16 (Atlas A2/A3; CANN promotes mixed dtypes to f32);
+    ///   `counter` is f32, f16 or i32 ([`DType::I32`](crate::DType::I32), what torch passes); bf16 is
+    ///   rejected (161002) as CANN rejects it.
+    ///
+    /// Errors have aclnn's status 161002 (`ACLNN_ERR_PARAM_INVALID`) on both backends; a rejected
+    /// call writes nothing.
+    ///
+    /// # Numerics
+    /// * Ascend: CANN sums `counter` in f32, divides `sumDy` and `sumDyXmu` by it in f32, then
+    ///   computes in f16 when all of gradOut, input, mean, invstd, weight, sumDy and sumDyXmu are
+    ///   f16, else in f32, and rounds into gradInput's dtype. A missing weight is filled with ones as
+    ///   an **f32** tensor (ops-nn `FillScalar`), so without weight it computes in f32. The mock CANN
+    ///   does the same.
+    /// * CPU: `N` and the per-channel coefficients in f64, then per element in f64 from the exact
+    ///   inputs: `((dy − sumDy/N) − (x − mean)·invstd²·sumDyXmu/N)·invstd·weight`, rounded to f32 and
+    ///   then (for f16/bf16 outputs) to the output dtype: within an ulp of the output dtype of the
+    ///   exact value (half an ulp but for double-rounding ties). Deterministic: the same bits on every
+    ///   run and for any thread count. Deterministic on Ascend too (documented by CANN).
+    ///
+    /// # Calling
+    /// Arguments are validated first, on both backends alike; a rejected call allocates nothing. On
+    /// Ascend the work is asynchronous on `stream`: read the result with [`Tensor::to_vec`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_elemt_backward(
+        stream: &Stream,
+        grad_out: &Tensor,
+        input: &Tensor,
+        mean: &Tensor,
+        invstd: &Tensor,
+        weight: Option<&Tensor>,
+        sum_dy: &Tensor,
+        sum_dy_xmu: &Tensor,
+        counter: &Tensor,
+    ) -> Result<Tensor> {
+        let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+        let empty = op.check_inputs()?;
+        check_streams(stream, op.inputs())?;
+        let mut grad_input = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
+        run_checked(stream, op, empty, [&mut grad_input])?;
+        Ok(grad_input)
+    }
 
-/// [`batch_norm_elemt_backward`] into the caller-owned `grad_input` (input's shape, any of
-/// f32/f16/bf16, any strides that do not overlap themselves).
-///
-/// On Ascend this is `aclnnBatchNormElemtBackwardGetWorkspaceSize` followed by
-/// `aclnnBatchNormElemtBackward` on `stream`, with the stream's cached workspace. The call returns
-/// once the work is enqueued; every tensor may be dropped at once.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_elemt_backward_into(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    sum_dy: &Tensor,
-    sum_dy_xmu: &Tensor,
-    counter: &Tensor,
-    grad_input: &mut Tensor,
-) -> Result<()> {
-    run(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input])
-}
+    /// [`batch_norm_elemt_backward`] into the caller-owned `grad_input` (input's shape, any of
+    /// f32/f16/bf16, any strides that do not overlap themselves).
+    ///
+    /// On Ascend this is `aclnnBatchNormElemtBackwardGetWorkspaceSize` followed by
+    /// `aclnnBatchNormElemtBackward` on `stream`, with the stream's cached workspace. The call returns
+    /// once the work is enqueued; every tensor may be dropped at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_elemt_backward_into(.., grad_input: &mut Tensor) => (
+        Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter },
+        [grad_input],
+    );
 
-/// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
-/// descriptors and the executor (`aclnnBatchNormElemtBackwardGetWorkspaceSize`).
-///
-/// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
-/// phase 2; dropping it unlaunched destroys the executor and writes nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_elemt_backward<'a>(
-    stream: &Stream,
-    grad_out: &'a Tensor,
-    input: &'a Tensor,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    weight: Option<&'a Tensor>,
-    sum_dy: &'a Tensor,
-    sum_dy_xmu: &'a Tensor,
-    counter: &'a Tensor,
-    grad_input: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    prepare(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, [grad_input])
-}
+    /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
+    /// descriptors and the executor (`aclnnBatchNormElemtBackwardGetWorkspaceSize`).
+    ///
+    /// The result borrows every tensor until it is launched or dropped. [`Prepared::launch`] runs
+    /// phase 2; dropping it unlaunched destroys the executor and writes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_elemt_backward(.., ..) -> Prepared;
 
-/// Validates the arguments of a [`batch_norm_elemt_backward`] call as it does, launching nothing
-/// (for a composite call that must refuse a bad argument before its first side effect).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn validate_args(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    sum_dy: &Tensor,
-    sum_dy_xmu: &Tensor,
-    counter: &Tensor,
-) -> Result<()> {
-    let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-    op.check_inputs()?;
-    check_streams(stream, op.inputs())
+    /// Validates the arguments of a [`batch_norm_elemt_backward`] call as it does, launching nothing
+    /// (for a composite call that must refuse a bad argument before its first side effect).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn validate_args(..) -> Result<()> {
+        let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
+        op.check_inputs()?;
+        check_streams(stream, op.inputs())
+    }
 }
 
 /// The arguments of a call but its output.

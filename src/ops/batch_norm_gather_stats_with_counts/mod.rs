@@ -14,8 +14,8 @@
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{entry_points, Prepared};
 use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
@@ -38,103 +38,78 @@ struct Plan {
     ranks: usize,
 }
 
-/// Combines per-rank statistics into the global mean and invstd and returns them as new tensors
-/// of shape `[C]`: f16 when `input` and `mean` are both f16, else f32 (op-plugin's rule).
-///
-/// With `W` ranks, rank `j` holding `n_j = counts[j]` elements per channel, per channel:
-/// `var_j = 1/invstd_j² − eps`, `N = Σ n_j`, `mean = Σ n_j·mean_j / N`,
-/// `var_n = Σ n_j·var_j + Σ n_j·(mean_j − mean)²`, `invstd = 1/sqrt(var_n/N + eps)`, and in place
-/// `running_mean ← (1 − momentum)·running_mean + momentum·mean`,
-/// `running_var ← (1 − momentum)·running_var + momentum·var_n/(N − 1)` (the unbiased variance,
-/// as PyTorch does; that CANN's closed kernel uses `N − 1` too is **unconfirmed**, and the mock
-/// assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
-///
-/// - `input`: the local activation `(N, C, ...)`, rank 2..=8; only its dtype and C are used.
-/// - `mean`, `invstd`: `[W, C]`, one row per rank (as `batch_norm_stats` gave them on each rank).
-/// - `counts`: `[W]`, the elements per channel of each rank, as a **float** tensor (CANN has no
-///   int32 counts here: integer counts are passed as f32, exact up to 2^24).
-/// - `running_mean`, `running_var`: `[C]`, updated in place; pass **both or neither** (a call
-///   with only one is rejected with 161002 on both backends: CANN tests only runningMean before
-///   writing both, so it would write through a missing runningVar or silently skip it).
-///
-/// `momentum` and `eps` must be finite in f32 (CANN computes with them in f32): NaN, ±inf or a
-/// value beyond f32's range is rejected with 161002 on both backends.
-///
-/// Every tensor may be f32, f16 or bf16 and any strided view. `W = 0` (or `C = 0`) gives mean 0
-/// and invstd NaN and leaves the running statistics untouched. A rank with count 0 still enters
-/// the sums (0·its values): NaN or infinite statistics of an empty rank propagate, as in
-/// PyTorch, so leave such ranks out (torch's SyncBatchNorm masks ranks whose count is < 1).
-/// NaN and Inf propagate as IEEE arithmetic does (N = 1 makes the unbiased variance x/0).
-///
-/// A rejected call returns [`Error::InvalidArgument`] (161002) and writes nothing; the running
-/// statistics are then untouched too. On Ascend the work is asynchronous on `stream`.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_gather_stats_with_counts(
-    stream: &Stream,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    running_mean: Option<&mut Tensor>,
-    running_var: Option<&mut Tensor>,
-    momentum: f64,
-    eps: f64,
-    counts: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let op = Args { input, mean, invstd, counts, momentum, eps };
-    let plan = op.check_inputs(running_mean.as_deref(), running_var.as_deref())?;
-    let running = [(running_mean.as_deref(), "runningMean"), (running_var.as_deref(), "runningVar")];
-    check_streams(stream, op.inputs().into_iter().chain(running))?;
-    let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
-    let mut mean_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
-    let mut invstd_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
-    run_checked(stream, op, plan, ([running_mean, running_var], [&mut mean_all, &mut invstd_all]))?;
-    Ok((mean_all, invstd_all))
-}
+entry_points! {
+    /// Combines per-rank statistics into the global mean and invstd and returns them as new tensors
+    /// of shape `[C]`: f16 when `input` and `mean` are both f16, else f32 (op-plugin's rule).
+    ///
+    /// With `W` ranks, rank `j` holding `n_j = counts[j]` elements per channel, per channel:
+    /// `var_j = 1/invstd_j² − eps`, `N = Σ n_j`, `mean = Σ n_j·mean_j / N`,
+    /// `var_n = Σ n_j·var_j + Σ n_j·(mean_j − mean)²`, `invstd = 1/sqrt(var_n/N + eps)`, and in place
+    /// `running_mean ← (1 − momentum)·running_mean + momentum·mean`,
+    /// `running_var ← (1 − momentum)·running_var + momentum·var_n/(N − 1)` (the unbiased variance,
+    /// as PyTorch does; that CANN's closed kernel uses `N − 1` too is **unconfirmed**, and the mock
+    /// assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
+    ///
+    /// - `input`: the local activation `(N, C, ...)`, rank 2..=8; only its dtype and C are used.
+    /// - `mean`, `invstd`: `[W, C]`, one row per rank (as `batch_norm_stats` gave them on each rank).
+    /// - `counts`: `[W]`, the elements per channel of each rank, as a **float** tensor (CANN has no
+    ///   int32 counts here: integer counts are passed as f32, exact up to 2^24).
+    /// - `running_mean`, `running_var`: `[C]`, updated in place; pass **both or neither** (a call
+    ///   with only one is rejected with 161002 on both backends: CANN tests only runningMean before
+    ///   writing both, so it would write through a missing runningVar or silently skip it).
+    ///
+    /// `momentum` and `eps` must be finite in f32 (CANN computes with them in f32): NaN, ±inf or a
+    /// value beyond f32's range is rejected with 161002 on both backends.
+    ///
+    /// Every tensor may be f32, f16 or bf16 and any strided view. `W = 0` (or `C = 0`) gives mean 0
+    /// and invstd NaN and leaves the running statistics untouched. A rank with count 0 still enters
+    /// the sums (0·its values): NaN or infinite statistics of an empty rank propagate, as in
+    /// PyTorch, so leave such ranks out (torch's SyncBatchNorm masks ranks whose count is < 1).
+    /// NaN and Inf propagate as IEEE arithmetic does (N = 1 makes the unbiased variance x/0).
+    ///
+    /// A rejected call returns [`Error::InvalidArgument`] (161002) and writes nothing; the running
+    /// statistics are then untouched too. On Ascend the work is asynchronous on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_gather_stats_with_counts(
+        stream: &Stream,
+        input: &Tensor,
+        mean: &Tensor,
+        invstd: &Tensor,
+        running_mean: Option<&mut Tensor>,
+        running_var: Option<&mut Tensor>,
+        momentum: f64,
+        eps: f64,
+        counts: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = Args { input, mean, invstd, counts, momentum, eps };
+        let plan = op.check_inputs(running_mean.as_deref(), running_var.as_deref())?;
+        let running = [(running_mean.as_deref(), "runningMean"), (running_var.as_deref(), "runningVar")];
+        check_streams(stream, op.inputs().into_iter().chain(running))?;
+        let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+        let mut mean_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
+        let mut invstd_all = Tensor::alloc(stream, dtype, &[plan.channels], false)?;
+        run_checked(stream, op, plan, ([running_mean, running_var], [&mut mean_all, &mut invstd_all]))?;
+        Ok((mean_all, invstd_all))
+    }
 
-/// [`batch_norm_gather_stats_with_counts`] into caller-owned outputs `mean_all` and
-/// `invstd_all`: shape `[C]` (any stride but 0), any of f32/f16/bf16.
-///
-/// On Ascend this is `aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize` followed by
-/// `aclnnBatchNormGatherStatsWithCounts` on `stream`, with the stream's cached workspace; it
-/// returns once the work is enqueued.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_gather_stats_with_counts_into(
-    stream: &Stream,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    running_mean: Option<&mut Tensor>,
-    running_var: Option<&mut Tensor>,
-    momentum: f64,
-    eps: f64,
-    counts: &Tensor,
-    mean_all: &mut Tensor,
-    invstd_all: &mut Tensor,
-) -> Result<()> {
-    let op = Args { input, mean, invstd, counts, momentum, eps };
-    run(stream, op, ([running_mean, running_var], [mean_all, invstd_all]))
-}
+    /// [`batch_norm_gather_stats_with_counts`] into caller-owned outputs `mean_all` and
+    /// `invstd_all`: shape `[C]` (any stride but 0), any of f32/f16/bf16.
+    ///
+    /// On Ascend this is `aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize` followed by
+    /// `aclnnBatchNormGatherStatsWithCounts` on `stream`, with the stream's cached workspace; it
+    /// returns once the work is enqueued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_gather_stats_with_counts_into(.., mean_all: &mut Tensor, invstd_all: &mut Tensor) => (
+        Args { input, mean, invstd, counts, momentum, eps },
+        ([running_mean, running_var], [mean_all, invstd_all]),
+    );
 
-/// Phase 1 of the two-phase API of [`batch_norm_gather_stats_with_counts_into`]: validates the
-/// arguments and, on Ascend, creates the descriptors and the executor
-/// (`aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize`). The result borrows every tensor
-/// until it is launched ([`Prepared::launch`]) or dropped (which writes nothing).
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_gather_stats_with_counts<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    running_mean: Option<&'a mut Tensor>,
-    running_var: Option<&'a mut Tensor>,
-    momentum: f64,
-    eps: f64,
-    counts: &'a Tensor,
-    mean_all: &'a mut Tensor,
-    invstd_all: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    let op = Args { input, mean, invstd, counts, momentum, eps };
-    prepare(stream, op, ([running_mean, running_var], [mean_all, invstd_all]))
+    /// Phase 1 of the two-phase API of [`batch_norm_gather_stats_with_counts_into`]: validates the
+    /// arguments and, on Ascend, creates the descriptors and the executor
+    /// (`aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize`). The result borrows every tensor
+    /// until it is launched ([`Prepared::launch`]) or dropped (which writes nothing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_gather_stats_with_counts(.., ..) -> Prepared;
 }
 
 /// The arguments of a call but the tensors it writes.

@@ -13,8 +13,8 @@ use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use self::validate::Plan;
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{entry_points, Prepared};
 use crate::cpu::host;
 use crate::cpu::ViewMut;
 use crate::dtype::DType;
@@ -50,84 +50,65 @@ pub struct ReduceBackwardOut<'a> {
     pub grad_bias: Option<&'a mut Tensor>,
 }
 
-/// Computes the BatchNorm backward reductions into new tensors.
-///
-/// Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
-/// `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
-/// `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
-///
-/// Arguments are validated first, on both backends alike; a rejected call returns
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002 invalid)
-/// and does nothing. On Ascend this allocates the outputs (`aclrtMalloc`) and runs
-/// [`batch_norm_reduce_backward_into`]; the work is asynchronous: read results with
-/// [`Tensor::to_vec`].
-pub fn batch_norm_reduce_backward(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    mask: OutputMask,
-) -> Result<ReduceBackward> {
-    let op = Args { grad_out, input, mean, invstd, weight, mask };
-    let plan = op.check_inputs()?;
-    check_streams(stream, op.inputs())?;
-    let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
-    let mut outs: [Option<Tensor>; 4] = Default::default();
-    for (slot, enabled) in outs.iter_mut().zip(validate::enabled(mask)) {
-        if enabled {
-            *slot = Some(Tensor::alloc(stream, dtype, &[plan.channels], false)?);
+entry_points! {
+    /// Computes the BatchNorm backward reductions into new tensors.
+    ///
+    /// Per channel `c` (dim 1) of gradOut `dy` and input `x`, shape `(N, C, ...)`:
+    /// `sumDy[c] = Σ dy`, `sumDyXmu[c] = Σ dy·(x − mean[c])`, `gradWeight[c] = sumDyXmu[c]·invstd[c]`,
+    /// `gradBias[c] = sumDy[c]`. `weight` is accepted for API compatibility and never changes a value.
+    ///
+    /// Arguments are validated first, on both backends alike; a rejected call returns
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's status (161002 invalid)
+    /// and does nothing. On Ascend this allocates the outputs (`aclrtMalloc`) and runs
+    /// [`batch_norm_reduce_backward_into`]; the work is asynchronous: read results with
+    /// [`Tensor::to_vec`].
+    pub fn batch_norm_reduce_backward(
+        stream: &Stream,
+        grad_out: &Tensor,
+        input: &Tensor,
+        mean: &Tensor,
+        invstd: &Tensor,
+        weight: Option<&Tensor>,
+        mask: OutputMask,
+    ) -> Result<ReduceBackward> {
+        let op = Args { grad_out, input, mean, invstd, weight, mask };
+        let plan = op.check_inputs()?;
+        check_streams(stream, op.inputs())?;
+        let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+        let mut outs: [Option<Tensor>; 4] = Default::default();
+        for (slot, enabled) in outs.iter_mut().zip(validate::enabled(mask)) {
+            if enabled {
+                *slot = Some(Tensor::alloc(stream, dtype, &[plan.channels], false)?);
+            }
         }
+        let [mut sum_dy, mut sum_dy_xmu, mut grad_weight, mut grad_bias] = outs;
+        let outs = [sum_dy.as_mut(), sum_dy_xmu.as_mut(), grad_weight.as_mut(), grad_bias.as_mut()];
+        run_checked(stream, op, plan, outs)?;
+        Ok(ReduceBackward { sum_dy, sum_dy_xmu, grad_weight, grad_bias })
     }
-    let [mut sum_dy, mut sum_dy_xmu, mut grad_weight, mut grad_bias] = outs;
-    let outs = [sum_dy.as_mut(), sum_dy_xmu.as_mut(), grad_weight.as_mut(), grad_bias.as_mut()];
-    run_checked(stream, op, plan, outs)?;
-    Ok(ReduceBackward { sum_dy, sum_dy_xmu, grad_weight, grad_bias })
-}
 
-/// Computes the BatchNorm backward reductions into caller-owned tensors (any of f32/f16/bf16,
-/// shape `[C]`, any stride). The outputs the mask turns on must be given (else 161001).
-///
-/// On Ascend this is `aclnnBatchNormReduceBackwardGetWorkspaceSize` followed by
-/// `aclnnBatchNormReduceBackward` on `stream`, with the stream's cached workspace (no allocation in
-/// a steady loop of same-size calls). The call returns once the work is enqueued; every tensor may
-/// be dropped at once (its memory is freed after the stream has finished with it).
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_reduce_backward_into(
-    stream: &Stream,
-    grad_out: &Tensor,
-    input: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    weight: Option<&Tensor>,
-    mask: OutputMask,
-    out: ReduceBackwardOut<'_>,
-) -> Result<()> {
-    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
-    run(stream, Args { grad_out, input, mean, invstd, weight, mask }, outs)
-}
+    /// Computes the BatchNorm backward reductions into caller-owned tensors (any of f32/f16/bf16,
+    /// shape `[C]`, any stride). The outputs the mask turns on must be given (else 161001).
+    ///
+    /// On Ascend this is `aclnnBatchNormReduceBackwardGetWorkspaceSize` followed by
+    /// `aclnnBatchNormReduceBackward` on `stream`, with the stream's cached workspace (no allocation in
+    /// a steady loop of same-size calls). The call returns once the work is enqueued; every tensor may
+    /// be dropped at once (its memory is freed after the stream has finished with it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_reduce_backward_into(.., out: ReduceBackwardOut<'_>) => (
+        Args { grad_out, input, mean, invstd, weight, mask },
+        validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]),
+    );
 
-/// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
-/// descriptors and the executor (`aclnnBatchNormReduceBackwardGetWorkspaceSize`).
-///
-/// The result borrows every tensor until it is launched or dropped, so none can be freed or
-/// read in between. [`PreparedReduceBackward::launch`] runs phase 2; dropping it unlaunched
-/// destroys the executor (`aclSetAclOpExecutorRepeatable` + `aclDestroyAclOpExecutor`) and writes
-/// nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_batch_norm_reduce_backward<'a>(
-    stream: &Stream,
-    grad_out: &'a Tensor,
-    input: &'a Tensor,
-    mean: &'a Tensor,
-    invstd: &'a Tensor,
-    weight: Option<&'a Tensor>,
-    mask: OutputMask,
-    out: ReduceBackwardOut<'a>,
-) -> Result<PreparedReduceBackward<'a>> {
-    let outs = validate::keep_enabled(mask, [out.sum_dy, out.sum_dy_xmu, out.grad_weight, out.grad_bias]);
-    prepare(stream, Args { grad_out, input, mean, invstd, weight, mask }, outs)
+    /// Phase 1 of the two-phase API: validates the arguments and, on Ascend, creates the tensor
+    /// descriptors and the executor (`aclnnBatchNormReduceBackwardGetWorkspaceSize`).
+    ///
+    /// The result borrows every tensor until it is launched or dropped, so none can be freed or
+    /// read in between. [`PreparedReduceBackward::launch`] runs phase 2; dropping it unlaunched
+    /// destroys the executor (`aclSetAclOpExecutorRepeatable` + `aclDestroyAclOpExecutor`) and writes
+    /// nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare_batch_norm_reduce_backward(.., ..) -> PreparedReduceBackward;
 }
 
 /// The two-phase API's prepared call of this operator (see [`Prepared`]).

@@ -446,11 +446,8 @@ impl<'a, T: Element> Kernel<'a, T> {
                     r0 = rb;
                     continue;
                 }
-                match direct {
-                    Some(d) => {
-                        let start = self.offset + r0 * w + l0;
-                        rows_block(self.isa, &d[start..], w, lanes, full, last, &mut scratch, &mut out);
-                    }
+                let block = match direct {
+                    Some(d) => RowBlock { m: &d[self.offset + r0 * w + l0..], stride: w, lanes, full, last },
                     None => {
                         // bounded: ROWS_PER_BLOCK (256) rows of lanes <= MAX_ROW_LANES (256).
                         #[allow(clippy::disallowed_methods)]
@@ -459,24 +456,23 @@ impl<'a, T: Element> Kernel<'a, T> {
                             // Whole super-rows: one contiguous stretch, widened at once.
                             let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
                             self.widen(&self.data[start..start + n], &mut buf[..n]);
-                            rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
-                            r0 = rb;
-                            continue;
-                        }
-                        for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
-                            let r = r0 + i;
-                            let n = valid(r);
-                            let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
-                            if n > 0 {
-                                self.widen(&self.data[start..start + n], &mut row[..n]);
-                            }
-                            if !flat {
-                                odo.advance();
+                        } else {
+                            for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
+                                let r = r0 + i;
+                                let n = valid(r);
+                                let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
+                                if n > 0 {
+                                    self.widen(&self.data[start..start + n], &mut row[..n]);
+                                }
+                                if !flat {
+                                    odo.advance();
+                                }
                             }
                         }
-                        rows_block(self.isa, &buf, lanes, lanes, full, last, &mut scratch, &mut out);
+                        RowBlock { m: &buf, stride: lanes, lanes, full, last }
                     }
-                }
+                };
+                rows_block(self.isa, block, &mut scratch, &mut out);
                 r0 = rb;
             }
             let _ = parts[item].set(out);
@@ -506,32 +502,50 @@ fn lcm8(c: usize) -> usize {
 // ---------------------------------------------------------------------------------------------
 // The block primitives and their instruction sets
 
-/// The moments of one block of one channel, given as contiguous slices.
-fn runs_block(isa: Isa, slices: &[&[f32]]) -> Moments {
-    match isa {
-        Isa::Portable => runs_any(slices),
-        // NEON is in the aarch64 baseline: the fixed-lane loops compile to 128-bit vector code.
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => runs_any(slices),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { runs_avx2(slices) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL and AVX2.
-        Isa::Avx512 => unsafe { runs_avx512(slices) },
-    }
+/// Defines `fn $name(isa: Isa, args..)`: `$portable(args..)` on the portable set and on NEON (in
+/// the aarch64 baseline: the fixed-lane loops compile to 128-bit vector code), and `$x86(args..)`
+/// in a copy compiled with the target features of each x86-64 set. Both bodies are
+/// `#[inline(always)]`, so every set gets its own build of the loops; all give the same bits.
+macro_rules! isa_dispatch {
+    (
+        $(#[$meta:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
+        portable: $portable:path;
+        x86_64: $x86:path, avx2 = $avx2:literal, avx512 = $avx512:literal;
+    ) => {
+        $(#[$meta])*
+        fn $name(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = $avx2)]
+            fn avx2($($arg: $ty),*) $(-> $ret)? {
+                $x86($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = $avx512)]
+            fn avx512($($arg: $ty),*) $(-> $ret)? {
+                $x86($($arg),*)
+            }
+            match isa {
+                Isa::Portable => $portable($($arg),*),
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => $portable($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
+                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL
+                // on top of AVX2, FMA and F16C.
+                Isa::Avx512 => unsafe { avx512($($arg),*) },
+            }
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn runs_avx2(slices: &[&[f32]]) -> Moments {
-    runs_any(slices)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
-fn runs_avx512(slices: &[&[f32]]) -> Moments {
-    runs_any(slices)
+isa_dispatch! {
+    /// The moments of one block of one channel, given as contiguous slices.
+    fn runs_block(slices: &[&[f32]]) -> Moments;
+    portable: runs_any;
+    x86_64: runs_any, avx2 = "avx2", avx512 = "avx512f,avx2";
 }
 
 /// Values the shift of the one-pass path is taken from (the mean of a block's first ones).
@@ -619,27 +633,29 @@ fn runs_one_pass_with<T: Copy>(
     Some(Moments::from_block(n, n as f64 * f64::from(shift) + sum_d, shift, sum_d, sum_d2))
 }
 
-/// One pass over f16 runs, converting as it reads (so the loads of main memory overlap the
-/// sums); `None` when not [`one_pass_ok`] (the caller then widens the block and sums it again).
-fn runs_one_pass_f16(isa: Isa, slices: &[&[half::f16]]) -> Option<Moments> {
-    let portable = |slices| {
-        runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
-            for (t, c) in t.iter_mut().zip(c) {
-                *t = c.to_f32();
-            }
-        })
-    };
-    match isa {
-        Isa::Portable => portable(slices),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => portable(slices),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2 and F16C.
-        Isa::Avx2 => unsafe { runs_f16_avx2(slices) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL, AVX2 and F16C.
-        Isa::Avx512 => unsafe { runs_f16_avx512(slices) },
-    }
+isa_dispatch! {
+    /// One pass over f16 runs, converting as it reads (so the loads of main memory overlap the
+    /// sums); `None` when not [`one_pass_ok`] (the caller then widens the block and sums it again).
+    fn runs_one_pass_f16(slices: &[&[half::f16]]) -> Option<Moments>;
+    portable: runs_f16_portable;
+    x86_64: runs_f16_f16c, avx2 = "avx2,f16c", avx512 = "avx512f,avx2,f16c";
+}
+
+/// [`runs_one_pass_f16`] converting one value at a time.
+#[inline(always)]
+fn runs_f16_portable(slices: &[&[half::f16]]) -> Option<Moments> {
+    runs_one_pass_with(slices, half::f16::to_f32, |c, t| {
+        for (t, c) in t.iter_mut().zip(c) {
+            *t = c.to_f32();
+        }
+    })
+}
+
+/// [`runs_one_pass_f16`] converting [`LANES`] values at a time with F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn runs_f16_f16c(slices: &[&[half::f16]]) -> Option<Moments> {
+    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
 }
 
 /// 32 f16 to f32 with F16C (exact).
@@ -659,27 +675,26 @@ fn cvt32_f16c(c: &[half::f16], t: &mut [f32; LANES]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-fn runs_f16_avx2(slices: &[&[half::f16]]) -> Option<Moments> {
-    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,f16c")]
-fn runs_f16_avx512(slices: &[&[half::f16]]) -> Option<Moments> {
-    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
-}
-
 /// Lanes of a register tile of the one-pass rows path.
 const TILE: usize = 32;
+
+/// One block of rows: `full` rows of `lanes` values at `m[r·stride..]`, then (if `last > 0`) a
+/// row with only its first `last` values.
+#[derive(Clone, Copy)]
+struct RowBlock<'m> {
+    m: &'m [f32],
+    stride: usize,
+    lanes: usize,
+    full: usize,
+    last: usize,
+}
 
 /// A block of rows: one pass when every lane is [`one_pass_ok`], else the two passes of
 /// [`rows_core`].
 #[inline(always)]
-fn rows_any(m: &[f32], stride: usize, lanes: usize, full: usize, last: usize, s: &mut RowScratch, out: &mut [Moments]) {
-    if !rows_one_pass(m, stride, lanes, full, last, s, out) {
-        rows_core(m, stride, lanes, full, last, s, out)
+fn rows_any(b: RowBlock<'_>, s: &mut RowScratch, out: &mut [Moments]) {
+    if !rows_one_pass(b, s, out) {
+        rows_core(b, s, out)
     }
 }
 
@@ -688,11 +703,7 @@ fn rows_any(m: &[f32], stride: usize, lanes: usize, full: usize, last: usize, s:
 /// true when every lane is [`one_pass_ok`], else leaves `out` alone and returns false.
 #[inline(always)]
 fn rows_one_pass(
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
+    RowBlock { m, stride, lanes, full, last }: RowBlock<'_>,
     s: &mut RowScratch,
     out: &mut [Moments],
 ) -> bool {
@@ -865,70 +876,15 @@ impl RowScratch {
     }
 }
 
-/// One block of rows: `full` rows of `lanes` values at `m[r·stride..]`, then (if `last > 0`) a
-/// row with only its first `last` values. Lane j's moments are merged into `out[j]`.
-#[allow(clippy::too_many_arguments)]
-fn rows_block(
-    isa: Isa,
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
-    s: &mut RowScratch,
-    out: &mut [Moments],
-) {
-    match isa {
-        Isa::Portable => rows_any(m, stride, lanes, full, last, s, out),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => rows_any(m, stride, lanes, full, last, s, out),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` comes from a run-time check that the CPU has AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { rows_avx2(m, stride, lanes, full, last, s, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` comes from a run-time check that the CPU has AVX-512F/BW/VL and AVX2.
-        Isa::Avx512 => unsafe { rows_avx512(m, stride, lanes, full, last, s, out) },
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn rows_avx2(
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
-    s: &mut RowScratch,
-    out: &mut [Moments],
-) {
-    rows_any(m, stride, lanes, full, last, s, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
-fn rows_avx512(
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
-    s: &mut RowScratch,
-    out: &mut [Moments],
-) {
-    rows_any(m, stride, lanes, full, last, s, out)
+isa_dispatch! {
+    /// One block of rows; lane j's moments are merged into `out[j]`.
+    fn rows_block(b: RowBlock<'_>, s: &mut RowScratch, out: &mut [Moments]);
+    portable: rows_any;
+    x86_64: rows_any, avx2 = "avx2", avx512 = "avx512f,avx2";
 }
 
 #[inline(always)]
-fn rows_core(
-    m: &[f32],
-    stride: usize,
-    lanes: usize,
-    full: usize,
-    last: usize,
-    s: &mut RowScratch,
-    out: &mut [Moments],
-) {
+fn rows_core(RowBlock { m, stride, lanes, full, last }: RowBlock<'_>, s: &mut RowScratch, out: &mut [Moments]) {
     let (acc, shift, sd, sq) = (&mut s.acc[..lanes], &mut s.shift[..lanes], &mut s.sd[..lanes], &mut s.sq[..lanes]);
     acc.fill(0.0);
     sd.fill(0.0);

@@ -4,8 +4,8 @@
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, prepare, run, run_checked, Arg, Handles, Operator};
-use super::prepared::Prepared;
+use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::prepared::{entry_points, Prepared};
 use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
@@ -24,57 +24,54 @@ const INPUT_NOTE: &str = "aclnnBatchNormStats takes bf16 input only on Ascend 95
 const STATS_DTYPES: [DType; 1] = [DType::F32];
 const STATS_NOTE: &str = "aclnnBatchNormStats writes mean and invstd as f32 only";
 
-/// Computes the per-channel mean and invstd of `input` into two new f32 tensors of shape `[C]`.
-///
-/// `input` has shape `(N, C, ...)`, rank 2..=8, `C > 0`, dtype f32 or f16 (bf16 is rejected with
-/// 161002 on both backends, as on Atlas A2/A3: cast it to f32), and may be any strided view.
-/// Per channel `c` (dim 1), over the `n` elements of every other dim:
-/// `mean = Σx/n` and `invstd = 1/sqrt(Σ(x − mean)²/n + eps)` (the biased variance).
-/// An empty input (N or a spatial dim 0) gives `mean = 0` and `invstd = NaN` on both backends.
-/// `eps` must be finite in f32 (CANN computes with it in f32): NaN, ±inf or a value beyond f32's
-/// range is rejected with 161002 on both backends.
-///
-/// A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's
-/// status (161002) and does nothing. On Ascend the work is asynchronous on `stream`: read results with
-/// [`Tensor::to_vec`]. Results are deterministic (the same bits every run, whatever the thread
-/// count).
-pub fn batch_norm_stats(stream: &Stream, input: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    let op = Args { input, eps };
-    let c = op.check_inputs()?;
-    check_streams(stream, op.inputs())?;
-    let mut mean = Tensor::alloc(stream, DType::F32, &[c], false)?;
-    let mut invstd = Tensor::alloc(stream, DType::F32, &[c], false)?;
-    run_checked(stream, op, c, [&mut mean, &mut invstd])?;
-    Ok((mean, invstd))
-}
+entry_points! {
+    /// Computes the per-channel mean and invstd of `input` into two new f32 tensors of shape `[C]`.
+    ///
+    /// `input` has shape `(N, C, ...)`, rank 2..=8, `C > 0`, dtype f32 or f16 (bf16 is rejected with
+    /// 161002 on both backends, as on Atlas A2/A3: cast it to f32), and may be any strided view.
+    /// Per channel `c` (dim 1), over the `n` elements of every other dim:
+    /// `mean = Σx/n` and `invstd = 1/sqrt(Σ(x − mean)²/n + eps)` (the biased variance).
+    /// An empty input (N or a spatial dim 0) gives `mean = 0` and `invstd = NaN` on both backends.
+    /// `eps` must be finite in f32 (CANN computes with it in f32): NaN, ±inf or a value beyond f32's
+    /// range is rejected with 161002 on both backends.
+    ///
+    /// A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument) with aclnn's
+    /// status (161002) and does nothing. On Ascend the work is asynchronous on `stream`: read results with
+    /// [`Tensor::to_vec`]. Results are deterministic (the same bits every run, whatever the thread
+    /// count).
+    pub fn batch_norm_stats(
+        stream: &Stream,
+        input: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = Args { input, eps };
+        let c = op.check_inputs()?;
+        check_streams(stream, op.inputs())?;
+        let mut mean = Tensor::alloc(stream, DType::F32, &[c], false)?;
+        let mut invstd = Tensor::alloc(stream, DType::F32, &[c], false)?;
+        run_checked(stream, op, c, [&mut mean, &mut invstd])?;
+        Ok((mean, invstd))
+    }
 
-/// [`batch_norm_stats`] into caller-owned outputs: `mean` and `invstd` of shape `[C]` (any
-/// stride but 0), dtype f32 (any other is rejected with 161002, as CANN does).
-///
-/// On Ascend this is `aclnnBatchNormStatsGetWorkspaceSize` followed by `aclnnBatchNormStats` on
-/// `stream`, with the stream's cached workspace; it returns once the work is enqueued.
-pub fn batch_norm_stats_into(
-    stream: &Stream,
-    input: &Tensor,
-    eps: f64,
-    mean: &mut Tensor,
-    invstd: &mut Tensor,
-) -> Result<()> {
-    run(stream, Args { input, eps }, [mean, invstd])
-}
+    /// [`batch_norm_stats`] into caller-owned outputs: `mean` and `invstd` of shape `[C]` (any
+    /// stride but 0), dtype f32 (any other is rejected with 161002, as CANN does).
+    ///
+    /// On Ascend this is `aclnnBatchNormStatsGetWorkspaceSize` followed by `aclnnBatchNormStats` on
+    /// `stream`, with the stream's cached workspace; it returns once the work is enqueued.
+    pub fn batch_norm_stats_into(.., mean: &mut Tensor, invstd: &mut Tensor) => (Args { input, eps }, [mean, invstd]);
 
-/// Phase 1 of the two-phase API of [`batch_norm_stats_into`]: validates the arguments and, on
-/// Ascend, creates the descriptors and the executor (`aclnnBatchNormStatsGetWorkspaceSize`).
-/// The result borrows every tensor until it is launched ([`Prepared::launch`]) or dropped
-/// (which writes nothing).
-pub fn prepare_batch_norm_stats<'a>(
-    stream: &Stream,
-    input: &'a Tensor,
-    eps: f64,
-    mean: &'a mut Tensor,
-    invstd: &'a mut Tensor,
-) -> Result<Prepared<'a>> {
-    prepare(stream, Args { input, eps }, [mean, invstd])
+    /// Phase 1 of the two-phase API of [`batch_norm_stats_into`]: validates the arguments and, on
+    /// Ascend, creates the descriptors and the executor (`aclnnBatchNormStatsGetWorkspaceSize`).
+    /// The result borrows every tensor until it is launched ([`Prepared::launch`]) or dropped
+    /// (which writes nothing).
+    pub fn prepare_batch_norm_stats(.., ..) -> Prepared;
+
+    /// Validates the input of a [`batch_norm_stats`] call as it does, launching nothing.
+    pub(crate) fn validate_args(..) -> Result<()> {
+        let op = Args { input, eps };
+        op.check_inputs()?;
+        check_streams(stream, op.inputs())
+    }
 }
 
 /// The arguments of a call but its outputs.
@@ -93,13 +90,6 @@ impl Args<'_> {
         validate::f32_scalar("eps", self.eps)?;
         Ok(c)
     }
-}
-
-/// Validates the input of a [`batch_norm_stats`] call as it does, launching nothing.
-pub(crate) fn validate_args(stream: &Stream, input: &Tensor, eps: f64) -> Result<()> {
-    let op = Args { input, eps };
-    op.check_inputs()?;
-    check_streams(stream, op.inputs())
 }
 
 impl<'a> Operator<'a> for Args<'a> {

@@ -208,6 +208,18 @@ mod portable {
     }
 }
 
+/// Prefetches the line `$at` elements past `$pd` in dy and, when the call reads x (`XMU`), past
+/// `$px` in x, with the calling instruction set's `prefetch`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! prefetch_dy_x {
+    ($pd:expr, $px:expr, $at:expr) => {
+        prefetch($pd.wrapping_add($at));
+        if XMU {
+            prefetch($px.wrapping_add($at));
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
@@ -362,16 +374,10 @@ mod avx2 {
                 let mut i = 0;
                 while i + RUN_LANES <= len {
                     if pf {
-                        prefetch(pd.wrapping_add(i + dist));
-                        if XMU {
-                            prefetch(px.wrapping_add(i + dist));
-                        }
+                        prefetch_dy_x!(pd, px, i + dist);
                     }
                     if pf && size == 4 {
-                        prefetch(pd.wrapping_add(i + dist + 16));
-                        if XMU {
-                            prefetch(px.wrapping_add(i + dist + 16));
-                        }
+                        prefetch_dy_x!(pd, px, i + dist + 16);
                     }
                     // Unit by unit (not all 32 loaded first: fewer live registers for bf16).
                     let unit = unit(T::DTYPE);
@@ -541,22 +547,13 @@ mod avx2 {
                 } else if EVEN {
                     // The four rows span 4·len elements; walk that span at 4 elements per lane.
                     let ahead = 4 * j + dist;
-                    prefetch(pd[0].wrapping_add(ahead));
-                    if XMU {
-                        prefetch(px[0].wrapping_add(ahead));
-                    }
+                    prefetch_dy_x!(pd[0], px[0], ahead);
                     if size == 4 {
-                        prefetch(pd[0].wrapping_add(ahead + 16));
-                        if XMU {
-                            prefetch(px[0].wrapping_add(ahead + 16));
-                        }
+                        prefetch_dy_x!(pd[0], px[0], ahead + 16);
                     }
                 } else if j % line == 0 {
                     for k in 0..4 {
-                        prefetch(pd[k].wrapping_add(j + dist));
-                        if XMU {
-                            prefetch(px[k].wrapping_add(j + dist));
-                        }
+                        prefetch_dy_x!(pd[k], px[k], j + dist);
                     }
                 }
                 let a = [load8(pd[0].add(j)), load8(pd[1].add(j)), load8(pd[2].add(j)), load8(pd[3].add(j))];

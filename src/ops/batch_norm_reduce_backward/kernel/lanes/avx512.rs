@@ -291,16 +291,10 @@ pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
             let mut i = s;
             while i + RUN_LANES <= len {
                 if pf {
-                    prefetch(pd.wrapping_add(i + dist));
-                    if XMU {
-                        prefetch(px.wrapping_add(i + dist));
-                    }
+                    prefetch_dy_x!(pd, px, i + dist);
                 }
                 if pf && size == 4 {
-                    prefetch(pd.wrapping_add(i + dist + 16));
-                    if XMU {
-                        prefetch(px.wrapping_add(i + dist + 16));
-                    }
+                    prefetch_dy_x!(pd, px, i + dist + 16);
                 }
                 let a = load32(pd.add(i));
                 let b = if XMU { load32(px.add(i)) } else { a };
@@ -481,10 +475,7 @@ unsafe fn in_registers<T: Element, const XMU: bool, const V: usize>(
             let o = k * stride;
             // The rows are evenly spaced: prefetch `ahead` elements past this row's lanes.
             for q in (0..16 * V).step_by(line).filter(|_| l.pf) {
-                prefetch(pd.wrapping_add(o + ahead + q));
-                if XMU {
-                    prefetch(px.wrapping_add(o + ahead + q));
-                }
+                prefetch_dy_x!(pd, px, o + ahead + q);
             }
             for v in 0..V {
                 let a = load16(pd.add(o + 16 * v));
@@ -556,10 +547,7 @@ unsafe fn in_registers_bf16<T: Element, const XMU: bool, const U: usize>(
         for k in 0..count {
             let o = k * stride;
             for u in (0..U).filter(|_| l.pf) {
-                prefetch(pd.wrapping_add(o + dist + 32 * u));
-                if XMU {
-                    prefetch(px.wrapping_add(o + dist + 32 * u));
-                }
+                prefetch_dy_x!(pd, px, o + dist + 32 * u);
             }
             for u in 0..U {
                 let a = bf16_even_odd(_mm512_loadu_si512(pd.add(o + 32 * u).cast::<__m512i>()));
@@ -620,18 +608,12 @@ unsafe fn group<T: Element, const XMU: bool, const EVEN: bool, const N: usize>(r
                 // Each step consumes 16·N elements of that span: one prefetch per line of them.
                 let ahead = N * j + dist;
                 for q in (0..16 * N).step_by(line) {
-                    prefetch(pd[0].wrapping_add(ahead + q));
-                    if XMU {
-                        prefetch(px[0].wrapping_add(ahead + q));
-                    }
+                    prefetch_dy_x!(pd[0], px[0], ahead + q);
                 }
             } else if j % line < 16 {
                 // A new line of each row (16 lanes are a line of f32, half a line of f16/bf16).
                 for k in 0..N {
-                    prefetch(pd[k].wrapping_add(j + dist));
-                    if XMU {
-                        prefetch(px[k].wrapping_add(j + dist));
-                    }
+                    prefetch_dy_x!(pd[k], px[k], j + dist);
                 }
             }
             let mut a = [_mm512_setzero_ps(); N];
