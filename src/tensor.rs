@@ -575,6 +575,7 @@ impl Tensor {
     }
 
     /// The device buffer and its device, or `None` for a host tensor.
+    #[inline]
     pub(crate) fn device_buffer(&self) -> Option<(&DeviceBuffer, &Arc<Device>)> {
         match &self.storage {
             Storage::Device(d) => Some((&*d.buffer, d.buffer.device())),

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
 
-use super::{leaked, report, report_drop_error, Device, EventInner, Leak, StreamInner};
+use super::{leaked, report, report_drop_error, Device, DeviceBuffer, EventInner, Leak, StreamInner};
 use crate::acl;
 use crate::error::Result;
 use crate::layout::mix;
@@ -259,33 +259,45 @@ impl Entry {
         self.executor
     }
 
-    /// Points every present tensor at `addrs[i]`, the storage of buffer `buffers[i]` (inputs then
-    /// outputs): input `k` (counting present inputs only) with `aclSetInputTensorAddr(k)`, output
-    /// `k` likewise with `aclSetOutputTensorAddr` (docs/cann/API.md §2.4). A descriptor already
-    /// bound to that very buffer (same id, hence same address) is left as it is. The device is
-    /// bound.
+    /// Points every present tensor at its buffer in `buffers` (inputs then outputs): input `k`
+    /// (counting present inputs only) with `aclSetInputTensorAddr(k)`, output `k` likewise with
+    /// `aclSetOutputTensorAddr` (docs/cann/API.md §2.4). A descriptor already bound to that very
+    /// buffer (same id, hence same address) is left as it is. The device is bound.
     ///
     /// # Safety
-    /// Each `addrs[i]` of a present argument is 32-byte aligned and holds that argument's storage
-    /// in the live allocation of buffer `buffers[i]` of the entry's device, which outlives the
-    /// launch that follows.
-    pub(crate) unsafe fn rebind(&mut self, addrs: &[*mut std::ffi::c_void], buffers: &[u64]) -> Result<()> {
-        if self.bound == buffers {
+    /// Each buffer of a present argument holds that argument's storage at its address, 32-byte
+    /// aligned, on the entry's device, and outlives the launch that follows.
+    #[inline]
+    pub(crate) unsafe fn rebind(&mut self, buffers: &[Option<&DeviceBuffer>]) -> Result<()> {
+        let id = |b: &Option<&DeviceBuffer>| b.map_or(0, DeviceBuffer::id);
+        if self.bound.len() == buffers.len() && self.bound.iter().zip(buffers).all(|(&bound, b)| bound == id(b)) {
             return Ok(()); // the steady case: every descriptor already points at its buffer
         }
+        // SAFETY: this function's contract.
+        unsafe { self.rebind_changed(buffers) }
+    }
+
+    /// [`rebind`](Self::rebind) of the descriptors not bound to their buffer.
+    ///
+    /// # Safety
+    /// As for [`rebind`](Self::rebind).
+    #[cold]
+    unsafe fn rebind_changed(&mut self, buffers: &[Option<&DeviceBuffer>]) -> Result<()> {
         let cann = self.device.cann;
         let (mut input, mut output) = (0usize, 0usize);
-        for (i, ((&d, bound), (&addr, &id))) in
-            self.descriptors.iter().zip(&mut self.bound).zip(addrs.iter().zip(buffers)).enumerate()
-        {
+        for (i, ((&d, bound), b)) in self.descriptors.iter().zip(&mut self.bound).zip(buffers).enumerate() {
             if d.is_null() {
                 continue;
             }
             let (is_input, index) = if i < self.inputs { (true, &mut input) } else { (false, &mut output) };
             *index += 1;
-            if *bound == id {
+            let Some(b) = b else {
+                return Err(crate::Error::internal("a cached call lacks a tensor its entry was made with"));
+            };
+            if *bound == b.id() {
                 continue;
             }
+            let addr = b.ptr();
             // SAFETY: a live repeatable executor and one of its live descriptors, at its index
             // among the present inputs (or outputs); `addr` as this function's contract says.
             let (call, status) = unsafe {
@@ -298,7 +310,7 @@ impl Entry {
             // Unknown until it succeeds (a failed entry is retired anyway).
             *bound = 0;
             acl::check(cann, call, status)?;
-            *bound = id;
+            *bound = b.id();
         }
         Ok(())
     }

@@ -159,10 +159,12 @@ impl DeviceBuffer {
         }
     }
 
+    #[inline]
     fn alloc(&self) -> &DeviceAlloc {
         self.alloc.as_ref().expect("DeviceBuffer::alloc is Some until drop")
     }
 
+    #[inline]
     pub(crate) fn ptr(&self) -> *mut c_void {
         self.alloc().ptr()
     }
@@ -172,10 +174,12 @@ impl DeviceBuffer {
     }
 
     /// This buffer's process-unique id.
+    #[inline]
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
+    #[inline]
     pub(crate) fn device(&self) -> &Arc<Device> {
         self.alloc().device()
     }
@@ -218,22 +222,24 @@ pub(crate) fn enqueue_using<'b, R>(
 ) -> Result<R> {
     // On the stack: a launch allocates nothing here. Sorted by address (insertion sort: a
     // handful of buffers), each buffer once.
-    let mut sorted: [Option<&DeviceBuffer>; MAX_BUFFERS] = [None; MAX_BUFFERS];
-    let mut n = 0;
+    let mut buffers = buffers.into_iter();
+    let Some(first) = buffers.next() else { return enqueue() };
+    let mut sorted: [&DeviceBuffer; MAX_BUFFERS] = [first; MAX_BUFFERS];
+    let mut n = 1;
     let addr = |b: &DeviceBuffer| std::ptr::from_ref(b) as usize;
     for b in buffers {
         let mut i = n;
-        while i > 0 && sorted[i - 1].is_some_and(|p| addr(p) > addr(b)) {
+        while i > 0 && addr(sorted[i - 1]) > addr(b) {
             i -= 1;
         }
-        if i > 0 && sorted[i - 1].is_some_and(|p| std::ptr::eq(p, b)) {
+        if i > 0 && std::ptr::eq(sorted[i - 1], b) {
             continue; // listed already
         }
         if n == MAX_BUFFERS {
             return Err(crate::Error::internal(format!("one enqueue lists more than {MAX_BUFFERS} device buffers")));
         }
         sorted.copy_within(i..n, i + 1);
-        sorted[i] = Some(b);
+        sorted[i] = b;
         n += 1;
     }
     // A launch lists a handful of buffers: a small array of guards then (dropping one costs a
@@ -250,12 +256,12 @@ pub(crate) fn enqueue_using<'b, R>(
 /// `stream` in every list; then releases them.
 fn lock_and_enqueue<const K: usize, R>(
     stream: &Arc<StreamInner>,
-    sorted: &[Option<&DeviceBuffer>],
+    sorted: &[&DeviceBuffer],
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     let mut guards: [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>; K] = [const { None }; K];
     let mut others = false;
-    for (g, b) in guards.iter_mut().zip(sorted.iter().flatten()) {
+    for (g, b) in guards.iter_mut().zip(sorted) {
         let users = b.lock_users();
         others |= users.iter().any(|s| !Arc::ptr_eq(s, stream));
         *g = Some(users);

@@ -121,6 +121,7 @@ impl Device {
     }
 
     /// Whether `other` is the same device of the same toolkit.
+    #[inline]
     pub(crate) fn same(&self, other: &Device) -> bool {
         key(self.cann) == key(other.cann) && self.id == other.id
     }

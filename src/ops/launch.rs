@@ -171,42 +171,41 @@ fn phase1<'a, O: Operator<'a>>(
 }
 
 /// What the launch cache sees of a call: its tensors, inputs then outputs (`None`: absent), with
-/// each one's buffer, storage address and buffer id (null and 0 where absent).
+/// each one's buffer.
 struct Bound<'t> {
     tensors: [Option<&'t Tensor>; MAX_ARGS],
     buffers: [Option<&'t DeviceBuffer>; MAX_ARGS],
-    addrs: [*mut c_void; MAX_ARGS],
-    ids: [u64; MAX_ARGS],
     len: usize,
     inputs: usize,
 }
 
 impl<'t> Bound<'t> {
-    /// `inputs` then `outputs`, or `None` when the launch cache does not take the call: more
+    fn empty() -> Self {
+        Bound { tensors: [None; MAX_ARGS], buffers: [None; MAX_ARGS], len: 0, inputs: 0 }
+    }
+
+    /// Takes `inputs` then `outputs`; `false` when the launch cache does not take the call: more
     /// than [`MAX_ARGS`] tensors, or a tensor not in device memory of `device`, of rank over
     /// [`MAX_RANK`], or whose storage address is null (empty) or not 32-byte aligned (CANN
     /// rebinds only aligned addresses).
-    fn new(
+    fn fill(
+        &mut self,
         device: &Device,
         inputs: impl IntoIterator<Item = Option<&'t Tensor>>,
         outputs: impl IntoIterator<Item = Option<&'t Tensor>>,
-    ) -> Option<Self> {
-        let mut b = Bound {
-            tensors: [None; MAX_ARGS],
-            buffers: [None; MAX_ARGS],
-            addrs: [std::ptr::null_mut(); MAX_ARGS],
-            ids: [0; MAX_ARGS],
-            len: 0,
-            inputs: 0,
-        };
+    ) -> bool {
         for t in inputs {
-            b.push(t, device)?;
+            if self.push(t, device).is_none() {
+                return false;
+            }
         }
-        b.inputs = b.len;
+        self.inputs = self.len;
         for t in outputs {
-            b.push(t, device)?;
+            if self.push(t, device).is_none() {
+                return false;
+            }
         }
-        Some(b)
+        true
     }
 
     fn push(&mut self, t: Option<&'t Tensor>, device: &Device) -> Option<()> {
@@ -221,7 +220,7 @@ impl<'t> Bound<'t> {
         if !on.same(device) || p.is_null() || !(p as usize).is_multiple_of(32) || t.shape().len() > MAX_RANK {
             return None;
         }
-        (self.tensors[i], self.buffers[i], self.addrs[i], self.ids[i]) = (Some(t), Some(buffer), p, buffer.id());
+        (self.tensors[i], self.buffers[i]) = (Some(t), Some(buffer));
         Some(())
     }
 
@@ -257,9 +256,10 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
     if !inner.launches.enabled() {
         return Ok(false);
     }
-    let Some(bound) = Bound::new(device, op.inputs().into_iter().map(|(t, _)| t), outs.each()) else {
+    let mut bound = Bound::empty();
+    if !bound.fill(device, op.inputs().into_iter().map(|(t, _)| t), outs.each()) {
         return Ok(false);
-    };
+    }
     match bound.launch_hit(inner, O::OP, op.scalars()).1 {
         Some(result) => result.map(|()| true),
         None => Ok(false),
@@ -269,7 +269,7 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
 /// A validated `_into` or allocating call on Ascend: the cached executor of this call's
 /// signature on `inner` if there is one (rebound, then phase 2), else phase 1 with a repeatable
 /// executor, launched and kept. Calls the cache does not take (it is off, an empty input that is
-/// zeroed after the launch, or see [`Bound::new`]) run [`prepare`] and launch as always.
+/// zeroed after the launch, or see [`Bound::fill`]) run [`prepare`] and launch as always.
 pub(crate) fn run<'a, O: Operator<'a>>(
     inner: &Arc<StreamInner>,
     device: &Arc<Device>,
@@ -280,13 +280,13 @@ pub(crate) fn run<'a, O: Operator<'a>>(
     let args = CallArgs::of(&op, outs)?;
     let (scalars, zero) = (op.scalars(), O::zero_after_launch(&plan));
     let present = args.tensors[..args.len].iter().copied();
-    let bound = match zero || !inner.launches.enabled() {
-        true => None,
-        false => Bound::new(device, present.clone().take(args.inputs), present.skip(args.inputs)),
-    };
-    let Some(bound) = bound else {
+    let mut bound = Bound::empty();
+    if zero
+        || !inner.launches.enabled()
+        || !bound.fill(device, present.clone().take(args.inputs), present.skip(args.inputs))
+    {
         return phase1::<O>(device, scalars, args, zero)?.launch_on(inner, None);
-    };
+    }
     let (hash, hit) = bound.launch_hit(inner, O::OP, scalars);
     if let Some(result) = hit {
         return result;
@@ -306,10 +306,10 @@ fn launch_cached(inner: &Arc<StreamInner>, call: &Bound<'_>, entry: &mut Entry) 
     let n = call.len;
     enqueue_using(inner, call.buffers[..n].iter().flatten().copied(), || {
         device.bind()?;
-        // SAFETY: each address is this call's buffer of that argument, whose id is `call.ids[i]`
-        // (checked 32-byte aligned and non-null; the view was validated to lie inside it),
-        // recorded on this stream by `enqueue_using`, so it outlives the launch.
-        unsafe { entry.rebind(&call.addrs[..n], &call.ids[..n]) }?;
+        // SAFETY: each buffer is this call's buffer of that argument (its address checked 32-byte
+        // aligned and non-null; the view was validated to lie inside it), recorded on this
+        // stream by `enqueue_using`, so it outlives the launch.
+        unsafe { entry.rebind(&call.buffers[..n]) }?;
         inner.with_workspace(size, |ws| {
             // SAFETY: the entry's phase 2 with its live repeatable executor, all of whose
             // tensors were just rebound to live buffers recorded on this stream; `ws` is null
