@@ -1,7 +1,8 @@
 //! A cached launch allocates nothing on the host: a counting global allocator (counting only on
 //! the thread that opts in) sees zero heap allocations in a steady loop of each operator's
-//! `_into` entry once its executor is cached, and a launch with the cache off still allocates
-//! (so the counter is live). The mock's C side is not counted.
+//! `_into` entry once its executor is cached, nor a launch with the cache off (its descriptors
+//! live on the stack), while making a tensor does (so the counter is live). The mock's C side is
+//! not counted.
 #![cfg(feature = "mock")]
 
 mod common;
@@ -143,9 +144,14 @@ fn a_cached_launch_allocates_nothing_on_the_host() {
         }
         assert_eq!(s.launch_cache_stats().hits, 5 * 20);
 
-        // The counter is live: with the cache off, a launch allocates (its descriptor list).
+        // With the cache off, a launch describes its tensors on the stack: no allocation either.
         s.set_launch_cache_capacity(0);
         let uncached = steady(&s, || batch_norm_stats_into(&s, &x, 1e-5, &mut m, &mut v));
-        assert!(uncached >= 20, "an uncached launch allocates: counted {uncached} in 20");
+        assert_eq!(uncached, 0, "{uncached} heap allocations in 20 uncached launches");
+        assert_eq!(s.launch_cache_stats().hits, 5 * 20, "the cache is off: no more hits");
+
+        // The counter is live: making a tensor allocates (its shape and strides at least).
+        let made = allocations(|| (0..20).try_for_each(|_| Tensor::zeros(&s, DType::F32, &[c]).map(drop)));
+        assert!(made >= 40, "making a tensor allocates: counted {made} in 20");
     });
 }

@@ -98,22 +98,37 @@ fn buffer_on<'t>(t: &'t Tensor, name: &'static str, device: &Device) -> Result<&
     Ok(buffer)
 }
 
-/// The device arguments of one operator call, being described for phase 1.
+/// The device arguments of one operator call, being described for phase 1: its descriptors,
+/// on the stack (a call has at most [`MAX_ARGS`]).
 struct DeviceCall<'a> {
     device: Arc<Device>,
-    descriptors: Vec<AclTensor<'a>>,
+    descriptors: [Option<AclTensor<'a>>; MAX_ARGS],
+    len: usize,
 }
 
 impl<'a> DeviceCall<'a> {
+    fn new(device: &Arc<Device>) -> Self {
+        DeviceCall { device: device.clone(), descriptors: [const { None }; MAX_ARGS], len: 0 }
+    }
+
     /// Describes `t` (argument `name`, for errors; null when absent) and returns its handle for
     /// phase 1. The handle lives as long as this call (and the prepared call made from it).
     fn describe(&mut self, t: Option<&'a Tensor>, name: &'static str) -> Result<*mut aclTensor> {
         let Some(t) = t else { return Ok(std::ptr::null_mut()) };
+        if self.len == MAX_ARGS {
+            return Err(too_many());
+        }
         let buffer = buffer_on(t, name, &self.device)?;
         let d = AclTensor::new(buffer, t.dtype(), t.shape(), t.strides(), t.offset(), t.storage_len())?;
         let raw = d.raw();
-        self.descriptors.push(d);
+        self.descriptors[self.len] = Some(d);
+        self.len += 1;
         Ok(raw)
+    }
+
+    /// The descriptors made so far.
+    fn descriptors(&self) -> impl Iterator<Item = &AclTensor<'a>> {
+        self.descriptors[..self.len].iter().flatten()
     }
 }
 
@@ -138,10 +153,8 @@ fn phase1<'a, O: Operator<'a>>(
     args: CallArgs<'a>,
     zero_after_launch: bool,
 ) -> Result<DevicePrepared<'a>> {
-    // bounded: MAX_ARGS (16) descriptors, a constant.
-    #[allow(clippy::disallowed_methods)]
-    let mut call = DeviceCall { device: device.clone(), descriptors: Vec::with_capacity(MAX_ARGS) };
-    // The handles live on the stack: describing a call allocates only its descriptor list.
+    let mut call = DeviceCall::new(device);
+    // The handles live on the stack too: describing a call allocates nothing.
     let mut handles = [std::ptr::null_mut(); MAX_ARGS];
     for (h, (t, name)) in handles.iter_mut().zip(args.iter()) {
         *h = call.describe(t, name)?;
@@ -341,7 +354,7 @@ impl std::fmt::Debug for DevicePrepared<'_> {
         f.debug_struct("DevicePrepared")
             .field("operator", &self.op.name)
             .field("device", &self.call.device.id)
-            .field("tensors", &self.call.descriptors.len())
+            .field("tensors", &self.call.len)
             .field("workspace_size", &self.workspace_size)
             .finish()
     }
@@ -405,7 +418,7 @@ impl DevicePrepared<'_> {
         for (id, t) in ids.iter_mut().zip(&self.args.tensors[..self.args.len]) {
             *id = t.and_then(Tensor::device_buffer).map_or(0, |(b, _)| b.id());
         }
-        self.call.descriptors.into_iter().for_each(|d| {
+        self.call.descriptors.into_iter().flatten().for_each(|d| {
             d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
         });
         // SAFETY: `raw` is the live repeatable executor of phase 1 of `sig.op` over these live
@@ -443,7 +456,7 @@ impl DevicePrepared<'_> {
             Some(ws) if size > 0 => Some(ws.buffer_for(size, device)?),
             _ => None,
         };
-        let buffers = self.call.descriptors.iter().map(AclTensor::buffer).chain(caller_workspace);
+        let buffers = self.call.descriptors().map(AclTensor::buffer).chain(caller_workspace);
         let (cann, op, launch) = (device.cann, self.op, self.launch);
         let run = move |ws: *mut c_void| {
             device.bind()?;
