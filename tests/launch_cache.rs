@@ -448,6 +448,39 @@ impl Stats {
     }
 }
 
+/// An entry is found by layout, not by tensor: the very tensors of its last launch hit, new
+/// tensors of the same layouts hit too, and tensors of another layout (made after the first
+/// ones were dropped, so possibly at their addresses) miss; every value is right.
+fn tensors_are_matched_by_layout_not_by_identity(ctx: &Context) {
+    let s = stream(ctx, 8);
+    let (wide, narrow) = (Stats::new(450, C), Stats::new(451, 2));
+    let outputs = |c: usize| (sentinel(&s, DType::F32, &[c]), sentinel(&s, DType::F32, &[c]));
+    let run = |case: &Stats, x: &Tensor, out: &mut (Tensor, Tensor), what: &str, want: LaunchCacheStats| {
+        batch_norm_stats_into(&s, x, EPS, &mut out.0, &mut out.1).expect("stats");
+        assert_eq!(s.launch_cache_stats(), want, "{what}");
+        case.check(what, &s, out, EPS);
+    };
+    let x = wide.x.tensor(&s).expect("x");
+    let mut out = outputs(C);
+    run(&wide, &x, &mut out, "first launch", stats(0, 1, 0, 1, 8));
+    run(&wide, &x, &mut out, "the same tensors", stats(1, 1, 0, 1, 8));
+    // The same input with outputs of another layout (every other element of a longer storage).
+    let strided = || {
+        let t = Tensor::from_slice_strided(&s, &[SENTINEL; 2 * C], &[C], &[2], 1).expect("strided");
+        (t, Tensor::from_slice_strided(&s, &[SENTINEL; 2 * C], &[C], &[2], 1).expect("strided"))
+    };
+    let mut strided_out = strided();
+    run(&wide, &x, &mut strided_out, "the same input, strided outputs", stats(1, 2, 0, 2, 8));
+    drop((x, out, strided_out));
+    let x = narrow.x.tensor(&s).expect("x");
+    let mut out = outputs(2);
+    run(&narrow, &x, &mut out, "another layout", stats(1, 3, 0, 3, 8));
+    let x = wide.x.tensor(&s).expect("x");
+    let mut out = outputs(C);
+    run(&wide, &x, &mut out, "new tensors of the first layout", stats(2, 3, 0, 3, 8));
+    run(&wide, &x, &mut out, "those tensors again", stats(3, 3, 0, 3, 8));
+}
+
 /// Capacity 2, signatures A B C A launched without synchronising in between: C evicts A and the
 /// second A evicts B (2 evictions, 4 misses, 2 entries), C then hits; every value is right and
 /// the mock sees no evicted executor destroyed while its launch is still queued (a violation).
@@ -743,6 +776,7 @@ on_the_mock!(
     a_hit_rebinds_every_tensor_to_fresh_memory,
     absent_arguments_are_rebound_by_position,
     scalars_strides_and_dtypes_make_different_entries,
+    tensors_are_matched_by_layout_not_by_identity,
     lru_evicts_without_destroying_queued_launches,
     two_streams_keep_their_own_entries,
     foreign_memory_is_rebound_and_empty_inputs_are_not_cached,

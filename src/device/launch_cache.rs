@@ -6,7 +6,9 @@
 //! * **Per stream.** An entry is launched only on the stream whose cache holds it, so a
 //!   repeatable executor is never launched on two streams at once.
 //! * **Keyed** by the operator, every tensor argument's dtype, shape, strides, offset and storage
-//!   length (absent ones as absent), and the scalars (by their bits, the mask included). Calls
+//!   length (absent ones as absent), and the scalars (by their bits, the mask included), compared
+//!   word for word on a hit unless the tensor is the one the entry matched last time (the same
+//!   [`Tensor::layout_id`]: unique per tensor made, and a tensor's layout never changes). Calls
 //!   with a tensor of more than [`MAX_RANK`] dimensions, an empty storage or an address that is
 //!   not 32-byte aligned (CANN's rule for rebinding) are not cached.
 //! * **Bounded**: at most `capacity` entries, the least recently used evicted. The capacity of a
@@ -110,6 +112,33 @@ fn strip_key<'k>(key: &'k [usize], t: Option<&Tensor>) -> Option<&'k [usize]> {
     // Element by element: for ranks this small a loop beats two `memcmp` calls.
     let same = |a: &[usize], b: &[usize]| a.iter().zip(b).all(|(x, y)| x == y);
     (same(key_shape, shape) && same(key_strides, strides)).then_some(rest)
+}
+
+/// Whether `tensors` have the layouts `key` spells ([`push_key`]), `seen` holding the layout id
+/// of the tensor matched last at each place: one matched there before is equal without reading
+/// its words. On a match, `seen` takes the ids of `tensors`.
+fn layouts_match(key: &[usize], seen: &mut [u64], tensors: &[Option<&Tensor>]) -> bool {
+    let layout_id = |t: &Option<&Tensor>| t.map_or(0, Tensor::layout_id);
+    if seen.len() != tensors.len() {
+        return false;
+    }
+    if seen.iter().zip(tensors).all(|(&seen, t)| seen == layout_id(t)) {
+        return true; // the steady case: the very tensors of an earlier call
+    }
+    let mut rest = key;
+    for &t in tensors {
+        match strip_key(rest, t) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    if !rest.is_empty() {
+        return false;
+    }
+    for (seen, t) in seen.iter_mut().zip(tensors) {
+        *seen = layout_id(t);
+    }
+    true
 }
 
 /// The signature of one call, borrowed from its arguments: what a cache entry must match.
@@ -219,24 +248,7 @@ impl Entry {
         {
             return false;
         }
-        let layout_id = |t: &Option<&Tensor>| t.map_or(0, Tensor::layout_id);
-        if self.seen.iter().zip(sig.tensors).all(|(&seen, t)| seen == layout_id(t)) {
-            return true; // the steady case: the very tensors of an earlier call
-        }
-        let mut key = &self.key[..];
-        for &t in sig.tensors {
-            match strip_key(key, t) {
-                Some(rest) => key = rest,
-                None => return false,
-            }
-        }
-        if !key.is_empty() {
-            return false;
-        }
-        for (seen, t) in self.seen.iter_mut().zip(sig.tensors) {
-            *seen = layout_id(t);
-        }
-        true
+        layouts_match(&self.key, &mut self.seen, sig.tensors)
     }
 
     /// The workspace phase 2 needs.
@@ -586,5 +598,54 @@ impl Hasher for Identity {
     }
     fn write_u64(&mut self, v: u64) {
         self.0 = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Context, DType};
+
+    fn key(tensors: &[Option<&Tensor>]) -> Vec<usize> {
+        let mut key = Vec::new();
+        tensors.iter().for_each(|&t| push_key(&mut key, t));
+        key
+    }
+
+    /// The words decide, not the tensors: new tensors of the same layouts match (and are then
+    /// remembered), a tensor of another layout does not even where the other places hold the
+    /// tensors matched before, nor does absent for present or a longer list.
+    #[test]
+    fn layouts_match_by_words_and_remember_ids() {
+        let s = Context::cpu().new_stream().unwrap();
+        let vals: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let make = |shape: &[usize]| Tensor::from_slice(&s, &vals[..shape.iter().product::<usize>()], shape).unwrap();
+        let (x, m) = (make(&[2, 3, 4]), make(&[3]));
+        let entry = key(&[Some(&x), None, Some(&m)]);
+        let mut seen = [0u64; 3];
+        assert!(layouts_match(&entry, &mut seen, &[Some(&x), None, Some(&m)]), "its own tensors");
+        assert_eq!(seen, [x.layout_id(), 0, m.layout_id()], "the matched ids are remembered");
+
+        let (x2, m2) = (make(&[2, 3, 4]), make(&[3]));
+        assert!(layouts_match(&entry, &mut seen, &[Some(&x2), None, Some(&m2)]), "new tensors, same layouts");
+        assert_eq!(seen, [x2.layout_id(), 0, m2.layout_id()]);
+
+        let wider = make(&[4]);
+        let strided = Tensor::from_slice_strided(&s, &vals[..6], &[3], &[2], 0).unwrap();
+        let other = make(&[2, 4, 3]);
+        for (what, call) in [
+            ("a wider vector beside the tensors matched before", [Some(&x2), None, Some(&wider)]),
+            ("a strided vector", [Some(&x2), None, Some(&strided)]),
+            ("another shape of as many elements", [Some(&other), None, Some(&m2)]),
+            ("present where the entry had none", [Some(&x2), Some(&m2), Some(&m2)]),
+            ("absent where the entry had one", [Some(&x2), None, None]),
+        ] {
+            let before = seen;
+            assert!(!layouts_match(&entry, &mut seen, &call), "{what}");
+            assert_eq!(seen, before, "{what}: a mismatch remembers nothing");
+        }
+        assert!(!layouts_match(&entry, &mut [0; 2], &[Some(&x2), None]), "fewer tensors");
+        let f16 = Tensor::zeros(&s, DType::F16, &[3]).unwrap();
+        assert!(!layouts_match(&entry, &mut seen, &[Some(&x2), None, Some(&f16)]), "another dtype");
     }
 }
