@@ -192,18 +192,25 @@ fn t03_contiguous_exact(ctx: &Context) -> R {
     Ok(())
 }
 
+/// T02's inputs in `dt` (f16 or bf16) through the allocating form and the `_into` form (into
+/// `dt` outputs), T02's values per output with gradWeight[1] = `grad_weight_1` (-8·dt(0.1)), and
+/// the reference: what T04 and T05 check, each against its dtype's rule.
+fn t02_in_half(s: &Stream, dt: DType, grad_weight_1: f32) -> Result<(ReduceBackward, Outs, [[f32; 3]; 4], Expected)> {
+    let inputs = Inputs::ones(dt, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
+    let up = inputs.upload(s)?;
+    let out = up.run(s, OutputMask::ALL)?;
+    let want = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, grad_weight_1, 0.0], [8.0; 3]];
+    let mut outs = Outs::filled(s, dt, 3)?;
+    up.run_into(s, OutputMask::ALL, outs.all())?;
+    Ok((out, outs, want, inputs.expected()))
+}
+
 /// T04: T02 in f16. input and mean f16 → f16 outputs, holding T02's values rounded to f16
 /// (gradWeight[1] = -8·f16(0.1) = -0.7998046875, exact); also the opbase f16 check. The `_into`
 /// form with f16 outputs gives the same bits.
 fn t04_f16(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::ones(DType::F16, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
-    let want: [[f32; 3]; 4] = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, -0.799_804_7, 0.0], [8.0; 3]];
-    let exp = inputs.expected();
-    let mut outs = Outs::filled(&s, DType::F16, 3)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
+    let (out, outs, want, exp) = t02_in_half(&s, DType::F16, -0.799_804_7)?;
     for (i, t) in outputs(&out).into_iter().enumerate() {
         let t = t.unwrap();
         assert_eq!(t.dtype(), DType::F16, "{}", OUTPUT_NAMES[i]);
@@ -222,13 +229,7 @@ fn t04_f16(ctx: &Context) -> R {
 /// with bf16 outputs writes the same values in bf16.
 fn t05_bf16(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::ones(DType::BF16, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
-    let want: [[f32; 3]; 4] = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, -0.800_781_25, 0.0], [8.0; 3]];
-    let mut outs = Outs::filled(&s, DType::BF16, 3)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
-    let exp = inputs.expected();
+    let (out, outs, want, exp) = t02_in_half(&s, DType::BF16, -0.800_781_25)?;
     for (i, t) in outputs(&out).into_iter().enumerate() {
         let t = t.unwrap();
         assert_eq!(t.dtype(), DType::F32, "{}: bf16 input gives f32 outputs", OUTPUT_NAMES[i]);
