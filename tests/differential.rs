@@ -296,26 +296,20 @@ fn program() -> impl Strategy<Value = Program> {
 /// Random values of the given kind, as f64 (exact in every dtype they are stored in, but
 /// `Wide` in the float dtypes, which round it once on upload, identically on both backends).
 fn storage(seed: u64, n: usize, values: Values) -> Vec<f64> {
-    let mut rng = common::Rng::new(seed);
-    (0..n)
-        .map(|_| {
-            let r = rng.next_u64() >> 33;
-            match values {
-                Values::Small => (r % 9) as f64 - 4.0,
-                Values::Scale => [0.25, 0.5, 1.0, 2.0, 4.0][(r % 5) as usize],
-                Values::Count => (r % 5) as f64,
-                Values::Wide => match r % 8 {
-                    0 => f64::from(i32::MAX),
-                    1 => f64::from(i32::MIN),
-                    2 => f64::from(16_777_217),
-                    _ => {
-                        let m = (r >> 3) as i64 % (1 << 30) + (1 << 24) + 1;
-                        (if r & 1 == 0 { m } else { -m }) as f64
-                    }
-                },
+    common::Rng::new(seed).map_draws(n, |r| match values {
+        Values::Small => (r % 9) as f64 - 4.0,
+        Values::Scale => [0.25, 0.5, 1.0, 2.0, 4.0][(r % 5) as usize],
+        Values::Count => (r % 5) as f64,
+        Values::Wide => match r % 8 {
+            0 => f64::from(i32::MAX),
+            1 => f64::from(i32::MIN),
+            2 => f64::from(16_777_217),
+            _ => {
+                let m = (r >> 3) as i64 % (1 << 30) + (1 << 24) + 1;
+                (if r & 1 == 0 { m } else { -m }) as f64
             }
-        })
-        .collect()
+        },
+    })
 }
 
 /// Strides, offset and storage length of `layout` for `shape`.
