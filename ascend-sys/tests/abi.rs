@@ -5,103 +5,103 @@ use std::mem::size_of;
 
 use ascend_sys::*;
 
-/// Each listed value of a bindgen enum (a newtype over its C integer) is the number API.md or
-/// HCCL.md gives it, written as the C declaration writes it; a mismatch names the variant.
-macro_rules! assert_values {
-    ($ty:ident { $($variant:ident = $value:expr),+ $(,)? }) => {
-        $(assert_eq!(
-            $ty::$variant.0 as i64,
-            $value,
-            concat!(stringify!($ty), "::", stringify!($variant))
-        );)+
-    };
-}
-
 #[test]
 fn data_type_values_match_api_md() {
-    assert_values!(aclDataType {
-        ACL_DT_UNDEFINED = -1,
-        ACL_FLOAT = 0,
-        ACL_FLOAT16 = 1,
-        ACL_INT8 = 2,
-        ACL_INT32 = 3,
-        ACL_UINT8 = 4,
-        ACL_INT16 = 6,
-        ACL_UINT16 = 7,
-        ACL_UINT32 = 8,
-        ACL_INT64 = 9,
-        ACL_UINT64 = 10,
-        ACL_DOUBLE = 11,
-        ACL_BOOL = 12,
-        ACL_STRING = 13,
-        ACL_COMPLEX64 = 16,
-        ACL_COMPLEX128 = 17,
-        ACL_BF16 = 27,
-        ACL_INT4 = 29,
-        ACL_UINT1 = 30,
-        ACL_COMPLEX32 = 33,
-        ACL_HIFLOAT8 = 34,
-        ACL_FLOAT8_E5M2 = 35,
-        ACL_FLOAT8_E4M3FN = 36,
-        ACL_FLOAT8_E8M0 = 37,
-        ACL_FLOAT6_E3M2 = 38,
-        ACL_FLOAT6_E2M3 = 39,
-        ACL_FLOAT4_E2M1 = 40,
-        ACL_FLOAT4_E1M2 = 41,
-    });
+    let expected = [
+        (aclDataType::ACL_DT_UNDEFINED, -1),
+        (aclDataType::ACL_FLOAT, 0),
+        (aclDataType::ACL_FLOAT16, 1),
+        (aclDataType::ACL_INT8, 2),
+        (aclDataType::ACL_INT32, 3),
+        (aclDataType::ACL_UINT8, 4),
+        (aclDataType::ACL_INT16, 6),
+        (aclDataType::ACL_UINT16, 7),
+        (aclDataType::ACL_UINT32, 8),
+        (aclDataType::ACL_INT64, 9),
+        (aclDataType::ACL_UINT64, 10),
+        (aclDataType::ACL_DOUBLE, 11),
+        (aclDataType::ACL_BOOL, 12),
+        (aclDataType::ACL_STRING, 13),
+        (aclDataType::ACL_COMPLEX64, 16),
+        (aclDataType::ACL_COMPLEX128, 17),
+        (aclDataType::ACL_BF16, 27),
+        (aclDataType::ACL_INT4, 29),
+        (aclDataType::ACL_UINT1, 30),
+        (aclDataType::ACL_COMPLEX32, 33),
+        (aclDataType::ACL_HIFLOAT8, 34),
+        (aclDataType::ACL_FLOAT8_E5M2, 35),
+        (aclDataType::ACL_FLOAT8_E4M3FN, 36),
+        (aclDataType::ACL_FLOAT8_E8M0, 37),
+        (aclDataType::ACL_FLOAT6_E3M2, 38),
+        (aclDataType::ACL_FLOAT6_E2M3, 39),
+        (aclDataType::ACL_FLOAT4_E2M1, 40),
+        (aclDataType::ACL_FLOAT4_E1M2, 41),
+    ];
+    for (v, n) in expected {
+        assert_eq!(v.0, n, "{v:?}");
+    }
 }
 
 #[test]
 fn format_values_match_api_md() {
-    assert_values!(aclFormat {
-        ACL_FORMAT_UNDEFINED = -1,
-        ACL_FORMAT_NCHW = 0,
-        ACL_FORMAT_NHWC = 1,
-        ACL_FORMAT_ND = 2,
-        ACL_FORMAT_NC1HWC0 = 3,
-        ACL_FORMAT_FRACTAL_Z = 4,
-        ACL_FORMAT_NC1HWC0_C04 = 12,
-        ACL_FORMAT_HWCN = 16,
-        ACL_FORMAT_NDHWC = 27,
-        ACL_FORMAT_FRACTAL_NZ = 29,
-        ACL_FORMAT_NCDHW = 30,
-        ACL_FORMAT_NDC1HWC0 = 32,
-        ACL_FRACTAL_Z_3D = 33,
-        ACL_FORMAT_NC = 35,
-        ACL_FORMAT_NCL = 47,
-        ACL_FORMAT_FRACTAL_NZ_C0_16 = 50,
-        ACL_FORMAT_FRACTAL_NZ_C0_32 = 51,
-        ACL_FORMAT_FRACTAL_NZ_C0_2 = 52,
-        ACL_FORMAT_FRACTAL_NZ_C0_4 = 53,
-        ACL_FORMAT_FRACTAL_NZ_C0_8 = 54,
-    });
+    let expected = [
+        (aclFormat::ACL_FORMAT_UNDEFINED, -1),
+        (aclFormat::ACL_FORMAT_NCHW, 0),
+        (aclFormat::ACL_FORMAT_NHWC, 1),
+        (aclFormat::ACL_FORMAT_ND, 2),
+        (aclFormat::ACL_FORMAT_NC1HWC0, 3),
+        (aclFormat::ACL_FORMAT_FRACTAL_Z, 4),
+        (aclFormat::ACL_FORMAT_NC1HWC0_C04, 12),
+        (aclFormat::ACL_FORMAT_HWCN, 16),
+        (aclFormat::ACL_FORMAT_NDHWC, 27),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ, 29),
+        (aclFormat::ACL_FORMAT_NCDHW, 30),
+        (aclFormat::ACL_FORMAT_NDC1HWC0, 32),
+        (aclFormat::ACL_FRACTAL_Z_3D, 33),
+        (aclFormat::ACL_FORMAT_NC, 35),
+        (aclFormat::ACL_FORMAT_NCL, 47),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_16, 50),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_32, 51),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_2, 52),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_4, 53),
+        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_8, 54),
+    ];
+    for (v, n) in expected {
+        assert_eq!(v.0, n, "{v:?}");
+    }
 }
 
 #[test]
 fn memcpy_kind_and_malloc_policy_values_match_api_md() {
-    assert_values!(aclrtMemcpyKind {
-        ACL_MEMCPY_HOST_TO_HOST = 0,
-        ACL_MEMCPY_HOST_TO_DEVICE = 1,
-        ACL_MEMCPY_DEVICE_TO_HOST = 2,
-        ACL_MEMCPY_DEVICE_TO_DEVICE = 3,
-        ACL_MEMCPY_DEFAULT = 4,
-        ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE = 5,
-        ACL_MEMCPY_INNER_DEVICE_TO_DEVICE = 6,
-        ACL_MEMCPY_INTER_DEVICE_TO_DEVICE = 7,
-    });
-    assert_values!(aclrtMemMallocPolicy {
-        ACL_MEM_MALLOC_HUGE_FIRST = 0,
-        ACL_MEM_MALLOC_HUGE_ONLY = 1,
-        ACL_MEM_MALLOC_NORMAL_ONLY = 2,
-        ACL_MEM_MALLOC_HUGE_FIRST_P2P = 3,
-        ACL_MEM_MALLOC_HUGE_ONLY_P2P = 4,
-        ACL_MEM_MALLOC_NORMAL_ONLY_P2P = 5,
-        ACL_MEM_MALLOC_HUGE1G_ONLY = 6,
-        ACL_MEM_MALLOC_HUGE1G_ONLY_P2P = 7,
-        ACL_MEM_TYPE_LOW_BAND_WIDTH = 0x100,
-        ACL_MEM_TYPE_HIGH_BAND_WIDTH = 0x1000,
-        ACL_MEM_ACCESS_USER_SPACE_READONLY = 0x100000,
-    });
+    let kinds = [
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_DEFAULT,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
+        aclrtMemcpyKind::ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
+    ];
+    for (i, k) in kinds.iter().enumerate() {
+        assert_eq!(k.0 as usize, i, "{k:?}");
+    }
+    let policies = [
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST, 0),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY, 1),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY, 2),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST_P2P, 3),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY_P2P, 4),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY_P2P, 5),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY, 6),
+        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY_P2P, 7),
+        (aclrtMemMallocPolicy::ACL_MEM_TYPE_LOW_BAND_WIDTH, 0x100),
+        (aclrtMemMallocPolicy::ACL_MEM_TYPE_HIGH_BAND_WIDTH, 0x1000),
+        (aclrtMemMallocPolicy::ACL_MEM_ACCESS_USER_SPACE_READONLY, 0x100000),
+    ];
+    for (p, n) in policies {
+        assert_eq!(p.0 as u64, n, "{p:?}");
+    }
 }
 
 #[test]
@@ -158,54 +158,63 @@ fn hccl_types_match_hccl_md() {
     assert_eq!(std::mem::align_of::<HcclRootInfo>(), 1);
     assert_eq!(size_of::<HcclComm>(), size_of::<*mut ()>());
     assert_eq!((size_of::<HcclResult>(), size_of::<HcclDataType>(), size_of::<HcclReduceOp>()), (4, 4, 4));
-    assert_values!(HcclResult {
-        HCCL_SUCCESS = 0,
-        HCCL_E_PARA = 1,
-        HCCL_E_PTR = 2,
-        HCCL_E_MEMORY = 3,
-        HCCL_E_INTERNAL = 4,
-        HCCL_E_NOT_SUPPORT = 5,
-        HCCL_E_NOT_FOUND = 6,
-        HCCL_E_UNAVAIL = 7,
-        HCCL_E_SYSCALL = 8,
-        HCCL_E_TIMEOUT = 9,
-        HCCL_E_OPEN_FILE_FAILURE = 10,
-        HCCL_E_TCP_CONNECT = 11,
-        HCCL_E_ROCE_CONNECT = 12,
-        HCCL_E_TCP_TRANSFER = 13,
-        HCCL_E_ROCE_TRANSFER = 14,
-        HCCL_E_RUNTIME = 15,
-        HCCL_E_DRV = 16,
-        HCCL_E_PROFILING = 17,
-        HCCL_E_CCE = 18,
-        HCCL_E_NETWORK = 19,
-        HCCL_E_AGAIN = 20,
-        HCCL_E_REMOTE = 21,
-        HCCL_E_SUSPENDING = 22,
-        HCCL_E_OPRETRY_FAIL = 23,
-        HCCL_E_OOM = 24,
-    });
-    assert_values!(HcclDataType {
-        HCCL_DATA_TYPE_INT8 = 0,
-        HCCL_DATA_TYPE_INT16 = 1,
-        HCCL_DATA_TYPE_INT32 = 2,
-        HCCL_DATA_TYPE_FP16 = 3,
-        HCCL_DATA_TYPE_FP32 = 4,
-        HCCL_DATA_TYPE_INT64 = 5,
-        HCCL_DATA_TYPE_UINT64 = 6,
-        HCCL_DATA_TYPE_UINT8 = 7,
-        HCCL_DATA_TYPE_UINT16 = 8,
-        HCCL_DATA_TYPE_UINT32 = 9,
-        HCCL_DATA_TYPE_FP64 = 10,
-        HCCL_DATA_TYPE_BFP16 = 11,
-        HCCL_DATA_TYPE_INT128 = 12,
-        HCCL_DATA_TYPE_RESERVED = 255,
-    });
-    assert_values!(HcclReduceOp {
-        HCCL_REDUCE_SUM = 0,
-        HCCL_REDUCE_PROD = 1,
-        HCCL_REDUCE_MAX = 2,
-        HCCL_REDUCE_MIN = 3,
-        HCCL_REDUCE_RESERVED = 255,
-    });
+    let results = [
+        (HcclResult::HCCL_SUCCESS, 0),
+        (HcclResult::HCCL_E_PARA, 1),
+        (HcclResult::HCCL_E_PTR, 2),
+        (HcclResult::HCCL_E_MEMORY, 3),
+        (HcclResult::HCCL_E_INTERNAL, 4),
+        (HcclResult::HCCL_E_NOT_SUPPORT, 5),
+        (HcclResult::HCCL_E_NOT_FOUND, 6),
+        (HcclResult::HCCL_E_UNAVAIL, 7),
+        (HcclResult::HCCL_E_SYSCALL, 8),
+        (HcclResult::HCCL_E_TIMEOUT, 9),
+        (HcclResult::HCCL_E_OPEN_FILE_FAILURE, 10),
+        (HcclResult::HCCL_E_TCP_CONNECT, 11),
+        (HcclResult::HCCL_E_ROCE_CONNECT, 12),
+        (HcclResult::HCCL_E_TCP_TRANSFER, 13),
+        (HcclResult::HCCL_E_ROCE_TRANSFER, 14),
+        (HcclResult::HCCL_E_RUNTIME, 15),
+        (HcclResult::HCCL_E_DRV, 16),
+        (HcclResult::HCCL_E_PROFILING, 17),
+        (HcclResult::HCCL_E_CCE, 18),
+        (HcclResult::HCCL_E_NETWORK, 19),
+        (HcclResult::HCCL_E_AGAIN, 20),
+        (HcclResult::HCCL_E_REMOTE, 21),
+        (HcclResult::HCCL_E_SUSPENDING, 22),
+        (HcclResult::HCCL_E_OPRETRY_FAIL, 23),
+        (HcclResult::HCCL_E_OOM, 24),
+    ];
+    for (v, n) in results {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+    let types = [
+        (HcclDataType::HCCL_DATA_TYPE_INT8, 0),
+        (HcclDataType::HCCL_DATA_TYPE_INT16, 1),
+        (HcclDataType::HCCL_DATA_TYPE_INT32, 2),
+        (HcclDataType::HCCL_DATA_TYPE_FP16, 3),
+        (HcclDataType::HCCL_DATA_TYPE_FP32, 4),
+        (HcclDataType::HCCL_DATA_TYPE_INT64, 5),
+        (HcclDataType::HCCL_DATA_TYPE_UINT64, 6),
+        (HcclDataType::HCCL_DATA_TYPE_UINT8, 7),
+        (HcclDataType::HCCL_DATA_TYPE_UINT16, 8),
+        (HcclDataType::HCCL_DATA_TYPE_UINT32, 9),
+        (HcclDataType::HCCL_DATA_TYPE_FP64, 10),
+        (HcclDataType::HCCL_DATA_TYPE_BFP16, 11),
+        (HcclDataType::HCCL_DATA_TYPE_INT128, 12),
+        (HcclDataType::HCCL_DATA_TYPE_RESERVED, 255),
+    ];
+    for (v, n) in types {
+        assert_eq!(v.0, n, "{v:?}");
+    }
+    let ops = [
+        (HcclReduceOp::HCCL_REDUCE_SUM, 0),
+        (HcclReduceOp::HCCL_REDUCE_PROD, 1),
+        (HcclReduceOp::HCCL_REDUCE_MAX, 2),
+        (HcclReduceOp::HCCL_REDUCE_MIN, 3),
+        (HcclReduceOp::HCCL_REDUCE_RESERVED, 255),
+    ];
+    for (v, n) in ops {
+        assert_eq!(v.0, n, "{v:?}");
+    }
 }
