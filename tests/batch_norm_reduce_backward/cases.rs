@@ -37,9 +37,7 @@ on_both_backends!(
 /// values.
 fn every_mask_allocating(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(100, DType::F32, DType::F32, &[3, 4, 5]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(100, DType::F32, DType::F32, &[3, 4, 5]).upload_with_expected(&s)?;
     for mask in all_masks() {
         check_result(&s, &up.run(&s, mask)?, mask, DType::F32, &exp);
     }
@@ -50,9 +48,7 @@ fn every_mask_allocating(ctx: &Context) -> R {
 /// their values; with only the enabled ones given, the call succeeds.
 fn every_mask_into(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(101, DType::F16, DType::F32, &[3, 4, 5]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(101, DType::F16, DType::F32, &[3, 4, 5]).upload_with_expected(&s)?;
     for mask in all_masks() {
         let mut outs = Outs::filled(&s, DType::F32, 4)?;
         up.run_into(&s, mask, outs.all())?;
@@ -126,9 +122,7 @@ fn broadcast_input(ctx: &Context) -> R {
 /// elements get the values. A stride-0 output is allowed when C = 1.
 fn strided_outputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(202, DType::F32, DType::F32, &[4, 6, 3]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(202, DType::F32, DType::F32, &[4, 6, 3]).upload_with_expected(&s)?;
     let init = [
         sentinel(DType::F32, 6, 0).spread(2, 1, -1.0),
         sentinel(DType::F16, 6, 1).spread(3, 2, -2.0),
@@ -181,9 +175,7 @@ fn allocating_output_dtype_rule(ctx: &Context) -> R {
 fn into_writes_callers_dtypes(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     for (k, dt) in DTYPES.into_iter().enumerate() {
-        let inputs = Inputs::normal(310 + k as u64, dt, DType::F32, &[3, 5, 4]);
-        let up = inputs.upload(&s)?;
-        let exp = inputs.expected();
+        let (up, exp) = Inputs::normal(310 + k as u64, dt, DType::F32, &[3, 5, 4]).upload_with_expected(&s)?;
         for odt in DTYPES {
             let mut outs = Outs::filled(&s, odt, 5)?;
             up.run_into(&s, OutputMask::ALL, outs.all())?;

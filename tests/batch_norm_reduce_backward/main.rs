@@ -320,9 +320,7 @@ fn t11_output_shape(ctx: &Context) -> R {
 /// sumDy untouched, gradWeight/gradBias correct.
 fn t12_mask_off_outputs_ignored(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(12, DType::F16, DType::F16, &[2, 3, 1, 4]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(12, DType::F16, DType::F16, &[2, 3, 1, 4]).upload_with_expected(&s)?;
     let mask = OutputMask { input_g: false, weight_g: true, bias_g: true };
     let mut bogus = Tensor::from_slice(&s, &[5f32; 7], &[7])?;
     let mut gw = sentinel(DType::F16, 3, 2).tensor(&s)?;

@@ -197,6 +197,11 @@ impl Inputs {
         allocating_dtype(self.x.dtype, self.mean.dtype)
     }
 
+    /// The inputs uploaded on `s`, and their reference: what most cases start from.
+    pub fn upload_with_expected(&self, s: &Stream) -> Result<(Up, Expected)> {
+        Ok((self.upload(s)?, self.expected()))
+    }
+
     pub fn upload(&self, s: &Stream) -> Result<Up> {
         Ok(Up {
             dy: self.dy.tensor(s)?,
