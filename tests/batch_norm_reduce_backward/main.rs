@@ -197,11 +197,8 @@ fn t03_contiguous_exact(ctx: &Context) -> R {
 /// the reference: what T04 and T05 check, each against its dtype's rule.
 fn t02_in_half(s: &Stream, dt: DType, grad_weight_1: f32) -> Result<(ReduceBackward, Outs, [[f32; 3]; 4], Expected)> {
     let inputs = Inputs::ones(dt, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
-    let up = inputs.upload(s)?;
-    let out = up.run(s, OutputMask::ALL)?;
+    let (out, outs) = inputs.run_both_forms(s, dt, 3)?;
     let want = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, grad_weight_1, 0.0], [8.0; 3]];
-    let mut outs = Outs::filled(s, dt, 3)?;
-    up.run_into(s, OutputMask::ALL, outs.all())?;
     Ok((out, outs, want, inputs.expected()))
 }
 
@@ -420,13 +417,10 @@ fn t14_empty_spatial_dim(ctx: &Context) -> R {
         invstd: Data::new(DType::F32, &[0.125, 0.1, 0.3], &[3]),
         weight: None,
     };
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
+    let (out, outs) = inputs.run_both_forms(&s, DType::F32, 3)?;
     for t in outputs(&out) {
         assert_eq!(t.unwrap().to_vec::<f32>(&s)?, [0.0; 3]);
     }
-    let mut outs = Outs::filled(&s, DType::F32, 3)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
     for t in &outs.t {
         assert_eq!(t.to_vec::<f32>(&s)?, [0.0; 3]);
     }

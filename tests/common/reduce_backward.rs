@@ -197,6 +197,16 @@ impl Inputs {
         allocating_dtype(self.x.dtype, self.mean.dtype)
     }
 
+    /// The inputs uploaded on `s` and run with every output enabled through both forms: the
+    /// allocating result, and `_into` outputs of `dtype` (`c` channels, pre-filled) as written.
+    pub fn run_both_forms(&self, s: &Stream, dtype: DType, c: usize) -> Result<(ReduceBackward, Outs)> {
+        let up = self.upload(s)?;
+        let out = up.run(s, OutputMask::ALL)?;
+        let mut outs = Outs::filled(s, dtype, c)?;
+        up.run_into(s, OutputMask::ALL, outs.all())?;
+        Ok((out, outs))
+    }
+
     /// The inputs uploaded on `s`, and their reference: what most cases start from.
     pub fn upload_with_expected(&self, s: &Stream) -> Result<(Up, Expected)> {
         Ok((self.upload(s)?, self.expected()))
