@@ -160,6 +160,20 @@ fn t01_doc_example(ctx: &Context) -> R {
     Ok(())
 }
 
+/// `b`, the result with every output of `base`'s values in other layouts: right against `base`'s
+/// reference, and equal to `base`'s own (contiguous) result within f32 reduction noise. Returns
+/// the reference for a case's further checks.
+fn check_against_base(s: &Stream, base: &Inputs, b: &ReduceBackward) -> Result<Expected> {
+    let exp = base.expected();
+    let a = base.upload(s)?.run(s, OutputMask::ALL)?;
+    check_result(s, b, OutputMask::ALL, DType::F32, &exp);
+    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(b)).enumerate() {
+        let (_, cond) = exp.output(i);
+        assert_close(OUTPUT_NAMES[i], DType::F32, &read(s, tb.unwrap()), &read(s, ta.unwrap()), cond, exp.r);
+    }
+    Ok(exp)
+}
+
 /// Asserts `got` within one f32 ulp of each `want`.
 fn assert_ulp1(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
@@ -555,16 +569,12 @@ fn t25_channels_last(ctx: &Context) -> R {
     nhwc.dy = nchw.dy.permuted(&[0, 2, 3, 1]);
     nhwc.x = nchw.x.permuted(&[0, 2, 3, 1]);
     assert_eq!(nhwc.x.strides, [6400, 1, 800, 100]);
-    let exp = nchw.expected();
-    let a = nchw.upload(&s)?.run(&s, OutputMask::ALL)?;
     let up = nhwc.upload(&s)?;
     assert!(!up.x.is_contiguous());
     let b = up.run(&s, OutputMask::ALL)?;
-    check_result(&s, &b, OutputMask::ALL, DType::F32, &exp);
-    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(&b)).enumerate() {
-        let (ga, gb) = (read(&s, ta.unwrap()), read(&s, tb.unwrap()));
-        let (e, cond) = exp.output(i);
-        assert_close(OUTPUT_NAMES[i], DType::F32, &gb, &ga, cond, exp.r);
+    let exp = check_against_base(&s, &nchw, &b)?;
+    for (i, tb) in outputs(&b).into_iter().enumerate() {
+        let (gb, (e, _)) = (read(&s, tb.unwrap()), exp.output(i));
         for c in 0..100 {
             assert!((gb[c] - e[c]).abs() <= 1e-2, "{}[{c}]", OUTPUT_NAMES[i]);
         }
@@ -616,14 +626,8 @@ fn t34_transposed_view(ctx: &Context) -> R {
     tr.dy = base.dy.permuted(&[2, 1, 0]);
     tr.x = base.x.permuted(&[2, 1, 0]);
     assert_eq!(tr.x.strides, [1, 4, 24]);
-    let exp = base.expected();
-    let a = base.upload(&s)?.run(&s, OutputMask::ALL)?;
     let b = tr.upload(&s)?.run(&s, OutputMask::ALL)?;
-    check_result(&s, &b, OutputMask::ALL, DType::F32, &exp);
-    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(&b)).enumerate() {
-        let (_, cond) = exp.output(i);
-        assert_close(OUTPUT_NAMES[i], DType::F32, &read(&s, tb.unwrap()), &read(&s, ta.unwrap()), cond, exp.r);
-    }
+    check_against_base(&s, &base, &b)?;
     Ok(())
 }
 
