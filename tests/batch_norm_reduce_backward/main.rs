@@ -565,9 +565,7 @@ fn t24_mask_weight_bias_only(ctx: &Context) -> R {
 fn t25_channels_last(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     let nchw = Inputs::normal(25, DType::F32, DType::F32, &[8, 100, 8, 8]);
-    let mut nhwc = nchw.clone();
-    nhwc.dy = nchw.dy.permuted(&[0, 2, 3, 1]);
-    nhwc.x = nchw.x.permuted(&[0, 2, 3, 1]);
+    let nhwc = nchw.permuted(&[0, 2, 3, 1], &[0, 2, 3, 1]);
     assert_eq!(nhwc.x.strides, [6400, 1, 800, 100]);
     let up = nhwc.upload(&s)?;
     assert!(!up.x.is_contiguous());
@@ -622,9 +620,7 @@ fn t34_transposed_view(ctx: &Context) -> R {
         invstd: Data::uniform(&mut rng, DType::F32, &[6], 0.5, 2.0),
         weight: None,
     };
-    let mut tr = base.clone();
-    tr.dy = base.dy.permuted(&[2, 1, 0]);
-    tr.x = base.x.permuted(&[2, 1, 0]);
+    let tr = base.permuted(&[2, 1, 0], &[2, 1, 0]);
     assert_eq!(tr.x.strides, [1, 4, 24]);
     let b = tr.upload(&s)?.run(&s, OutputMask::ALL)?;
     check_against_base(&s, &base, &b)?;

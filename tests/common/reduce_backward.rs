@@ -197,6 +197,12 @@ impl Inputs {
         allocating_dtype(self.x.dtype, self.mean.dtype)
     }
 
+    /// The same values with gradOut and input stored in the dim orders `dy` and `x` (see
+    /// [`Data::permuted`]).
+    pub fn permuted(&self, dy: &[usize], x: &[usize]) -> Inputs {
+        Inputs { dy: self.dy.permuted(dy), x: self.x.permuted(x), ..self.clone() }
+    }
+
     /// The inputs uploaded on `s` and run with every output enabled through both forms: the
     /// allocating result, and `_into` outputs of `dtype` (`c` channels, pre-filled) as written.
     pub fn run_both_forms(&self, s: &Stream, dtype: DType, c: usize) -> Result<(ReduceBackward, Outs)> {
