@@ -207,13 +207,23 @@ fn t03_contiguous_exact(ctx: &Context) -> R {
 }
 
 /// T02's inputs in `dt` (f16 or bf16) through the allocating form and the `_into` form (into
-/// `dt` outputs), T02's values per output with gradWeight[1] = `grad_weight_1` (-8·dt(0.1)), and
-/// the reference: what T04 and T05 check, each against its dtype's rule.
-fn t02_in_half(s: &Stream, dt: DType, grad_weight_1: f32) -> Result<(ReduceBackward, Outs, [[f32; 3]; 4], Expected)> {
+/// `dt` outputs): `check(name, allocating, into, want, exact)` for each output, where `want` is
+/// T02's values with gradWeight[1] = `grad_weight_1` (-8·dt(0.1)) and `exact` the reference;
+/// what T04 and T05 check, each against its dtype's rule.
+fn t02_in_half(
+    s: &Stream,
+    dt: DType,
+    grad_weight_1: f32,
+    check: impl Fn(&str, &Tensor, &Tensor, &[f32; 3], &[f64]) -> R,
+) -> R {
     let inputs = Inputs::ones(dt, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
     let (out, outs) = inputs.run_both_forms(s, dt, 3)?;
     let want = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, grad_weight_1, 0.0], [8.0; 3]];
-    Ok((out, outs, want, inputs.expected()))
+    let exp = inputs.expected();
+    for (i, t) in outputs(&out).into_iter().enumerate() {
+        check(OUTPUT_NAMES[i], t.unwrap(), &outs.t[i], &want[i], exp.output(i).0)?;
+    }
+    Ok(())
 }
 
 /// T04: T02 in f16. input and mean f16 → f16 outputs, holding T02's values rounded to f16
@@ -221,17 +231,17 @@ fn t02_in_half(s: &Stream, dt: DType, grad_weight_1: f32) -> Result<(ReduceBackw
 /// form with f16 outputs gives the same bits.
 fn t04_f16(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let (out, outs, want, exp) = t02_in_half(&s, DType::F16, -0.799_804_7)?;
-    for (i, t) in outputs(&out).into_iter().enumerate() {
-        let t = t.unwrap();
-        assert_eq!(t.dtype(), DType::F16, "{}", OUTPUT_NAMES[i]);
+    let grad_weight_1 = -0.799_804_7;
+    t02_in_half(&s, DType::F16, grad_weight_1, |name, t, into, want, exact| {
+        assert_eq!(t.dtype(), DType::F16, "{name}");
         let got: Vec<f16> = t.to_vec::<f16>(&s)?;
-        let want: Vec<f16> = want[i].iter().map(|&v| f16::from_f32(v)).collect();
-        assert_eq!(got, want, "{}", OUTPUT_NAMES[i]);
-        assert_eq!(bits(&s, t), bits(&s, &outs.t[i]), "{}: allocating vs _into", OUTPUT_NAMES[i]);
-        assert_opbase(OUTPUT_NAMES[i], DType::F16, &read(&s, t), exp.output(i).0);
-    }
-    assert_eq!(want[2][1], f16::from_f64(-0.7998046875).to_f32());
+        let want: Vec<f16> = want.iter().map(|&v| f16::from_f32(v)).collect();
+        assert_eq!(got, want, "{name}");
+        assert_eq!(bits(&s, t), bits(&s, into), "{name}: allocating vs _into");
+        assert_opbase(name, DType::F16, &read(&s, t), exact);
+        Ok(())
+    })?;
+    assert_eq!(grad_weight_1, f16::from_f64(-0.7998046875).to_f32());
     Ok(())
 }
 
@@ -240,17 +250,15 @@ fn t04_f16(ctx: &Context) -> R {
 /// with bf16 outputs writes the same values in bf16.
 fn t05_bf16(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let (out, outs, want, exp) = t02_in_half(&s, DType::BF16, -0.800_781_25)?;
-    for (i, t) in outputs(&out).into_iter().enumerate() {
-        let t = t.unwrap();
-        assert_eq!(t.dtype(), DType::F32, "{}: bf16 input gives f32 outputs", OUTPUT_NAMES[i]);
-        assert_eq!(t.to_vec::<f32>(&s)?, want[i], "{}", OUTPUT_NAMES[i]);
-        assert_eq!(outs.t[i].dtype(), DType::BF16);
-        let got: Vec<bf16> = outs.t[i].to_vec::<bf16>(&s)?;
-        assert_eq!(got, want[i].iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), "{}", OUTPUT_NAMES[i]);
-        assert_opbase(OUTPUT_NAMES[i], DType::BF16, &read(&s, &outs.t[i]), exp.output(i).0);
-    }
-    Ok(())
+    t02_in_half(&s, DType::BF16, -0.800_781_25, |name, t, into, want, exact| {
+        assert_eq!(t.dtype(), DType::F32, "{name}: bf16 input gives f32 outputs");
+        assert_eq!(t.to_vec::<f32>(&s)?, want, "{name}");
+        assert_eq!(into.dtype(), DType::BF16);
+        let got: Vec<bf16> = into.to_vec::<bf16>(&s)?;
+        assert_eq!(got, want.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), "{name}");
+        assert_opbase(name, DType::BF16, &read(&s, into), exact);
+        Ok(())
+    })
 }
 
 // T08 (gradOut/input int32 → 161002) cannot be written: `Tensor` only holds f32/f16/bf16 (the
