@@ -491,3 +491,34 @@ macro_rules! one_output_framework_items {
 }
 #[allow(unused_imports)]
 pub(crate) use one_output_framework_items;
+
+/// The [`Framework`] items every operator with two `[C]` output tensors (mean and invstd) spells
+/// the same way: the pair out (pre-filled, `C` the dim 1 of the case's field `$field`), the
+/// allocating form's result checked as `_into`'s outputs are, and both outputs' bits.
+#[allow(unused_macros)]
+macro_rules! two_output_framework_items {
+    (channels_of: $field:ident) => {
+        type Out = (ascend::Tensor, ascend::Tensor);
+        type Res = (ascend::Tensor, ascend::Tensor);
+
+        fn outputs(&self, s: &ascend::Stream) -> ascend::Result<(ascend::Tensor, ascend::Tensor)> {
+            crate::common::framework::two_channel_outputs(s, self.$field.shape[1])
+        }
+
+        fn check_res(
+            &self,
+            ctx: &ascend::Context,
+            s: &ascend::Stream,
+            what: &str,
+            res: &(ascend::Tensor, ascend::Tensor),
+        ) {
+            self.check(ctx, s, what, res);
+        }
+
+        fn out_bits(s: &ascend::Stream, (m, v): &(ascend::Tensor, ascend::Tensor)) -> Vec<Vec<u32>> {
+            vec![crate::common::data::bits(s, m), crate::common::data::bits(s, v)]
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use two_output_framework_items;
