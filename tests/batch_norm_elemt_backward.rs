@@ -336,20 +336,16 @@ fn ranks_2_to_8(ctx: &Context) -> R {
 
 /// Inputs above the CPU's threading threshold, contiguous f32 and channels-last bf16.
 fn large_inputs_use_the_threaded_path(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for (dt, cl) in [(DType::F32, false), (DType::BF16, true)] {
+    let cases = [(DType::F32, false), (DType::BF16, true)].map(|(dt, cl)| {
         let case = Case::random(90, &[4, 24, 32, 48], dt, dt, DType::F32, Some(DType::F32));
         let case = if cl {
             Case { dy: case.dy.permuted(&[0, 2, 3, 1]), x: case.x.permuted(&[0, 2, 3, 1]), ..case }
         } else {
             case
         };
-        let up = case.upload(&s)?;
-        let out = up.run(&s)?;
-        check(ctx, &s, &format!("large {dt} channels-last {cl}"), &out, dt, &case);
-        assert_eq!(bits(&s, &out), bits(&s, &up.run(&s)?));
-    }
-    Ok(())
+        (format!("large {dt} channels-last {cl}"), case)
+    });
+    common::framework::large_inputs(ctx, cases)
 }
 
 /// An empty input (batch 0, or an empty spatial dim) computes nothing and succeeds.

@@ -369,6 +369,22 @@ pub fn empty_inputs<F: Framework<Out = Tensor, Res = Tensor>>(
     Ok(())
 }
 
+/// Inputs above the CPU's threading threshold (`cases`, each named): the allocating form's result
+/// is right, and running it again gives the same bits (any thread interleaving).
+pub fn large_inputs<F: Framework<Res = Tensor>>(
+    ctx: &Context,
+    cases: impl IntoIterator<Item = (String, F)>,
+) -> Result<()> {
+    let s = ctx.new_stream()?;
+    for (what, case) in cases {
+        let mut up = case.upload(&s)?;
+        let out = case.run(&mut up, &s)?;
+        case.check_res(ctx, &s, &what, &out);
+        assert_eq!(bits(&s, &out), bits(&s, &case.run(&mut up, &s)?), "{what}: the same bits again");
+    }
+    Ok(())
+}
+
 /// The same call gives the same bits through every entry point of a one-output operator: the
 /// allocating form twice, and `_into` (into the case's pre-filled outputs).
 pub fn deterministic<F: Framework<Out = Tensor, Res = Tensor>>(ctx: &Context, case: F) -> Result<()> {
