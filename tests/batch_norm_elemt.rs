@@ -208,7 +208,6 @@ fn weight_or_bias_alone(ctx: &Context) -> R {
 /// Inputs in every layout: contiguous, channels-last, transposed, spread with an offset, strided
 /// per-channel vectors; the allocating result is contiguous.
 fn layouts(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
     let base = Case::random(30, &[2, 5, 3, 4], DType::F32, DType::F32, Some(DType::F32));
     let spread_stats = |c: &Case| Case {
         mean: c.mean.spread(3, 1, 99.0),
@@ -230,12 +229,7 @@ fn layouts(ctx: &Context) -> R {
             Case { x: c.x.permuted(&[0, 2, 3, 1]), ..c }
         }),
     ];
-    for (what, case) in cases {
-        let out = case.upload(&s)?.run(&s)?;
-        assert!(out.is_contiguous(), "{what}: the allocating result is contiguous");
-        check(ctx, &s, what, &out, case.x.dtype, &case);
-    }
-    Ok(())
+    common::framework::allocating_results(ctx, cases)
 }
 
 /// `_into` writes outputs of any non-overlapping layout (channels-last, spread, transposed).

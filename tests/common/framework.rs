@@ -369,6 +369,21 @@ pub fn empty_inputs<F: Framework<Out = Tensor, Res = Tensor>>(
     Ok(())
 }
 
+/// Each case (named, e.g. by its layout) through the allocating form: the result is contiguous
+/// and right.
+pub fn allocating_results<'n, F: Framework<Res = Tensor>>(
+    ctx: &Context,
+    cases: impl IntoIterator<Item = (&'n str, F)>,
+) -> Result<()> {
+    let s = ctx.new_stream()?;
+    for (what, case) in cases {
+        let out = case.run(&mut case.upload(&s)?, &s)?;
+        assert!(out.is_contiguous(), "{what}: the allocating result is contiguous");
+        case.check_res(ctx, &s, what, &out);
+    }
+    Ok(())
+}
+
 /// Inputs above the CPU's threading threshold (`cases`, each named): the allocating form's result
 /// is right, and running it again gives the same bits (any thread interleaving).
 pub fn large_inputs<F: Framework<Res = Tensor>>(
