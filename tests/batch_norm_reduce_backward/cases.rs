@@ -239,13 +239,7 @@ fn empty_batch(ctx: &Context) -> R {
 /// dtype): the enabled ones become zeros, the others keep their values.
 fn empty_into_zero_fills_prefilled_outputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs {
-        dy: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        x: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        mean: Data::new(DType::F32, &[1.0, 2.0, 3.0], &[3]),
-        invstd: Data::new(DType::F32, &[1.0, 2.0, 3.0], &[3]),
-        weight: None,
-    };
+    let inputs = Inputs::empty(&[2, 3, 0, 4], &[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]);
     let up = inputs.upload(&s)?;
     let exp = inputs.expected();
     assert_eq!(exp.sum_dy, [0.0; 3]);

@@ -432,13 +432,7 @@ fn t13_missing_outputs(ctx: &Context) -> R {
 /// pre-filled with non-zeros).
 fn t14_empty_spatial_dim(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs {
-        dy: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        x: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        mean: Data::new(DType::F32, &[-2.0, 2.0, 1.0], &[3]),
-        invstd: Data::new(DType::F32, &[0.125, 0.1, 0.3], &[3]),
-        weight: None,
-    };
+    let inputs = Inputs::empty(&[2, 3, 0, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
     let (out, outs) = inputs.run_both_forms(&s, DType::F32, 3)?;
     for t in outputs(&out) {
         assert_eq!(t.unwrap().to_vec::<f32>(&s)?, [0.0; 3]);

@@ -188,6 +188,17 @@ impl Inputs {
         }
     }
 
+    /// gradOut and input of `shape` with no elements (f32, no weight), and these statistics.
+    pub fn empty(shape: &[usize], mean: &[f64], invstd: &[f64]) -> Self {
+        Inputs {
+            dy: Data::new(DType::F32, &[], shape),
+            x: Data::new(DType::F32, &[], shape),
+            mean: Data::new(DType::F32, mean, &[mean.len()]),
+            invstd: Data::new(DType::F32, invstd, &[invstd.len()]),
+            weight: None,
+        }
+    }
+
     pub fn expected(&self) -> Expected {
         reference(&self.dy, &self.x, &self.mean, &self.invstd)
     }
