@@ -416,54 +416,38 @@ pub fn deterministic<F: Framework<Out = Tensor, Res = Tensor>>(ctx: &Context, ca
 
 /// Instantiates the framework tests for one operator: `framework_tests!(Case)`, where `Case`
 /// (in scope at the invocation) implements [`Framework`]. Expands into `framework::cpu::*` and,
-/// with the mock feature, `framework::mock::*` (each run inside `common::mock::isolated`).
+/// with the mock feature, `framework::mock::*` (each run inside `common::mock::isolated`), through
+/// `on_both_backends!`; the fault tests run on the mock only.
 #[allow(unused_macros)]
 macro_rules! framework_tests {
     ($case:ty) => {
         mod framework {
             #[allow(unused_imports)]
             use super::*;
+            use crate::common::framework as f;
             type Op = $case;
-            mod cpu {
-                use crate::common::framework as f;
-                #[test]
-                fn two_phase() {
-                    f::two_phase::<super::Op>(&ascend::Context::cpu()).unwrap();
-                }
-                #[test]
-                fn prepared_dropped_unlaunched() {
-                    f::prepared_dropped_unlaunched::<super::Op>(&ascend::Context::cpu()).unwrap();
-                }
-                #[test]
-                fn arguments_dropped_right_after_the_launch() {
-                    f::arguments_dropped_right_after_the_launch::<super::Op>(&ascend::Context::cpu()).unwrap();
-                }
+            fn two_phase(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::two_phase::<Op>(ctx)
+            }
+            fn prepared_dropped_unlaunched(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::prepared_dropped_unlaunched::<Op>(ctx)
+            }
+            fn arguments_dropped_right_after_the_launch(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::arguments_dropped_right_after_the_launch::<Op>(ctx)
             }
             #[cfg(feature = "mock")]
-            mod mock {
-                use crate::common::framework as f;
-                use crate::common::mock::isolated;
-                #[test]
-                fn two_phase() {
-                    isolated(f::two_phase::<super::Op>).unwrap();
-                }
-                #[test]
-                fn prepared_dropped_unlaunched() {
-                    isolated(f::prepared_dropped_unlaunched::<super::Op>).unwrap();
-                }
-                #[test]
-                fn arguments_dropped_right_after_the_launch() {
-                    isolated(f::arguments_dropped_right_after_the_launch::<super::Op>).unwrap();
-                }
-                #[test]
-                fn faults_at_each_cann_call() {
-                    isolated(f::faults_at_each_cann_call::<super::Op>).unwrap();
-                }
-                #[test]
-                fn a_fault_at_any_cann_call() {
-                    isolated(f::a_fault_at_any_cann_call::<super::Op>).unwrap();
-                }
+            fn faults_at_each_cann_call(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::faults_at_each_cann_call::<Op>(ctx)
             }
+            #[cfg(feature = "mock")]
+            fn a_fault_at_any_cann_call(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::a_fault_at_any_cann_call::<Op>(ctx)
+            }
+            crate::common::on_both_backends!(
+                local: [two_phase, prepared_dropped_unlaunched, arguments_dropped_right_after_the_launch],
+                cross: [],
+                mock_only: [faults_at_each_cann_call, a_fault_at_any_cann_call],
+            );
         }
     };
 }
