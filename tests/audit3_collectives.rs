@@ -25,10 +25,16 @@ fn setup() {
 }
 
 /// Tests that read the mock's process-wide counters run one at a time.
-#[cfg(feature = "mock")]
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`setup`], then, with the mock, [`serial`]'s lock (held while the returned guard lives;
+/// nothing to hold on the CPU alone).
+fn setup_serial() -> Option<std::sync::MutexGuard<'static, ()>> {
+    setup();
+    cfg!(feature = "mock").then(serial)
 }
 
 #[cfg(feature = "mock")]
@@ -48,8 +54,7 @@ fn backends(n: i32) -> Vec<(&'static str, Vec<Context>)> {
 #[cfg(feature = "mock")]
 #[test]
 fn f01_collectives_of_one_communicator_on_two_streams_run_in_issue_order() {
-    setup();
-    let _g = serial();
+    let _g = setup_serial();
     let violations = ascend::mock::stats().violations;
     let ctxs = mock_contexts(2);
     let comms = Communicator::init_all(&ctxs).unwrap();
@@ -77,8 +82,7 @@ fn f01_collectives_of_one_communicator_on_two_streams_run_in_issue_order() {
 #[cfg(feature = "mock")]
 #[test]
 fn f02_a_communicator_does_not_keep_finished_streams_alive() {
-    setup();
-    let _g = serial();
+    let _g = setup_serial();
     let ctx = ascend::mock::context(0).unwrap();
     let base = ascend::mock::stats();
     let (base_events, _) = ascend::mock::live_events_and_queued_tasks();
@@ -109,9 +113,7 @@ fn f02_a_communicator_does_not_keep_finished_streams_alive() {
 
 #[test]
 fn f03_bf16_prod_all_reduce_gives_the_same_outcome_on_both_engines() {
-    setup();
-    #[cfg(feature = "mock")]
-    let _g = serial();
+    let _g = setup_serial();
     for (backend, ctxs) in backends(2) {
         let comms = Communicator::init_all(&ctxs).unwrap();
         let results = on_ranks(comms, &ctxs, |rank, c, ctx| {
@@ -145,9 +147,7 @@ type Outcome = (Vec<Vec<i32>>, Vec<u32>, Vec<u32>);
 
 #[test]
 fn f04_i32_all_reduce_is_exact_and_agrees_across_engines() {
-    setup();
-    #[cfg(feature = "mock")]
-    let _g = serial();
+    let _g = setup_serial();
     let a = [i32::MAX, 16_777_217, 3, -7, i32::MIN];
     let b = [1, 16_777_221, 5, 9, -1];
     let cases: [(ReduceOp, Vec<i32>); 4] = [
@@ -195,8 +195,7 @@ fn f04_i32_all_reduce_is_exact_and_agrees_across_engines() {
 #[cfg(feature = "mock")]
 #[test]
 fn f05_a_cpu_root_info_is_refused_by_the_ascend_engine_before_hccl() {
-    setup();
-    let _g = serial();
+    let _g = setup_serial();
     let before = ascend::mock::stats();
     let root = RootInfo::new(&Context::cpu()).unwrap();
     let ctx = ascend::mock::context(0).unwrap();
@@ -214,9 +213,7 @@ fn f05_a_cpu_root_info_is_refused_by_the_ascend_engine_before_hccl() {
 
 #[test]
 fn f06_bytes_not_made_by_as_bytes_never_reach_hccl() {
-    setup();
-    #[cfg(feature = "mock")]
-    let _g = serial();
+    let _g = setup_serial();
     #[cfg(feature = "mock")]
     let before = ascend::mock::stats().violations;
     let mut rng = Rng::new(6);
@@ -308,9 +305,7 @@ fn f08_cpu_init_rank_with_a_huge_rank_count_returns_an_error() {
 
 #[test]
 fn f09_sync_batch_norm_forward_that_fails_leaves_running_stats_untouched() {
-    setup();
-    #[cfg(feature = "mock")]
-    let _g = serial();
+    let _g = setup_serial();
     let mut rng = Rng::new(9);
     let (n, c, hw) = (3, 2, 4);
     let x = Data::uniform(&mut rng, DType::F32, &[n, c, hw], -2.0, 2.0);

@@ -208,7 +208,6 @@ fn weight_or_bias_alone(ctx: &Context) -> R {
 /// Inputs in every layout: contiguous, channels-last, transposed, spread with an offset, strided
 /// per-channel vectors; the allocating result is contiguous.
 fn layouts(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
     let base = Case::random(30, &[2, 5, 3, 4], DType::F32, DType::F32, Some(DType::F32));
     let spread_stats = |c: &Case| Case {
         mean: c.mean.spread(3, 1, 99.0),
@@ -230,12 +229,7 @@ fn layouts(ctx: &Context) -> R {
             Case { x: c.x.permuted(&[0, 2, 3, 1]), ..c }
         }),
     ];
-    for (what, case) in cases {
-        let out = case.upload(&s)?.run(&s)?;
-        assert!(out.is_contiguous(), "{what}: the allocating result is contiguous");
-        check(ctx, &s, what, &out, case.x.dtype, &case);
-    }
-    Ok(())
+    common::framework::allocating_results(ctx, cases)
 }
 
 /// `_into` writes outputs of any non-overlapping layout (channels-last, spread, transposed).
@@ -272,17 +266,12 @@ fn ranks_2_to_8(ctx: &Context) -> R {
 /// Inputs above the CPU's threading threshold (1 MiB read and written), contiguous and
 /// channels-last, f32 and f16.
 fn large_inputs_use_the_threaded_path(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for (dt, cl) in [(DType::F32, false), (DType::F16, true)] {
+    let cases = [(DType::F32, false), (DType::F16, true)].map(|(dt, cl)| {
         let case = Case::random(60, &[4, 24, 48, 64], dt, DType::F32, Some(DType::F32));
         let case = if cl { Case { x: case.x.permuted(&[0, 2, 3, 1]), ..case } } else { case };
-        let up = case.upload(&s)?;
-        let out = up.run(&s)?;
-        check(ctx, &s, &format!("large {dt} channels-last {cl}"), &out, dt, &case);
-        // The same bits again (any thread interleaving).
-        assert_eq!(bits(&s, &out), bits(&s, &up.run(&s)?));
-    }
-    Ok(())
+        (format!("large {dt} channels-last {cl}"), case)
+    });
+    common::framework::large_inputs(ctx, cases)
 }
 
 /// An empty input (batch 0, or an empty spatial dim) computes nothing and succeeds.

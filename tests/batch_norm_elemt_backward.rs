@@ -184,7 +184,7 @@ impl Framework for Case {
         Case::random(seed, &[2, 3, 4, 5], DType::F16, DType::F16, DType::F32, Some(DType::BF16))
     }
 
-    one_output_framework_items!(output_dtype_of: dy);
+    one_output_framework_items!(output_dtype_of: x);
 }
 
 /// Asserts that `out` has the case's shape, dtype `dtype` and values within tolerance.
@@ -278,7 +278,6 @@ fn counter_shapes_and_dtypes(ctx: &Context) -> R {
 /// Inputs in every layout (contiguous, channels-last, transposed, spread, strided vectors), with
 /// gradOut and input in different layouts.
 fn layouts(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
     let base = Case::random(60, &[2, 5, 3, 4], DType::F32, DType::F32, DType::F32, Some(DType::F32));
     let spread_stats = |c: &Case| Case {
         mean: c.mean.spread(3, 1, 99.0),
@@ -298,12 +297,7 @@ fn layouts(ctx: &Context) -> R {
         ("strided stats", spread_stats(&base)),
         ("transposed rank 3", Case { dy: rank3.dy.permuted(&[2, 1, 0]), x: rank3.x.permuted(&[1, 2, 0]), ..rank3 }),
     ];
-    for (what, case) in cases {
-        let out = case.upload(&s)?.run(&s)?;
-        assert!(out.is_contiguous(), "{what}: the allocating result is contiguous");
-        check(ctx, &s, what, &out, case.x.dtype, &case);
-    }
-    Ok(())
+    common::framework::allocating_results(ctx, cases)
 }
 
 /// `_into` writes gradInput of any non-overlapping layout; channels-last in, channels-last out.
@@ -336,20 +330,16 @@ fn ranks_2_to_8(ctx: &Context) -> R {
 
 /// Inputs above the CPU's threading threshold, contiguous f32 and channels-last bf16.
 fn large_inputs_use_the_threaded_path(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    for (dt, cl) in [(DType::F32, false), (DType::BF16, true)] {
+    let cases = [(DType::F32, false), (DType::BF16, true)].map(|(dt, cl)| {
         let case = Case::random(90, &[4, 24, 32, 48], dt, dt, DType::F32, Some(DType::F32));
         let case = if cl {
             Case { dy: case.dy.permuted(&[0, 2, 3, 1]), x: case.x.permuted(&[0, 2, 3, 1]), ..case }
         } else {
             case
         };
-        let up = case.upload(&s)?;
-        let out = up.run(&s)?;
-        check(ctx, &s, &format!("large {dt} channels-last {cl}"), &out, dt, &case);
-        assert_eq!(bits(&s, &out), bits(&s, &up.run(&s)?));
-    }
-    Ok(())
+        (format!("large {dt} channels-last {cl}"), case)
+    });
+    common::framework::large_inputs(ctx, cases)
 }
 
 /// An empty input (batch 0, or an empty spatial dim) computes nothing and succeeds.

@@ -157,8 +157,7 @@ impl Framework for Case {
     const ACLNN: &'static str = "aclnnBatchNormGatherStatsWithCounts";
     const MOCK_WORKSPACE: bool = true;
     type Up = Up;
-    type Out = (Tensor, Tensor);
-    type Res = (Tensor, Tensor);
+    two_output_framework_items!(channels_of: mean);
 
     fn small(seed: u64) -> Case {
         Case::random(seed, 3, 5, DType::F32, DType::F32)
@@ -170,10 +169,6 @@ impl Framework for Case {
 
     fn upload(&self, s: &Stream) -> Result<Up> {
         Case::upload(self, s)
-    }
-
-    fn outputs(&self, s: &Stream) -> Result<(Tensor, Tensor)> {
-        common::framework::two_channel_outputs(s, self.mean.shape[1])
     }
 
     fn run(&self, up: &mut Up, s: &Stream) -> Result<(Tensor, Tensor)> {
@@ -204,14 +199,6 @@ impl Framework for Case {
 
     fn check(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {
         check_global(s, what, self, (m, v));
-    }
-
-    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &(Tensor, Tensor)) {
-        self.check(ctx, s, what, res);
-    }
-
-    fn out_bits(s: &Stream, (m, v): &(Tensor, Tensor)) -> Vec<Vec<u32>> {
-        vec![bits(s, m), bits(s, v)]
     }
 
     /// The running statistics, updated in place.

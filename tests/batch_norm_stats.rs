@@ -72,8 +72,7 @@ impl Framework for StatsCase {
     const ACLNN: &'static str = "aclnnBatchNormStats";
     const MOCK_WORKSPACE: bool = true;
     type Up = Tensor;
-    type Out = (Tensor, Tensor);
-    type Res = (Tensor, Tensor);
+    two_output_framework_items!(channels_of: x);
 
     fn small(seed: u64) -> StatsCase {
         StatsCase { x: Data::normal(&mut Rng::new(seed), DType::F32, &[5, 3, 7], 0.0, 1.0), eps: 1e-5 }
@@ -85,10 +84,6 @@ impl Framework for StatsCase {
 
     fn upload(&self, s: &Stream) -> Result<Tensor> {
         self.x.tensor(s)
-    }
-
-    fn outputs(&self, s: &Stream) -> Result<(Tensor, Tensor)> {
-        common::framework::two_channel_outputs(s, self.x.shape[1])
     }
 
     fn run(&self, up: &mut Tensor, s: &Stream) -> Result<(Tensor, Tensor)> {
@@ -109,14 +104,6 @@ impl Framework for StatsCase {
             assert_eq!(o.dtype(), DType::F32, "{what}: dtype");
         }
         check(what, &self.x, self.eps, &read(s, m), &read(s, v));
-    }
-
-    fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &(Tensor, Tensor)) {
-        self.check(ctx, s, what, res);
-    }
-
-    fn out_bits(s: &Stream, (m, v): &(Tensor, Tensor)) -> Vec<Vec<u32>> {
-        vec![bits(s, m), bits(s, v)]
     }
 }
 

@@ -38,32 +38,13 @@ fn fail(msg: impl Into<String>) -> TestCaseError {
 // ---------------------------------------------------------------------------------------------
 // Programs
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Dt {
-    F32,
-    F16,
-    BF16,
-    I32,
-}
-
-impl Dt {
-    fn dtype(self) -> DType {
-        match self {
-            Dt::F32 => DType::F32,
-            Dt::F16 => DType::F16,
-            Dt::BF16 => DType::BF16,
-            Dt::I32 => DType::I32,
-        }
-    }
-}
-
 /// Mostly floats (f32 most), sometimes i32 (which most float arguments refuse).
-fn dt() -> impl Strategy<Value = Dt> {
-    prop_oneof![6 => Just(Dt::F32), 2 => Just(Dt::F16), 2 => Just(Dt::BF16), 1 => Just(Dt::I32)]
+fn dt() -> impl Strategy<Value = DType> {
+    prop_oneof![6 => Just(DType::F32), 2 => Just(DType::F16), 2 => Just(DType::BF16), 1 => Just(DType::I32)]
 }
 
-fn float_dt() -> impl Strategy<Value = Dt> {
-    prop_oneof![3 => Just(Dt::F32), 1 => Just(Dt::F16), 1 => Just(Dt::BF16)]
+fn float_dt() -> impl Strategy<Value = DType> {
+    prop_oneof![3 => Just(DType::F32), 1 => Just(DType::F16), 1 => Just(DType::BF16)]
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -102,12 +83,12 @@ enum Values {
 /// A tensor argument: dtype, layout and the seed of its storage.
 #[derive(Clone, Copy, Debug)]
 struct Arg {
-    dt: Dt,
+    dt: DType,
     layout: Layout,
     seed: u64,
 }
 
-fn arg(dt: impl Strategy<Value = Dt>) -> impl Strategy<Value = Arg> {
+fn arg(dt: impl Strategy<Value = DType>) -> impl Strategy<Value = Arg> {
     (dt, layout(), any::<u64>()).prop_map(|(dt, layout, seed)| Arg { dt, layout, seed })
 }
 
@@ -165,7 +146,7 @@ enum Step {
         x: Arg,
         eps: f64,
         entry: Entry,
-        out: Dt,
+        out: DType,
     },
     Gather {
         x: Arg,
@@ -176,7 +157,7 @@ enum Step {
         momentum: f64,
         eps: f64,
         entry: Entry,
-        out: Dt,
+        out: DType,
     },
     Elemt {
         x: Arg,
@@ -186,7 +167,7 @@ enum Step {
         invstd: Arg,
         eps: f64,
         entry: Entry,
-        out: Dt,
+        out: DType,
     },
     ElemtBackward {
         dy: Arg,
@@ -197,19 +178,19 @@ enum Step {
         sums: (Arg, Arg),
         counter: Arg,
         entry: Entry,
-        out: Dt,
+        out: DType,
     },
     /// One collective over two ranks (one thread each), `len` elements per rank.
     Collective {
         kind: Collective,
-        dt: Dt,
+        dt: DType,
         values: Values,
         len: usize,
         seeds: [u64; 2],
     },
     /// `sync_batch_norm::forward` then `backward` over two ranks with `n[r]` rows on rank r.
     SyncBatchNorm {
-        dt: Dt,
+        dt: DType,
         n: [usize; 2],
         affine: bool,
         running: bool,
@@ -222,7 +203,8 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     let values = prop_oneof![Just(Values::Small), Just(Values::Wide), Just(Values::Count)];
-    let out = || prop_oneof![6 => Just(Dt::F32), 1 => Just(Dt::F16), 1 => Just(Dt::BF16), 1 => Just(Dt::I32)];
+    let out =
+        || prop_oneof![6 => Just(DType::F32), 1 => Just(DType::F16), 1 => Just(DType::BF16), 1 => Just(DType::I32)];
     let op = prop_oneof![Just(ReduceOp::Sum), Just(ReduceOp::Prod), Just(ReduceOp::Max), Just(ReduceOp::Min)];
     let kind = prop_oneof![
         3 => op.prop_map(Collective::AllReduce),
@@ -296,26 +278,20 @@ fn program() -> impl Strategy<Value = Program> {
 /// Random values of the given kind, as f64 (exact in every dtype they are stored in, but
 /// `Wide` in the float dtypes, which round it once on upload, identically on both backends).
 fn storage(seed: u64, n: usize, values: Values) -> Vec<f64> {
-    let mut rng = common::Rng::new(seed);
-    (0..n)
-        .map(|_| {
-            let r = rng.next_u64() >> 33;
-            match values {
-                Values::Small => (r % 9) as f64 - 4.0,
-                Values::Scale => [0.25, 0.5, 1.0, 2.0, 4.0][(r % 5) as usize],
-                Values::Count => (r % 5) as f64,
-                Values::Wide => match r % 8 {
-                    0 => f64::from(i32::MAX),
-                    1 => f64::from(i32::MIN),
-                    2 => f64::from(16_777_217),
-                    _ => {
-                        let m = (r >> 3) as i64 % (1 << 30) + (1 << 24) + 1;
-                        (if r & 1 == 0 { m } else { -m }) as f64
-                    }
-                },
+    common::Rng::new(seed).map_draws(n, |r| match values {
+        Values::Small => (r % 9) as f64 - 4.0,
+        Values::Scale => [0.25, 0.5, 1.0, 2.0, 4.0][(r % 5) as usize],
+        Values::Count => (r % 5) as f64,
+        Values::Wide => match r % 8 {
+            0 => f64::from(i32::MAX),
+            1 => f64::from(i32::MIN),
+            2 => f64::from(16_777_217),
+            _ => {
+                let m = (r >> 3) as i64 % (1 << 30) + (1 << 24) + 1;
+                (if r & 1 == 0 { m } else { -m }) as f64
             }
-        })
-        .collect()
+        },
+    })
 }
 
 /// Strides, offset and storage length of `layout` for `shape`.
@@ -350,22 +326,23 @@ fn upload(stream: &Stream, arg: Arg, shape: &[usize], values: Values) -> Result<
     let (strides, offset, len) = placement(shape, arg.layout);
     let v = storage(arg.seed, len, values);
     match arg.dt {
-        Dt::F32 => {
+        DType::F32 => {
             let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
             Tensor::from_slice_strided(stream, &v, shape, &strides, offset)
         }
-        Dt::F16 => {
+        DType::F16 => {
             let v: Vec<f16> = v.iter().map(|&x| f16::from_f64(x)).collect();
             Tensor::from_slice_strided(stream, &v, shape, &strides, offset)
         }
-        Dt::BF16 => {
+        DType::BF16 => {
             let v: Vec<bf16> = v.iter().map(|&x| bf16::from_f64(x)).collect();
             Tensor::from_slice_strided(stream, &v, shape, &strides, offset)
         }
-        Dt::I32 => {
+        DType::I32 => {
             let v: Vec<i32> = v.iter().map(|&x| x as i32).collect();
             Tensor::from_slice_strided(stream, &v, shape, &strides, offset)
         }
+        other => unreachable!("the strategies draw no {other:?}"),
     }
 }
 
@@ -547,10 +524,11 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 want.push(v[pos]);
             }
             let want = match a.dt {
-                Dt::I32 => Read::Ints(want.iter().map(|&x| x as i32).collect()),
-                Dt::F32 => Read::Floats(want.iter().map(|&x| f64::from(x as f32)).collect()),
-                Dt::F16 => Read::Floats(want.iter().map(|&x| f64::from(f16::from_f64(x))).collect()),
-                Dt::BF16 => Read::Floats(want.iter().map(|&x| f64::from(bf16::from_f64(x))).collect()),
+                DType::I32 => Read::Ints(want.iter().map(|&x| x as i32).collect()),
+                DType::F32 => Read::Floats(want.iter().map(|&x| f64::from(x as f32)).collect()),
+                DType::F16 => Read::Floats(want.iter().map(|&x| f64::from(f16::from_f64(x))).collect()),
+                DType::BF16 => Read::Floats(want.iter().map(|&x| f64::from(bf16::from_f64(x))).collect()),
+                other => unreachable!("the strategies draw no {other:?}"),
             };
             // (A panic fails the case, and proptest shrinks it like any failure.)
             assert_eq!(got, want, "read back vs uploaded ({:?} in {:?} on {:?})", a.dt, a.layout, s.backend());
@@ -565,7 +543,7 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 ops::batch_norm_stats,
                 ops::prepare_batch_norm_stats,
                 ops::batch_norm_stats_into,
-                [mean = Tensor::zeros(s, out.dtype(), &chan)?, invstd = Tensor::zeros(s, DType::F32, &chan)?]
+                [mean = Tensor::zeros(s, out, &chan)?, invstd = Tensor::zeros(s, DType::F32, &chan)?]
             );
             outputs(s, &[("mean", &mean), ("invstd", &invstd)], false)
         }
@@ -583,7 +561,7 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 ops::batch_norm_gather_stats_with_counts,
                 ops::prepare_batch_norm_gather_stats_with_counts,
                 ops::batch_norm_gather_stats_with_counts_into,
-                [m = Tensor::zeros(s, out.dtype(), &chan)?, v = Tensor::zeros(s, DType::F32, &chan)?]
+                [m = Tensor::zeros(s, out, &chan)?, v = Tensor::zeros(s, DType::F32, &chan)?]
             );
             let mut named = vec![("meanAll", &m), ("invstdAll", &v)];
             if let (Some(rm), Some(rv)) = (&rm, &rv) {
@@ -605,7 +583,7 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 ops::batch_norm_elemt,
                 ops::prepare_batch_norm_elemt,
                 ops::batch_norm_elemt_into,
-                [y = Tensor::zeros(s, out.dtype(), &big)?]
+                [y = Tensor::zeros(s, out, &big)?]
             );
             outputs(s, &[("output", &y)], false)
         }
@@ -626,7 +604,7 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 ops::batch_norm_elemt_backward,
                 ops::prepare_batch_norm_elemt_backward,
                 ops::batch_norm_elemt_backward_into,
-                [dx = Tensor::zeros(s, out.dtype(), &big)?]
+                [dx = Tensor::zeros(s, out, &big)?]
             );
             outputs(s, &[("gradInput", &dx)], false)
         }
@@ -653,7 +631,7 @@ fn run_rank(step: &Step, c: usize, sp: usize, r: usize, rank: &mut Rank) -> Resu
                 Collective::AllReduce(op) => comm.all_reduce(s, &mut t, op)?,
                 Collective::Broadcast(root) => comm.broadcast(s, &mut t, root)?,
                 Collective::AllGather => {
-                    let mut out = Tensor::zeros(s, dt.dtype(), &[2 * len])?;
+                    let mut out = Tensor::zeros(s, dt, &[2 * len])?;
                     comm.all_gather(s, &t, &mut out)?;
                     t = out;
                 }
@@ -665,7 +643,7 @@ fn run_rank(step: &Step, c: usize, sp: usize, r: usize, rank: &mut Rank) -> Resu
             let arg = |k: u64, layout| Arg { dt, layout, seed: seed ^ k.wrapping_mul(0x9E37) ^ r as u64 };
             let x = upload(s, arg(1, Layout::ChannelsLast), &shape, Values::Small)?;
             let dy = upload(s, arg(2, Layout::Contiguous), &shape, Values::Small)?;
-            let f32s = |k| Arg { dt: Dt::F32, layout: Layout::Contiguous, seed: seed ^ k };
+            let f32s = |k| Arg { dt: DType::F32, layout: Layout::Contiguous, seed: seed ^ k };
             let weight = affine.then(|| upload(s, f32s(3), &[c], Values::Small)).transpose()?;
             let bias = affine.then(|| upload(s, f32s(4), &[c], Values::Small)).transpose()?;
             let mut rm = running.then(|| upload(s, f32s(5), &[c], Values::Small)).transpose()?;

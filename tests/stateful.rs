@@ -360,17 +360,13 @@ fn fail(msg: impl Into<String>) -> TestCaseError {
 
 /// Random values: small integers (`big`) or signed powers of two.
 fn rng_values(seed: u64, n: usize, big: bool) -> Vec<f32> {
-    let mut rng = common::Rng::new(seed);
-    (0..n)
-        .map(|_| {
-            let r = rng.next_u64() >> 33;
-            if big {
-                (r % 9) as f32 - 4.0 // integers in [-4, 4]
-            } else {
-                [-2.0, -1.0, -0.5, 0.5, 1.0, 2.0][(r % 6) as usize] // signed powers of two
-            }
-        })
-        .collect()
+    common::Rng::new(seed).map_draws(n, |r| {
+        if big {
+            (r % 9) as f32 - 4.0 // integers in [-4, 4]
+        } else {
+            [-2.0, -1.0, -0.5, 0.5, 1.0, 2.0][(r % 6) as usize] // signed powers of two
+        }
+    })
 }
 
 /// Both outcomes agree: both succeeded, or both failed with the same status.

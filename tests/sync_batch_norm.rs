@@ -119,10 +119,10 @@ impl Case {
         let c = shape[1];
         let x = Data::normal(&mut rng, dtype, &shape, 0.5, 1.5);
         let dy = Data::normal(&mut rng, dtype, &shape, 0.0, 1.0);
-        let w = (0..c).map(|_| round_to(DType::F32, rng.uniform(0.5, 1.5))).collect();
-        let b = (0..c).map(|_| round_to(DType::F32, rng.uniform(-1.0, 1.0))).collect();
-        let rm = (0..c).map(|_| round_to(DType::F32, rng.uniform(-0.5, 0.5))).collect();
-        let rv = (0..c).map(|_| round_to(DType::F32, rng.uniform(0.5, 2.0))).collect();
+        // One f32 value per channel, uniform in [lo, hi).
+        let mut chan =
+            |lo: f64, hi: f64| -> Vec<f64> { (0..c).map(|_| round_to(DType::F32, rng.uniform(lo, hi))).collect() };
+        let (w, b, rm, rv) = (chan(0.5, 1.5), chan(-1.0, 1.0), chan(-0.5, 0.5), chan(0.5, 2.0));
         Case { dtype, shape, x, dy, w, b, rm, rv }
     }
 

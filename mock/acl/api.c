@@ -76,12 +76,26 @@ aclError aclFinalize(void) {
 }
 
 /* ---- devices ---------------------------------------------------------------------------------------- */
+/* The step that refuses a device id this machine does not have (aclrtSetDevice, aclrtResetDevice). */
+static int device_id_valid(const char *api, int32_t deviceId) {
+    if (deviceId < 0 || deviceId >= g_device_count) {
+        return fail(ACL_ERROR_RT_INVALID_DEVICEID, api, "Device id %d is invalid: this machine has %d device(s).",
+                    (int)deviceId, g_device_count);
+    }
+    return 0;
+}
+
+/* Runs stream `s`'s queue to its end for a host synchronisation `api`: 0, or the failure of the
+ * first task that failed, reported as that synchronisation's error. */
+static int drain_reported(const char *api, stream *s) {
+    char why[WHY_MAX] = "";
+    int sst = drain(s, why, sizeof why);
+    return sst ? sync_failed(api, sst, s->name, why) : 0;
+}
+
 aclError aclrtSetDevice(int32_t deviceId) {
     ACL_ENTER("aclrtSetDevice", NULL, needs_init);
-    if (!r && (deviceId < 0 || deviceId >= g_device_count)) {
-        r = fail(ACL_ERROR_RT_INVALID_DEVICEID, api, "Device id %d is invalid: this machine has %d device(s).",
-                 (int)deviceId, g_device_count);
-    }
+    ACL_STEP(device_id_valid(api, deviceId));
     if (!r) {
         device *d = &g_devices[deviceId];
         d->refcount++;
@@ -95,10 +109,7 @@ aclError aclrtSetDevice(int32_t deviceId) {
 
 aclError aclrtResetDevice(int32_t deviceId) {
     ACL_ENTER("aclrtResetDevice", NULL, needs_init);
-    if (!r && (deviceId < 0 || deviceId >= g_device_count)) {
-        r = fail(ACL_ERROR_RT_INVALID_DEVICEID, api, "Device id %d is invalid: this machine has %d device(s).",
-                 (int)deviceId, g_device_count);
-    }
+    ACL_STEP(device_id_valid(api, deviceId));
     if (!r && g_devices[deviceId].refcount <= 0) {
         r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
                     "device %d is not set (more aclrtResetDevice than aclrtSetDevice calls)", (int)deviceId);
@@ -154,10 +165,11 @@ aclError aclrtSynchronizeDevice(void) {
         int dev = current_device();
         for (stream *s = g_streams; s; s = s->next) {
             if (s->device == dev) {
-                char why[WHY_MAX] = "";
-                int sst = drain(s, why, sizeof why);
-                if (sst && !r) {
-                    r = sync_failed(api, sst, s->name, why);
+                /* every stream is drained; the first failure is the one reported */
+                if (r) {
+                    drain(s, NULL, 0);
+                } else {
+                    r = drain_reported(api, s);
                 }
             }
         }
@@ -210,11 +222,7 @@ aclError aclrtSynchronizeStream(aclrtStream h) {
     ACL_STEP(stream_resolve(api, h, &s));
     if (!r) {
         g_stream_syncs++;
-        char why[WHY_MAX] = "";
-        int sst = drain(s, why, sizeof why);
-        if (sst) {
-            r = sync_failed(api, sst, s->name, why);
-        }
+        r = drain_reported(api, s);
     }
     ascend_mock_unlock();
     return r;

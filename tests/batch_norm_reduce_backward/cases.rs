@@ -37,9 +37,7 @@ on_both_backends!(
 /// values.
 fn every_mask_allocating(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(100, DType::F32, DType::F32, &[3, 4, 5]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(100, DType::F32, DType::F32, &[3, 4, 5]).upload_with_expected(&s)?;
     for mask in all_masks() {
         check_result(&s, &up.run(&s, mask)?, mask, DType::F32, &exp);
     }
@@ -50,9 +48,7 @@ fn every_mask_allocating(ctx: &Context) -> R {
 /// their values; with only the enabled ones given, the call succeeds.
 fn every_mask_into(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(101, DType::F16, DType::F32, &[3, 4, 5]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(101, DType::F16, DType::F32, &[3, 4, 5]).upload_with_expected(&s)?;
     for mask in all_masks() {
         let mut outs = Outs::filled(&s, DType::F32, 4)?;
         up.run_into(&s, mask, outs.all())?;
@@ -88,22 +84,16 @@ fn mask_none_still_validates(ctx: &Context) -> R {
 fn strided_inputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     let base = Inputs::normal(200, DType::F32, DType::F16, &[3, 5, 4, 2]);
-    let mut st = base.clone();
-    st.dy = base.dy.permuted(&[0, 2, 3, 1]);
-    st.x = base.x.permuted(&[3, 2, 1, 0]);
-    st.mean = base.mean.spread(2, 1, 99.0);
-    st.invstd = base.invstd.spread(3, 4, -99.0);
-    st.weight = base.weight.as_ref().map(|w| w.spread(2, 3, 7.0));
+    let st = Inputs {
+        mean: base.mean.spread(2, 1, 99.0),
+        invstd: base.invstd.spread(3, 4, -99.0),
+        weight: base.weight.as_ref().map(|w| w.spread(2, 3, 7.0)),
+        ..base.permuted(&[0, 2, 3, 1], &[3, 2, 1, 0])
+    };
     assert_eq!(st.mean.strides, [2]);
     assert_eq!(st.mean.offset, 1);
-    let exp = base.expected();
-    let a = base.upload(&s)?.run(&s, OutputMask::ALL)?;
     let b = st.upload(&s)?.run(&s, OutputMask::ALL)?;
-    check_result(&s, &b, OutputMask::ALL, DType::F32, &exp);
-    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(&b)).enumerate() {
-        let (_, cond) = exp.output(i);
-        assert_close(OUTPUT_NAMES[i], DType::F32, &read(&s, tb.unwrap()), &read(&s, ta.unwrap()), cond, exp.r);
-    }
+    check_against_base(&s, &base, &b)?;
     Ok(())
 }
 
@@ -126,9 +116,7 @@ fn broadcast_input(ctx: &Context) -> R {
 /// elements get the values. A stride-0 output is allowed when C = 1.
 fn strided_outputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(202, DType::F32, DType::F32, &[4, 6, 3]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(202, DType::F32, DType::F32, &[4, 6, 3]).upload_with_expected(&s)?;
     let init = [
         sentinel(DType::F32, 6, 0).spread(2, 1, -1.0),
         sentinel(DType::F16, 6, 1).spread(3, 2, -2.0),
@@ -181,9 +169,7 @@ fn allocating_output_dtype_rule(ctx: &Context) -> R {
 fn into_writes_callers_dtypes(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     for (k, dt) in DTYPES.into_iter().enumerate() {
-        let inputs = Inputs::normal(310 + k as u64, dt, DType::F32, &[3, 5, 4]);
-        let up = inputs.upload(&s)?;
-        let exp = inputs.expected();
+        let (up, exp) = Inputs::normal(310 + k as u64, dt, DType::F32, &[3, 5, 4]).upload_with_expected(&s)?;
         for odt in DTYPES {
             let mut outs = Outs::filled(&s, odt, 5)?;
             up.run_into(&s, OutputMask::ALL, outs.all())?;
@@ -208,14 +194,11 @@ fn f16_output_overflows_to_inf(ctx: &Context) -> R {
         invstd: Data::filled(DType::F16, &[2], 1.0),
         weight: None,
     };
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
+    let (out, outs) = inputs.run_both_forms(&s, DType::F32, 2)?;
     for t in outputs(&out) {
         assert_eq!(t.unwrap().dtype(), DType::F16);
         assert_eq!(t.unwrap().to_vec::<f32>(&s)?, [f32::INFINITY; 2]);
     }
-    let mut outs = Outs::filled(&s, DType::F32, 2)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
     for t in &outs.t {
         assert_eq!(t.to_vec::<f32>(&s)?, [160000.0; 2]);
     }
@@ -256,13 +239,7 @@ fn empty_batch(ctx: &Context) -> R {
 /// dtype): the enabled ones become zeros, the others keep their values.
 fn empty_into_zero_fills_prefilled_outputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs {
-        dy: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        x: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        mean: Data::new(DType::F32, &[1.0, 2.0, 3.0], &[3]),
-        invstd: Data::new(DType::F32, &[1.0, 2.0, 3.0], &[3]),
-        weight: None,
-    };
+    let inputs = Inputs::empty(&[2, 3, 0, 4], &[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]);
     let up = inputs.upload(&s)?;
     let exp = inputs.expected();
     assert_eq!(exp.sum_dy, [0.0; 3]);

@@ -160,6 +160,20 @@ fn t01_doc_example(ctx: &Context) -> R {
     Ok(())
 }
 
+/// `b`, the result with every output of `base`'s values in other layouts: right against `base`'s
+/// reference, and equal to `base`'s own (contiguous) result within f32 reduction noise. Returns
+/// the reference for a case's further checks.
+fn check_against_base(s: &Stream, base: &Inputs, b: &ReduceBackward) -> Result<Expected> {
+    let exp = base.expected();
+    let a = base.upload(s)?.run(s, OutputMask::ALL)?;
+    check_result(s, b, OutputMask::ALL, DType::F32, &exp);
+    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(b)).enumerate() {
+        let (_, cond) = exp.output(i);
+        assert_close(OUTPUT_NAMES[i], DType::F32, &read(s, tb.unwrap()), &read(s, ta.unwrap()), cond, exp.r);
+    }
+    Ok(exp)
+}
+
 /// Asserts `got` within one f32 ulp of each `want`.
 fn assert_ulp1(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
@@ -192,28 +206,42 @@ fn t03_contiguous_exact(ctx: &Context) -> R {
     Ok(())
 }
 
+/// T02's inputs in `dt` (f16 or bf16) through the allocating form and the `_into` form (into
+/// `dt` outputs): `check(name, allocating, into, want, exact)` for each output, where `want` is
+/// T02's values with gradWeight[1] = `grad_weight_1` (-8·dt(0.1)) and `exact` the reference;
+/// what T04 and T05 check, each against its dtype's rule.
+fn t02_in_half(
+    s: &Stream,
+    dt: DType,
+    grad_weight_1: f32,
+    check: impl Fn(&str, &Tensor, &Tensor, &[f32; 3], &[f64]) -> R,
+) -> R {
+    let inputs = Inputs::ones(dt, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
+    let (out, outs) = inputs.run_both_forms(s, dt, 3)?;
+    let want = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, grad_weight_1, 0.0], [8.0; 3]];
+    let exp = inputs.expected();
+    for (i, t) in outputs(&out).into_iter().enumerate() {
+        check(OUTPUT_NAMES[i], t.unwrap(), &outs.t[i], &want[i], exp.output(i).0)?;
+    }
+    Ok(())
+}
+
 /// T04: T02 in f16. input and mean f16 → f16 outputs, holding T02's values rounded to f16
 /// (gradWeight[1] = -8·f16(0.1) = -0.7998046875, exact); also the opbase f16 check. The `_into`
 /// form with f16 outputs gives the same bits.
 fn t04_f16(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::ones(DType::F16, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
-    let want: [[f32; 3]; 4] = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, -0.799_804_7, 0.0], [8.0; 3]];
-    let exp = inputs.expected();
-    let mut outs = Outs::filled(&s, DType::F16, 3)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
-    for (i, t) in outputs(&out).into_iter().enumerate() {
-        let t = t.unwrap();
-        assert_eq!(t.dtype(), DType::F16, "{}", OUTPUT_NAMES[i]);
+    let grad_weight_1 = -0.799_804_7;
+    t02_in_half(&s, DType::F16, grad_weight_1, |name, t, into, want, exact| {
+        assert_eq!(t.dtype(), DType::F16, "{name}");
         let got: Vec<f16> = t.to_vec::<f16>(&s)?;
-        let want: Vec<f16> = want[i].iter().map(|&v| f16::from_f32(v)).collect();
-        assert_eq!(got, want, "{}", OUTPUT_NAMES[i]);
-        assert_eq!(bits(&s, t), bits(&s, &outs.t[i]), "{}: allocating vs _into", OUTPUT_NAMES[i]);
-        assert_opbase(OUTPUT_NAMES[i], DType::F16, &read(&s, t), exp.output(i).0);
-    }
-    assert_eq!(want[2][1], f16::from_f64(-0.7998046875).to_f32());
+        let want: Vec<f16> = want.iter().map(|&v| f16::from_f32(v)).collect();
+        assert_eq!(got, want, "{name}");
+        assert_eq!(bits(&s, t), bits(&s, into), "{name}: allocating vs _into");
+        assert_opbase(name, DType::F16, &read(&s, t), exact);
+        Ok(())
+    })?;
+    assert_eq!(grad_weight_1, f16::from_f64(-0.7998046875).to_f32());
     Ok(())
 }
 
@@ -222,23 +250,15 @@ fn t04_f16(ctx: &Context) -> R {
 /// with bf16 outputs writes the same values in bf16.
 fn t05_bf16(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::ones(DType::BF16, &[2, 3, 1, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
-    let want: [[f32; 3]; 4] = [[8.0; 3], [24.0, -8.0, 0.0], [3.0, -0.800_781_25, 0.0], [8.0; 3]];
-    let mut outs = Outs::filled(&s, DType::BF16, 3)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
-    let exp = inputs.expected();
-    for (i, t) in outputs(&out).into_iter().enumerate() {
-        let t = t.unwrap();
-        assert_eq!(t.dtype(), DType::F32, "{}: bf16 input gives f32 outputs", OUTPUT_NAMES[i]);
-        assert_eq!(t.to_vec::<f32>(&s)?, want[i], "{}", OUTPUT_NAMES[i]);
-        assert_eq!(outs.t[i].dtype(), DType::BF16);
-        let got: Vec<bf16> = outs.t[i].to_vec::<bf16>(&s)?;
-        assert_eq!(got, want[i].iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), "{}", OUTPUT_NAMES[i]);
-        assert_opbase(OUTPUT_NAMES[i], DType::BF16, &read(&s, &outs.t[i]), exp.output(i).0);
-    }
-    Ok(())
+    t02_in_half(&s, DType::BF16, -0.800_781_25, |name, t, into, want, exact| {
+        assert_eq!(t.dtype(), DType::F32, "{name}: bf16 input gives f32 outputs");
+        assert_eq!(t.to_vec::<f32>(&s)?, want, "{name}");
+        assert_eq!(into.dtype(), DType::BF16);
+        let got: Vec<bf16> = into.to_vec::<bf16>(&s)?;
+        assert_eq!(got, want.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), "{name}");
+        assert_opbase(name, DType::BF16, &read(&s, into), exact);
+        Ok(())
+    })
 }
 
 // T08 (gradOut/input int32 → 161002) cannot be written: `Tensor` only holds f32/f16/bf16 (the
@@ -319,9 +339,7 @@ fn t11_output_shape(ctx: &Context) -> R {
 /// sumDy untouched, gradWeight/gradBias correct.
 fn t12_mask_off_outputs_ignored(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs::normal(12, DType::F16, DType::F16, &[2, 3, 1, 4]);
-    let up = inputs.upload(&s)?;
-    let exp = inputs.expected();
+    let (up, exp) = Inputs::normal(12, DType::F16, DType::F16, &[2, 3, 1, 4]).upload_with_expected(&s)?;
     let mask = OutputMask { input_g: false, weight_g: true, bias_g: true };
     let mut bogus = Tensor::from_slice(&s, &[5f32; 7], &[7])?;
     let mut gw = sentinel(DType::F16, 3, 2).tensor(&s)?;
@@ -414,20 +432,11 @@ fn t13_missing_outputs(ctx: &Context) -> R {
 /// pre-filled with non-zeros).
 fn t14_empty_spatial_dim(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let inputs = Inputs {
-        dy: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        x: Data::new(DType::F32, &[], &[2, 3, 0, 4]),
-        mean: Data::new(DType::F32, &[-2.0, 2.0, 1.0], &[3]),
-        invstd: Data::new(DType::F32, &[0.125, 0.1, 0.3], &[3]),
-        weight: None,
-    };
-    let up = inputs.upload(&s)?;
-    let out = up.run(&s, OutputMask::ALL)?;
+    let inputs = Inputs::empty(&[2, 3, 0, 4], &[-2.0, 2.0, 1.0], &[0.125, 0.1, 0.3]);
+    let (out, outs) = inputs.run_both_forms(&s, DType::F32, 3)?;
     for t in outputs(&out) {
         assert_eq!(t.unwrap().to_vec::<f32>(&s)?, [0.0; 3]);
     }
-    let mut outs = Outs::filled(&s, DType::F32, 3)?;
-    up.run_into(&s, OutputMask::ALL, outs.all())?;
     for t in &outs.t {
         assert_eq!(t.to_vec::<f32>(&s)?, [0.0; 3]);
     }
@@ -558,20 +567,14 @@ fn t24_mask_weight_bias_only(ctx: &Context) -> R {
 fn t25_channels_last(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     let nchw = Inputs::normal(25, DType::F32, DType::F32, &[8, 100, 8, 8]);
-    let mut nhwc = nchw.clone();
-    nhwc.dy = nchw.dy.permuted(&[0, 2, 3, 1]);
-    nhwc.x = nchw.x.permuted(&[0, 2, 3, 1]);
+    let nhwc = nchw.permuted(&[0, 2, 3, 1], &[0, 2, 3, 1]);
     assert_eq!(nhwc.x.strides, [6400, 1, 800, 100]);
-    let exp = nchw.expected();
-    let a = nchw.upload(&s)?.run(&s, OutputMask::ALL)?;
     let up = nhwc.upload(&s)?;
     assert!(!up.x.is_contiguous());
     let b = up.run(&s, OutputMask::ALL)?;
-    check_result(&s, &b, OutputMask::ALL, DType::F32, &exp);
-    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(&b)).enumerate() {
-        let (ga, gb) = (read(&s, ta.unwrap()), read(&s, tb.unwrap()));
-        let (e, cond) = exp.output(i);
-        assert_close(OUTPUT_NAMES[i], DType::F32, &gb, &ga, cond, exp.r);
+    let exp = check_against_base(&s, &nchw, &b)?;
+    for (i, tb) in outputs(&b).into_iter().enumerate() {
+        let (gb, (e, _)) = (read(&s, tb.unwrap()), exp.output(i));
         for c in 0..100 {
             assert!((gb[c] - e[c]).abs() <= 1e-2, "{}[{c}]", OUTPUT_NAMES[i]);
         }
@@ -619,18 +622,10 @@ fn t34_transposed_view(ctx: &Context) -> R {
         invstd: Data::uniform(&mut rng, DType::F32, &[6], 0.5, 2.0),
         weight: None,
     };
-    let mut tr = base.clone();
-    tr.dy = base.dy.permuted(&[2, 1, 0]);
-    tr.x = base.x.permuted(&[2, 1, 0]);
+    let tr = base.permuted(&[2, 1, 0], &[2, 1, 0]);
     assert_eq!(tr.x.strides, [1, 4, 24]);
-    let exp = base.expected();
-    let a = base.upload(&s)?.run(&s, OutputMask::ALL)?;
     let b = tr.upload(&s)?.run(&s, OutputMask::ALL)?;
-    check_result(&s, &b, OutputMask::ALL, DType::F32, &exp);
-    for (i, (ta, tb)) in outputs(&a).into_iter().zip(outputs(&b)).enumerate() {
-        let (_, cond) = exp.output(i);
-        assert_close(OUTPUT_NAMES[i], DType::F32, &read(&s, tb.unwrap()), &read(&s, ta.unwrap()), cond, exp.r);
-    }
+    check_against_base(&s, &base, &b)?;
     Ok(())
 }
 

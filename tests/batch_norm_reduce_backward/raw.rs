@@ -61,11 +61,9 @@ fn ut_dtypes_f32_f16_bf16_ok() {
 
 #[test]
 fn ut_int32_grad_and_input_invalid() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_INT32);
-    m.expect_status(&case.args(), INVALID, "Tensor gradOut not implemented for DT_INT32");
-    case.release(&m);
-    m.expect_violations(0, "");
+    with_ut_case(aclDataType::ACL_INT32, 0, |m, case, _| {
+        m.expect_status(&case.args(), INVALID, "Tensor gradOut not implemented for DT_INT32");
+    });
 }
 
 #[test]

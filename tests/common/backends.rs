@@ -97,12 +97,17 @@ pub mod mock {
 /// `cpu::name` and, with the mock feature, `mock::name`, run inside [`mock::isolated`]
 /// (serialised, then checked for no leaked allocation, descriptor, executor or stream and no
 /// violation). The `cross` cases use both backends at once (through [`other_backend`]): their
-/// CPU run is serialised with the mock runs too ([`on_cpu_touching_mock`]).
+/// CPU run is serialised with the mock runs too ([`on_cpu_touching_mock`]). The optional
+/// `mock_only` cases (fault injection) expand into `mock::name` alone.
 ///
 /// `on_both_backends!(a, b)` is `on_both_backends!(local: [a, b], cross: [])`.
 #[allow(unused_macros)]
 macro_rules! on_both_backends {
-    (local: [$($name:ident),* $(,)?], cross: [$($cross:ident),* $(,)?] $(,)?) => {
+    (
+        local: [$($name:ident),* $(,)?],
+        cross: [$($cross:ident),* $(,)?]
+        $(, mock_only: [$($mock_only:ident),* $(,)?])? $(,)?
+    ) => {
         mod cpu {
             $( #[test] fn $name() { super::$name(&ascend::Context::cpu()).unwrap(); } )*
             $( #[test] fn $cross() { crate::common::on_cpu_touching_mock(|ctx| super::$cross(ctx)).unwrap(); } )*
@@ -111,6 +116,7 @@ macro_rules! on_both_backends {
         mod mock {
             $( #[test] fn $name() { crate::common::mock::isolated(|ctx| super::$name(ctx)).unwrap(); } )*
             $( #[test] fn $cross() { crate::common::mock::isolated(|ctx| super::$cross(ctx)).unwrap(); } )*
+            $($( #[test] fn $mock_only() { crate::common::mock::isolated(|ctx| super::$mock_only(ctx)).unwrap(); } )*)?
         }
     };
     ($($name:ident),* $(,)?) => {

@@ -369,6 +369,37 @@ pub fn empty_inputs<F: Framework<Out = Tensor, Res = Tensor>>(
     Ok(())
 }
 
+/// Each case (named, e.g. by its layout) through the allocating form: the result is contiguous
+/// and right.
+pub fn allocating_results<'n, F: Framework<Res = Tensor>>(
+    ctx: &Context,
+    cases: impl IntoIterator<Item = (&'n str, F)>,
+) -> Result<()> {
+    let s = ctx.new_stream()?;
+    for (what, case) in cases {
+        let out = case.run(&mut case.upload(&s)?, &s)?;
+        assert!(out.is_contiguous(), "{what}: the allocating result is contiguous");
+        case.check_res(ctx, &s, what, &out);
+    }
+    Ok(())
+}
+
+/// Inputs above the CPU's threading threshold (`cases`, each named): the allocating form's result
+/// is right, and running it again gives the same bits (any thread interleaving).
+pub fn large_inputs<F: Framework<Res = Tensor>>(
+    ctx: &Context,
+    cases: impl IntoIterator<Item = (String, F)>,
+) -> Result<()> {
+    let s = ctx.new_stream()?;
+    for (what, case) in cases {
+        let mut up = case.upload(&s)?;
+        let out = case.run(&mut up, &s)?;
+        case.check_res(ctx, &s, &what, &out);
+        assert_eq!(bits(&s, &out), bits(&s, &case.run(&mut up, &s)?), "{what}: the same bits again");
+    }
+    Ok(())
+}
+
 /// The same call gives the same bits through every entry point of a one-output operator: the
 /// allocating form twice, and `_into` (into the case's pre-filled outputs).
 pub fn deterministic<F: Framework<Out = Tensor, Res = Tensor>>(ctx: &Context, case: F) -> Result<()> {
@@ -385,54 +416,38 @@ pub fn deterministic<F: Framework<Out = Tensor, Res = Tensor>>(ctx: &Context, ca
 
 /// Instantiates the framework tests for one operator: `framework_tests!(Case)`, where `Case`
 /// (in scope at the invocation) implements [`Framework`]. Expands into `framework::cpu::*` and,
-/// with the mock feature, `framework::mock::*` (each run inside `common::mock::isolated`).
+/// with the mock feature, `framework::mock::*` (each run inside `common::mock::isolated`), through
+/// `on_both_backends!`; the fault tests run on the mock only.
 #[allow(unused_macros)]
 macro_rules! framework_tests {
     ($case:ty) => {
         mod framework {
             #[allow(unused_imports)]
             use super::*;
+            use crate::common::framework as f;
             type Op = $case;
-            mod cpu {
-                use crate::common::framework as f;
-                #[test]
-                fn two_phase() {
-                    f::two_phase::<super::Op>(&ascend::Context::cpu()).unwrap();
-                }
-                #[test]
-                fn prepared_dropped_unlaunched() {
-                    f::prepared_dropped_unlaunched::<super::Op>(&ascend::Context::cpu()).unwrap();
-                }
-                #[test]
-                fn arguments_dropped_right_after_the_launch() {
-                    f::arguments_dropped_right_after_the_launch::<super::Op>(&ascend::Context::cpu()).unwrap();
-                }
+            fn two_phase(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::two_phase::<Op>(ctx)
+            }
+            fn prepared_dropped_unlaunched(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::prepared_dropped_unlaunched::<Op>(ctx)
+            }
+            fn arguments_dropped_right_after_the_launch(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::arguments_dropped_right_after_the_launch::<Op>(ctx)
             }
             #[cfg(feature = "mock")]
-            mod mock {
-                use crate::common::framework as f;
-                use crate::common::mock::isolated;
-                #[test]
-                fn two_phase() {
-                    isolated(f::two_phase::<super::Op>).unwrap();
-                }
-                #[test]
-                fn prepared_dropped_unlaunched() {
-                    isolated(f::prepared_dropped_unlaunched::<super::Op>).unwrap();
-                }
-                #[test]
-                fn arguments_dropped_right_after_the_launch() {
-                    isolated(f::arguments_dropped_right_after_the_launch::<super::Op>).unwrap();
-                }
-                #[test]
-                fn faults_at_each_cann_call() {
-                    isolated(f::faults_at_each_cann_call::<super::Op>).unwrap();
-                }
-                #[test]
-                fn a_fault_at_any_cann_call() {
-                    isolated(f::a_fault_at_any_cann_call::<super::Op>).unwrap();
-                }
+            fn faults_at_each_cann_call(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::faults_at_each_cann_call::<Op>(ctx)
             }
+            #[cfg(feature = "mock")]
+            fn a_fault_at_any_cann_call(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::a_fault_at_any_cann_call::<Op>(ctx)
+            }
+            crate::common::on_both_backends!(
+                local: [two_phase, prepared_dropped_unlaunched, arguments_dropped_right_after_the_launch],
+                cross: [],
+                mock_only: [faults_at_each_cann_call, a_fault_at_any_cann_call],
+            );
         }
     };
 }
@@ -491,3 +506,34 @@ macro_rules! one_output_framework_items {
 }
 #[allow(unused_imports)]
 pub(crate) use one_output_framework_items;
+
+/// The [`Framework`] items every operator with two `[C]` output tensors (mean and invstd) spells
+/// the same way: the pair out (pre-filled, `C` the dim 1 of the case's field `$field`), the
+/// allocating form's result checked as `_into`'s outputs are, and both outputs' bits.
+#[allow(unused_macros)]
+macro_rules! two_output_framework_items {
+    (channels_of: $field:ident) => {
+        type Out = (ascend::Tensor, ascend::Tensor);
+        type Res = (ascend::Tensor, ascend::Tensor);
+
+        fn outputs(&self, s: &ascend::Stream) -> ascend::Result<(ascend::Tensor, ascend::Tensor)> {
+            crate::common::framework::two_channel_outputs(s, self.$field.shape[1])
+        }
+
+        fn check_res(
+            &self,
+            ctx: &ascend::Context,
+            s: &ascend::Stream,
+            what: &str,
+            res: &(ascend::Tensor, ascend::Tensor),
+        ) {
+            self.check(ctx, s, what, res);
+        }
+
+        fn out_bits(s: &ascend::Stream, (m, v): &(ascend::Tensor, ascend::Tensor)) -> Vec<Vec<u32>> {
+            vec![crate::common::data::bits(s, m), crate::common::data::bits(s, v)]
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use two_output_framework_items;

@@ -36,7 +36,7 @@ pub(crate) use backends::on_both_backends;
 pub use backends::*;
 pub use data::*;
 pub use framework::Framework;
-pub(crate) use framework::{framework_tests, one_output_framework_items};
+pub(crate) use framework::{framework_tests, one_output_framework_items, two_output_framework_items};
 pub use ranks::on_ranks;
 pub use reduce_backward::*;
 pub use rng::*;

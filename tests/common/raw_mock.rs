@@ -197,6 +197,19 @@ impl Mock {
         }
     }
 
+    /// The end of a raw test: frees `buffers`, then destroys `streams` (each call must succeed,
+    /// its failure naming which), then expects `violations` in all.
+    #[track_caller]
+    pub fn finish(&self, buffers: &[*mut c_void], streams: &[aclrtStream], violations: u64) {
+        for (i, &p) in buffers.iter().enumerate() {
+            assert_eq!(self.free(p), 0, "aclrtFree of buffers[{i}]: {}", self.err());
+        }
+        for (i, &s) in streams.iter().enumerate() {
+            assert_eq!(self.destroy_stream(s), 0, "aclrtDestroyStream of streams[{i}]: {}", self.err());
+        }
+        self.expect_violations(violations, "");
+    }
+
     /// The thread's aclGetRecentErrMsg (consumed), or "".
     pub fn err(&self) -> String {
         recent_error(self.c)

@@ -188,6 +188,17 @@ impl Inputs {
         }
     }
 
+    /// gradOut and input of `shape` with no elements (f32, no weight), and these statistics.
+    pub fn empty(shape: &[usize], mean: &[f64], invstd: &[f64]) -> Self {
+        Inputs {
+            dy: Data::new(DType::F32, &[], shape),
+            x: Data::new(DType::F32, &[], shape),
+            mean: Data::new(DType::F32, mean, &[mean.len()]),
+            invstd: Data::new(DType::F32, invstd, &[invstd.len()]),
+            weight: None,
+        }
+    }
+
     pub fn expected(&self) -> Expected {
         reference(&self.dy, &self.x, &self.mean, &self.invstd)
     }
@@ -195,6 +206,27 @@ impl Inputs {
     /// The dtype the allocating API gives for these inputs.
     pub fn out_dtype(&self) -> DType {
         allocating_dtype(self.x.dtype, self.mean.dtype)
+    }
+
+    /// The same values with gradOut and input stored in the dim orders `dy` and `x` (see
+    /// [`Data::permuted`]).
+    pub fn permuted(&self, dy: &[usize], x: &[usize]) -> Inputs {
+        Inputs { dy: self.dy.permuted(dy), x: self.x.permuted(x), ..self.clone() }
+    }
+
+    /// The inputs uploaded on `s` and run with every output enabled through both forms: the
+    /// allocating result, and `_into` outputs of `dtype` (`c` channels, pre-filled) as written.
+    pub fn run_both_forms(&self, s: &Stream, dtype: DType, c: usize) -> Result<(ReduceBackward, Outs)> {
+        let up = self.upload(s)?;
+        let out = up.run(s, OutputMask::ALL)?;
+        let mut outs = Outs::filled(s, dtype, c)?;
+        up.run_into(s, OutputMask::ALL, outs.all())?;
+        Ok((out, outs))
+    }
+
+    /// The inputs uploaded on `s`, and their reference: what most cases start from.
+    pub fn upload_with_expected(&self, s: &Stream) -> Result<(Up, Expected)> {
+        Ok((self.upload(s)?, self.expected()))
     }
 
     pub fn upload(&self, s: &Stream) -> Result<Up> {

@@ -51,6 +51,11 @@ impl Rng {
         self.uniform(f64::from(lo), f64::from(hi)) as f32
     }
 
+    /// `n` values, `value(r)` of one 31-bit draw `r` each (the top bits of [`Rng::next_u64`]).
+    pub fn map_draws<T>(&mut self, n: usize, mut value: impl FnMut(u64) -> T) -> Vec<T> {
+        (0..n).map(|_| value(self.next_u64() >> 33)).collect()
+    }
+
     /// `n` values uniform in [lo, hi), as f32.
     pub fn vec_f32(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform_f32(lo, hi)).collect()

@@ -179,54 +179,50 @@ fn violation_destroyed_or_unknown_stream() {
 
 #[test]
 fn violation_executor_launched_twice() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let (size, ex) = m.phase1_ok(&case.args());
-    let ws = m.malloc(size as usize);
-    assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
-    assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), INVALID);
-    m.expect_violations(1, "launched twice?");
-    assert_eq!(m.sync(ptr::null_mut()), 0);
-    assert_eq!(m.launch(ws, size, ptr::null_mut(), ptr::null_mut()), NULLPTR);
-    assert_eq!(m.free(ws), 0);
-    case.release(&m);
-    m.expect_violations(1, "");
+    with_ut_case(aclDataType::ACL_FLOAT, 1, |m, case, _| {
+        let (size, ex) = m.phase1_ok(&case.args());
+        let ws = m.malloc(size as usize);
+        assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
+        assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), INVALID);
+        m.expect_violations(1, "launched twice?");
+        assert_eq!(m.sync(ptr::null_mut()), 0);
+        assert_eq!(m.launch(ws, size, ptr::null_mut(), ptr::null_mut()), NULLPTR);
+        assert_eq!(m.free(ws), 0);
+    });
 }
 
 #[test]
 fn violation_wrong_workspace() {
-    let m = Mock::new();
-    let case = ut_case(&m, aclDataType::ACL_FLOAT);
-    let a = case.args();
-    let (size, ex) = m.phase1_ok(&a);
-    assert_eq!(m.launch_sync(size, ex, ptr::null_mut()), 0);
-    assert!(size >= 24, "2·C floats");
-    let ws = m.malloc(size as usize);
-    let small = m.malloc(size as usize - 4);
-    let cases: [(*mut c_void, u64, &str); 5] = [
-        (ws, size - 4, "is smaller than the"),
-        (ptr::null_mut(), size, "pass NULL exactly when the size is 0"),
-        (ws, 0, "pass NULL exactly when the size is 0"),
-        (small, size, "is not inside one live device allocation"),
-        // SAFETY (address only): inside `ws`, the mock checks the range without touching it.
-        (unsafe { ws.cast::<u8>().add(4).cast() }, size, "is not inside one live device allocation"),
-    ];
-    for (i, (ptr_, len, needle)) in cases.into_iter().enumerate() {
-        let (_, ex) = m.phase1_ok(&a);
-        assert_eq!(m.launch(ptr_, len, ex, ptr::null_mut()), INVALID, "case {i}");
-        m.expect_violations(i as u64 + 1, needle);
-    }
-    // a freed workspace (freed after the launch, before the run)
-    let (_, _, ex) = m.phase1(&a);
-    assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
-    assert_eq!(m.free(ws), 0);
-    m.expect_violations(6, "(workspace)");
-    assert_eq!(m.sync(ptr::null_mut()), 507015);
-    m.expect_violations(7, "device memory of workspace");
-    assert_eq!(m.free(small), 0);
-    assert_eq!(mock::stats().live_executors, m.base.live_executors);
-    case.release(&m);
-    m.expect_violations(7, "");
+    with_ut_case(aclDataType::ACL_FLOAT, 7, |m, case, _| {
+        let a = case.args();
+        let (size, ex) = m.phase1_ok(&a);
+        assert_eq!(m.launch_sync(size, ex, ptr::null_mut()), 0);
+        assert!(size >= 24, "2·C floats");
+        let ws = m.malloc(size as usize);
+        let small = m.malloc(size as usize - 4);
+        let cases: [(*mut c_void, u64, &str); 5] = [
+            (ws, size - 4, "is smaller than the"),
+            (ptr::null_mut(), size, "pass NULL exactly when the size is 0"),
+            (ws, 0, "pass NULL exactly when the size is 0"),
+            (small, size, "is not inside one live device allocation"),
+            // SAFETY (address only): inside `ws`, the mock checks the range without touching it.
+            (unsafe { ws.cast::<u8>().add(4).cast() }, size, "is not inside one live device allocation"),
+        ];
+        for (i, (ptr_, len, needle)) in cases.into_iter().enumerate() {
+            let (_, ex) = m.phase1_ok(&a);
+            assert_eq!(m.launch(ptr_, len, ex, ptr::null_mut()), INVALID, "case {i}");
+            m.expect_violations(i as u64 + 1, needle);
+        }
+        // a freed workspace (freed after the launch, before the run)
+        let (_, _, ex) = m.phase1(&a);
+        assert_eq!(m.launch(ws, size, ex, ptr::null_mut()), 0);
+        assert_eq!(m.free(ws), 0);
+        m.expect_violations(6, "(workspace)");
+        assert_eq!(m.sync(ptr::null_mut()), 507015);
+        m.expect_violations(7, "device memory of workspace");
+        assert_eq!(m.free(small), 0);
+        assert_eq!(mock::stats().live_executors, m.base.live_executors);
+    });
 }
 
 #[test]
@@ -346,9 +342,7 @@ fn violation_memcpy_and_memset_checks() {
         assert_eq!(c.acl.aclrtMemcpy(d, 64, h, 0, H2D), 0);
     }
     assert_eq!(host, vec![7u8; 64]);
-    assert_eq!(m.free(d), 0);
-    assert_eq!(m.free(d2), 0);
-    m.expect_violations(9, "");
+    m.finish(&[d, d2], &[], 9);
 }
 
 #[test]

@@ -324,10 +324,7 @@ fn events_query_elapsed_time_and_destroy_while_waited_on() {
     assert_eq!(after.stream_synchronizes - before.stream_synchronizes, 1);
     assert_eq!(m.d2h(d, 4096), src);
     assert_eq!(m.sync(a), 0);
-    assert_eq!(m.free(d), 0);
-    assert_eq!(m.destroy_stream(a), 0);
-    assert_eq!(m.destroy_stream(b), 0);
-    m.expect_violations(1, "");
+    m.finish(&[d], &[a, b], 1);
 }
 
 /// The cross-stream hazard detector on the raw API: two copies on different streams writing the
@@ -364,10 +361,7 @@ fn hazard_detector_catches_an_unordered_pair_and_accepts_an_event_ordered_one() 
     let mut want = first[..128].to_vec();
     want.extend_from_slice(&second[..128]);
     assert_eq!(m.d2h(d, 256), want);
-    assert_eq!(m.free(d), 0);
-    assert_eq!(m.destroy_stream(a), 0);
-    assert_eq!(m.destroy_stream(b), 0);
-    m.expect_violations(1, "");
+    m.finish(&[d], &[a, b], 1);
 }
 
 /// Pinned host memory: aclrtMallocHost blocks are host memory an async copy may use; freeing one
