@@ -97,6 +97,7 @@ fn dtype_rank(t: &Tensor) -> usize {
 }
 
 /// Whether `key` starts with the words [`push_key`] makes of `t`; returns the rest.
+#[inline]
 fn strip_key<'k>(key: &'k [usize], t: Option<&Tensor>) -> Option<&'k [usize]> {
     let Some(t) = t else {
         return key.split_first().filter(|(&w, _)| w == ABSENT).map(|(_, rest)| rest);
@@ -117,6 +118,7 @@ fn strip_key<'k>(key: &'k [usize], t: Option<&Tensor>) -> Option<&'k [usize]> {
 /// Whether `tensors` have the layouts `key` spells ([`push_key`]), `seen` holding the layout id
 /// of the tensor matched last at each place: one matched there before is equal without reading
 /// its words. On a match, `seen` takes the ids of `tensors`.
+#[inline]
 fn layouts_match(key: &[usize], seen: &mut [u64], tensors: &[Option<&Tensor>]) -> bool {
     let layout_id = |t: &Option<&Tensor>| t.map_or(0, Tensor::layout_id);
     if seen.len() != tensors.len() {
