@@ -10,11 +10,13 @@
 //!   number of threads; for cache-resident shapes at several threads it is the better of one
 //!   thread and that many.
 //! - `torch` is PyTorch's CPU kernel on the same shapes, timed by `benches/torch_peer.py` (see
-//!   there which function) with the interpreter in `TORCH_PYTHON` (default `python3`); the column
-//!   is empty when torch cannot be imported. `xtorch` = our GB/s / torch's.
+//!   there which function) with the interpreter in `TORCH_PYTHON` (default `python3`), right after
+//!   ours for each case and thread count (a shared machine's memory bandwidth drifts over minutes);
+//!   the column is empty when torch cannot be imported. `xtorch` = our GB/s / torch's.
 //! - Every timing is the best of several repetitions, interleaved kernel/stream, because other
 //!   work on the machine only ever makes a run slower.
-//! - Environment: `CPU_REDUCE_ONLY=cache` skips the main-memory shapes and the accuracy runs;
+//! - Environment: `CPU_REDUCE_ONLY=cache` (or `=memory`) runs only the cache-resident (or
+//!   main-memory) shapes, without the accuracy runs;
 //!   `CPU_REDUCE_TORCH=0` skips the peer; `ASCEND_CPU_ISA=avx2` forces the AVX2 code on an
 //!   AVX-512 CPU (the kernel reads it once).
 
@@ -175,20 +177,24 @@ impl Case {
 }
 
 /// Seconds per call of PyTorch's kernel per case key, at `threads` threads (empty without torch).
-fn torch_times(cases: &[Case], threads: usize) -> HashMap<String, f64> {
+/// Called per case right after ours, so both see the machine in the same state (a shared VM's
+/// memory bandwidth drifts over minutes); the peer's header is printed on the first call.
+fn torch_times(keys: &[String], threads: usize) -> HashMap<String, f64> {
+    static ANNOUNCED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let mut map = HashMap::new();
     if std::env::var("CPU_REDUCE_TORCH").is_ok_and(|v| v == "0") {
         return map;
     }
     let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
-    let keys = cases.iter().flat_map(|c| c.layouts().iter().map(|&cl| c.key(cl)));
     let out = std::process::Command::new(&python).arg(script).arg(threads.to_string()).args(keys).output();
     match out {
         Ok(o) => {
             for line in String::from_utf8_lossy(&o.stdout).lines() {
                 if let Some(h) = line.strip_prefix('#') {
-                    println!("peer ({python}):{h}");
+                    if !ANNOUNCED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        println!("peer ({python}):{h}");
+                    }
                 } else if let Some((k, t)) = line.split_once(' ') {
                     if let Ok(t) = t.trim().parse::<f64>() {
                         map.insert(k.to_string(), t);
@@ -196,20 +202,25 @@ fn torch_times(cases: &[Case], threads: usize) -> HashMap<String, f64> {
                 }
             }
         }
-        Err(e) => println!("peer: cannot run {python}: {e}"),
+        Err(e) => {
+            if !ANNOUNCED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                println!("peer: cannot run {python}: {e}");
+            }
+        }
     }
     map
 }
 
-fn throughput<T: Element>(case: &Case, thread_counts: &[usize], torch: &[HashMap<String, f64>]) {
+fn throughput<T: Element>(case: &Case, thread_counts: &[usize]) {
     let shape = case.shape;
     let n: usize = shape.iter().product();
     let dy: Vec<T> = random(n, 11, -2.0, 2.0);
     let x: Vec<T> = random(n, 12, -3.0, 3.0);
     let bytes = (2 * n * std::mem::size_of::<T>()) as f64;
     for &cl in case.layouts() {
-        for (&threads, peer) in thread_counts.iter().zip(torch) {
+        for &threads in thread_counts {
             let r = compare(&dy, &x, shape, cl, threads, case.cached);
+            let peer = torch_times(&[case.key(cl)], threads);
             let (tg, xt) = match peer.get(&case.key(cl)) {
                 Some(&t) => (format!("{:.2}", bytes / t / 1e9), format!("{:.2}", r.kernel * t * 1e9 / bytes)),
                 None => ("-".into(), "-".into()),
@@ -381,8 +392,11 @@ fn main() {
         profile(&spec);
         return;
     }
-    // CPU_REDUCE_ONLY=cache: skip the main-memory shapes and the accuracy runs (quick A/B runs).
-    let only_cache = std::env::var("CPU_REDUCE_ONLY").is_ok_and(|v| v == "cache");
+    // CPU_REDUCE_ONLY=cache (or =memory): only the cache-resident (or main-memory) shapes, and no
+    // accuracy runs (quick A/B runs).
+    let only = std::env::var("CPU_REDUCE_ONLY").ok();
+    let only_cache = only.as_deref() == Some("cache");
+    let only_memory = only.as_deref() == Some("memory");
     let cases: Vec<Case> = [
         (true, &[256usize, 1024][..]),
         (true, &[4, 32, 8, 16, 16]),
@@ -392,26 +406,25 @@ fn main() {
         (false, &[64, 64, 128, 128]),
     ]
     .into_iter()
-    .filter(|&(cached, _)| cached || !only_cache)
+    .filter(|&(cached, _)| (cached || !only_cache) && (!cached || !only_memory))
     .flat_map(|(cached, shape)| ["f32", "f16", "bf16"].map(|dtype| Case { cached, dtype, shape }))
     .collect();
     let thread_counts: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
-    let torch: Vec<HashMap<String, f64>> = thread_counts.iter().map(|&t| torch_times(&cases, t)).collect();
     println!(
         "{:<6} {:<5} {:<5} {:>20} {:>13} {:>2} {:>8} {:>8} {:>6} {:>8} {:>6} {:>9}",
         "where", "dtype", "lay", "shape", "dy+x", "th", "GB/s", "stream", "ratio", "torch", "xtorch", "us/call"
     );
     for case in &cases {
         match case.dtype {
-            "f32" => throughput::<f32>(case, &thread_counts, &torch),
-            "f16" => throughput::<f16>(case, &thread_counts, &torch),
-            _ => throughput::<bf16>(case, &thread_counts, &torch),
+            "f32" => throughput::<f32>(case, &thread_counts),
+            "f16" => throughput::<f16>(case, &thread_counts),
+            _ => throughput::<bf16>(case, &thread_counts),
         }
     }
 
     println!("tiny [4, 2] f32, all four outputs: {:.3} µs per call (zero-copy cpu entry)", tiny() * 1e6);
     println!("tiny [4, 2] f32, all four outputs: {:.3} µs per call (allocating ops API)", tiny_allocating() * 1e6);
-    if only_cache {
+    if only_cache || only_memory {
         return;
     }
     println!("relative error of the f32 outputs vs f64 on a 16.8M-element channel (sumDy, sumDyXmu):");
