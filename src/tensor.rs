@@ -130,7 +130,7 @@ pub struct Tensor {
 
 /// The alignment CANN requires of an `aclTensor`'s data address (`aclCreateTensor`,
 /// `aclSet{Input,Output}TensorAddr`).
-const TENSOR_DATA_ALIGN: usize = 32;
+pub(crate) const TENSOR_DATA_ALIGN: usize = 32;
 
 impl Tensor {
     /// A tensor over `storage` with this layout (checked by the caller).

@@ -110,7 +110,7 @@ fn strip_key<'k>(key: &'k [usize], t: Option<&Tensor>) -> Option<&'k [usize]> {
     }
     let (key_shape, rest) = rest.split_at(rank);
     let (key_strides, rest) = rest.split_at(rank);
-    // Element by element: for ranks this small a loop beats two `memcmp` calls.
+    // Element by element (ranks are at most MAX_RANK).
     let same = |a: &[usize], b: &[usize]| a.iter().zip(b).all(|(x, y)| x == y);
     (same(key_shape, shape) && same(key_strides, strides)).then_some(rest)
 }
@@ -197,8 +197,8 @@ unsafe impl Send for Entry {}
 
 impl Entry {
     /// An entry over `executor` (made repeatable) and `descriptors` (one per argument of `sig`,
-    /// null for an absent one, bound to the buffers whose ids are `buffers`), which it owns from
-    /// now on.
+    /// null for an absent one, bound to `buffers`, `None` where absent), which it owns from now
+    /// on.
     ///
     /// # Safety
     /// `executor` is a live repeatable executor from phase 1 of `sig.op` over `descriptors`,
@@ -207,7 +207,7 @@ impl Entry {
         device: Arc<Device>,
         sig: &Signature<'_>,
         descriptors: &[*mut aclTensor],
-        buffers: &[u64],
+        buffers: &[Option<&DeviceBuffer>],
         executor: *mut aclOpExecutor,
         workspace_size: u64,
         phase2: Phase2,
@@ -221,7 +221,10 @@ impl Entry {
         }
         // bounded: one per argument, a miss only.
         #[allow(clippy::disallowed_methods)]
-        let (descriptors, bound) = (descriptors.to_vec(), buffers.to_vec());
+        let descriptors = descriptors.to_vec();
+        // bounded: one per argument, a miss only.
+        #[allow(clippy::disallowed_methods)]
+        let bound = buffers.iter().map(|b| b.map_or(0, DeviceBuffer::id)).collect();
         // bounded: one per argument, a miss only.
         #[allow(clippy::disallowed_methods)]
         let seen = sig.tensors.iter().map(|t| t.map_or(0, Tensor::layout_id)).collect();

@@ -28,7 +28,7 @@ use crate::device::launch_cache::{Entry, Signature, MAX_RANK};
 use crate::device::{enqueue_using, Device, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TENSOR_DATA_ALIGN};
 
 pub(crate) use crate::device::launch_cache::Phase2;
 
@@ -230,7 +230,11 @@ impl<'t> Bound<'t> {
         let Some(t) = t else { return Some(()) };
         let (buffer, on) = t.device_buffer()?;
         let p = buffer.ptr();
-        if !on.same(device) || p.is_null() || !(p as usize).is_multiple_of(32) || t.shape().len() > MAX_RANK {
+        if !on.same(device)
+            || p.is_null()
+            || !(p as usize).is_multiple_of(TENSOR_DATA_ALIGN)
+            || t.shape().len() > MAX_RANK
+        {
             return None;
         }
         (self.tensors[i], self.buffers[i]) = (Some(t), Some(buffer));
@@ -308,7 +312,7 @@ pub(crate) fn run<'a, O: Operator<'a>>(
     inner.launches.reap(inner);
     let mut prepared = phase1::<O>(device, scalars, args, false)?;
     prepared.executor.as_mut().map_or(Ok(()), Executor::make_repeatable)?;
-    prepared.launch_and_keep(inner, &bound.signature(O::OP, scalars), hash)
+    prepared.launch_and_keep(inner, &bound.signature(O::OP, scalars), &bound.buffers[..bound.len], hash)
 }
 
 /// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
@@ -402,8 +406,15 @@ impl DevicePrepared<'_> {
 
     /// Phase 2 of a call whose executor was made repeatable, on `inner` with its workspace;
     /// then the executor and the descriptors go to the stream's launch cache for `sig` (whose
-    /// hash is `hash`), or are retired if the launch failed.
-    fn launch_and_keep(mut self, inner: &Arc<StreamInner>, sig: &Signature<'_>, hash: u64) -> Result<()> {
+    /// hash is `hash`; `buffers` are its tensors' buffers, in its order), or are retired if the
+    /// launch failed.
+    fn launch_and_keep(
+        mut self,
+        inner: &Arc<StreamInner>,
+        sig: &Signature<'_>,
+        buffers: &[Option<&DeviceBuffer>],
+        hash: u64,
+    ) -> Result<()> {
         let Some(executor) = self.executor.take() else {
             return Err(Error::internal("a prepared call's executor was launched twice"));
         };
@@ -414,10 +425,6 @@ impl DevicePrepared<'_> {
             unsafe { launch(ws, size, raw, inner.raw()) }
         });
         let descriptors: [*mut aclTensor; MAX_ARGS] = self.handles;
-        let mut ids = [0u64; MAX_ARGS];
-        for (id, t) in ids.iter_mut().zip(&self.args.tensors[..self.args.len]) {
-            *id = t.and_then(Tensor::device_buffer).map_or(0, |(b, _)| b.id());
-        }
         self.call.descriptors.into_iter().flatten().for_each(|d| {
             d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
         });
@@ -428,7 +435,7 @@ impl DevicePrepared<'_> {
                 self.call.device.clone(),
                 sig,
                 &descriptors[..self.args.len],
-                &ids[..self.args.len],
+                buffers,
                 raw,
                 self.workspace_size,
                 self.launch,
