@@ -65,50 +65,33 @@ pub struct Operator {
 /// relative to the toolkit's include directory.
 pub const BASE_HEADERS: &[&str] = &["acl/acl.h", "aclnn/acl_meta.h", "aclnn/aclnn_base.h", "hccl/hccl.h"];
 
-/// `aclnnBatchNormReduceBackward` (nn).
-pub const BATCH_NORM_REDUCE_BACKWARD: Operator = Operator {
-    name: "aclnnBatchNormReduceBackward",
-    phase1: "aclnnBatchNormReduceBackwardGetWorkspaceSize",
-    package: "nn",
-    header: "aclnnop/aclnn_batch_norm_backward_reduce.h",
-};
-/// `aclnnBatchNormStats` (math).
-pub const BATCH_NORM_STATS: Operator = Operator {
-    name: "aclnnBatchNormStats",
-    phase1: "aclnnBatchNormStatsGetWorkspaceSize",
-    package: "math",
-    header: "aclnnop/aclnn_batch_norm_stats.h",
-};
-/// `aclnnBatchNormGatherStatsWithCounts` (nn).
-pub const BATCH_NORM_GATHER_STATS_WITH_COUNTS: Operator = Operator {
-    name: "aclnnBatchNormGatherStatsWithCounts",
-    phase1: "aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize",
-    package: "nn",
-    header: "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h",
-};
-/// `aclnnBatchNormElemt` (nn).
-pub const BATCH_NORM_ELEMT: Operator = Operator {
-    name: "aclnnBatchNormElemt",
-    phase1: "aclnnBatchNormElemtGetWorkspaceSize",
-    package: "nn",
-    header: "aclnnop/aclnn_batch_norm_elemt.h",
-};
-/// `aclnnBatchNormElemtBackward` (nn).
-pub const BATCH_NORM_ELEMT_BACKWARD: Operator = Operator {
-    name: "aclnnBatchNormElemtBackward",
-    phase1: "aclnnBatchNormElemtBackwardGetWorkspaceSize",
-    package: "nn",
-    header: "aclnnop/aclnn_batch_norm_elemt_backward.h",
-};
+/// Defines each operator's constant from its name, package and header (phase 1 is always
+/// `<name>GetWorkspaceSize`), and `OPERATORS`, the list of them all.
+macro_rules! operators {
+    ($($constant:ident = $name:literal, $package:literal, $header:literal;)*) => {
+        $(
+            #[doc = concat!("`", $name, "` (", $package, ").")]
+            pub const $constant: Operator = Operator {
+                name: $name,
+                phase1: concat!($name, "GetWorkspaceSize"),
+                package: $package,
+                header: $header,
+            };
+        )*
 
-/// Every operator bound, each in its package (docs/cann/SYNCBN.md section 1).
-pub const OPERATORS: &[Operator] = &[
-    BATCH_NORM_REDUCE_BACKWARD,
-    BATCH_NORM_STATS,
-    BATCH_NORM_GATHER_STATS_WITH_COUNTS,
-    BATCH_NORM_ELEMT,
-    BATCH_NORM_ELEMT_BACKWARD,
-];
+        /// Every operator bound, each in its package (docs/cann/SYNCBN.md section 1).
+        pub const OPERATORS: &[Operator] = &[$($constant),*];
+    };
+}
+
+operators! {
+    BATCH_NORM_REDUCE_BACKWARD = "aclnnBatchNormReduceBackward", "nn", "aclnnop/aclnn_batch_norm_backward_reduce.h";
+    BATCH_NORM_STATS = "aclnnBatchNormStats", "math", "aclnnop/aclnn_batch_norm_stats.h";
+    BATCH_NORM_GATHER_STATS_WITH_COUNTS =
+        "aclnnBatchNormGatherStatsWithCounts", "nn", "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h";
+    BATCH_NORM_ELEMT = "aclnnBatchNormElemt", "nn", "aclnnop/aclnn_batch_norm_elemt.h";
+    BATCH_NORM_ELEMT_BACKWARD = "aclnnBatchNormElemtBackward", "nn", "aclnnop/aclnn_batch_norm_elemt_backward.h";
+}
 
 /// `libhccl.so` (and, through it, `libhcomm.so` on CANN 9.x): collectives across devices, loaded
 /// only when a communicator is made. Every one must be exported.

@@ -5,103 +5,154 @@ use std::mem::size_of;
 
 use ascend_sys::*;
 
+/// `(enum, variant, value in the bindings, value in the docs)` of each listed variant.
+macro_rules! enum_values {
+    ($($ty:ident::$variant:ident = $value:expr,)*) => {
+        vec![$((stringify!($ty), stringify!($variant), i64::from($ty::$variant.0), $value)),*]
+    };
+}
+
+/// Every enum value the safe layer relies on, as docs/cann/API.md sections 2.2, 2.3 and 3 and
+/// docs/cann/HCCL.md section 3 give them.
+fn documented_values() -> Vec<(&'static str, &'static str, i64, i64)> {
+    enum_values! {
+        aclDataType::ACL_DT_UNDEFINED = -1,
+        aclDataType::ACL_FLOAT = 0,
+        aclDataType::ACL_FLOAT16 = 1,
+        aclDataType::ACL_INT8 = 2,
+        aclDataType::ACL_INT32 = 3,
+        aclDataType::ACL_UINT8 = 4,
+        aclDataType::ACL_INT16 = 6,
+        aclDataType::ACL_UINT16 = 7,
+        aclDataType::ACL_UINT32 = 8,
+        aclDataType::ACL_INT64 = 9,
+        aclDataType::ACL_UINT64 = 10,
+        aclDataType::ACL_DOUBLE = 11,
+        aclDataType::ACL_BOOL = 12,
+        aclDataType::ACL_STRING = 13,
+        aclDataType::ACL_COMPLEX64 = 16,
+        aclDataType::ACL_COMPLEX128 = 17,
+        aclDataType::ACL_BF16 = 27,
+        aclDataType::ACL_INT4 = 29,
+        aclDataType::ACL_UINT1 = 30,
+        aclDataType::ACL_COMPLEX32 = 33,
+        aclDataType::ACL_HIFLOAT8 = 34,
+        aclDataType::ACL_FLOAT8_E5M2 = 35,
+        aclDataType::ACL_FLOAT8_E4M3FN = 36,
+        aclDataType::ACL_FLOAT8_E8M0 = 37,
+        aclDataType::ACL_FLOAT6_E3M2 = 38,
+        aclDataType::ACL_FLOAT6_E2M3 = 39,
+        aclDataType::ACL_FLOAT4_E2M1 = 40,
+        aclDataType::ACL_FLOAT4_E1M2 = 41,
+        aclFormat::ACL_FORMAT_UNDEFINED = -1,
+        aclFormat::ACL_FORMAT_NCHW = 0,
+        aclFormat::ACL_FORMAT_NHWC = 1,
+        aclFormat::ACL_FORMAT_ND = 2,
+        aclFormat::ACL_FORMAT_NC1HWC0 = 3,
+        aclFormat::ACL_FORMAT_FRACTAL_Z = 4,
+        aclFormat::ACL_FORMAT_NC1HWC0_C04 = 12,
+        aclFormat::ACL_FORMAT_HWCN = 16,
+        aclFormat::ACL_FORMAT_NDHWC = 27,
+        aclFormat::ACL_FORMAT_FRACTAL_NZ = 29,
+        aclFormat::ACL_FORMAT_NCDHW = 30,
+        aclFormat::ACL_FORMAT_NDC1HWC0 = 32,
+        aclFormat::ACL_FRACTAL_Z_3D = 33,
+        aclFormat::ACL_FORMAT_NC = 35,
+        aclFormat::ACL_FORMAT_NCL = 47,
+        aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_16 = 50,
+        aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_32 = 51,
+        aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_2 = 52,
+        aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_4 = 53,
+        aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_8 = 54,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST = 0,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE = 1,
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST = 2,
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE = 3,
+        aclrtMemcpyKind::ACL_MEMCPY_DEFAULT = 4,
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE = 5,
+        aclrtMemcpyKind::ACL_MEMCPY_INNER_DEVICE_TO_DEVICE = 6,
+        aclrtMemcpyKind::ACL_MEMCPY_INTER_DEVICE_TO_DEVICE = 7,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST = 0,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY = 1,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY = 2,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST_P2P = 3,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY_P2P = 4,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY_P2P = 5,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY = 6,
+        aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY_P2P = 7,
+        aclrtMemMallocPolicy::ACL_MEM_TYPE_LOW_BAND_WIDTH = 0x100,
+        aclrtMemMallocPolicy::ACL_MEM_TYPE_HIGH_BAND_WIDTH = 0x1000,
+        aclrtMemMallocPolicy::ACL_MEM_ACCESS_USER_SPACE_READONLY = 0x100000,
+        HcclResult::HCCL_SUCCESS = 0,
+        HcclResult::HCCL_E_PARA = 1,
+        HcclResult::HCCL_E_PTR = 2,
+        HcclResult::HCCL_E_MEMORY = 3,
+        HcclResult::HCCL_E_INTERNAL = 4,
+        HcclResult::HCCL_E_NOT_SUPPORT = 5,
+        HcclResult::HCCL_E_NOT_FOUND = 6,
+        HcclResult::HCCL_E_UNAVAIL = 7,
+        HcclResult::HCCL_E_SYSCALL = 8,
+        HcclResult::HCCL_E_TIMEOUT = 9,
+        HcclResult::HCCL_E_OPEN_FILE_FAILURE = 10,
+        HcclResult::HCCL_E_TCP_CONNECT = 11,
+        HcclResult::HCCL_E_ROCE_CONNECT = 12,
+        HcclResult::HCCL_E_TCP_TRANSFER = 13,
+        HcclResult::HCCL_E_ROCE_TRANSFER = 14,
+        HcclResult::HCCL_E_RUNTIME = 15,
+        HcclResult::HCCL_E_DRV = 16,
+        HcclResult::HCCL_E_PROFILING = 17,
+        HcclResult::HCCL_E_CCE = 18,
+        HcclResult::HCCL_E_NETWORK = 19,
+        HcclResult::HCCL_E_AGAIN = 20,
+        HcclResult::HCCL_E_REMOTE = 21,
+        HcclResult::HCCL_E_SUSPENDING = 22,
+        HcclResult::HCCL_E_OPRETRY_FAIL = 23,
+        HcclResult::HCCL_E_OOM = 24,
+        HcclDataType::HCCL_DATA_TYPE_INT8 = 0,
+        HcclDataType::HCCL_DATA_TYPE_INT16 = 1,
+        HcclDataType::HCCL_DATA_TYPE_INT32 = 2,
+        HcclDataType::HCCL_DATA_TYPE_FP16 = 3,
+        HcclDataType::HCCL_DATA_TYPE_FP32 = 4,
+        HcclDataType::HCCL_DATA_TYPE_INT64 = 5,
+        HcclDataType::HCCL_DATA_TYPE_UINT64 = 6,
+        HcclDataType::HCCL_DATA_TYPE_UINT8 = 7,
+        HcclDataType::HCCL_DATA_TYPE_UINT16 = 8,
+        HcclDataType::HCCL_DATA_TYPE_UINT32 = 9,
+        HcclDataType::HCCL_DATA_TYPE_FP64 = 10,
+        HcclDataType::HCCL_DATA_TYPE_BFP16 = 11,
+        HcclDataType::HCCL_DATA_TYPE_INT128 = 12,
+        HcclDataType::HCCL_DATA_TYPE_RESERVED = 255,
+        HcclReduceOp::HCCL_REDUCE_SUM = 0,
+        HcclReduceOp::HCCL_REDUCE_PROD = 1,
+        HcclReduceOp::HCCL_REDUCE_MAX = 2,
+        HcclReduceOp::HCCL_REDUCE_MIN = 3,
+        HcclReduceOp::HCCL_REDUCE_RESERVED = 255,
+    }
+}
+
+/// Each documented variant of the enum `ty` has its documented value in the bindings.
+fn assert_values(ty: &str) {
+    let values: Vec<_> = documented_values().into_iter().filter(|v| v.0 == ty).collect();
+    assert!(!values.is_empty(), "no documented values of {ty}");
+    for (ty, variant, bound, documented) in values {
+        assert_eq!(bound, documented, "{ty}::{variant}");
+    }
+}
+
 #[test]
 fn data_type_values_match_api_md() {
-    let expected = [
-        (aclDataType::ACL_DT_UNDEFINED, -1),
-        (aclDataType::ACL_FLOAT, 0),
-        (aclDataType::ACL_FLOAT16, 1),
-        (aclDataType::ACL_INT8, 2),
-        (aclDataType::ACL_INT32, 3),
-        (aclDataType::ACL_UINT8, 4),
-        (aclDataType::ACL_INT16, 6),
-        (aclDataType::ACL_UINT16, 7),
-        (aclDataType::ACL_UINT32, 8),
-        (aclDataType::ACL_INT64, 9),
-        (aclDataType::ACL_UINT64, 10),
-        (aclDataType::ACL_DOUBLE, 11),
-        (aclDataType::ACL_BOOL, 12),
-        (aclDataType::ACL_STRING, 13),
-        (aclDataType::ACL_COMPLEX64, 16),
-        (aclDataType::ACL_COMPLEX128, 17),
-        (aclDataType::ACL_BF16, 27),
-        (aclDataType::ACL_INT4, 29),
-        (aclDataType::ACL_UINT1, 30),
-        (aclDataType::ACL_COMPLEX32, 33),
-        (aclDataType::ACL_HIFLOAT8, 34),
-        (aclDataType::ACL_FLOAT8_E5M2, 35),
-        (aclDataType::ACL_FLOAT8_E4M3FN, 36),
-        (aclDataType::ACL_FLOAT8_E8M0, 37),
-        (aclDataType::ACL_FLOAT6_E3M2, 38),
-        (aclDataType::ACL_FLOAT6_E2M3, 39),
-        (aclDataType::ACL_FLOAT4_E2M1, 40),
-        (aclDataType::ACL_FLOAT4_E1M2, 41),
-    ];
-    for (v, n) in expected {
-        assert_eq!(v.0, n, "{v:?}");
-    }
+    assert_values("aclDataType");
 }
 
 #[test]
 fn format_values_match_api_md() {
-    let expected = [
-        (aclFormat::ACL_FORMAT_UNDEFINED, -1),
-        (aclFormat::ACL_FORMAT_NCHW, 0),
-        (aclFormat::ACL_FORMAT_NHWC, 1),
-        (aclFormat::ACL_FORMAT_ND, 2),
-        (aclFormat::ACL_FORMAT_NC1HWC0, 3),
-        (aclFormat::ACL_FORMAT_FRACTAL_Z, 4),
-        (aclFormat::ACL_FORMAT_NC1HWC0_C04, 12),
-        (aclFormat::ACL_FORMAT_HWCN, 16),
-        (aclFormat::ACL_FORMAT_NDHWC, 27),
-        (aclFormat::ACL_FORMAT_FRACTAL_NZ, 29),
-        (aclFormat::ACL_FORMAT_NCDHW, 30),
-        (aclFormat::ACL_FORMAT_NDC1HWC0, 32),
-        (aclFormat::ACL_FRACTAL_Z_3D, 33),
-        (aclFormat::ACL_FORMAT_NC, 35),
-        (aclFormat::ACL_FORMAT_NCL, 47),
-        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_16, 50),
-        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_32, 51),
-        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_2, 52),
-        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_4, 53),
-        (aclFormat::ACL_FORMAT_FRACTAL_NZ_C0_8, 54),
-    ];
-    for (v, n) in expected {
-        assert_eq!(v.0, n, "{v:?}");
-    }
+    assert_values("aclFormat");
 }
 
 #[test]
 fn memcpy_kind_and_malloc_policy_values_match_api_md() {
-    let kinds = [
-        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST,
-        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
-        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
-        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE,
-        aclrtMemcpyKind::ACL_MEMCPY_DEFAULT,
-        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE,
-        aclrtMemcpyKind::ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
-        aclrtMemcpyKind::ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
-    ];
-    for (i, k) in kinds.iter().enumerate() {
-        assert_eq!(k.0 as usize, i, "{k:?}");
-    }
-    let policies = [
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST, 0),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY, 1),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY, 2),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST_P2P, 3),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_ONLY_P2P, 4),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_NORMAL_ONLY_P2P, 5),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY, 6),
-        (aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE1G_ONLY_P2P, 7),
-        (aclrtMemMallocPolicy::ACL_MEM_TYPE_LOW_BAND_WIDTH, 0x100),
-        (aclrtMemMallocPolicy::ACL_MEM_TYPE_HIGH_BAND_WIDTH, 0x1000),
-        (aclrtMemMallocPolicy::ACL_MEM_ACCESS_USER_SPACE_READONLY, 0x100000),
-    ];
-    for (p, n) in policies {
-        assert_eq!(p.0 as u64, n, "{p:?}");
-    }
+    assert_values("aclrtMemcpyKind");
+    assert_values("aclrtMemMallocPolicy");
 }
 
 #[test]
@@ -158,63 +209,7 @@ fn hccl_types_match_hccl_md() {
     assert_eq!(std::mem::align_of::<HcclRootInfo>(), 1);
     assert_eq!(size_of::<HcclComm>(), size_of::<*mut ()>());
     assert_eq!((size_of::<HcclResult>(), size_of::<HcclDataType>(), size_of::<HcclReduceOp>()), (4, 4, 4));
-    let results = [
-        (HcclResult::HCCL_SUCCESS, 0),
-        (HcclResult::HCCL_E_PARA, 1),
-        (HcclResult::HCCL_E_PTR, 2),
-        (HcclResult::HCCL_E_MEMORY, 3),
-        (HcclResult::HCCL_E_INTERNAL, 4),
-        (HcclResult::HCCL_E_NOT_SUPPORT, 5),
-        (HcclResult::HCCL_E_NOT_FOUND, 6),
-        (HcclResult::HCCL_E_UNAVAIL, 7),
-        (HcclResult::HCCL_E_SYSCALL, 8),
-        (HcclResult::HCCL_E_TIMEOUT, 9),
-        (HcclResult::HCCL_E_OPEN_FILE_FAILURE, 10),
-        (HcclResult::HCCL_E_TCP_CONNECT, 11),
-        (HcclResult::HCCL_E_ROCE_CONNECT, 12),
-        (HcclResult::HCCL_E_TCP_TRANSFER, 13),
-        (HcclResult::HCCL_E_ROCE_TRANSFER, 14),
-        (HcclResult::HCCL_E_RUNTIME, 15),
-        (HcclResult::HCCL_E_DRV, 16),
-        (HcclResult::HCCL_E_PROFILING, 17),
-        (HcclResult::HCCL_E_CCE, 18),
-        (HcclResult::HCCL_E_NETWORK, 19),
-        (HcclResult::HCCL_E_AGAIN, 20),
-        (HcclResult::HCCL_E_REMOTE, 21),
-        (HcclResult::HCCL_E_SUSPENDING, 22),
-        (HcclResult::HCCL_E_OPRETRY_FAIL, 23),
-        (HcclResult::HCCL_E_OOM, 24),
-    ];
-    for (v, n) in results {
-        assert_eq!(v.0, n, "{v:?}");
-    }
-    let types = [
-        (HcclDataType::HCCL_DATA_TYPE_INT8, 0),
-        (HcclDataType::HCCL_DATA_TYPE_INT16, 1),
-        (HcclDataType::HCCL_DATA_TYPE_INT32, 2),
-        (HcclDataType::HCCL_DATA_TYPE_FP16, 3),
-        (HcclDataType::HCCL_DATA_TYPE_FP32, 4),
-        (HcclDataType::HCCL_DATA_TYPE_INT64, 5),
-        (HcclDataType::HCCL_DATA_TYPE_UINT64, 6),
-        (HcclDataType::HCCL_DATA_TYPE_UINT8, 7),
-        (HcclDataType::HCCL_DATA_TYPE_UINT16, 8),
-        (HcclDataType::HCCL_DATA_TYPE_UINT32, 9),
-        (HcclDataType::HCCL_DATA_TYPE_FP64, 10),
-        (HcclDataType::HCCL_DATA_TYPE_BFP16, 11),
-        (HcclDataType::HCCL_DATA_TYPE_INT128, 12),
-        (HcclDataType::HCCL_DATA_TYPE_RESERVED, 255),
-    ];
-    for (v, n) in types {
-        assert_eq!(v.0, n, "{v:?}");
-    }
-    let ops = [
-        (HcclReduceOp::HCCL_REDUCE_SUM, 0),
-        (HcclReduceOp::HCCL_REDUCE_PROD, 1),
-        (HcclReduceOp::HCCL_REDUCE_MAX, 2),
-        (HcclReduceOp::HCCL_REDUCE_MIN, 3),
-        (HcclReduceOp::HCCL_REDUCE_RESERVED, 255),
-    ];
-    for (v, n) in ops {
-        assert_eq!(v.0, n, "{v:?}");
-    }
+    assert_values("HcclResult");
+    assert_values("HcclDataType");
+    assert_values("HcclReduceOp");
 }
