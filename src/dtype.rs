@@ -108,76 +108,64 @@ pub trait Element: Copy + Default + Send + Sync + PartialEq + fmt::Debug + 'stat
     fn from_f64(v: f64) -> Self;
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-/// The [`Element`] impl of a 16-bit float: the `half` crate's widenings and f32 narrowing, and
-/// the one-rounding f64 narrowing `$from_f64`.
-macro_rules! half_element {
-    ($t:ident, $dtype:expr, $from_f64:ident) => {
+/// The [`Element`] impl of each element type: its dtype and its four conversions, each written as
+/// a closure over `self` (widening) or `v` (narrowing).
+macro_rules! elements {
+    ($(
+        $t:ident = $dtype:expr,
+        to_f64: |$a:ident| $to_f64:expr,
+        to_f32: |$b:ident| $to_f32:expr,
+        from_f32: |$c:ident| $from_f32:expr,
+        from_f64: |$d:ident| $from_f64:expr;
+    )*) => {$(
         impl Element for $t {
             const DTYPE: DType = $dtype;
             #[inline(always)]
             fn to_f64(self) -> f64 {
-                $t::to_f64(self)
+                let $a = self;
+                $to_f64
             }
             #[inline(always)]
             fn to_f32(self) -> f32 {
-                $t::to_f32(self)
+                let $b = self;
+                $to_f32
             }
             #[inline(always)]
-            fn from_f32(v: f32) -> Self {
-                $t::from_f32(v)
+            fn from_f32($c: f32) -> Self {
+                $from_f32
             }
             #[inline(always)]
-            fn from_f64(v: f64) -> Self {
-                $from_f64(v)
+            fn from_f64($d: f64) -> Self {
+                $from_f64
             }
         }
-    };
+    )*};
 }
 
-half_element!(f16, DType::F16, f16_from_f64);
-half_element!(bf16, DType::BF16, bf16_from_f64);
-
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-    /// Exact up to 2^24 in magnitude, rounded to nearest beyond.
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    /// Rounded to the nearest integer (ties away from zero), saturating; NaN gives 0.
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        v.round() as i32
-    }
-    /// Rounded to the nearest integer (ties away from zero), saturating; NaN gives 0.
-    #[inline(always)]
-    fn from_f64(v: f64) -> Self {
-        v.round() as i32
-    }
+// The 16-bit floats: the `half` crate's widenings and f32 narrowing, and the one-rounding f64
+// narrowing. i32: `to_f32` is exact up to 2^24 in magnitude and rounded to nearest beyond; the
+// narrowings round to the nearest integer (ties away from zero), saturating, NaN giving 0.
+elements! {
+    f32 = DType::F32,
+        to_f64: |x| f64::from(x),
+        to_f32: |x| x,
+        from_f32: |v| v,
+        from_f64: |v| v as f32;
+    f16 = DType::F16,
+        to_f64: |x| f16::to_f64(x),
+        to_f32: |x| f16::to_f32(x),
+        from_f32: |v| f16::from_f32(v),
+        from_f64: |v| f16_from_f64(v);
+    bf16 = DType::BF16,
+        to_f64: |x| bf16::to_f64(x),
+        to_f32: |x| bf16::to_f32(x),
+        from_f32: |v| bf16::from_f32(v),
+        from_f64: |v| bf16_from_f64(v);
+    i32 = DType::I32,
+        to_f64: |x| f64::from(x),
+        to_f32: |x| x as f32,
+        from_f32: |v| v.round() as i32,
+        from_f64: |v| v.round() as i32;
 }
 
 /// `v` rounded to f32 toward zero, with the lowest significand bit set when that is inexact
