@@ -94,70 +94,55 @@ pub(crate) unsafe fn comm_async_error(hccl: &Hccl, comm: HcclComm) -> Result<Hcc
     Ok(code)
 }
 
-/// `HcclCommDestroy`.
-///
-/// # Safety
-/// `comm` is a live communicator whose collectives have finished, never used afterwards.
-pub(crate) unsafe fn comm_destroy(hccl: &Hccl, comm: HcclComm) -> Result<()> {
-    let f = op_fn(&hccl.HcclCommDestroy, "HcclCommDestroy")?;
-    // SAFETY: this function's contract.
-    check(hccl, "HcclCommDestroy", unsafe { f(comm) })
+/// The HCCL calls whose only result is their status: each `unsafe fn $name(hccl, args)` finds
+/// `$call` in `hccl` and checks what it returns for the arguments listed after it.
+macro_rules! status_calls {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $call:ident($($pass:expr),* $(,)?);
+    )*) => {$(
+        $(#[$doc])*
+        pub(crate) unsafe fn $name(hccl: &Hccl, $($arg: $ty),*) -> Result<()> {
+            let f = op_fn(&hccl.$call, stringify!($call))?;
+            // SAFETY: the caller keeps this function's contract (its `# Safety`), which is the
+            // call's.
+            check(hccl, stringify!($call), unsafe { f($($pass),*) })
+        }
+    )*};
 }
 
-/// `HcclAllReduce` in place of `count` elements at `buf` on `stream`.
-///
-/// # Safety
-/// `buf` addresses `count` contiguous elements of `dtype` in device memory that stays allocated
-/// until the collective has run on `stream`; `comm` and `stream` are live on the bound device.
-pub(crate) unsafe fn all_reduce(
-    hccl: &Hccl,
-    buf: *mut c_void,
-    count: u64,
-    dtype: HcclDataType,
-    op: HcclReduceOp,
-    comm: HcclComm,
-    stream: aclrtStream,
-) -> Result<()> {
-    let f = op_fn(&hccl.HcclAllReduce, "HcclAllReduce")?;
-    // SAFETY: in place (send = recv, which HCCL supports) over memory this function's contract
-    // keeps valid until the collective has run.
-    check(hccl, "HcclAllReduce", unsafe { f(buf, buf, count, dtype, op, comm, stream) })
-}
+status_calls! {
+    /// `HcclCommDestroy`.
+    ///
+    /// # Safety
+    /// `comm` is a live communicator whose collectives have finished, never used afterwards.
+    fn comm_destroy(comm: HcclComm) => HcclCommDestroy(comm);
 
-/// `HcclAllGather` of `count` elements from `src` into `dst` (ranks × `count`) on `stream`.
-///
-/// # Safety
-/// `src` holds `count` and `dst` ranks × `count` contiguous elements of `dtype` in device memory
-/// that stays allocated until the collective has run on `stream`; `comm` and `stream` are live on
-/// the bound device.
-pub(crate) unsafe fn all_gather(
-    hccl: &Hccl,
-    src: *mut c_void,
-    dst: *mut c_void,
-    count: u64,
-    dtype: HcclDataType,
-    comm: HcclComm,
-    stream: aclrtStream,
-) -> Result<()> {
-    let f = op_fn(&hccl.HcclAllGather, "HcclAllGather")?;
-    // SAFETY: this function's contract.
-    check(hccl, "HcclAllGather", unsafe { f(src, dst, count, dtype, comm, stream) })
-}
+    /// `HcclAllReduce` in place (send = receive, which HCCL supports) of `count` elements at `buf`
+    /// on `stream`.
+    ///
+    /// # Safety
+    /// `buf` addresses `count` contiguous elements of `dtype` in device memory that stays allocated
+    /// until the collective has run on `stream`; `comm` and `stream` are live on the bound device.
+    fn all_reduce(
+        buf: *mut c_void, count: u64, dtype: HcclDataType, op: HcclReduceOp, comm: HcclComm, stream: aclrtStream,
+    ) => HcclAllReduce(buf, buf, count, dtype, op, comm, stream);
 
-/// `HcclBroadcast` of `count` elements at `buf` from rank `root` on `stream`.
-///
-/// # Safety
-/// As [`all_reduce`]; `root` is below the communicator's size.
-pub(crate) unsafe fn broadcast(
-    hccl: &Hccl,
-    buf: *mut c_void,
-    count: u64,
-    dtype: HcclDataType,
-    root: u32,
-    comm: HcclComm,
-    stream: aclrtStream,
-) -> Result<()> {
-    let f = op_fn(&hccl.HcclBroadcast, "HcclBroadcast")?;
-    // SAFETY: this function's contract.
-    check(hccl, "HcclBroadcast", unsafe { f(buf, count, dtype, root, comm, stream) })
+    /// `HcclAllGather` of `count` elements from `src` into `dst` (ranks × `count`) on `stream`.
+    ///
+    /// # Safety
+    /// `src` holds `count` and `dst` ranks × `count` contiguous elements of `dtype` in device memory
+    /// that stays allocated until the collective has run on `stream`; `comm` and `stream` are live on
+    /// the bound device.
+    fn all_gather(
+        src: *mut c_void, dst: *mut c_void, count: u64, dtype: HcclDataType, comm: HcclComm, stream: aclrtStream,
+    ) => HcclAllGather(src, dst, count, dtype, comm, stream);
+
+    /// `HcclBroadcast` of `count` elements at `buf` from rank `root` on `stream`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`]; `root` is below the communicator's size.
+    fn broadcast(
+        buf: *mut c_void, count: u64, dtype: HcclDataType, root: u32, comm: HcclComm, stream: aclrtStream,
+    ) => HcclBroadcast(buf, count, dtype, root, comm, stream);
 }
