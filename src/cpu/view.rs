@@ -70,27 +70,52 @@ pub struct View<'a> {
     geom: Geometry<'a>,
 }
 
+/// What [`View`] and [`ViewMut`] share: their constructors over `&'a [T]` or `&'a mut [T]` (the
+/// storage wrapped by `$slice`, a host tensor's by `$host`), their dtype and their layout.
+macro_rules! view_common {
+    ($view:ident, $slice:ident, $host:ident, $($mutability:tt)?) => {
+        impl<'a> $view<'a> {
+            /// A row-major contiguous view of `data` with `shape`.
+            pub fn new<T: Element>(data: &'a $($mutability)? [T], shape: &'a [usize]) -> Self {
+                $view { data: T::$slice(data), geom: Geometry::contiguous(shape) }
+            }
+
+            /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
+            /// Bounds are checked when the view is used.
+            pub fn strided<T: Element>(
+                data: &'a $($mutability)? [T],
+                shape: &'a [usize],
+                strides: &'a [usize],
+                offset: usize,
+            ) -> Self {
+                $view { data: T::$slice(data), geom: Geometry::strided(shape, strides, offset) }
+            }
+
+            pub(crate) fn from_host(
+                h: &'a $($mutability)? HostData,
+                shape: &'a [usize],
+                strides: &'a [usize],
+                offset: usize,
+            ) -> Self {
+                $view { data: h.$host(), geom: Geometry::strided(shape, strides, offset) }
+            }
+
+            /// The element type.
+            pub fn dtype(&self) -> DType {
+                self.data.dtype()
+            }
+
+            pub(crate) fn layout(&self) -> Layout<'_> {
+                self.geom.layout(self.dtype(), self.data.len())
+            }
+        }
+    };
+}
+
+view_common!(View, slice_ref, as_slice_ref,);
+view_common!(ViewMut, slice_mut, as_slice_mut, mut);
+
 impl<'a> View<'a> {
-    /// A row-major contiguous view of `data` with `shape`.
-    pub fn new<T: Element>(data: &'a [T], shape: &'a [usize]) -> Self {
-        View { data: T::slice_ref(data), geom: Geometry::contiguous(shape) }
-    }
-
-    /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
-    /// Bounds are checked when the view is used.
-    pub fn strided<T: Element>(data: &'a [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        View { data: T::slice_ref(data), geom: Geometry::strided(shape, strides, offset) }
-    }
-
-    pub(crate) fn from_host(h: &'a HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        View { data: h.as_slice_ref(), geom: Geometry::strided(shape, strides, offset) }
-    }
-
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.data.dtype()
-    }
-
     /// The view's shape.
     pub fn shape(&self) -> &[usize] {
         self.geom.shape
@@ -104,10 +129,6 @@ impl<'a> View<'a> {
     /// The view's offset into its storage, in elements.
     pub(crate) fn offset(&self) -> usize {
         self.geom.offset
-    }
-
-    pub(crate) fn layout(&self) -> Layout<'_> {
-        self.geom.layout(self.dtype(), self.data.len())
     }
 
     /// The whole storage the view lies in (index it with the view's strides and offset).
@@ -154,29 +175,6 @@ pub struct ViewMut<'a> {
 }
 
 impl<'a> ViewMut<'a> {
-    /// A row-major contiguous view of `data` with `shape`.
-    pub fn new<T: Element>(data: &'a mut [T], shape: &'a [usize]) -> Self {
-        ViewMut { data: T::slice_mut(data), geom: Geometry::contiguous(shape) }
-    }
-
-    /// A strided view: element `(i0, ...)` is `data[offset + Σ i_k·strides[k]]`.
-    pub fn strided<T: Element>(data: &'a mut [T], shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        ViewMut { data: T::slice_mut(data), geom: Geometry::strided(shape, strides, offset) }
-    }
-
-    pub(crate) fn from_host(h: &'a mut HostData, shape: &'a [usize], strides: &'a [usize], offset: usize) -> Self {
-        ViewMut { data: h.as_slice_mut(), geom: Geometry::strided(shape, strides, offset) }
-    }
-
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.data.dtype()
-    }
-
-    pub(crate) fn layout(&self) -> Layout<'_> {
-        self.geom.layout(self.dtype(), self.data.len())
-    }
-
     /// The whole storage the view lies in (index it with the view's strides and offset).
     pub(crate) fn into_storage(self) -> SliceMut<'a> {
         self.data
