@@ -6,16 +6,14 @@
 //! ASCEND_BACKEND=cpu cargo run --example batch_norm_reduce_backward
 //! ```
 
+mod common;
+
 use ascend::ops::{batch_norm_reduce_backward, OutputMask};
 use ascend::{Context, Tensor};
 
-/// Runs the example; errors are printed in their `Display` form (which lists, e.g., every path
-/// tried for a missing CANN) and the process exits with status 1.
+/// Runs the example, exiting with status 1 on an error ([`common::main`]).
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    common::main(run);
 }
 
 fn run() -> ascend::Result<()> {

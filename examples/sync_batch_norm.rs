@@ -33,6 +33,8 @@
 //! bytes) and give each process its global rank; the device is `ASCEND_DEVICE` (default: the
 //! rank modulo 8).
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -101,13 +103,9 @@ fn rank_step(comm: &Communicator, s: &Stream, n_ranks: usize) -> Result<(f64, f6
     Ok((err(&y, &ry[rows.clone()]).max(err(&dx, &rdx[rows])), ms))
 }
 
-/// Runs the example; errors are printed in their `Display` form (which lists, e.g., every path
-/// tried for a missing CANN) and the process exits with status 1.
+/// Runs the example, exiting with status 1 on an error ([`common::main`]).
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    common::main(run);
 }
 
 fn run() -> Result<()> {

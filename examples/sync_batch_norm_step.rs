@@ -9,6 +9,8 @@
 //! cargo run --example sync_batch_norm_step
 //! ```
 
+mod common;
+
 use ascend::ops::{batch_norm_reduce_backward, OutputMask};
 use ascend::{Context, Stream, Tensor};
 
@@ -49,13 +51,9 @@ fn local_reduce(
     Ok([get(out.sum_dy)?, get(out.sum_dy_xmu)?])
 }
 
-/// Runs the example; errors are printed in their `Display` form (which lists, e.g., every path
-/// tried for a missing CANN) and the process exits with status 1.
+/// Runs the example, exiting with status 1 on an error ([`common::main`]).
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    common::main(run);
 }
 
 fn run() -> ascend::Result<()> {
