@@ -205,6 +205,23 @@ pub(crate) fn run_checked<'a, O: Operator<'a>>(stream: &Stream, op: O, plan: O::
     }
 }
 
+/// The allocating entry of an operator whose one output has the shape and dtype of its input
+/// `$like`: `$op`'s input rules (its `check_inputs`, which returns the plan) and every input's
+/// stream first, so that a rejected call allocates nothing; then the output, and the call run
+/// into it. Evaluates to `Ok(output)`; an error returns from the entry. (A macro, not a function:
+/// the output is borrowed for the operator's lifetime, which a function's own local cannot be.)
+macro_rules! run_into_new_like {
+    ($stream:ident, $op:expr, $like:expr) => {{
+        let op = $op;
+        let plan = op.check_inputs()?;
+        $crate::ops::operator::check_streams($stream, op.inputs())?;
+        let mut output = $crate::tensor::Tensor::alloc($stream, $like.dtype(), $like.shape(), false)?;
+        $crate::ops::operator::run_checked($stream, op, plan, [&mut output])?;
+        Ok(output)
+    }};
+}
+pub(crate) use run_into_new_like;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ pub(in crate::ops) mod cpu;
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::operator::{check_streams, run_into_new_like, Arg, Handles, Operator};
 use super::prepared::{entry_points, Prepared};
 use super::validate;
 use crate::error::{Error, Result};
@@ -76,12 +76,7 @@ entry_points! {
         invstd: &Tensor,
         eps: f64,
     ) -> Result<Tensor> {
-        let op = Args { input, weight, bias, mean, invstd, eps };
-        let empty = op.check_inputs()?;
-        check_streams(stream, op.inputs())?;
-        let mut output = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
-        run_checked(stream, op, empty, [&mut output])?;
-        Ok(output)
+        run_into_new_like!(stream, Args { input, weight, bias, mean, invstd, eps }, input)
     }
 
     /// [`batch_norm_elemt`] into the caller-owned `output` (same shape and dtype as `input`, any

@@ -8,7 +8,7 @@ mod cpu;
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::launch::Phase2;
-use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
+use super::operator::{check_streams, run_into_new_like, Arg, Handles, Operator};
 use super::prepared::{entry_points, Prepared};
 use super::validate;
 use crate::dtype::DType;
@@ -69,12 +69,7 @@ entry_points! {
         sum_dy_xmu: &Tensor,
         counter: &Tensor,
     ) -> Result<Tensor> {
-        let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-        let empty = op.check_inputs()?;
-        check_streams(stream, op.inputs())?;
-        let mut grad_input = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
-        run_checked(stream, op, empty, [&mut grad_input])?;
-        Ok(grad_input)
+        run_into_new_like!(stream, Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter }, input)
     }
 
     /// [`batch_norm_elemt_backward`] into the caller-owned `grad_input` (input's shape, any of
