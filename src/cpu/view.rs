@@ -70,51 +70,6 @@ pub struct View<'a> {
     geom: Geometry<'a>,
 }
 
-/// What [`View`] and [`ViewMut`] share: their constructors over `&'a [T]` or `&'a mut [T]` (the
-/// storage wrapped by `$slice`, a host tensor's by `$host`), their dtype and their layout.
-macro_rules! view_common {
-    ($view:ident, $slice:ident, $host:ident, $($mutability:tt)?) => {
-        impl<'a> $view<'a> {
-            /// A row-major contiguous view of `data` with `shape`.
-            pub fn new<T: Element>(data: &'a $($mutability)? [T], shape: &'a [usize]) -> Self {
-                $view { data: T::$slice(data), geom: Geometry::contiguous(shape) }
-            }
-
-            /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
-            /// Bounds are checked when the view is used.
-            pub fn strided<T: Element>(
-                data: &'a $($mutability)? [T],
-                shape: &'a [usize],
-                strides: &'a [usize],
-                offset: usize,
-            ) -> Self {
-                $view { data: T::$slice(data), geom: Geometry::strided(shape, strides, offset) }
-            }
-
-            pub(crate) fn from_host(
-                h: &'a $($mutability)? HostData,
-                shape: &'a [usize],
-                strides: &'a [usize],
-                offset: usize,
-            ) -> Self {
-                $view { data: h.$host(), geom: Geometry::strided(shape, strides, offset) }
-            }
-
-            /// The element type.
-            pub fn dtype(&self) -> DType {
-                self.data.dtype()
-            }
-
-            pub(crate) fn layout(&self) -> Layout<'_> {
-                self.geom.layout(self.dtype(), self.data.len())
-            }
-        }
-    };
-}
-
-view_common!(View, slice_ref, as_slice_ref,);
-view_common!(ViewMut, slice_mut, as_slice_mut, mut);
-
 impl<'a> View<'a> {
     /// The view's shape.
     pub fn shape(&self) -> &[usize] {
@@ -173,6 +128,51 @@ pub struct ViewMut<'a> {
     data: SliceMut<'a>,
     geom: Geometry<'a>,
 }
+
+/// What [`View`] and [`ViewMut`] share: their constructors over `&'a [T]` or `&'a mut [T]` (the
+/// storage wrapped by `$slice`, a host tensor's by `$host`), their dtype and their layout.
+macro_rules! view_common {
+    ($view:ident, $slice:ident, $host:ident, $($mutability:tt)?) => {
+        impl<'a> $view<'a> {
+            /// A row-major contiguous view of `data` with `shape`.
+            pub fn new<T: Element>(data: &'a $($mutability)? [T], shape: &'a [usize]) -> Self {
+                $view { data: T::$slice(data), geom: Geometry::contiguous(shape) }
+            }
+
+            /// A strided view: element `(i0, i1, ...)` is `data[offset + Σ i_k·strides[k]]`.
+            /// Bounds are checked when the view is used.
+            pub fn strided<T: Element>(
+                data: &'a $($mutability)? [T],
+                shape: &'a [usize],
+                strides: &'a [usize],
+                offset: usize,
+            ) -> Self {
+                $view { data: T::$slice(data), geom: Geometry::strided(shape, strides, offset) }
+            }
+
+            pub(crate) fn from_host(
+                h: &'a $($mutability)? HostData,
+                shape: &'a [usize],
+                strides: &'a [usize],
+                offset: usize,
+            ) -> Self {
+                $view { data: h.$host(), geom: Geometry::strided(shape, strides, offset) }
+            }
+
+            /// The element type.
+            pub fn dtype(&self) -> DType {
+                self.data.dtype()
+            }
+
+            pub(crate) fn layout(&self) -> Layout<'_> {
+                self.geom.layout(self.dtype(), self.data.len())
+            }
+        }
+    };
+}
+
+view_common!(View, slice_ref, as_slice_ref,);
+view_common!(ViewMut, slice_mut, as_slice_mut, mut);
 
 impl<'a> ViewMut<'a> {
     /// The whole storage the view lies in (index it with the view's strides and offset).
