@@ -93,15 +93,7 @@ impl Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        let opt = |d: &Option<Data>| d.as_ref().map(|d| d.tensor(s)).transpose();
-        Ok(Up {
-            x: self.x.tensor(s)?,
-            weight: opt(&self.weight)?,
-            bias: opt(&self.bias)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            eps: self.eps,
-        })
+        uploaded!(self, s => Up { x, mean, invstd; optional: weight, bias; copied: eps })
     }
 }
 

@@ -115,16 +115,7 @@ impl Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        Ok(Up {
-            dy: self.dy.tensor(s)?,
-            x: self.x.tensor(s)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            weight: self.weight.as_ref().map(|w| w.tensor(s)).transpose()?,
-            sum_dy: self.sum_dy.tensor(s)?,
-            sum_dy_xmu: self.sum_dy_xmu.tensor(s)?,
-            counter: self.counter.tensor(s)?,
-        })
+        uploaded!(self, s => Up { dy, x, mean, invstd, sum_dy, sum_dy_xmu, counter; optional: weight })
     }
 }
 

@@ -100,14 +100,7 @@ impl Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        Ok(Up {
-            input: self.input.tensor(s)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            counts: self.counts.tensor(s)?,
-            running_mean: self.running_mean.tensor(s)?,
-            running_var: self.running_var.tensor(s)?,
-        })
+        uploaded!(self, s => Up { input, mean, invstd, counts, running_mean, running_var })
     }
 }
 
@@ -252,29 +245,24 @@ fn check_all(s: &Stream, what: &str, case: &Case, up: &Up, outs: (&Tensor, &Tens
 /// biased variance 2, unbiased 2.5.
 fn two_ranks_exact(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let input = Tensor::zeros(&s, DType::F32, &[1, 1])?;
-    let mean = Tensor::from_slice(&s, &[2f32, 4.5], &[2, 1])?;
-    let inv = |v: f64| (1.0 / v.sqrt()) as f32;
-    let invstd = Tensor::from_slice(&s, &[inv(2.0 / 3.0), inv(0.25)], &[2, 1])?;
-    let counts = Tensor::from_slice(&s, &[3f32, 2.], &[2])?;
-    let mut rm = Tensor::from_slice(&s, &[1f32], &[1])?;
-    let mut rv = Tensor::from_slice(&s, &[1f32], &[1])?;
-    let (m, i) = batch_norm_gather_stats_with_counts(
-        &s,
-        &input,
-        &mean,
-        &invstd,
-        Some(&mut rm),
-        Some(&mut rv),
-        0.5,
-        0.0,
-        &counts,
-    )?;
+    let inv = |v: f64| f64::from((1.0 / v.sqrt()) as f32);
+    let case = Case {
+        input: Data::filled(DType::F32, &[1, 1], 0.0),
+        mean: Data::new(DType::F32, &[2.0, 4.5], &[2, 1]),
+        invstd: Data::new(DType::F32, &[inv(2.0 / 3.0), inv(0.25)], &[2, 1]),
+        counts: Data::new(DType::F32, &[3.0, 2.0], &[2]),
+        running_mean: Data::filled(DType::F32, &[1], 1.0),
+        running_var: Data::filled(DType::F32, &[1], 1.0),
+        momentum: 0.5,
+        eps: 0.0,
+    };
+    let mut up = case.upload(&s)?;
+    let (m, i) = up.run(&s, &case, true)?;
     let close = |got: f32, want: f64| assert!(ulps(got, want as f32) <= 4, "{got} vs {want}");
     close(m.to_vec::<f32>(&s)?[0], 3.0);
     close(i.to_vec::<f32>(&s)?[0], 1.0 / 2f64.sqrt());
-    close(rm.to_vec::<f32>(&s)?[0], 0.5 + 1.5);
-    close(rv.to_vec::<f32>(&s)?[0], 0.5 + 1.25);
+    close(up.running_mean.to_vec::<f32>(&s)?[0], 0.5 + 1.5);
+    close(up.running_var.to_vec::<f32>(&s)?[0], 0.5 + 1.25);
     Ok(())
 }
 

@@ -249,3 +249,22 @@ pub fn expect_invalid<T: std::fmt::Debug>(what: &str, r: Result<T>, argument: &s
         other => panic!("{what}: expected InvalidArgument 161002 naming `{argument}`, got {other:?}"),
     }
 }
+
+/// `uploaded!(case, s => Up { x, mean; optional: weight; copied: eps })`: `Ok(Up { .. })` with
+/// each listed field of `case` on stream `s`: a [`Data`] as its tensor, an optional one (after
+/// `optional:`) as an optional tensor, a scalar (after `copied:`) as it is; `?` on each upload.
+macro_rules! uploaded {
+    ($case:expr, $s:expr => $up:ident {
+        $($t:ident),* $(,)?
+        $(; optional: $($o:ident),+)?
+        $(; copied: $($c:ident),+)?
+    }) => {{
+        let (case, s) = ($case, $s);
+        Ok($up {
+            $($t: case.$t.tensor(s)?,)*
+            $($($o: case.$o.as_ref().map(|d| d.tensor(s)).transpose()?,)+)?
+            $($($c: case.$c,)+)?
+        })
+    }};
+}
+pub(crate) use uploaded;

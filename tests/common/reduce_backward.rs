@@ -8,7 +8,7 @@ use ascend::ops::{
 };
 use ascend::{DType, Result, Stream, Tensor};
 
-use super::data::{for_each_index, read, Data};
+use super::data::{for_each_index, read, uploaded, Data};
 use super::rng::Rng;
 use super::tolerance::assert_close;
 
@@ -230,13 +230,7 @@ impl Inputs {
     }
 
     pub fn upload(&self, s: &Stream) -> Result<Up> {
-        Ok(Up {
-            dy: self.dy.tensor(s)?,
-            x: self.x.tensor(s)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            weight: self.weight.as_ref().map(|w| w.tensor(s)).transpose()?,
-        })
+        uploaded!(self, s => Up { dy, x, mean, invstd; optional: weight })
     }
 }
 
