@@ -146,20 +146,16 @@ fn strided_outputs(ctx: &Context) -> R {
 /// whatever invstd/weight are; values close in that dtype.
 fn allocating_output_dtype_rule(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let mut seed = 300;
-    for dt in DTYPES {
-        for sdt in DTYPES {
-            seed += 1;
-            let mut inputs = Inputs::normal(seed, dt, sdt, &[2, 3, 4]);
-            // invstd and weight in yet another dtype: they do not pick the output dtype.
-            let other = DTYPES[(seed as usize) % 3];
-            inputs.invstd = inputs.invstd.cast(other);
-            inputs.weight = inputs.weight.map(|w| w.cast(DTYPES[(seed as usize + 1) % 3]));
-            let want = if dt == DType::F16 && sdt == DType::F16 { DType::F16 } else { DType::F32 };
-            assert_eq!(inputs.out_dtype(), want);
-            let out = inputs.upload(&s)?.run(&s, OutputMask::ALL)?;
-            check_result(&s, &out, OutputMask::ALL, want, &inputs.expected());
-        }
+    for (seed, [dt, sdt]) in (301..).zip(dtype_tuples()) {
+        let mut inputs = Inputs::normal(seed, dt, sdt, &[2, 3, 4]);
+        // invstd and weight in yet another dtype: they do not pick the output dtype.
+        let other = DTYPES[(seed as usize) % 3];
+        inputs.invstd = inputs.invstd.cast(other);
+        inputs.weight = inputs.weight.map(|w| w.cast(DTYPES[(seed as usize + 1) % 3]));
+        let want = if dt == DType::F16 && sdt == DType::F16 { DType::F16 } else { DType::F32 };
+        assert_eq!(inputs.out_dtype(), want, "{dt}/{sdt}");
+        let out = inputs.upload(&s)?.run(&s, OutputMask::ALL)?;
+        check_result(&s, &out, OutputMask::ALL, want, &inputs.expected());
     }
     Ok(())
 }
