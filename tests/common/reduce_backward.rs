@@ -308,6 +308,21 @@ impl Outs {
         }
     }
 
+    /// `_into` of `up` with `mask` into these outputs (all four given, `mask` or not), then
+    /// [`Outs::check`] against `exp`.
+    pub fn check_run_into(&mut self, s: &Stream, up: &Up, mask: OutputMask, exp: &Expected) -> Result<()> {
+        up.run_into(s, mask, self.all())?;
+        self.check(s, mask, exp);
+        Ok(())
+    }
+
+    /// [`Outs::check_run_into`] with only the outputs `mask` turns on given.
+    pub fn check_run_into_masked(&mut self, s: &Stream, up: &Up, mask: OutputMask, exp: &Expected) -> Result<()> {
+        up.run_into(s, mask, self.masked(mask))?;
+        self.check(s, mask, exp);
+        Ok(())
+    }
+
     /// The enabled outputs hold the expected values, the others what they held before.
     pub fn check(&self, s: &Stream, mask: OutputMask, exp: &Expected) {
         for (i, on) in enabled(mask).into_iter().enumerate() {
