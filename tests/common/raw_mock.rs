@@ -215,6 +215,15 @@ impl Mock {
         recent_error(self.c)
     }
 
+    /// Asserts that the thread's aclGetRecentErrMsg (consumed) contains every needle.
+    #[track_caller]
+    pub fn expect_err(&self, needles: &[&str]) {
+        let msg = self.err();
+        for needle in needles {
+            assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+        }
+    }
+
     pub fn stream(&self) -> aclrtStream {
         let mut s = ptr::null_mut();
         // SAFETY: `s` is a valid out-pointer.

@@ -28,9 +28,14 @@ fn skip_launch(m: &Mock, case: &mut Case, args: &Args, s: aclrtStream) -> *mut c
     ws
 }
 
-/// At the end of a poison test: every object released, all poison gone, `violations` new ones.
+/// The end of a poison test: releases `cases`, frees `buffers` and destroys `s` (each must
+/// succeed), then expects every object released, all poison gone, `violations` new ones.
 #[track_caller]
-fn expect_clean_end(m: &Mock, violations: u64) {
+fn finish(m: &Mock, cases: impl IntoIterator<Item = Case>, buffers: &[*mut c_void], s: aclrtStream, violations: u64) {
+    for case in cases {
+        case.release(m);
+    }
+    m.finish(buffers, &[s], violations);
     let after = mock::stats();
     let want = MockStats {
         device_mallocs: after.device_mallocs,
@@ -49,13 +54,10 @@ fn poison_skipped_kernel_outputs_fail_to_read_until_rewritten() {
     let mut case = ut_case(&m, F32);
     let args = case.args();
     let ws = skip_launch(&m, &mut case, &args, s);
-    let msg = m.err();
-    for needle in [
+    m.expect_err(&[
         "aclrtSynchronizeStream failed. ERROR: 507015",
         "(aclnnBatchNormReduceBackward) was skipped: the device memory of input [",
-    ] {
-        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
-    }
+    ]);
     m.expect_violations(2, "was freed before the task ran");
     assert_eq!(m.poisoned_bytes(), 4 * 12 + 32, "four outputs of three f32, and the 32-byte workspace");
     for (slot, name) in [(5, "sumDy"), (6, "sumDyXmu"), (7, "gradWeight"), (8, "gradBias")] {
@@ -100,9 +102,7 @@ fn poison_skipped_kernel_outputs_fail_to_read_until_rewritten() {
     assert_eq!(m.d2h(fresh, 12), [mock::GARBAGE_BYTE; 12]);
     assert_eq!(m.free(fresh), 0);
     m.expect_violations(2, "");
-    case.release(&m);
-    assert_eq!(m.destroy_stream(s), 0);
-    expect_clean_end(&m, 2);
+    finish(&m, [case], &[], s, 2);
 }
 
 #[test]
@@ -123,15 +123,12 @@ fn poison_propagates_through_kernels_and_async_copies() {
     let ws_b = m.malloc(size as usize);
     assert_eq!(m.launch(ws_b, size, ex, s), 0);
     assert_eq!(m.sync(s), 507015);
-    let msg = m.err();
-    for needle in [
+    m.expect_err(&[
         "aclrtSynchronizeStream failed. ERROR: 507015",
         "(aclnnBatchNormReduceBackward) was skipped: mean [",
         "holds bytes that were never written",
         "they are bytes of sumDy that task #",
-    ] {
-        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
-    }
+    ]);
     m.expect_violations(2, "");
     // ...and poisons what it should have written, naming the chain back to A
     assert_eq!(m.poisoned_bytes(), 48 + 48 + 32);
@@ -155,14 +152,11 @@ fn poison_propagates_through_kernels_and_async_copies() {
         assert_eq!(m.c.acl.aclrtMemcpyAsync(host.as_mut_ptr().cast(), 12, a.devs[8].mem, 12, D2H, s), 0);
     }
     assert_eq!(m.sync(s), 507053);
-    let msg = m.err();
-    for needle in [
+    m.expect_err(&[
         "aclrtSynchronizeStream failed. ERROR: 507053",
         "(aclrtMemcpyAsync) was skipped: the copy's source [",
         "they are bytes of gradBias that task #",
-    ] {
-        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
-    }
+    ]);
     assert_eq!(host, [0x11u8; 12], "the skipped copy wrote nothing");
     assert_eq!(m.poisoned_bytes(), 96 + 12);
     m.expect_poisoned(
@@ -201,14 +195,7 @@ fn poison_propagates_through_kernels_and_async_copies() {
     m.expect_ok(&reference.args());
     assert_eq!(b.outputs(&m), reference.outputs(&m));
     m.expect_violations(2, "");
-    for p in [dst, clean] {
-        assert_eq!(m.free(p), 0);
-    }
-    for c in [a, b, reference] {
-        c.release(&m);
-    }
-    assert_eq!(m.destroy_stream(s), 0);
-    expect_clean_end(&m, 2);
+    finish(&m, [a, b, reference], &[dst, clean], s, 2);
 }
 
 #[test]
@@ -260,12 +247,7 @@ fn poison_covers_exactly_the_elements_of_strided_views() {
     for t in [even, odd] {
         assert_eq!(m.destroy_tensor(t), 0);
     }
-    assert_eq!(m.free(shared), 0);
-    for case in [a, b, c] {
-        case.release(&m);
-    }
-    assert_eq!(m.destroy_stream(s), 0);
-    expect_clean_end(&m, 2);
+    finish(&m, [a, b, c], &[shared], s, 2);
 }
 
 // ---------------------------------------------------------------------------------------------
