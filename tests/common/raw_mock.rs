@@ -93,6 +93,13 @@ impl Mock {
         m
     }
 
+    /// [`Mock::new`] and a stream of its own (the test destroys it).
+    pub fn with_stream() -> (Mock, aclrtStream) {
+        let m = Mock::new();
+        let s = m.stream();
+        (m, s)
+    }
+
     /// A session inside `common::mock::isolated` (which holds the lock, made a context and so
     /// initialised ACL, and checks for leaks afterwards): binds device 0 on this thread.
     pub fn in_isolated() -> Mock {

@@ -107,8 +107,7 @@ fn poison_skipped_kernel_outputs_fail_to_read_until_rewritten() {
 
 #[test]
 fn poison_propagates_through_kernels_and_async_copies() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let mut a = ut_case(&m, F32);
     let args_a = a.args();
     let ws_a = skip_launch(&m, &mut a, &args_a, s);
@@ -200,8 +199,7 @@ fn poison_propagates_through_kernels_and_async_copies() {
 
 #[test]
 fn poison_covers_exactly_the_elements_of_strided_views() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     // one allocation, two interleaved [3] views: even elements = sumDy of a kernel that is skipped
     let shared = m.upload(&encode(F32, &[0.0, 10.0, 0.0, 11.0, 0.0, 12.0]));
     let even = m.create_tensor(&Spec::strided(F32, &[3], &[2], 0, 6), shared);
@@ -351,8 +349,7 @@ fn hazard_detector_catches_an_unordered_pair_and_accepts_an_event_ordered_one() 
 /// each allocation, free, blocking copy and synchronise.
 #[test]
 fn pinned_host_memory_and_call_counters() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let c = m.c;
     let d = m.malloc(64);
     let before = mock::stats();
