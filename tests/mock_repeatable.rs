@@ -34,8 +34,8 @@ struct Session {
     c: &'static Cann,
 }
 
-/// aclnnBatchNormStats's arguments on the device: `x` (random, [N, C]) uploaded as input, mean
-/// and invstd ([C]) allocated.
+/// A call of aclnnBatchNormStats after phase 1: `x` (random, [N, C]) uploaded as input, mean and
+/// invstd ([C]) allocated; the workspace size and the executor phase 1 reported.
 struct StatsArgs {
     x: Vec<f32>,
     input_mem: *mut c_void,
@@ -44,6 +44,8 @@ struct StatsArgs {
     input: *mut aclTensor,
     mean: *mut aclTensor,
     invstd: *mut aclTensor,
+    size: u64,
+    exec: *mut aclOpExecutor,
 }
 
 impl Session {
@@ -61,7 +63,8 @@ impl Session {
         let (input_mem, mean_mem, invstd_mem) = (self.upload(&x), self.malloc(C * 4), self.malloc(C * 4));
         let input = self.tensor(&[N as i64, C as i64], input_mem);
         let (mean, invstd) = (self.tensor(&[C as i64], mean_mem), self.tensor(&[C as i64], invstd_mem));
-        StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd }
+        let (size, exec) = self.phase1(input, mean, invstd);
+        StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec }
     }
 
     fn new() -> Session {
@@ -366,8 +369,7 @@ fn violations_of(f: impl FnOnce()) -> Vec<String> {
 #[test]
 fn misuse_of_repeatable_executors_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(3);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(3);
     let ws = s.malloc(size as usize);
 
     // Rebinding a non-repeatable executor.
@@ -443,8 +445,7 @@ fn launch_counters_count_descriptors_and_phase1_calls() {
 #[test]
 fn a_repeatable_executor_on_two_streams_at_once_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(5);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(5);
     let ws = s.malloc(size as usize);
     let (mut a, mut b): (aclrtStream, aclrtStream) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid out-pointers; a live executor fresh from phase 1.
@@ -632,8 +633,7 @@ fn expect_rejected(s: &Session, exec: *mut aclOpExecutor, cases: &[(Rebind, &[&s
 #[test]
 fn a_rebind_at_the_wrong_index_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(30);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(30);
     s.repeatable(exec);
     // Memory the rejected rebinds point at: had one been applied, the launch would write there.
     let other = s.malloc(N * C * 4);
@@ -679,8 +679,7 @@ fn a_rebind_at_the_wrong_index_is_a_violation() {
 #[test]
 fn a_rebind_out_of_range_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(40);
-    let (_, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd, size: _, exec } = s.stats_args(40);
     s.repeatable(exec);
     expect_rejected(
         &s,
@@ -752,8 +751,7 @@ fn a_rebind_to_another_executors_tensor_is_a_violation() {
 #[test]
 fn destroying_a_repeatable_executor_with_a_queued_launch_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(60);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(60);
     s.repeatable(exec);
     let ws = s.workspace(size);
     let mut stream: aclrtStream = ptr::null_mut();
