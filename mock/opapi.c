@@ -181,8 +181,8 @@ aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, i
 aclnnStatus mock_check_rank_2_to_8(const mock_op *op, const mock_op_call *call, int i) {
     const ascend_mock_tensor *t = &call->t[i];
     if (t->rank < 2 || t->rank > 8) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of %s should be in [2, 8], but got %llu.", call->args[i].name,
-                            (unsigned long long)t->rank);
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of %s should be in [2, 8], but got %llu.",
+                            call->args[i].name, (unsigned long long)t->rank);
     }
     return ACLNN_SUCCESS;
 }
