@@ -98,10 +98,14 @@ impl Case {
         }
         e
     }
+}
 
-    fn upload(&self, s: &Stream) -> Result<Up> {
-        uploaded!(self, s => Up { input, mean, invstd, counts, running_mean, running_var })
-    }
+/// `$f` (the allocating, `_into` or prepare form) called on stream `$s` with the inputs of `$up`,
+/// the running statistics `$rm` and `$rv`, the scalars of `$case`, then the outputs if given.
+macro_rules! with_inputs {
+    ($f:ident($s:expr, $up:ident, $rm:expr, $rv:expr, $case:expr $(, $out:expr)*)) => {
+        $f($s, &$up.input, &$up.mean, &$up.invstd, $rm, $rv, $case.momentum, $case.eps, &$up.counts $(, $out)*)
+    };
 }
 
 struct Up {
@@ -116,33 +120,12 @@ struct Up {
 impl Up {
     fn run(&mut self, s: &Stream, case: &Case, running: bool) -> Result<(Tensor, Tensor)> {
         let (rm, rv) = if running { (Some(&mut self.running_mean), Some(&mut self.running_var)) } else { (None, None) };
-        batch_norm_gather_stats_with_counts(
-            s,
-            &self.input,
-            &self.mean,
-            &self.invstd,
-            rm,
-            rv,
-            case.momentum,
-            case.eps,
-            &self.counts,
-        )
+        with_inputs!(batch_norm_gather_stats_with_counts(s, self, rm, rv, case))
     }
 
     fn run_into(&mut self, s: &Stream, case: &Case, mean_all: &mut Tensor, invstd_all: &mut Tensor) -> R {
-        batch_norm_gather_stats_with_counts_into(
-            s,
-            &self.input,
-            &self.mean,
-            &self.invstd,
-            Some(&mut self.running_mean),
-            Some(&mut self.running_var),
-            case.momentum,
-            case.eps,
-            &self.counts,
-            mean_all,
-            invstd_all,
-        )
+        let (rm, rv) = (Some(&mut self.running_mean), Some(&mut self.running_var));
+        with_inputs!(batch_norm_gather_stats_with_counts_into(s, self, rm, rv, case, mean_all, invstd_all))
     }
 }
 
@@ -161,7 +144,7 @@ impl Framework for Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        Case::upload(self, s)
+        uploaded!(self, s => Up { input, mean, invstd, counts, running_mean, running_var })
     }
 
     fn run(&self, up: &mut Up, s: &Stream) -> Result<(Tensor, Tensor)> {
@@ -173,21 +156,8 @@ impl Framework for Case {
     }
 
     fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, (m, v): &'a mut (Tensor, Tensor)) -> Result<Prepared<'a>> {
-        let Up { input, mean, invstd, counts, running_mean, running_var } = up;
-        let (rm, rv) = (Some(running_mean), Some(running_var));
-        prepare_batch_norm_gather_stats_with_counts(
-            s,
-            input,
-            mean,
-            invstd,
-            rm,
-            rv,
-            self.momentum,
-            self.eps,
-            counts,
-            m,
-            v,
-        )
+        let (rm, rv) = (Some(&mut up.running_mean), Some(&mut up.running_var));
+        with_inputs!(prepare_batch_norm_gather_stats_with_counts(s, up, rm, rv, self, m, v))
     }
 
     fn check(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {
