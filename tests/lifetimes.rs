@@ -58,9 +58,7 @@ fn outs_and_baseline(ctx: &Context, s: &Stream) -> Result<(Outs, ascend::mock::M
 
 /// After a failure, the same call works and writes the right values.
 fn works_afterwards(s: &Stream, up: &Up, outs: &mut Outs, inp: &Inputs) -> Result<()> {
-    up.run_into(s, OutputMask::ALL, outs.all())?;
-    outs.check(s, OutputMask::ALL, &inp.expected());
-    Ok(())
+    outs.check_run_into(s, up, OutputMask::ALL, &inp.expected())
 }
 
 /// The result `a` of a run on `s1`, read through `s2`, and `b` of a run on `s2`, read through
