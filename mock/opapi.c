@@ -178,6 +178,41 @@ aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, i
     return ACLNN_SUCCESS;
 }
 
+aclnnStatus mock_check_rank_2_to_8(const mock_op *op, const mock_op_call *call, int i) {
+    const ascend_mock_tensor *t = &call->t[i];
+    if (t->rank < 2 || t->rank > 8) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of %s should be in [2, 8], but got %llu.",
+                            call->args[i].name, (unsigned long long)t->rank);
+    }
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus mock_check_channels(const mock_op *op, const mock_op_call *call, int i, int64_t *channels) {
+    const ascend_mock_tensor *t = &call->t[i];
+    char a[256];
+    *channels = t->dims[1];
+    if (*channels == 0) {
+        const char *name = call->args[i].name;
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                            "The channel size of %s (%s.shape[1]) should not be 0, but got shape %s.", name, name,
+                            mock_shape_text(t, a, sizeof a));
+    }
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus mock_check_per_channel(const mock_op *op, const mock_op_call *call, const int *which, size_t n,
+                                   int64_t channels) {
+    char a[256];
+    for (size_t k = 0; k < n; k++) {
+        const ascend_mock_tensor *v = &call->t[which[k]];
+        if (call->args[which[k]].used && (v->rank != 1 || v->dims[0] != channels)) {
+            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
+                                call->args[which[k]].name, (long long)channels, mock_shape_text(v, a, sizeof a));
+        }
+    }
+    return ACLNN_SUCCESS;
+}
+
 int mock_format_private(aclFormat f) {
     switch ((int)f) {
     case ACL_FORMAT_NC1HWC0:

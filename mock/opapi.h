@@ -96,6 +96,21 @@ int mock_dtype_float(aclDataType dt);         /* F32, F16 or BF16 */
 /* ops-nn's dtype check of every used tensor argument but `skip` (-1: none): F32, F16 or BF16, in
  * argument order. Returns 0 or mock_op_fail(...). */
 aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, int skip);
+/* ops-nn's shared shape rules, each returning 0 or mock_op_fail(...) with ops-nn's words:
+ * argument `i` has rank 2 to 8; argument `i`'s dim 1 (its channels, stored in *channels) is not 0;
+ * each used argument of `which` (n of them) is [channels]. */
+aclnnStatus mock_check_rank_2_to_8(const mock_op *op, const mock_op_call *call, int i);
+aclnnStatus mock_check_channels(const mock_op *op, const mock_op_call *call, int i, int64_t *channels);
+aclnnStatus mock_check_per_channel(const mock_op *op, const mock_op_call *call, const int *which, size_t n,
+                                   int64_t channels);
+/* In a check: returns the status of `step` (a call returning aclnnStatus) unless it is 0. */
+#define MOCK_TRY(step)                                                                                              \
+    do {                                                                                                            \
+        aclnnStatus mock_try_st_ = (step);                                                                          \
+        if (mock_try_st_) {                                                                                         \
+            return mock_try_st_;                                                                                    \
+        }                                                                                                           \
+    } while (0)
 int mock_format_private(aclFormat f);         /* NC1HWC0, FRACTAL_Z, ... */
 uint64_t mock_numel(const ascend_mock_tensor *t);
 /* Storage position of the linear-th element of the view (row-major order). */

@@ -43,6 +43,11 @@ fn isolated(f: impl FnOnce(&Context) -> Result<()>) {
     assert_eq!(after.live_host_allocations, before.live_host_allocations, "pinned memory left");
 }
 
+/// [`isolated`], on two streams of the context.
+fn on_two_streams(f: impl FnOnce(&Context, Stream, Stream) -> Result<()>) {
+    isolated(|ctx| f(ctx, ctx.new_stream()?, ctx.new_stream()?));
+}
+
 /// `n` values uniform in [-2, 2) from the tests' one generator.
 fn rng(seed: u64, n: usize) -> Vec<f32> {
     common::Rng::new(seed).vec_f32(n, -2.0, 2.0)
@@ -66,6 +71,13 @@ struct Dy {
 impl Dy {
     fn new(s: &Stream, data: &[f32], n: usize, c: usize) -> Result<Dy> {
         Ok(Dy { dy: Tensor::from_slice(s, data, &[n, c])?, zeros: Tensor::zeros(s, DType::F32, &[c])? })
+    }
+
+    /// `rng(seed, n·c)`, and those values as a `Dy` on `s`.
+    fn random(s: &Stream, seed: u64, n: usize, c: usize) -> Result<(Vec<f32>, Dy)> {
+        let data = rng(seed, n * c);
+        let dy = Dy::new(s, &data, n, c)?;
+        Ok((data, dy))
     }
 }
 
@@ -138,11 +150,9 @@ fn same_stream_reuse_is_immediate_and_waits_for_nothing() {
 /// would count a violation otherwise), and the results are right.
 #[test]
 fn drop_never_blocks_and_memory_outlives_queued_work() {
-    isolated(|ctx| {
-        let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
+    on_two_streams(|_, a, b| {
         let (n, c) = (32, 4);
-        let data = rng(7, n * c);
-        let dy = Dy::new(&a, &data, n, c)?;
+        let (data, dy) = Dy::random(&a, 7, n, c)?;
         let out_a = grad_bias(&a, &dy)?; // dy used on a
         let out_b = grad_bias(&b, &dy)?; // and on b, ordered after a by an event
         let before = stats();
@@ -151,8 +161,7 @@ fn drop_never_blocks_and_memory_outlives_queued_work() {
         assert_eq!((mallocs, frees, syncs, waits), (0, 0, 0, 0), "drop waits for nothing");
         assert!(ascend::mock::live_events_and_queued_tasks().1 > 0, "the work is still queued");
         // New allocations on either stream must not take dy's block while b still reads it.
-        let fill = rng(8, n * c);
-        let other = Dy::new(&b, &fill, n, c)?;
+        let (fill, other) = Dy::random(&b, 8, n, c)?;
         let again = grad_bias(&a, &other)?;
         assert_sums(&a, &out_a, &data, c)?;
         assert_sums(&b, &out_b, &data, c)?;
@@ -165,12 +174,10 @@ fn drop_never_blocks_and_memory_outlives_queued_work() {
 /// (B gets a new block), and is handed to B once A's event has completed (after A synchronised).
 #[test]
 fn cross_stream_reuse_waits_for_the_events() {
-    isolated(|ctx| {
-        let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
+    on_two_streams(|ctx, a, b| {
         let (n, c) = (8, 64);
-        let (da, db) = (rng(9, n * c), rng(10, n * c));
         // Inputs of their own per stream: nothing orders b after a.
-        let (dya, dyb) = (Dy::new(&a, &da, n, c)?, Dy::new(&b, &db, n, c)?);
+        let ((da, dya), (db, dyb)) = (Dy::random(&a, 9, n, c)?, Dy::random(&b, 10, n, c)?);
         drop(grad_bias(&b, &dyb)?); // b's workspace exists from here on
         b.synchronize()?;
         ctx.empty_cache()?;
@@ -204,8 +211,7 @@ fn memory_stats_report_the_cache_and_empty_cache_returns_it() {
     isolated(|ctx| {
         let s = ctx.new_stream()?;
         let (n, c) = (64, 16);
-        let data = rng(11, n * c);
-        let dy = Dy::new(&s, &data, n, c)?;
+        let (data, dy) = Dy::random(&s, 11, n, c)?;
         for _ in 0..10 {
             drop(grad_bias(&s, &dy)?);
         }
@@ -234,8 +240,7 @@ fn allocation_failure_returns_the_cache_and_retries_once() {
     isolated(|ctx| {
         let s = ctx.new_stream()?;
         let (n, c) = (16, 600); // [C] f32 = 2400 bytes: a 2560-byte class
-        let data = rng(12, n * c);
-        let dy = Dy::new(&s, &data, n, c)?;
+        let (data, dy) = Dy::random(&s, 12, n, c)?;
         drop(grad_bias(&s, &dy)?); // caches blocks of the 2560-byte class and a 512-byte one
         let cached = ctx.memory_stats();
         assert!(cached.reserved > cached.allocated);
@@ -283,8 +288,7 @@ fn caching_off_frees_after_the_work_and_never_waits() {
     let run = || -> Result<()> {
         let s = ctx.new_stream()?;
         let (n, c) = (8, 3);
-        let data = rng(13, n * c);
-        let dy = Dy::new(&s, &data, n, c)?;
+        let (data, dy) = Dy::random(&s, 13, n, c)?;
         let t = Tensor::zeros(&s, DType::F32, &[10, 3])?;
         let m = ctx.memory_stats();
         let exact = n * c * 4 + c * 4 + 120;
@@ -319,11 +323,9 @@ fn caching_off_frees_after_the_work_and_never_waits() {
 /// free and no host wait; values right at the end.
 #[test]
 fn steady_two_stream_step_allocates_nothing() {
-    isolated(|ctx| {
-        let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
+    on_two_streams(|_, a, b| {
         let (n, c) = (16, 8);
-        let data = rng(14, n * c);
-        let dy = Dy::new(&a, &data, n, c)?;
+        let (data, dy) = Dy::random(&a, 14, n, c)?;
         let step = || -> Result<(Tensor, Tensor)> {
             let x = grad_bias(&a, &dy)?;
             let y = grad_bias(&b, &dy)?;

@@ -4,9 +4,7 @@
 
 mod common;
 
-use ascend::ops::{
-    batch_norm_reduce_backward, OutputMask, PreparedReduceBackward, ReduceBackward, ReduceBackwardOut, Workspace,
-};
+use ascend::ops::{batch_norm_reduce_backward, OutputMask, PreparedReduceBackward, ReduceBackward, Workspace};
 use ascend::{bf16, f16, Backend, Context, DType, Error, Result, Stream, Tensor};
 use common::*;
 
@@ -111,30 +109,15 @@ fn context_and_streams(ctx: &Context) -> R {
 /// Compile-time properties of the public types (docs/DESIGN.md "Public API contract").
 #[test]
 fn static_properties() {
-    use common::traits::*;
-    clone_send_sync::<Context>();
-    send::<Stream>();
-    send_sync::<Tensor>();
-    send_sync::<ReduceBackward>();
-    send::<Workspace>();
-    copy::<OutputMask>();
-    copy::<DType>();
-    copy::<Backend>();
-    error::<Error>();
-    debug::<Context>();
-    debug::<Backend>();
-    debug::<Stream>();
-    debug::<Tensor>();
-    debug::<DType>();
-    debug::<Error>();
-    debug::<OutputMask>();
-    debug::<ReduceBackward>();
-    debug::<ReduceBackwardOut<'static>>();
-    debug::<PreparedReduceBackward<'static>>();
-    debug::<Workspace>();
-    debug::<ascend::cpu::View<'static>>();
-    debug::<ascend::cpu::ViewMut<'static>>();
-    debug::<ascend::cpu::Outputs<'static>>();
+    use ascend::cpu::{Outputs, View, ViewMut};
+    use common::traits::{probe, public_api_contract};
+    public_api_contract();
+    probe!(send_sync: ReduceBackward);
+    probe!(send: Workspace);
+    probe!(copy: DType, Backend);
+    probe!(error: Error);
+    probe!(debug: OutputMask, PreparedReduceBackward<'static>, Workspace);
+    probe!(debug: View<'static>, ViewMut<'static>, Outputs<'static>);
 
     // Stream is Send but deliberately not Sync (one thread enqueues at a time): this line would
     // not compile (ambiguous impl) if Stream were Sync.

@@ -93,15 +93,7 @@ impl Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        let opt = |d: &Option<Data>| d.as_ref().map(|d| d.tensor(s)).transpose();
-        Ok(Up {
-            x: self.x.tensor(s)?,
-            weight: opt(&self.weight)?,
-            bias: opt(&self.bias)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            eps: self.eps,
-        })
+        uploaded!(self, s => Up { x, mean, invstd; optional: weight, bias; copied: eps })
     }
 }
 
@@ -179,16 +171,11 @@ fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case
 /// mixed dtypes such as bf16 activations with f32 statistics (what torch passes) included.
 fn every_dtype_combination(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let mut seed = 0;
-    for xdt in DTYPES {
-        for sdt in DTYPES {
-            for wdt in [None, Some(DType::F32), Some(DType::F16), Some(DType::BF16)] {
-                seed += 1;
-                let case = Case::random(seed, &[2, 3, 5], xdt, sdt, wdt);
-                let out = case.upload(&s)?.run(&s)?;
-                check(ctx, &s, &format!("x {xdt}, stats {sdt}, weight/bias {wdt:?}"), &out, xdt, &case);
-            }
-        }
+    let weights = [None, Some(DType::F32), Some(DType::F16), Some(DType::BF16)];
+    for (seed, ([xdt, sdt], wdt)) in (1..).zip(product(dtype_tuples(), weights)) {
+        let case = Case::random(seed, &[2, 3, 5], xdt, sdt, wdt);
+        let out = case.upload(&s)?.run(&s)?;
+        check(ctx, &s, &format!("x {xdt}, stats {sdt}, weight/bias {wdt:?}"), &out, xdt, &case);
     }
     Ok(())
 }

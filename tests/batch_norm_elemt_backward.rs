@@ -115,16 +115,7 @@ impl Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        Ok(Up {
-            dy: self.dy.tensor(s)?,
-            x: self.x.tensor(s)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            weight: self.weight.as_ref().map(|w| w.tensor(s)).transpose()?,
-            sum_dy: self.sum_dy.tensor(s)?,
-            sum_dy_xmu: self.sum_dy_xmu.tensor(s)?,
-            counter: self.counter.tensor(s)?,
-        })
+        uploaded!(self, s => Up { dy, x, mean, invstd, sum_dy, sum_dy_xmu, counter; optional: weight })
     }
 }
 
@@ -211,18 +202,11 @@ fn check(ctx: &Context, s: &Stream, what: &str, out: &Tensor, dtype: DType, case
 /// on its own; the allocating result has input's dtype.
 fn every_dtype_combination(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let mut seed = 0;
-    for gdt in DTYPES {
-        for xdt in DTYPES {
-            for sdt in DTYPES {
-                for wdt in [None, Some(DType::F32), Some(DType::BF16)] {
-                    seed += 1;
-                    let case = Case::random(seed, &[2, 3, 4], gdt, xdt, sdt, wdt);
-                    let out = case.upload(&s)?.run(&s)?;
-                    check(ctx, &s, &format!("dy {gdt}, x {xdt}, stats {sdt}, weight {wdt:?}"), &out, xdt, &case);
-                }
-            }
-        }
+    let weights = [None, Some(DType::F32), Some(DType::BF16)];
+    for (seed, ([gdt, xdt, sdt], wdt)) in (1..).zip(product(dtype_tuples(), weights)) {
+        let case = Case::random(seed, &[2, 3, 4], gdt, xdt, sdt, wdt);
+        let out = case.upload(&s)?.run(&s)?;
+        check(ctx, &s, &format!("dy {gdt}, x {xdt}, stats {sdt}, weight {wdt:?}"), &out, xdt, &case);
     }
     Ok(())
 }

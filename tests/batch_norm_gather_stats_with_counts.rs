@@ -98,17 +98,14 @@ impl Case {
         }
         e
     }
+}
 
-    fn upload(&self, s: &Stream) -> Result<Up> {
-        Ok(Up {
-            input: self.input.tensor(s)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            counts: self.counts.tensor(s)?,
-            running_mean: self.running_mean.tensor(s)?,
-            running_var: self.running_var.tensor(s)?,
-        })
-    }
+/// `$f` (the allocating, `_into` or prepare form) called on stream `$s` with the inputs of `$up`,
+/// the running statistics `$rm` and `$rv`, the scalars of `$case`, then the outputs if given.
+macro_rules! with_inputs {
+    ($f:ident($s:expr, $up:ident, $rm:expr, $rv:expr, $case:expr $(, $out:expr)*)) => {
+        $f($s, &$up.input, &$up.mean, &$up.invstd, $rm, $rv, $case.momentum, $case.eps, &$up.counts $(, $out)*)
+    };
 }
 
 struct Up {
@@ -123,33 +120,12 @@ struct Up {
 impl Up {
     fn run(&mut self, s: &Stream, case: &Case, running: bool) -> Result<(Tensor, Tensor)> {
         let (rm, rv) = if running { (Some(&mut self.running_mean), Some(&mut self.running_var)) } else { (None, None) };
-        batch_norm_gather_stats_with_counts(
-            s,
-            &self.input,
-            &self.mean,
-            &self.invstd,
-            rm,
-            rv,
-            case.momentum,
-            case.eps,
-            &self.counts,
-        )
+        with_inputs!(batch_norm_gather_stats_with_counts(s, self, rm, rv, case))
     }
 
     fn run_into(&mut self, s: &Stream, case: &Case, mean_all: &mut Tensor, invstd_all: &mut Tensor) -> R {
-        batch_norm_gather_stats_with_counts_into(
-            s,
-            &self.input,
-            &self.mean,
-            &self.invstd,
-            Some(&mut self.running_mean),
-            Some(&mut self.running_var),
-            case.momentum,
-            case.eps,
-            &self.counts,
-            mean_all,
-            invstd_all,
-        )
+        let (rm, rv) = (Some(&mut self.running_mean), Some(&mut self.running_var));
+        with_inputs!(batch_norm_gather_stats_with_counts_into(s, self, rm, rv, case, mean_all, invstd_all))
     }
 }
 
@@ -168,7 +144,7 @@ impl Framework for Case {
     }
 
     fn upload(&self, s: &Stream) -> Result<Up> {
-        Case::upload(self, s)
+        uploaded!(self, s => Up { input, mean, invstd, counts, running_mean, running_var })
     }
 
     fn run(&self, up: &mut Up, s: &Stream) -> Result<(Tensor, Tensor)> {
@@ -180,21 +156,8 @@ impl Framework for Case {
     }
 
     fn prepare<'a>(&self, up: &'a mut Up, s: &Stream, (m, v): &'a mut (Tensor, Tensor)) -> Result<Prepared<'a>> {
-        let Up { input, mean, invstd, counts, running_mean, running_var } = up;
-        let (rm, rv) = (Some(running_mean), Some(running_var));
-        prepare_batch_norm_gather_stats_with_counts(
-            s,
-            input,
-            mean,
-            invstd,
-            rm,
-            rv,
-            self.momentum,
-            self.eps,
-            counts,
-            m,
-            v,
-        )
+        let (rm, rv) = (Some(&mut up.running_mean), Some(&mut up.running_var));
+        with_inputs!(prepare_batch_norm_gather_stats_with_counts(s, up, rm, rv, self, m, v))
     }
 
     fn check(&self, _ctx: &Context, s: &Stream, what: &str, (m, v): &(Tensor, Tensor)) {
@@ -252,29 +215,24 @@ fn check_all(s: &Stream, what: &str, case: &Case, up: &Up, outs: (&Tensor, &Tens
 /// biased variance 2, unbiased 2.5.
 fn two_ranks_exact(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let input = Tensor::zeros(&s, DType::F32, &[1, 1])?;
-    let mean = Tensor::from_slice(&s, &[2f32, 4.5], &[2, 1])?;
-    let inv = |v: f64| (1.0 / v.sqrt()) as f32;
-    let invstd = Tensor::from_slice(&s, &[inv(2.0 / 3.0), inv(0.25)], &[2, 1])?;
-    let counts = Tensor::from_slice(&s, &[3f32, 2.], &[2])?;
-    let mut rm = Tensor::from_slice(&s, &[1f32], &[1])?;
-    let mut rv = Tensor::from_slice(&s, &[1f32], &[1])?;
-    let (m, i) = batch_norm_gather_stats_with_counts(
-        &s,
-        &input,
-        &mean,
-        &invstd,
-        Some(&mut rm),
-        Some(&mut rv),
-        0.5,
-        0.0,
-        &counts,
-    )?;
+    let inv = |v: f64| f64::from((1.0 / v.sqrt()) as f32);
+    let case = Case {
+        input: Data::filled(DType::F32, &[1, 1], 0.0),
+        mean: Data::new(DType::F32, &[2.0, 4.5], &[2, 1]),
+        invstd: Data::new(DType::F32, &[inv(2.0 / 3.0), inv(0.25)], &[2, 1]),
+        counts: Data::new(DType::F32, &[3.0, 2.0], &[2]),
+        running_mean: Data::filled(DType::F32, &[1], 1.0),
+        running_var: Data::filled(DType::F32, &[1], 1.0),
+        momentum: 0.5,
+        eps: 0.0,
+    };
+    let mut up = case.upload(&s)?;
+    let (m, i) = up.run(&s, &case, true)?;
     let close = |got: f32, want: f64| assert!(ulps(got, want as f32) <= 4, "{got} vs {want}");
     close(m.to_vec::<f32>(&s)?[0], 3.0);
     close(i.to_vec::<f32>(&s)?[0], 1.0 / 2f64.sqrt());
-    close(rm.to_vec::<f32>(&s)?[0], 0.5 + 1.5);
-    close(rv.to_vec::<f32>(&s)?[0], 0.5 + 1.25);
+    close(up.running_mean.to_vec::<f32>(&s)?[0], 0.5 + 1.5);
+    close(up.running_var.to_vec::<f32>(&s)?[0], 0.5 + 1.25);
     Ok(())
 }
 
@@ -448,15 +406,10 @@ fn rejected_calls_write_nothing(ctx: &Context) -> R {
     Ok(())
 }
 
+/// The same call gives the same bits, through every entry point (the running statistics, updated
+/// in place by each call, do not enter meanAll and invstdAll).
 fn deterministic(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
-    let case = Case::random(25, 8, 64, DType::F32, DType::F32);
-    let mut up = case.upload(&s)?;
-    let (m1, v1) = up.run(&s, &case, false)?;
-    let (m2, v2) = up.run(&s, &case, false)?;
-    assert_eq!(bits(&s, &m1), bits(&s, &m2));
-    assert_eq!(bits(&s, &v1), bits(&s, &v2));
-    Ok(())
+    common::framework::deterministic(ctx, Case::random(25, 8, 64, DType::F32, DType::F32))
 }
 
 /// The mock's own checks of what the safe API never passes: runningMean without runningVar

@@ -9,19 +9,7 @@ use ascend::ops::{
 use ascend::{bf16, f16, Backend, Context, DType, Element, Error, Result, Stream, Tensor};
 
 fn assert_traits() {
-    use common::traits::*;
-    clone_send_sync::<Context>();
-    send::<Stream>();
-    send_sync::<Tensor>();
-    copy::<OutputMask>();
-    debug::<Context>();
-    debug::<Stream>();
-    debug::<Tensor>();
-    debug::<ReduceBackward>();
-    debug::<ReduceBackwardOut<'static>>();
-    debug::<Error>();
-    debug::<Backend>();
-    debug::<DType>();
+    common::traits::public_api_contract();
 }
 
 fn run(ctx: &Context) -> Result<()> {

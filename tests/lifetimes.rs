@@ -58,16 +58,26 @@ fn outs_and_baseline(ctx: &Context, s: &Stream) -> Result<(Outs, ascend::mock::M
 
 /// After a failure, the same call works and writes the right values.
 fn works_afterwards(s: &Stream, up: &Up, outs: &mut Outs, inp: &Inputs) -> Result<()> {
-    up.run_into(s, OutputMask::ALL, outs.all())?;
-    outs.check(s, OutputMask::ALL, &inp.expected());
-    Ok(())
+    outs.check_run_into(s, up, OutputMask::ALL, &inp.expected())
 }
 
-/// The result `a` of a run on `s1`, read through `s2`, and `b` of a run on `s2`, read through
-/// `s1`, are right.
-fn read_crosswise((s1, a): (&Stream, &ReduceBackward), (s2, b): (&Stream, &ReduceBackward), inp: &Inputs) {
-    check_result(s2, a, OutputMask::ALL, DType::F32, &inp.expected());
-    check_result(s1, b, OutputMask::ALL, DType::F32, &inp.expected());
+/// `inputs(seed)` run on a first stream, then on a second one through `second` (which makes that
+/// launch with the `launch` it is given, observing what it will around it), the inputs dropped,
+/// and each result read through the other stream (`a` of the run on `s1` through `s2`, `b`
+/// through `s1`) is right.
+fn on_two_streams_crosswise(
+    seed: u64,
+    second: impl FnOnce(&dyn Fn() -> Result<ReduceBackward>) -> Result<ReduceBackward>,
+) {
+    with_inputs(seed, |ctx, s1, inp, up| {
+        let s2 = ctx.new_stream()?;
+        let a = up.run(&s1, OutputMask::ALL)?;
+        let b = second(&|| up.run(&s2, OutputMask::ALL))?;
+        drop(up);
+        check_result(&s2, &a, OutputMask::ALL, DType::F32, &inp.expected());
+        check_result(&s1, &b, OutputMask::ALL, DType::F32, &inp.expected());
+        Ok(())
+    });
 }
 
 /// `common::mock::with_uploaded` with `inputs(seed)`.
@@ -172,14 +182,7 @@ fn workspace_dropped_before_sync() {
 /// stream that used a buffer is waited for.
 #[test]
 fn buffers_shared_by_two_streams() {
-    with_inputs(6, |ctx, s1, inp, up| {
-        let s2 = ctx.new_stream()?;
-        let a = up.run(&s1, OutputMask::ALL)?;
-        let b = up.run(&s2, OutputMask::ALL)?;
-        drop(up);
-        read_crosswise((&s1, &a), (&s2, &b), &inp);
-        Ok(())
-    });
+    on_two_streams_crosswise(6, |launch| launch());
 }
 
 /// A buffer used on a second stream after the first is ordered by an event on the device: the
@@ -188,19 +191,15 @@ fn buffers_shared_by_two_streams() {
 /// right and the mock's hazard detector counts nothing.
 #[test]
 fn cross_stream_use_is_ordered_by_events_without_host_waits() {
-    with_inputs(16, |ctx, s1, inp, up| {
-        let s2 = ctx.new_stream()?;
-        let a = up.run(&s1, OutputMask::ALL)?;
+    on_two_streams_crosswise(16, |launch| {
         let before = stats();
-        let b = up.run(&s2, OutputMask::ALL)?;
+        let b = launch()?;
         let after = stats();
         assert_eq!(after.stream_synchronizes, before.stream_synchronizes, "no host wait for s1");
         assert_eq!(after.event_synchronizes, before.event_synchronizes);
         assert_eq!(after.device_synchronizes, before.device_synchronizes);
         assert!(queued_tasks() > 0, "work is still queued");
-        drop(up);
-        read_crosswise((&s1, &a), (&s2, &b), &inp);
-        Ok(())
+        Ok(b)
     });
 }
 

@@ -20,8 +20,11 @@ mod common;
 use std::ffi::c_void;
 use std::ptr;
 
-use ascend_sys::symbols::{BATCH_NORM_ELEMT, BATCH_NORM_REDUCE_BACKWARD, BATCH_NORM_STATS};
-use ascend_sys::{aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann};
+use ascend_sys::symbols::{Operator, BATCH_NORM_ELEMT, BATCH_NORM_REDUCE_BACKWARD, BATCH_NORM_STATS};
+use ascend_sys::{aclOpExecutor, aclTensor, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtStream, Cann, OpApi};
+
+/// Phase 2 of every operator: (workspace, its size, executor, stream) → status.
+type Phase2 = unsafe extern "C" fn(*mut c_void, u64, *mut aclOpExecutor, aclrtStream) -> i32;
 
 const N: usize = 6;
 const C: usize = 3;
@@ -31,8 +34,8 @@ struct Session {
     c: &'static Cann,
 }
 
-/// aclnnBatchNormStats's arguments on the device: `x` (random, [N, C]) uploaded as input, mean
-/// and invstd ([C]) allocated.
+/// A call of aclnnBatchNormStats after phase 1: `x` (random, [N, C]) uploaded as input, mean and
+/// invstd ([C]) allocated; the workspace size and the executor phase 1 reported.
 struct StatsArgs {
     x: Vec<f32>,
     input_mem: *mut c_void,
@@ -41,6 +44,8 @@ struct StatsArgs {
     input: *mut aclTensor,
     mean: *mut aclTensor,
     invstd: *mut aclTensor,
+    size: u64,
+    exec: *mut aclOpExecutor,
 }
 
 impl Session {
@@ -58,7 +63,8 @@ impl Session {
         let (input_mem, mean_mem, invstd_mem) = (self.upload(&x), self.malloc(C * 4), self.malloc(C * 4));
         let input = self.tensor(&[N as i64, C as i64], input_mem);
         let (mean, invstd) = (self.tensor(&[C as i64], mean_mem), self.tensor(&[C as i64], invstd_mem));
-        StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd }
+        let (size, exec) = self.phase1(input, mean, invstd);
+        StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec }
     }
 
     fn new() -> Session {
@@ -131,11 +137,22 @@ impl Session {
 
     /// Phase 1 of aclnnBatchNormStats over (input, mean, invstd): (workspace bytes, executor).
     fn phase1(&self, input: *mut aclTensor, mean: *mut aclTensor, invstd: *mut aclTensor) -> (u64, *mut aclOpExecutor) {
-        let api = self.c.operator(&BATCH_NORM_STATS).unwrap();
-        let f = api.aclnnBatchNormStatsGetWorkspaceSize.as_ref().unwrap();
+        self.phase1_of(&BATCH_NORM_STATS, |api, size, exec| {
+            // SAFETY: live descriptors and valid out-pointers.
+            unsafe { api.aclnnBatchNormStatsGetWorkspaceSize(input, EPS, mean, invstd, size, exec) }
+        })
+    }
+
+    /// Phase 1 of `op`, which must succeed: `call` gets the op library and the out-pointers
+    /// (workspace bytes, executor).
+    fn phase1_of(
+        &self,
+        op: &Operator,
+        call: impl FnOnce(&OpApi, &mut u64, &mut *mut aclOpExecutor) -> i32,
+    ) -> (u64, *mut aclOpExecutor) {
         let (mut size, mut exec) = (0u64, ptr::null_mut());
-        // SAFETY: live descriptors and valid out-pointers.
-        assert_eq!(unsafe { f(input, EPS, mean, invstd, &mut size, &mut exec) }, 0);
+        let st = call(self.c.operator(op).unwrap(), &mut size, &mut exec);
+        assert_eq!(st, 0, "{}: {}", op.phase1, self.err());
         (size, exec)
     }
 
@@ -163,6 +180,28 @@ impl Session {
         unsafe { self.c.nnopbase.aclSetOutputTensorAddr(exec, index, t, mem) }
     }
 
+    /// `rebind` of `exec` through aclSetInputTensorAddr or aclSetOutputTensorAddr.
+    fn rebind(&self, exec: *mut aclOpExecutor, (side, index, t, mem): Rebind) -> i32 {
+        match side {
+            Side::Input => self.rebind_input(exec, index, t, mem),
+            Side::Output => self.rebind_output(exec, index, t, mem),
+        }
+    }
+
+    /// A test's end: destroys the executors (each destroy succeeding) and the descriptors, and
+    /// frees the device memory (null, a workspace of size 0, skipped).
+    fn release(&self, execs: &[*mut aclOpExecutor], tensors: &[*mut aclTensor], mems: &[*mut c_void]) {
+        for &exec in execs {
+            assert_eq!(self.destroy_executor(exec), 0, "{}", self.err());
+        }
+        for &t in tensors {
+            self.destroy(t);
+        }
+        for &m in mems.iter().filter(|m| !m.is_null()) {
+            self.free(m);
+        }
+    }
+
     fn destroy_executor(&self, exec: *mut aclOpExecutor) -> i32 {
         // SAFETY: the mock validates the handle (and refuses to free one with queued launches).
         unsafe { self.c.nnopbase.aclDestroyAclOpExecutor(exec) }
@@ -181,20 +220,16 @@ impl Session {
         invstd: *mut aclTensor,
         output: *mut aclTensor,
     ) -> (u64, *mut aclOpExecutor) {
-        let api = self.c.operator(&BATCH_NORM_ELEMT).unwrap();
-        let f = api.aclnnBatchNormElemtGetWorkspaceSize.as_ref().unwrap();
-        let (mut size, mut exec) = (0u64, ptr::null_mut());
-        // SAFETY: live descriptors (weight and bias absent) and valid out-pointers.
-        let st = unsafe { f(input, ptr::null(), ptr::null(), mean, invstd, EPS, output, &mut size, &mut exec) };
-        assert_eq!(st, 0, "{}", self.err());
-        (size, exec)
+        let none = ptr::null();
+        self.phase1_of(&BATCH_NORM_ELEMT, |api, size, exec| {
+            // SAFETY: live descriptors (weight and bias absent) and valid out-pointers.
+            unsafe { api.aclnnBatchNormElemtGetWorkspaceSize(input, none, none, mean, invstd, EPS, output, size, exec) }
+        })
     }
 
     fn elemt_phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
-        let api = self.c.operator(&BATCH_NORM_ELEMT).unwrap();
-        let f = api.aclnnBatchNormElemt.as_ref().unwrap();
-        // SAFETY: a live executor; the workspace holds `size` bytes; the default stream.
-        unsafe { f(ws, size, exec, ptr::null_mut()) }
+        let f = |api: &'static OpApi| api.aclnnBatchNormElemt.as_ref().ok();
+        self.phase2_of(&BATCH_NORM_ELEMT, f, (ws, size, exec, ptr::null_mut()))
     }
 
     /// Phase 1 of aclnnBatchNormReduceBackward without weight, the mask (inputG, weightG, biasG) =
@@ -208,38 +243,33 @@ impl Session {
         grad_weight: *mut aclTensor,
         grad_bias: *mut aclTensor,
     ) -> (u64, *mut aclOpExecutor) {
-        let api = self.c.operator(&BATCH_NORM_REDUCE_BACKWARD).unwrap();
-        let f = api.aclnnBatchNormReduceBackwardGetWorkspaceSize.as_ref().unwrap();
-        let (mut size, mut exec) = (0u64, ptr::null_mut());
         let none = ptr::null_mut();
-        // SAFETY: live descriptors (weight, sumDy and sumDyXmu absent) and valid out-pointers.
-        let st = unsafe {
-            f(
-                grad_out,
-                input,
-                mean,
-                invstd,
-                ptr::null(),
-                false,
-                true,
-                true,
-                none,
-                none,
-                grad_weight,
-                grad_bias,
-                &mut size,
-                &mut exec,
-            )
-        };
-        assert_eq!(st, 0, "{}", self.err());
-        (size, exec)
+        self.phase1_of(&BATCH_NORM_REDUCE_BACKWARD, |api, size, exec| {
+            // SAFETY: live descriptors (weight, sumDy and sumDyXmu absent) and valid out-pointers.
+            unsafe {
+                api.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+                    grad_out,
+                    input,
+                    mean,
+                    invstd,
+                    ptr::null(),
+                    false,
+                    true,
+                    true,
+                    none,
+                    none,
+                    grad_weight,
+                    grad_bias,
+                    size,
+                    exec,
+                )
+            }
+        })
     }
 
     fn reduce_backward_phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
-        let api = self.c.operator(&BATCH_NORM_REDUCE_BACKWARD).unwrap();
-        let f = api.aclnnBatchNormReduceBackward.as_ref().unwrap();
-        // SAFETY: a live executor; the workspace holds `size` bytes; the default stream.
-        unsafe { f(ws, size, exec, ptr::null_mut()) }
+        let f = |api: &'static OpApi| api.aclnnBatchNormReduceBackward.as_ref().ok();
+        self.phase2_of(&BATCH_NORM_REDUCE_BACKWARD, f, (ws, size, exec, ptr::null_mut()))
     }
 
     fn phase2(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor) -> i32 {
@@ -247,8 +277,19 @@ impl Session {
     }
 
     fn phase2_on(&self, ws: *mut c_void, size: u64, exec: *mut aclOpExecutor, stream: aclrtStream) -> i32 {
-        let api = self.c.operator(&BATCH_NORM_STATS).unwrap();
-        let f = api.aclnnBatchNormStats.as_ref().unwrap();
+        let f = |api: &'static OpApi| api.aclnnBatchNormStats.as_ref().ok();
+        self.phase2_of(&BATCH_NORM_STATS, f, (ws, size, exec, stream))
+    }
+
+    /// Phase 2 of `op` (`phase2` picks its function from the op library) with the arguments
+    /// (workspace, its size, executor, stream; a null stream is the default one).
+    fn phase2_of(
+        &self,
+        op: &Operator,
+        phase2: impl FnOnce(&'static OpApi) -> Option<&'static Phase2>,
+        (ws, size, exec, stream): (*mut c_void, u64, *mut aclOpExecutor, aclrtStream),
+    ) -> i32 {
+        let f = phase2(self.c.operator(op).unwrap()).unwrap();
         // SAFETY: the executor is live (or deliberately not, for the violation cases); the
         // workspace holds `size` bytes; `stream` is live or null (the default stream).
         unsafe { f(ws, size, exec, stream) }
@@ -313,14 +354,7 @@ fn a_repeatable_executor_relaunches_after_rebinding_to_new_memory() {
         assert_close(&s.download(mean2, C), &m2, "mean after rebinding");
         assert_close(&s.download(invstd2, C), &v2, "invstd after rebinding");
 
-        // SAFETY: the stream has drained (download synchronised); the caller owns the executor.
-        assert_eq!(unsafe { s.c.nnopbase.aclDestroyAclOpExecutor(exec) }, 0);
-        for t in [input, mean, invstd] {
-            s.destroy(t);
-        }
-        for m in [input2, mean2, invstd2, ws] {
-            s.free(m);
-        }
+        s.release(&[exec], &[input, mean, invstd], &[input2, mean2, invstd2, ws]);
     });
 }
 
@@ -335,8 +369,7 @@ fn violations_of(f: impl FnOnce()) -> Vec<String> {
 #[test]
 fn misuse_of_repeatable_executors_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(3);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(3);
     let ws = s.malloc(size as usize);
 
     // Rebinding a non-repeatable executor.
@@ -366,14 +399,7 @@ fn misuse_of_repeatable_executors_is_a_violation() {
     let v = violations_of(|| assert_ne!(s.phase2(ws, size, exec), 0));
     assert!(v.len() == 1 && v[0].contains("was freed"), "{v:?}");
 
-    // SAFETY: the stream has drained; the caller owns the repeatable executor.
-    assert_eq!(unsafe { s.c.nnopbase.aclDestroyAclOpExecutor(exec) }, 0);
-    for t in [input, mean, invstd] {
-        s.destroy(t);
-    }
-    for m in [mean_mem, invstd_mem, ws, small] {
-        s.free(m);
-    }
+    s.release(&[exec], &[input, mean, invstd], &[mean_mem, invstd_mem, ws, small]);
 }
 
 /// The launch counters count what the launch path does. With the launch cache off, every
@@ -419,8 +445,7 @@ fn launch_counters_count_descriptors_and_phase1_calls() {
 #[test]
 fn a_repeatable_executor_on_two_streams_at_once_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(5);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(5);
     let ws = s.malloc(size as usize);
     let (mut a, mut b): (aclrtStream, aclrtStream) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid out-pointers; a live executor fresh from phase 1.
@@ -441,18 +466,12 @@ fn a_repeatable_executor_on_two_streams_at_once_is_a_violation() {
     assert_eq!(unsafe { s.c.acl.aclrtSynchronizeStream(b) }, 0);
     assert_close(&s.download(mean_mem, C), &m, "mean");
     assert_close(&s.download(invstd_mem, C), &v, "invstd");
-    // SAFETY: both streams have drained; the caller owns the executor and descriptors.
+    // SAFETY: both streams have drained.
     unsafe {
-        assert_eq!(s.c.nnopbase.aclDestroyAclOpExecutor(exec), 0);
         assert_eq!(s.c.acl.aclrtDestroyStream(a), 0);
         assert_eq!(s.c.acl.aclrtDestroyStream(b), 0);
     }
-    for t in [input, mean, invstd] {
-        s.destroy(t);
-    }
-    for m in [input_mem, mean_mem, invstd_mem, ws] {
-        s.free(m);
-    }
+    s.release(&[exec], &[input, mean, invstd], &[input_mem, mean_mem, invstd_mem, ws]);
 }
 
 /// Per-channel statistics to feed the operators: mean in [-1, 1], invstd in [0.5, 2].
@@ -513,13 +532,7 @@ fn a_rebind_by_index_skips_absent_optional_inputs() {
         let got = s.download(mem2[3], N * C);
         assert_close(&got, &elemt_reference(&x2, &mean2, &invstd2), "output after rebinding");
 
-        assert_eq!(s.destroy_executor(exec), 0);
-        for t in [input, mean, invstd, output] {
-            s.destroy(t);
-        }
-        for m in mem2.into_iter().chain([ws].into_iter().filter(|p| !p.is_null())) {
-            s.free(m);
-        }
+        s.release(&[exec], &[input, mean, invstd, output], &[mem2.as_slice(), &[ws]].concat());
     });
 }
 
@@ -566,28 +579,50 @@ fn a_rebind_by_index_skips_outputs_the_mask_turns_off() {
         assert_eq!(s.reduce_backward_phase2(ws, size, exec), 0, "{}", s.err());
         check(&mem2, reduce_backward_reference(&dy2, &x2, &mean2, &invstd2), "after rebinding");
 
-        assert_eq!(s.destroy_executor(exec), 0);
-        for t in [grad_out, input, mean, invstd, grad_weight, grad_bias] {
-            s.destroy(t);
-        }
-        for m in mem2.into_iter().chain([ws].into_iter().filter(|p| !p.is_null())) {
-            s.free(m);
-        }
+        s.release(
+            &[exec],
+            &[grad_out, input, mean, invstd, grad_weight, grad_bias],
+            &[mem2.as_slice(), &[ws]].concat(),
+        );
     });
 }
 
-/// Asserts that `rebind` is rejected with 161002, as exactly one violation whose message and
-/// error text contain every needle.
+/// Which of an executor's arguments a rebind sets: aclSetInputTensorAddr's or
+/// aclSetOutputTensorAddr's.
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Input,
+    Output,
+}
+
+impl Side {
+    fn api(self) -> &'static str {
+        match self {
+            Side::Input => "aclSetInputTensorAddr",
+            Side::Output => "aclSetOutputTensorAddr",
+        }
+    }
+}
+
+/// A rebind: the side, the index among its present arguments, the descriptor and its new address.
+type Rebind = (Side, usize, *mut aclTensor, *mut c_void);
+
+/// Asserts that each rebind of `exec` is rejected with 161002, as exactly one violation whose
+/// message and error text name the rebind's function and contain every needle.
 #[track_caller]
-fn expect_rejected(s: &Session, rebind: impl FnOnce() -> i32, needles: &[&str]) {
-    let mut status = 0;
-    let v = violations_of(|| status = rebind());
-    let err = s.err();
-    assert_eq!(status, 161002, "status; violations {v:?}; error {err}");
-    assert_eq!(v.len(), 1, "{v:?}");
-    for needle in needles {
-        assert!(v[0].contains(needle), "no `{needle}` in the violation {:?}", v[0]);
-        assert!(err.contains(needle), "no `{needle}` in the error text {err:?}");
+fn expect_rejected(s: &Session, exec: *mut aclOpExecutor, cases: &[(Rebind, &[&str])]) {
+    for &(rebind, needles) in cases {
+        let (side, index, ..) = rebind;
+        let what = format!("{side:?} rebind at index {index}");
+        let mut status = 0;
+        let v = violations_of(|| status = s.rebind(exec, rebind));
+        let err = s.err();
+        assert_eq!(status, 161002, "{what}: status; violations {v:?}; error {err}");
+        assert_eq!(v.len(), 1, "{what}: {v:?}");
+        for needle in [side.api()].iter().chain(needles) {
+            assert!(v[0].contains(needle), "{what}: no `{needle}` in the violation {:?}", v[0]);
+            assert!(err.contains(needle), "{what}: no `{needle}` in the error text {err:?}");
+        }
     }
 }
 
@@ -598,26 +633,18 @@ fn expect_rejected(s: &Session, rebind: impl FnOnce() -> i32, needles: &[&str]) 
 #[test]
 fn a_rebind_at_the_wrong_index_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(30);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(30);
     s.repeatable(exec);
     // Memory the rejected rebinds point at: had one been applied, the launch would write there.
     let other = s.malloc(N * C * 4);
-    let api = ["aclSetOutputTensorAddr", "aclSetInputTensorAddr"];
     expect_rejected(
         &s,
-        || s.rebind_output(exec, 0, invstd, other),
-        &[api[0], "output index 0", "is mean", "invstd (index 1)"],
-    );
-    expect_rejected(
-        &s,
-        || s.rebind_output(exec, 1, mean, other),
-        &[api[0], "output index 1", "is invstd", "mean (index 0)"],
-    );
-    expect_rejected(
-        &s,
-        || s.rebind_input(exec, 0, mean, other),
-        &[api[1], "input index 0", "is input", "output mean (index 0)"],
+        exec,
+        &[
+            ((Side::Output, 0, invstd, other), &["output index 0", "is mean", "invstd (index 1)"]),
+            ((Side::Output, 1, mean, other), &["output index 1", "is invstd", "mean (index 0)"]),
+            ((Side::Input, 0, mean, other), &["input index 0", "is input", "output mean (index 0)"]),
+        ],
     );
     let ws = s.workspace(size);
     assert_eq!(s.phase2(ws, size, exec), 0, "{}", s.err());
@@ -632,22 +659,18 @@ fn a_rebind_at_the_wrong_index_is_a_violation() {
     s.repeatable(eexec);
     expect_rejected(
         &s,
-        || s.rebind_input(eexec, 3, mean, mean_mem),
-        &[api[1], "index 3 is out of range", "3 present inputs: input, mean, invstd", "input mean (index 1)"],
+        eexec,
+        &[
+            (
+                (Side::Input, 3, mean, mean_mem),
+                &["index 3 is out of range", "3 present inputs: input, mean, invstd", "input mean (index 1)"],
+            ),
+            ((Side::Input, 1, invstd, invstd_mem), &["input index 1", "is mean"]),
+        ],
     );
-    expect_rejected(&s, || s.rebind_input(eexec, 1, invstd, invstd_mem), &[api[1], "input index 1", "is mean"]);
     assert_eq!(s.rebind_input(eexec, 1, mean, mean_mem), 0, "the right index: {}", s.err());
 
-    assert_eq!(s.destroy_executor(exec), 0);
-    assert_eq!(s.destroy_executor(eexec), 0);
-    for t in [input, mean, invstd, output] {
-        s.destroy(t);
-    }
-    for m in
-        [input_mem, mean_mem, invstd_mem, other, y_mem].into_iter().chain([ws].into_iter().filter(|p| !p.is_null()))
-    {
-        s.free(m);
-    }
+    s.release(&[exec, eexec], &[input, mean, invstd, output], &[input_mem, mean_mem, invstd_mem, other, y_mem, ws]);
 }
 
 /// An index past the present inputs or outputs is a violation: aclnnBatchNormStats has one input
@@ -656,21 +679,23 @@ fn a_rebind_at_the_wrong_index_is_a_violation() {
 #[test]
 fn a_rebind_out_of_range_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(40);
-    let (_, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x: _, input_mem, mean_mem, invstd_mem, input, mean, invstd, size: _, exec } = s.stats_args(40);
     s.repeatable(exec);
-    let api = ["aclSetOutputTensorAddr", "aclSetInputTensorAddr"];
     expect_rejected(
         &s,
-        || s.rebind_input(exec, 1, input, input_mem),
-        &[api[1], "index 1 is out of range", "1 present inputs: input", "input input (index 0)"],
+        exec,
+        &[
+            (
+                (Side::Input, 1, input, input_mem),
+                &["index 1 is out of range", "1 present inputs: input", "input input (index 0)"],
+            ),
+            (
+                (Side::Output, 2, invstd, invstd_mem),
+                &["index 2 is out of range", "2 present outputs: mean, invstd", "output invstd (index 1)"],
+            ),
+            ((Side::Output, usize::MAX, mean, mean_mem), &["is out of range"]),
+        ],
     );
-    expect_rejected(
-        &s,
-        || s.rebind_output(exec, 2, invstd, invstd_mem),
-        &[api[0], "index 2 is out of range", "2 present outputs: mean, invstd", "output invstd (index 1)"],
-    );
-    expect_rejected(&s, || s.rebind_output(exec, usize::MAX, mean, mean_mem), &[api[0], "is out of range"]);
 
     let (gw_mem, gb_mem) = (s.malloc(C * 4), s.malloc(C * 4));
     let (grad_weight, grad_bias) = (s.tensor(&[C as i64], gw_mem), s.tensor(&[C as i64], gb_mem));
@@ -678,19 +703,16 @@ fn a_rebind_out_of_range_is_a_violation() {
     s.repeatable(rexec);
     expect_rejected(
         &s,
-        || s.rebind_output(rexec, 3, grad_bias, gb_mem),
-        &[api[0], "index 3 is out of range", "2 present outputs: gradWeight, gradBias", "output gradBias (index 1)"],
+        rexec,
+        &[(
+            (Side::Output, 3, grad_bias, gb_mem),
+            &["index 3 is out of range", "2 present outputs: gradWeight, gradBias", "output gradBias (index 1)"],
+        )],
     );
     assert_eq!(s.rebind_output(rexec, 1, grad_bias, gb_mem), 0, "the right index: {}", s.err());
 
-    assert_eq!(s.destroy_executor(exec), 0);
-    assert_eq!(s.destroy_executor(rexec), 0);
-    for t in [input, mean, invstd, grad_weight, grad_bias] {
-        s.destroy(t);
-    }
-    for m in [input_mem, mean_mem, invstd_mem, gw_mem, gb_mem] {
-        s.free(m);
-    }
+    let tensors = [input, mean, invstd, grad_weight, grad_bias];
+    s.release(&[exec, rexec], &tensors, &[input_mem, mean_mem, invstd_mem, gw_mem, gb_mem]);
 }
 
 /// A tensor of another executor, at an index that is valid for the executor, is a violation: it
@@ -712,24 +734,15 @@ fn a_rebind_to_another_executors_tensor_is_a_violation() {
     let not_mine = "not a present argument of this executor";
     expect_rejected(
         &s,
-        || s.rebind_input(a, 0, t[3], mems[3]),
-        &["aclSetInputTensorAddr", "input index 0", "is input", not_mine],
-    );
-    expect_rejected(
-        &s,
-        || s.rebind_output(a, 1, t[5], mems[5]),
-        &["aclSetOutputTensorAddr", "output index 1", "is invstd", not_mine],
+        a,
+        &[
+            ((Side::Input, 0, t[3], mems[3]), &["input index 0", "is input", not_mine]),
+            ((Side::Output, 1, t[5], mems[5]), &["output index 1", "is invstd", not_mine]),
+        ],
     );
     assert_eq!(s.rebind_output(b, 1, t[5], mems[5]), 0, "on its own executor: {}", s.err());
 
-    assert_eq!(s.destroy_executor(a), 0);
-    assert_eq!(s.destroy_executor(b), 0);
-    for &h in &t {
-        s.destroy(h);
-    }
-    for m in mems {
-        s.free(m);
-    }
+    s.release(&[a, b], &t, &mems);
 }
 
 /// Destroying a repeatable executor while launches of it are queued and have not run is a
@@ -738,8 +751,7 @@ fn a_rebind_to_another_executors_tensor_is_a_violation() {
 #[test]
 fn destroying_a_repeatable_executor_with_a_queued_launch_is_a_violation() {
     let (_guard, _ctx, s) = Session::locked();
-    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd } = s.stats_args(60);
-    let (size, exec) = s.phase1(input, mean, invstd);
+    let StatsArgs { x, input_mem, mean_mem, invstd_mem, input, mean, invstd, size, exec } = s.stats_args(60);
     s.repeatable(exec);
     let ws = s.workspace(size);
     let mut stream: aclrtStream = ptr::null_mut();
@@ -772,10 +784,5 @@ fn destroying_a_repeatable_executor_with_a_queued_launch_is_a_violation() {
 
     // SAFETY: the stream has drained.
     assert_eq!(unsafe { s.c.acl.aclrtDestroyStream(stream) }, 0);
-    for t in [input, mean, invstd] {
-        s.destroy(t);
-    }
-    for m in [input_mem, mean_mem, invstd_mem].into_iter().chain([ws].into_iter().filter(|p| !p.is_null())) {
-        s.free(m);
-    }
+    s.release(&[], &[input, mean, invstd], &[input_mem, mean_mem, invstd_mem, ws]);
 }

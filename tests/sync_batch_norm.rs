@@ -10,7 +10,7 @@ use ascend::hccl::Communicator;
 use ascend::ops::{self, OutputMask};
 use ascend::sync_batch_norm;
 use ascend::{Context, DType, Stream, Tensor};
-use common::{on_ranks, round_to, Data, Rng};
+use common::{on_ranks, Data, Rng};
 
 /// BatchNorm over a whole batch in f64: forward output, backward gradients, running stats.
 struct Reference {
@@ -107,27 +107,26 @@ struct Case {
     shape: [usize; 3],
     x: Data,
     dy: Data,
-    w: Vec<f64>,
-    b: Vec<f64>,
-    rm: Vec<f64>,
-    rv: Vec<f64>,
+    /// Weight, bias, running mean and running variance: f32 `[C]`.
+    w: Data,
+    b: Data,
+    rm: Data,
+    rv: Data,
 }
 
 impl Case {
     fn new(seed: u64, dtype: DType, shape: [usize; 3]) -> Case {
         let mut rng = Rng::new(seed);
-        let c = shape[1];
         let x = Data::normal(&mut rng, dtype, &shape, 0.5, 1.5);
         let dy = Data::normal(&mut rng, dtype, &shape, 0.0, 1.0);
-        // One f32 value per channel, uniform in [lo, hi).
-        let mut chan =
-            |lo: f64, hi: f64| -> Vec<f64> { (0..c).map(|_| round_to(DType::F32, rng.uniform(lo, hi))).collect() };
+        let mut chan = |lo: f64, hi: f64| Data::uniform(&mut rng, DType::F32, &shape[1..2], lo, hi);
         let (w, b, rm, rv) = (chan(0.5, 1.5), chan(-1.0, 1.0), chan(-0.5, 0.5), chan(0.5, 2.0));
         Case { dtype, shape, x, dy, w, b, rm, rv }
     }
 
     fn reference(&self) -> Reference {
-        reference(&self.x.values(), &self.dy.values(), self.shape, &self.w, &self.b, &self.rm, &self.rv, MOMENTUM, EPS)
+        let [w, b, rm, rv] = [&self.w, &self.b, &self.rm, &self.rv].map(Data::values);
+        reference(&self.x.values(), &self.dy.values(), self.shape, &w, &b, &rm, &rv, MOMENTUM, EPS)
     }
 
     /// Rows `rows` of dim 0 of `d`, as a tensor of the case's dtype.
@@ -135,11 +134,6 @@ impl Case {
         let [_, c, k] = self.shape;
         let v: Vec<f64> = d.values()[rows.start * c * k..rows.end * c * k].to_vec();
         Data::new(self.dtype, &v, &[rows.len(), c, k]).tensor(s).unwrap()
-    }
-
-    fn vector(s: &Stream, v: &[f64]) -> Tensor {
-        let f: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-        Tensor::from_slice(s, &f, &[v.len()]).unwrap()
     }
 }
 
@@ -154,8 +148,7 @@ fn the_operator_chain_on_one_device_is_batch_norm() {
             let s = ctx.new_stream().unwrap();
             let x = case.rows(&s, &case.x, 0..6);
             let dy = case.rows(&s, &case.dy, 0..6);
-            let (w, b) = (Case::vector(&s, &case.w), Case::vector(&s, &case.b));
-            let (mut rm, mut rv) = (Case::vector(&s, &case.rm), Case::vector(&s, &case.rv));
+            let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
             let (mean, invstd) = ops::batch_norm_stats(&s, &x, EPS).unwrap();
             let to_row = |t: &Tensor| Tensor::from_slice(&s, &t.to_vec::<f32>(&s).unwrap(), &[1, 3]).unwrap();
             let (mean_all, invstd_all) = (to_row(&mean), to_row(&invstd));
@@ -205,8 +198,7 @@ fn sync_case(ctxs: &[Context], dtype: DType, splits: &[usize], seed: u64) {
         let rows = splits[r]..splits[r + 1];
         let x = case.rows(&s, &case.x, rows.clone());
         let dy = case.rows(&s, &case.dy, rows.clone());
-        let (w, b) = (Case::vector(&s, &case.w), Case::vector(&s, &case.b));
-        let (mut rm, mut rv) = (Case::vector(&s, &case.rm), Case::vector(&s, &case.rv));
+        let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
         let (y, saved) =
             sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), Some(&mut rm), Some(&mut rv), MOMENTUM, EPS)
                 .unwrap();

@@ -53,8 +53,7 @@ aclError aclInit(const char *configPath) {
         g_initialized = 1;
         g_ever_initialized = 1;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclFinalize(void) {
@@ -71,8 +70,7 @@ aclError aclFinalize(void) {
         }
         g_initialized = 0;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 /* ---- devices ---------------------------------------------------------------------------------------- */
@@ -103,8 +101,7 @@ aclError aclrtSetDevice(int32_t deviceId) {
         tls_device = deviceId;
         tls_device_gen = d->gen;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtResetDevice(int32_t deviceId) {
@@ -129,8 +126,7 @@ aclError aclrtResetDevice(int32_t deviceId) {
         }
         release_device(deviceId);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtGetDevice(int32_t *deviceId) {
@@ -144,8 +140,7 @@ aclError aclrtGetDevice(int32_t *deviceId) {
             *deviceId = dev;
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtGetDeviceCount(uint32_t *count) {
@@ -154,8 +149,7 @@ aclError aclrtGetDeviceCount(uint32_t *count) {
     if (!r) {
         *count = (uint32_t)g_device_count;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtSynchronizeDevice(void) {
@@ -174,8 +168,7 @@ aclError aclrtSynchronizeDevice(void) {
             }
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 /* ---- streams --------------------------------------------------------------------------------------- */
@@ -190,8 +183,7 @@ aclError aclrtCreateStream(aclrtStream *out) {
         stream_link(s);
         *out = (aclrtStream)(uintptr_t)s->handle;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtDestroyStream(aclrtStream h) {
@@ -212,8 +204,7 @@ aclError aclrtDestroyStream(aclrtStream h) {
         }
         free(s);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtSynchronizeStream(aclrtStream h) {
@@ -224,8 +215,7 @@ aclError aclrtSynchronizeStream(aclrtStream h) {
         g_stream_syncs++;
         r = drain_reported(api, s);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 /* ---- memory ------------------------------------------------------------------------------------------ */
@@ -251,8 +241,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
         tls_mallocs++;
         *devPtr = p;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtFree(void *devPtr) {
@@ -312,8 +301,7 @@ aclError aclrtFree(void *devPtr) {
             }
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 static const char *copy_kind_name(int kind) {
@@ -408,8 +396,7 @@ aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, a
             }
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
@@ -432,8 +419,7 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
         t->count = count;
         enqueue(s, t);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count) {
@@ -456,8 +442,7 @@ aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)
             range_written(&range);
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 /* ---- events ----------------------------------------------------------------------------------------- */
@@ -499,8 +484,7 @@ aclError aclrtCreateEvent(aclrtEvent *out) {
         e->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_EVENT, e);
         *out = (aclrtEvent)(uintptr_t)e->handle;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtDestroyEvent(aclrtEvent h) {
@@ -522,8 +506,7 @@ aclError aclrtDestroyEvent(aclrtEvent h) {
         ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_EVENT, e->handle);
         free(e);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
@@ -542,8 +525,7 @@ aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
         e->recorded_on = s;
         enqueue(s, t);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtSynchronizeEvent(aclrtEvent eh) {
@@ -554,8 +536,7 @@ aclError aclrtSynchronizeEvent(aclrtEvent eh) {
         g_event_syncs++;
         r = event_wait(api, e->handle);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
@@ -576,8 +557,7 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
         t->event_handle = handle;
         enqueue(s, t);
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) {
@@ -590,8 +570,7 @@ aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) 
         int done = e->recorded_seq != 0 && e->completed_seq >= e->recorded_seq;
         *status = done ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
@@ -610,8 +589,7 @@ aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
             *ms = (float)(b->completed_ms - a->completed_ms);
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 /* ---- pinned host memory ----------------------------------------------------------------------------- */
@@ -638,8 +616,7 @@ aclError aclrtMallocHost(void **hostPtr, size_t size) {
             *hostPtr = p;
         }
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 aclError aclrtFreeHost(void *hostPtr) {
@@ -678,8 +655,7 @@ aclError aclrtFreeHost(void *hostPtr) {
         free(hostPtr);
         g_live_host_allocs--;
     }
-    ascend_mock_unlock();
-    return r;
+    ACL_LEAVE();
 }
 
 /* ---- introspection ------------------------------------------------------------------------------------ */

@@ -214,92 +214,72 @@ uint64_t ascend_mock_dtype_size(aclDataType dtype) {
     }
 }
 
-const char *ascend_mock_dtype_name(aclDataType dtype) {
-    switch ((int)dtype) {
-    case ACL_FLOAT:
-        return "DT_FLOAT";
-    case ACL_FLOAT16:
-        return "DT_FLOAT16";
-    case ACL_BF16:
-        return "DT_BFLOAT16";
-    case ACL_INT8:
-        return "DT_INT8";
-    case ACL_INT16:
-        return "DT_INT16";
-    case ACL_INT32:
-        return "DT_INT32";
-    case ACL_INT64:
-        return "DT_INT64";
-    case ACL_UINT8:
-        return "DT_UINT8";
-    case ACL_UINT16:
-        return "DT_UINT16";
-    case ACL_UINT32:
-        return "DT_UINT32";
-    case ACL_UINT64:
-        return "DT_UINT64";
-    case ACL_DOUBLE:
-        return "DT_DOUBLE";
-    case ACL_BOOL:
-        return "DT_BOOL";
-    case ACL_STRING:
-        return "DT_STRING";
-    case ACL_COMPLEX64:
-        return "DT_COMPLEX64";
-    case ACL_COMPLEX128:
-        return "DT_COMPLEX128";
-    case ACL_COMPLEX32:
-        return "DT_COMPLEX32";
-    case ACL_DT_UNDEFINED:
-        return "DT_UNDEFINED";
-    default:
-        return "DT_UNKNOWN";
+/* A value's name in a table of them, `unknown` for a value the table does not hold. */
+typedef struct {
+    int value;
+    const char *name;
+} mock_name;
+
+static const char *name_in(const mock_name *table, size_t n, int value, const char *unknown) {
+    for (size_t i = 0; i < n; i++) {
+        if (table[i].value == value) {
+            return table[i].name;
+        }
     }
+    return unknown;
 }
 
+static const mock_name k_dtype_names[] = {
+    {ACL_FLOAT, "DT_FLOAT"},
+    {ACL_FLOAT16, "DT_FLOAT16"},
+    {ACL_BF16, "DT_BFLOAT16"},
+    {ACL_INT8, "DT_INT8"},
+    {ACL_INT16, "DT_INT16"},
+    {ACL_INT32, "DT_INT32"},
+    {ACL_INT64, "DT_INT64"},
+    {ACL_UINT8, "DT_UINT8"},
+    {ACL_UINT16, "DT_UINT16"},
+    {ACL_UINT32, "DT_UINT32"},
+    {ACL_UINT64, "DT_UINT64"},
+    {ACL_DOUBLE, "DT_DOUBLE"},
+    {ACL_BOOL, "DT_BOOL"},
+    {ACL_STRING, "DT_STRING"},
+    {ACL_COMPLEX64, "DT_COMPLEX64"},
+    {ACL_COMPLEX128, "DT_COMPLEX128"},
+    {ACL_COMPLEX32, "DT_COMPLEX32"},
+    {ACL_DT_UNDEFINED, "DT_UNDEFINED"},
+};
+
+const char *ascend_mock_dtype_name(aclDataType dtype) {
+    return name_in(k_dtype_names, sizeof k_dtype_names / sizeof *k_dtype_names, (int)dtype, "DT_UNKNOWN");
+}
+
+/* The format's name is its enumerator's, less the ACL_FORMAT_ prefix (ACL_FRACTAL_Z_3D has none). */
+#define FORMAT_NAME(f) {ACL_FORMAT_##f, #f}
+static const mock_name k_format_names[] = {
+    FORMAT_NAME(NCHW),
+    FORMAT_NAME(NHWC),
+    FORMAT_NAME(ND),
+    FORMAT_NAME(NC1HWC0),
+    FORMAT_NAME(FRACTAL_Z),
+    FORMAT_NAME(NC1HWC0_C04),
+    FORMAT_NAME(HWCN),
+    FORMAT_NAME(NDHWC),
+    FORMAT_NAME(FRACTAL_NZ),
+    FORMAT_NAME(NCDHW),
+    FORMAT_NAME(NDC1HWC0),
+    {ACL_FRACTAL_Z_3D, "FRACTAL_Z_3D"},
+    FORMAT_NAME(NC),
+    FORMAT_NAME(NCL),
+    FORMAT_NAME(FRACTAL_NZ_C0_16),
+    FORMAT_NAME(FRACTAL_NZ_C0_32),
+    FORMAT_NAME(FRACTAL_NZ_C0_2),
+    FORMAT_NAME(FRACTAL_NZ_C0_4),
+    FORMAT_NAME(FRACTAL_NZ_C0_8),
+    FORMAT_NAME(UNDEFINED),
+};
+#undef FORMAT_NAME
+
 const char *ascend_mock_format_name(aclFormat format) {
-    switch ((int)format) {
-    case ACL_FORMAT_NCHW:
-        return "NCHW";
-    case ACL_FORMAT_NHWC:
-        return "NHWC";
-    case ACL_FORMAT_ND:
-        return "ND";
-    case ACL_FORMAT_NC1HWC0:
-        return "NC1HWC0";
-    case ACL_FORMAT_FRACTAL_Z:
-        return "FRACTAL_Z";
-    case ACL_FORMAT_NC1HWC0_C04:
-        return "NC1HWC0_C04";
-    case ACL_FORMAT_HWCN:
-        return "HWCN";
-    case ACL_FORMAT_NDHWC:
-        return "NDHWC";
-    case ACL_FORMAT_FRACTAL_NZ:
-        return "FRACTAL_NZ";
-    case ACL_FORMAT_NCDHW:
-        return "NCDHW";
-    case ACL_FORMAT_NDC1HWC0:
-        return "NDC1HWC0";
-    case ACL_FRACTAL_Z_3D:
-        return "FRACTAL_Z_3D";
-    case ACL_FORMAT_NC:
-        return "NC";
-    case ACL_FORMAT_NCL:
-        return "NCL";
-    case ACL_FORMAT_FRACTAL_NZ_C0_16:
-        return "FRACTAL_NZ_C0_16";
-    case ACL_FORMAT_FRACTAL_NZ_C0_32:
-        return "FRACTAL_NZ_C0_32";
-    case ACL_FORMAT_FRACTAL_NZ_C0_2:
-        return "FRACTAL_NZ_C0_2";
-    case ACL_FORMAT_FRACTAL_NZ_C0_4:
-        return "FRACTAL_NZ_C0_4";
-    case ACL_FORMAT_FRACTAL_NZ_C0_8:
-        return "FRACTAL_NZ_C0_8";
-    case ACL_FORMAT_UNDEFINED:
-        return "UNDEFINED";
-    default:
-        return "UNKNOWN";
-    }
+    return name_in(k_format_names, sizeof k_format_names / sizeof *k_format_names, (int)format, "UNKNOWN");
 }

@@ -232,6 +232,13 @@ static inline int needs_device(const char *api) {
     ascend_mock_lock();                                                                                            \
     int r = check(api)
 
+/* An entry point's end: releases the lock ACL_ENTER took and returns the entry's status. */
+#define ACL_LEAVE()                                                                                                 \
+    do {                                                                                                            \
+        ascend_mock_unlock();                                                                                       \
+        return r;                                                                                                   \
+    } while (0)
+
 /* A step of an entry point: runs `call` (which returns a status) only while r is 0, so that the
  * first failure is the one the entry reports. */
 #define ACL_STEP(call)                                                                                              \

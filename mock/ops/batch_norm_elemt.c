@@ -66,19 +66,10 @@ static int elemt_run(const mock_op *op, mock_op_call *k) {
 
 /* Validation once every given tensor is resolved. */
 static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
-    const ascend_mock_tensor *t[NT];
-    int on[NT];
-    mock_call_tensors(call, t, on);
+    MOCK_TRY(mock_check_float_args(op, call, -1));
+    MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
+    const ascend_mock_tensor *x = &call->t[T_INPUT], *y = &call->t[T_OUTPUT];
     char a[256], b[256];
-    aclnnStatus st = mock_check_float_args(op, call, -1);
-    if (st) {
-        return st;
-    }
-    const ascend_mock_tensor *x = t[T_INPUT], *y = t[T_OUTPUT];
-    if (x->rank < 2 || x->rank > 8) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of input should be in [2, 8], but got %llu.",
-                            (unsigned long long)x->rank);
-    }
     if (y->rank != x->rank || memcmp(y->dims, x->dims, x->rank * sizeof x->dims[0]) != 0) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor output to have shape %s (input's), but got %s.",
                             mock_shape_text(x, a, sizeof a), mock_shape_text(y, b, sizeof b));
@@ -93,20 +84,10 @@ static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
                             "Format of %s does not support %s; it should be one of ND, NCHW, NHWC, HWCN, NDHWC, NCDHW.",
                             k_names[T_INPUT], ascend_mock_format_name(x->format));
     }
-    int64_t channels = x->dims[1];
-    if (channels == 0) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                            "The channel size of input (input.shape[1]) should not be 0, but got shape %s.",
-                            mock_shape_text(x, a, sizeof a));
-    }
+    int64_t channels;
+    MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
     static const int per_channel[] = {T_WEIGHT, T_BIAS, T_MEAN, T_INVSTD};
-    for (size_t i = 0; i < sizeof per_channel / sizeof per_channel[0]; i++) {
-        const ascend_mock_tensor *v = t[per_channel[i]];
-        if (on[per_channel[i]] && (v->rank != 1 || v->dims[0] != channels)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
-                                k_names[per_channel[i]], (long long)channels, mock_shape_text(v, a, sizeof a));
-        }
-    }
+    MOCK_TRY(mock_check_per_channel(op, call, per_channel, sizeof per_channel / sizeof per_channel[0], channels));
     call->empty = mock_numel(x) == 0;
     call->ws_size = 0;
     return ACLNN_SUCCESS;

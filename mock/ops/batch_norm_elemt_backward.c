@@ -89,14 +89,10 @@ static int elemt_backward_run(const mock_op *op, mock_op_call *k) {
 
 /* Validation once every given tensor is resolved. */
 static aclnnStatus elemt_backward_check(const mock_op *op, mock_op_call *call) {
+    MOCK_TRY(mock_check_float_args(op, call, T_COUNTER));
     const ascend_mock_tensor *t[NT];
     int on[NT];
     mock_call_tensors(call, t, on);
-    char a[256], b[256];
-    aclnnStatus st = mock_check_float_args(op, call, T_COUNTER);
-    if (st) {
-        return st;
-    }
     aclDataType cdt = t[T_COUNTER]->dtype;
     if (cdt != ACL_FLOAT && cdt != ACL_FLOAT16 && cdt != ACL_INT32) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
@@ -104,17 +100,11 @@ static aclnnStatus elemt_backward_check(const mock_op *op, mock_op_call *call) {
                             "[DT_FLOAT, DT_FLOAT16, DT_INT32].",
                             ascend_mock_dtype_name(cdt));
     }
+    MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
+    int64_t channels;
+    MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
     const ascend_mock_tensor *x = t[T_INPUT];
-    if (x->rank < 2 || x->rank > 8) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of input should be in [2, 8], but got %llu.",
-                            (unsigned long long)x->rank);
-    }
-    int64_t channels = x->dims[1];
-    if (channels == 0) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                            "The channel size of input (input.shape[1]) should not be 0, but got shape %s.",
-                            mock_shape_text(x, a, sizeof a));
-    }
+    char a[256], b[256];
     static const int same[] = {T_GRAD, T_GRADIN};
     for (size_t i = 0; i < 2; i++) {
         const ascend_mock_tensor *v = t[same[i]];
@@ -124,13 +114,7 @@ static aclnnStatus elemt_backward_check(const mock_op *op, mock_op_call *call) {
         }
     }
     static const int per_channel[] = {T_MEAN, T_INVSTD, T_WEIGHT, T_SUMDY, T_SUMDYXMU};
-    for (size_t i = 0; i < sizeof per_channel / sizeof per_channel[0]; i++) {
-        const ascend_mock_tensor *v = t[per_channel[i]];
-        if (on[per_channel[i]] && (v->rank != 1 || v->dims[0] != channels)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
-                                k_names[per_channel[i]], (long long)channels, mock_shape_text(v, a, sizeof a));
-        }
-    }
+    MOCK_TRY(mock_check_per_channel(op, call, per_channel, sizeof per_channel / sizeof per_channel[0], channels));
     if (t[T_COUNTER]->rank > 8) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of counter should be at most 8, but got %llu.",
                             (unsigned long long)t[T_COUNTER]->rank);

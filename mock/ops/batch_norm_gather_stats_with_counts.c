@@ -93,7 +93,6 @@ static aclnnStatus gather_check(const mock_op *op, mock_op_call *call) {
     for (int i = 0; i < NT; i++) {
         t[i] = call->args[i].used ? &call->t[i] : NULL;
     }
-    char a[256];
     if (t[T_RMEAN] && !t[T_RVAR]) {
         ascend_mock_violation("%s: runningMean given without runningVar: CANN tests only runningMean before writing "
                               "both running statistics and would write through the null runningVar",
@@ -126,10 +125,7 @@ static aclnnStatus gather_check(const mock_op *op, mock_op_call *call) {
         }
     }
     const ascend_mock_tensor *x = t[T_INPUT], *mean = t[T_MEAN], *invstd = t[T_INVSTD], *counts = t[T_COUNTS];
-    if (x->rank < 2 || x->rank > 8) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of input should be in [2, 8], but got %llu.",
-                            (unsigned long long)x->rank);
-    }
+    MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
     if (mean->rank != 2 || invstd->rank != 2) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of mean and invstd should be 2, but got %llu and %llu.",
                             (unsigned long long)mean->rank, (unsigned long long)invstd->rank);
@@ -151,13 +147,7 @@ static aclnnStatus gather_check(const mock_op *op, mock_op_call *call) {
                             (long long)channels, (long long)mean->dims[1], (long long)invstd->dims[1]);
     }
     static const int vectors[] = {T_RMEAN, T_RVAR, T_MEANALL, T_INVSTDALL};
-    for (size_t i = 0; i < 4; i++) {
-        const ascend_mock_tensor *v = t[vectors[i]];
-        if (v && (v->rank != 1 || v->dims[0] != channels)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
-                                k_names[vectors[i]], (long long)channels, mock_shape_text(v, a, sizeof a));
-        }
-    }
+    MOCK_TRY(mock_check_per_channel(op, call, vectors, 4, channels));
     /* the kernel keeps the broadcast global mean in the workspace */
     call->ws_size = mock_numel(mean) == 0 ? 0 : ((uint64_t)channels * sizeof(float) + 31) & ~(uint64_t)31;
     return ACLNN_SUCCESS;

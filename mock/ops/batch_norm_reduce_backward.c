@@ -120,7 +120,6 @@ static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
     static const int inputs[] = {T_GRAD, T_INPUT, T_MEAN, T_INVSTD};
     static const int outputs[] = {T_SUMDY, T_SUMDYXMU, T_GRADW, T_GRADB};
     static const char support[] = "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]";
-    char a[256];
     for (size_t i = 0; i < 4; i++) {
         const ascend_mock_tensor *x = t[inputs[i]];
         if (!mock_dtype_float(x->dtype)) {
@@ -153,24 +152,11 @@ static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
                            k_names[i], ascend_mock_format_name(t[i]->format));
         }
     }
-    for (int i = T_GRAD; i <= T_INPUT; i++) {
-        if (t[i]->rank < 2 || t[i]->rank > 8) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of %s should be in [2, 8], but got %llu.", k_names[i],
-                           (unsigned long long)t[i]->rank);
-        }
-    }
-    int64_t channels = t[T_INPUT]->dims[1];
-    if (channels == 0) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "The channel size of input (input.shape[1]) should not be 0, but got shape %s.",
-                       mock_shape_text(t[T_INPUT], a, sizeof a));
-    }
-    for (size_t i = 0; i < 4; i++) {
-        const ascend_mock_tensor *x = t[outputs[i]];
-        if (on[outputs[i]] && (x->rank != 1 || x->dims[0] != channels)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
-                           k_names[outputs[i]], (long long)channels, mock_shape_text(x, a, sizeof a));
-        }
-    }
+    MOCK_TRY(mock_check_rank_2_to_8(op, call, T_GRAD));
+    MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
+    int64_t channels;
+    MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
+    MOCK_TRY(mock_check_per_channel(op, call, outputs, 4, channels));
     call->empty = mock_numel(t[T_GRAD]) == 0 || mock_numel(t[T_INPUT]) == 0 || mock_numel(t[T_MEAN]) == 0 ||
                   mock_numel(t[T_INVSTD]) == 0;
     call->ws_size = call->empty ? 0 : ((uint64_t)channels * 2 * sizeof(float) + 31) & ~(uint64_t)31;

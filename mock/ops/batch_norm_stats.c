@@ -104,7 +104,6 @@ static int stats_run(const mock_op *op, mock_op_call *k) {
 
 static aclnnStatus stats_check(const mock_op *op, mock_op_call *call) {
     const ascend_mock_tensor *x = &call->t[T_INPUT];
-    char a[256];
     if (x->dtype != ACL_FLOAT && x->dtype != ACL_FLOAT16) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
                             "Tensor input not implemented for %s, should be in dtype support list [DT_FLOAT, DT_FLOAT16].",
@@ -123,22 +122,11 @@ static aclnnStatus stats_check(const mock_op *op, mock_op_call *call) {
                                 ascend_mock_format_name(call->t[i].format));
         }
     }
-    if (x->rank < 2 || x->rank > 8) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of input should be in [2, 8], but got %llu.",
-                            (unsigned long long)x->rank);
-    }
-    int64_t channels = x->dims[1];
-    if (channels == 0) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "The channel size of input (input.shape[1]) should not be 0, but got shape %s.",
-                            mock_shape_text(x, a, sizeof a));
-    }
-    for (int i = T_MEAN; i <= T_INVSTD; i++) {
-        const ascend_mock_tensor *t = &call->t[i];
-        if (t->rank != 1 || t->dims[0] != channels) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Expected tensor %s to have shape [%lld], but got %s.",
-                                k_names[i], (long long)channels, mock_shape_text(t, a, sizeof a));
-        }
-    }
+    MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
+    int64_t channels;
+    MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
+    static const int per_channel[] = {T_MEAN, T_INVSTD};
+    MOCK_TRY(mock_check_per_channel(op, call, per_channel, 2, channels));
     /* the kernel's per-channel running sums live in the workspace */
     call->ws_size = mock_numel(x) == 0 ? 0 : ((uint64_t)channels * sizeof(float) + 31) & ~(uint64_t)31;
     return ACLNN_SUCCESS;

@@ -51,11 +51,9 @@ fn every_mask_into(ctx: &Context) -> R {
     let (up, exp) = Inputs::normal(101, DType::F16, DType::F32, &[3, 4, 5]).upload_with_expected(&s)?;
     for mask in all_masks() {
         let mut outs = Outs::filled(&s, DType::F32, 4)?;
-        up.run_into(&s, mask, outs.all())?;
-        outs.check(&s, mask, &exp);
+        outs.check_run_into(&s, &up, mask, &exp)?;
         let mut outs = Outs::filled(&s, DType::BF16, 4)?;
-        up.run_into(&s, mask, outs.masked(mask))?;
-        outs.check(&s, mask, &exp);
+        outs.check_run_into_masked(&s, &up, mask, &exp)?;
     }
     Ok(())
 }
@@ -127,15 +125,13 @@ fn strided_outputs(ctx: &Context) -> R {
     for mask in all_masks() {
         let mut outs = Outs::new(&s, init.clone())?;
         assert!(!outs.t[0].is_contiguous());
-        up.run_into(&s, mask, outs.all())?;
-        outs.check(&s, mask, &exp);
+        outs.check_run_into(&s, &up, mask, &exp)?;
     }
     // C = 1: a stride-0 view of one element is fine.
     let one = Inputs::normal(203, DType::F32, DType::F32, &[4, 1, 3]);
     let up1 = one.upload(&s)?;
     let mut outs = Outs::new(&s, std::array::from_fn(|i| Data::strided(DType::F32, &[5.0 + i as f64], &[1], &[0], 0)))?;
-    up1.run_into(&s, OutputMask::ALL, outs.all())?;
-    outs.check(&s, OutputMask::ALL, &one.expected());
+    outs.check_run_into(&s, &up1, OutputMask::ALL, &one.expected())?;
     Ok(())
 }
 
@@ -146,20 +142,16 @@ fn strided_outputs(ctx: &Context) -> R {
 /// whatever invstd/weight are; values close in that dtype.
 fn allocating_output_dtype_rule(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
-    let mut seed = 300;
-    for dt in DTYPES {
-        for sdt in DTYPES {
-            seed += 1;
-            let mut inputs = Inputs::normal(seed, dt, sdt, &[2, 3, 4]);
-            // invstd and weight in yet another dtype: they do not pick the output dtype.
-            let other = DTYPES[(seed as usize) % 3];
-            inputs.invstd = inputs.invstd.cast(other);
-            inputs.weight = inputs.weight.map(|w| w.cast(DTYPES[(seed as usize + 1) % 3]));
-            let want = if dt == DType::F16 && sdt == DType::F16 { DType::F16 } else { DType::F32 };
-            assert_eq!(inputs.out_dtype(), want);
-            let out = inputs.upload(&s)?.run(&s, OutputMask::ALL)?;
-            check_result(&s, &out, OutputMask::ALL, want, &inputs.expected());
-        }
+    for (seed, [dt, sdt]) in (301..).zip(dtype_tuples()) {
+        let mut inputs = Inputs::normal(seed, dt, sdt, &[2, 3, 4]);
+        // invstd and weight in yet another dtype: they do not pick the output dtype.
+        let other = DTYPES[(seed as usize) % 3];
+        inputs.invstd = inputs.invstd.cast(other);
+        inputs.weight = inputs.weight.map(|w| w.cast(DTYPES[(seed as usize + 1) % 3]));
+        let want = if dt == DType::F16 && sdt == DType::F16 { DType::F16 } else { DType::F32 };
+        assert_eq!(inputs.out_dtype(), want, "{dt}/{sdt}");
+        let out = inputs.upload(&s)?.run(&s, OutputMask::ALL)?;
+        check_result(&s, &out, OutputMask::ALL, want, &inputs.expected());
     }
     Ok(())
 }
@@ -172,13 +164,11 @@ fn into_writes_callers_dtypes(ctx: &Context) -> R {
         let (up, exp) = Inputs::normal(310 + k as u64, dt, DType::F32, &[3, 5, 4]).upload_with_expected(&s)?;
         for odt in DTYPES {
             let mut outs = Outs::filled(&s, odt, 5)?;
-            up.run_into(&s, OutputMask::ALL, outs.all())?;
-            outs.check(&s, OutputMask::ALL, &exp);
+            outs.check_run_into(&s, &up, OutputMask::ALL, &exp)?;
         }
         let mixed = [DType::F16, DType::BF16, DType::F32, DType::F16];
         let mut outs = Outs::new(&s, std::array::from_fn(|i| sentinel(mixed[i], 5, i)))?;
-        up.run_into(&s, OutputMask::ALL, outs.all())?;
-        outs.check(&s, OutputMask::ALL, &exp);
+        outs.check_run_into(&s, &up, OutputMask::ALL, &exp)?;
     }
     Ok(())
 }
@@ -251,8 +241,7 @@ fn empty_into_zero_fills_prefilled_outputs(ctx: &Context) -> R {
             sentinel(DType::F32, 3, 3).spread(3, 2, 6.0),
         ];
         let mut outs = Outs::new(&s, init)?;
-        up.run_into(&s, mask, outs.all())?;
-        outs.check(&s, mask, &exp);
+        outs.check_run_into(&s, &up, mask, &exp)?;
         for (i, on) in enabled(mask).into_iter().enumerate() {
             if on {
                 assert_eq!(read(&s, &outs.t[i]), [0.0; 3]);

@@ -18,6 +18,26 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
 
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+/// Every `[DType; N]` of [`DTYPES`], the last varying fastest (the order of N nested loops).
+pub fn dtype_tuples<const N: usize>() -> impl Iterator<Item = [DType; N]> {
+    (0..DTYPES.len().pow(N as u32)).map(|mut k| {
+        let mut t = [DType::F32; N];
+        for d in t.iter_mut().rev() {
+            *d = DTYPES[k % DTYPES.len()];
+            k /= DTYPES.len();
+        }
+        t
+    })
+}
+
+/// Every pair of an item of `a` and one of `b`, `b` varying fastest.
+pub fn product<A: Copy, B: Copy, const M: usize>(
+    a: impl IntoIterator<Item = A>,
+    b: [B; M],
+) -> impl Iterator<Item = (A, B)> {
+    a.into_iter().flat_map(move |x| b.map(|y| (x, y)))
+}
+
 /// Row-major strides of `shape`, in elements.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];
@@ -249,3 +269,22 @@ pub fn expect_invalid<T: std::fmt::Debug>(what: &str, r: Result<T>, argument: &s
         other => panic!("{what}: expected InvalidArgument 161002 naming `{argument}`, got {other:?}"),
     }
 }
+
+/// `uploaded!(case, s => Up { x, mean; optional: weight; copied: eps })`: `Ok(Up { .. })` with
+/// each listed field of `case` on stream `s`: a [`Data`] as its tensor, an optional one (after
+/// `optional:`) as an optional tensor, a scalar (after `copied:`) as it is; `?` on each upload.
+macro_rules! uploaded {
+    ($case:expr, $s:expr => $up:ident {
+        $($t:ident),* $(,)?
+        $(; optional: $($o:ident),+)?
+        $(; copied: $($c:ident),+)?
+    }) => {{
+        let (case, s) = ($case, $s);
+        Ok($up {
+            $($t: case.$t.tensor(s)?,)*
+            $($($o: case.$o.as_ref().map(|d| d.tensor(s)).transpose()?,)+)?
+            $($($c: case.$c,)+)?
+        })
+    }};
+}
+pub(crate) use uploaded;

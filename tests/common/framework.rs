@@ -400,17 +400,18 @@ pub fn large_inputs<F: Framework<Res = Tensor>>(
     Ok(())
 }
 
-/// The same call gives the same bits through every entry point of a one-output operator: the
-/// allocating form twice, and `_into` (into the case's pre-filled outputs).
-pub fn deterministic<F: Framework<Out = Tensor, Res = Tensor>>(ctx: &Context, case: F) -> Result<()> {
+/// The same call gives the same bits through every entry point of an operator whose allocating
+/// form returns what `_into` writes: the allocating form twice, and `_into` (into the case's
+/// pre-filled outputs).
+pub fn deterministic<F: Framework<Res = <F as Framework>::Out>>(ctx: &Context, case: F) -> Result<()> {
     let s = ctx.new_stream()?;
     let mut up = case.upload(&s)?;
     let a = case.run(&mut up, &s)?;
     let b = case.run(&mut up, &s)?;
     let mut c = case.outputs(&s)?;
     case.run_into(&mut up, &s, &mut c)?;
-    assert_eq!(bits(&s, &a), bits(&s, &b));
-    assert_eq!(bits(&s, &a), bits(&s, &c));
+    assert_eq!(F::out_bits(&s, &a), F::out_bits(&s, &b), "the allocating form twice");
+    assert_eq!(F::out_bits(&s, &a), F::out_bits(&s, &c), "the allocating form and _into");
     Ok(())
 }
 

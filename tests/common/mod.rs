@@ -34,6 +34,7 @@ pub mod traits;
 
 pub(crate) use backends::on_both_backends;
 pub use backends::*;
+pub(crate) use data::uploaded;
 pub use data::*;
 pub use framework::Framework;
 pub(crate) use framework::{framework_tests, one_output_framework_items, two_output_framework_items};

@@ -93,6 +93,13 @@ impl Mock {
         m
     }
 
+    /// [`Mock::new`] and a stream of its own (the test destroys it).
+    pub fn with_stream() -> (Mock, aclrtStream) {
+        let m = Mock::new();
+        let s = m.stream();
+        (m, s)
+    }
+
     /// A session inside `common::mock::isolated` (which holds the lock, made a context and so
     /// initialised ACL, and checks for leaks afterwards): binds device 0 on this thread.
     pub fn in_isolated() -> Mock {
@@ -213,6 +220,15 @@ impl Mock {
     /// The thread's aclGetRecentErrMsg (consumed), or "".
     pub fn err(&self) -> String {
         recent_error(self.c)
+    }
+
+    /// Asserts that the thread's aclGetRecentErrMsg (consumed) contains every needle.
+    #[track_caller]
+    pub fn expect_err(&self, needles: &[&str]) {
+        let msg = self.err();
+        for needle in needles {
+            assert!(msg.contains(needle), "no `{needle}` in: {msg}");
+        }
     }
 
     pub fn stream(&self) -> aclrtStream {

@@ -8,7 +8,7 @@ use ascend::ops::{
 };
 use ascend::{DType, Result, Stream, Tensor};
 
-use super::data::{for_each_index, read, Data};
+use super::data::{for_each_index, read, uploaded, Data};
 use super::rng::Rng;
 use super::tolerance::assert_close;
 
@@ -230,13 +230,7 @@ impl Inputs {
     }
 
     pub fn upload(&self, s: &Stream) -> Result<Up> {
-        Ok(Up {
-            dy: self.dy.tensor(s)?,
-            x: self.x.tensor(s)?,
-            mean: self.mean.tensor(s)?,
-            invstd: self.invstd.tensor(s)?,
-            weight: self.weight.as_ref().map(|w| w.tensor(s)).transpose()?,
-        })
+        uploaded!(self, s => Up { dy, x, mean, invstd; optional: weight })
     }
 }
 
@@ -312,6 +306,21 @@ impl Outs {
             grad_weight: on[2].then_some(c),
             grad_bias: on[3].then_some(d),
         }
+    }
+
+    /// `_into` of `up` with `mask` into these outputs (all four given, `mask` or not), then
+    /// [`Outs::check`] against `exp`.
+    pub fn check_run_into(&mut self, s: &Stream, up: &Up, mask: OutputMask, exp: &Expected) -> Result<()> {
+        up.run_into(s, mask, self.all())?;
+        self.check(s, mask, exp);
+        Ok(())
+    }
+
+    /// [`Outs::check_run_into`] with only the outputs `mask` turns on given.
+    pub fn check_run_into_masked(&mut self, s: &Stream, up: &Up, mask: OutputMask, exp: &Expected) -> Result<()> {
+        up.run_into(s, mask, self.masked(mask))?;
+        self.check(s, mask, exp);
+        Ok(())
     }
 
     /// The enabled outputs hold the expected values, the others what they held before.

@@ -155,8 +155,7 @@ fn rendezvous_misuse_fails_fast() {
     assert_eq!(init_rank(1, &ri, 0).0, E_PARA, "the group is complete");
     s.expect_violations(1, &["joined already"]);
     assert_eq!(destroy(c), SUCCESS);
-    drop(main);
-    s.expect_clean();
+    s.expect_clean_after(main);
 }
 
 #[test]
@@ -221,6 +220,5 @@ fn faults_at_each_hccl_call_fail_cleanly() {
     assert_eq!(mock::stats().live_comms, s.base.live_comms + 1, "a failed destroy leaves it alive");
     assert_eq!(destroy(c), SUCCESS);
     main.free(buf);
-    drop(main);
-    s.expect_clean();
+    s.expect_clean_after(main);
 }

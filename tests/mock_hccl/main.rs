@@ -107,6 +107,14 @@ impl Session {
         self.base.violations = mock::stats().violations;
     }
 
+    /// A test's end on `rank`: the rank released (its stream destroyed, its device reset), then
+    /// [`Session::expect_clean`].
+    #[track_caller]
+    fn expect_clean_after(&mut self, rank: Rank) {
+        drop(rank);
+        self.expect_clean();
+    }
+
     /// Asserts that nothing leaked and no violation is pending since the last check.
     #[track_caller]
     fn expect_clean(&mut self) {
@@ -661,8 +669,7 @@ fn init_root_info_threads_and_queued_collectives() {
         }
     });
     destroy_all(&comms);
-    drop(main);
-    s.expect_clean();
+    s.expect_clean_after(main);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -775,8 +782,7 @@ fn a_peer_that_destroyed_its_communicator_fails_the_collective() {
     assert!(err_text().contains("group is broken"));
     r.free(buf);
     assert_eq!(destroy(comms[0]), SUCCESS);
-    drop(r);
-    s.expect_clean();
+    s.expect_clean_after(r);
 }
 
 /// The value another thread stores in `slot` (nonzero), waiting for it.
@@ -939,8 +945,7 @@ fn collectives_over_2_and_4_processes() {
         assert_eq!(st, SUCCESS, "child rank {rank}: {}", err_text());
         process_workload(n, rank, c, &r);
         assert_eq!(destroy(c), SUCCESS);
-        drop(r);
-        s.expect_clean();
+        s.expect_clean_after(r);
         return;
     }
     let mut s = Session::new();
@@ -962,8 +967,7 @@ fn collectives_over_2_and_4_processes() {
         for (i, child) in children.into_iter().enumerate() {
             expect_success(&format!("rank {} of {n}", i + 1), &child.wait_with_output().unwrap());
         }
-        drop(r);
-        s.expect_clean();
+        s.expect_clean_after(r);
     }
 }
 
@@ -992,8 +996,7 @@ fn a_peer_process_that_exited_fails_the_collective() {
     assert!(took < Duration::from_secs(3), "no wait for HCCL_EXEC_TIMEOUT");
     r.free(buf);
     assert_eq!(destroy(c), SUCCESS);
-    drop(r);
-    s.expect_clean();
+    s.expect_clean_after(r);
 }
 
 /// The timeouts, in a child with `HCCL_CONNECT_TIMEOUT=1` and `HCCL_EXEC_TIMEOUT=1`: a rank that

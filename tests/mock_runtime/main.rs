@@ -46,8 +46,7 @@ fn violation_free_of_unknown_or_freed_pointer() {
 
 #[test]
 fn violation_free_while_queued_copy_uses_it() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let p = m.malloc(64);
     let host = [1u8; 64];
     // SAFETY: `host` outlives the stream synchronization below.
@@ -62,8 +61,7 @@ fn violation_free_while_queued_copy_uses_it() {
 
 #[test]
 fn violation_launch_reading_freed_memory() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let case = ut_case(&m, aclDataType::ACL_FLOAT);
     let (size, ex) = m.phase1_ok(&case.args());
     let ws = m.malloc(size as usize);
@@ -146,8 +144,7 @@ fn violation_destroyed_tensor() {
 
 #[test]
 fn violation_destroyed_or_unknown_stream() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     assert_eq!(mock::stats().live_streams, m.base.live_streams + 1);
     assert_eq!(m.destroy_stream(s), 0);
     assert_eq!(mock::stats().live_streams, m.base.live_streams);
@@ -293,8 +290,7 @@ fn violation_device_call_on_a_thread_without_device() {
 
 #[test]
 fn violation_reset_device_with_live_stream() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     // SAFETY: plain runtime calls.
     unsafe {
         assert_eq!(m.c.acl.aclrtResetDevice(0), 0);
@@ -551,8 +547,7 @@ fn runtime_device_count_and_stream_of_another_device() {
 
 #[test]
 fn runtime_streams_run_at_synchronize() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let d = m.malloc(16);
     let src = [9u8; 16];
     let mut dst = [0u8; 16];

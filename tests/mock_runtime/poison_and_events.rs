@@ -28,9 +28,14 @@ fn skip_launch(m: &Mock, case: &mut Case, args: &Args, s: aclrtStream) -> *mut c
     ws
 }
 
-/// At the end of a poison test: every object released, all poison gone, `violations` new ones.
+/// The end of a poison test: releases `cases`, frees `buffers` and destroys `s` (each must
+/// succeed), then expects every object released, all poison gone, `violations` new ones.
 #[track_caller]
-fn expect_clean_end(m: &Mock, violations: u64) {
+fn finish(m: &Mock, cases: impl IntoIterator<Item = Case>, buffers: &[*mut c_void], s: aclrtStream, violations: u64) {
+    for case in cases {
+        case.release(m);
+    }
+    m.finish(buffers, &[s], violations);
     let after = mock::stats();
     let want = MockStats {
         device_mallocs: after.device_mallocs,
@@ -49,13 +54,10 @@ fn poison_skipped_kernel_outputs_fail_to_read_until_rewritten() {
     let mut case = ut_case(&m, F32);
     let args = case.args();
     let ws = skip_launch(&m, &mut case, &args, s);
-    let msg = m.err();
-    for needle in [
+    m.expect_err(&[
         "aclrtSynchronizeStream failed. ERROR: 507015",
         "(aclnnBatchNormReduceBackward) was skipped: the device memory of input [",
-    ] {
-        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
-    }
+    ]);
     m.expect_violations(2, "was freed before the task ran");
     assert_eq!(m.poisoned_bytes(), 4 * 12 + 32, "four outputs of three f32, and the 32-byte workspace");
     for (slot, name) in [(5, "sumDy"), (6, "sumDyXmu"), (7, "gradWeight"), (8, "gradBias")] {
@@ -100,15 +102,12 @@ fn poison_skipped_kernel_outputs_fail_to_read_until_rewritten() {
     assert_eq!(m.d2h(fresh, 12), [mock::GARBAGE_BYTE; 12]);
     assert_eq!(m.free(fresh), 0);
     m.expect_violations(2, "");
-    case.release(&m);
-    assert_eq!(m.destroy_stream(s), 0);
-    expect_clean_end(&m, 2);
+    finish(&m, [case], &[], s, 2);
 }
 
 #[test]
 fn poison_propagates_through_kernels_and_async_copies() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let mut a = ut_case(&m, F32);
     let args_a = a.args();
     let ws_a = skip_launch(&m, &mut a, &args_a, s);
@@ -123,15 +122,12 @@ fn poison_propagates_through_kernels_and_async_copies() {
     let ws_b = m.malloc(size as usize);
     assert_eq!(m.launch(ws_b, size, ex, s), 0);
     assert_eq!(m.sync(s), 507015);
-    let msg = m.err();
-    for needle in [
+    m.expect_err(&[
         "aclrtSynchronizeStream failed. ERROR: 507015",
         "(aclnnBatchNormReduceBackward) was skipped: mean [",
         "holds bytes that were never written",
         "they are bytes of sumDy that task #",
-    ] {
-        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
-    }
+    ]);
     m.expect_violations(2, "");
     // ...and poisons what it should have written, naming the chain back to A
     assert_eq!(m.poisoned_bytes(), 48 + 48 + 32);
@@ -155,14 +151,11 @@ fn poison_propagates_through_kernels_and_async_copies() {
         assert_eq!(m.c.acl.aclrtMemcpyAsync(host.as_mut_ptr().cast(), 12, a.devs[8].mem, 12, D2H, s), 0);
     }
     assert_eq!(m.sync(s), 507053);
-    let msg = m.err();
-    for needle in [
+    m.expect_err(&[
         "aclrtSynchronizeStream failed. ERROR: 507053",
         "(aclrtMemcpyAsync) was skipped: the copy's source [",
         "they are bytes of gradBias that task #",
-    ] {
-        assert!(msg.contains(needle), "no `{needle}` in: {msg}");
-    }
+    ]);
     assert_eq!(host, [0x11u8; 12], "the skipped copy wrote nothing");
     assert_eq!(m.poisoned_bytes(), 96 + 12);
     m.expect_poisoned(
@@ -201,20 +194,12 @@ fn poison_propagates_through_kernels_and_async_copies() {
     m.expect_ok(&reference.args());
     assert_eq!(b.outputs(&m), reference.outputs(&m));
     m.expect_violations(2, "");
-    for p in [dst, clean] {
-        assert_eq!(m.free(p), 0);
-    }
-    for c in [a, b, reference] {
-        c.release(&m);
-    }
-    assert_eq!(m.destroy_stream(s), 0);
-    expect_clean_end(&m, 2);
+    finish(&m, [a, b, reference], &[dst, clean], s, 2);
 }
 
 #[test]
 fn poison_covers_exactly_the_elements_of_strided_views() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     // one allocation, two interleaved [3] views: even elements = sumDy of a kernel that is skipped
     let shared = m.upload(&encode(F32, &[0.0, 10.0, 0.0, 11.0, 0.0, 12.0]));
     let even = m.create_tensor(&Spec::strided(F32, &[3], &[2], 0, 6), shared);
@@ -260,12 +245,7 @@ fn poison_covers_exactly_the_elements_of_strided_views() {
     for t in [even, odd] {
         assert_eq!(m.destroy_tensor(t), 0);
     }
-    assert_eq!(m.free(shared), 0);
-    for case in [a, b, c] {
-        case.release(&m);
-    }
-    assert_eq!(m.destroy_stream(s), 0);
-    expect_clean_end(&m, 2);
+    finish(&m, [a, b, c], &[shared], s, 2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,8 +349,7 @@ fn hazard_detector_catches_an_unordered_pair_and_accepts_an_event_ordered_one() 
 /// each allocation, free, blocking copy and synchronise.
 #[test]
 fn pinned_host_memory_and_call_counters() {
-    let m = Mock::new();
-    let s = m.stream();
+    let (m, s) = Mock::with_stream();
     let c = m.c;
     let d = m.malloc(64);
     let before = mock::stats();
