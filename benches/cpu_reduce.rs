@@ -10,9 +10,11 @@
 //!   number of threads; for cache-resident shapes at several threads it is the better of one
 //!   thread and that many.
 //! - `torch` is PyTorch's CPU kernel on the same shapes, timed by `benches/torch_peer.py` (see
-//!   there which function) with the interpreter in `TORCH_PYTHON` (default `python3`), right after
-//!   ours for each case and thread count (a shared machine's memory bandwidth drifts over minutes);
-//!   the column is empty when torch cannot be imported. `xtorch` = our GB/s / torch's.
+//!   there which function) with the interpreter in `TORCH_PYTHON` (default `python3`), in a process
+//!   that keeps the case's tensors: ours and the peer's timings alternate [`ALTERNATIONS`] times
+//!   per case and thread count, each side keeping its best (a shared machine's memory bandwidth
+//!   drifts by half over seconds); the column is empty when torch cannot be imported.
+//!   `xtorch` = our GB/s / torch's.
 //! - Every timing is the best of several repetitions, interleaved kernel/stream, because other
 //!   work on the machine only ever makes a run slower.
 //! - Environment: `CPU_REDUCE_ONLY=cache` (or `=memory`) runs only the cache-resident (or
@@ -20,7 +22,6 @@
 //!   `CPU_REDUCE_TORCH=0` skips the peer; `ASCEND_CPU_ISA=avx2` forces the AVX2 code on an
 //!   AVX-512 CPU (the kernel reads it once).
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -176,39 +177,85 @@ impl Case {
     }
 }
 
-/// Seconds per call of PyTorch's kernel per case key, at `threads` threads (empty without torch).
-/// Called per case right after ours, so both see the machine in the same state (a shared VM's
-/// memory bandwidth drifts over minutes); the peer's header is printed on the first call.
-fn torch_times(keys: &[String], threads: usize) -> HashMap<String, f64> {
-    static ANNOUNCED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let mut map = HashMap::new();
-    if std::env::var("CPU_REDUCE_TORCH").is_ok_and(|v| v == "0") {
-        return map;
-    }
-    let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
-    let out = std::process::Command::new(&python).arg(script).arg(threads.to_string()).args(keys).output();
-    match out {
-        Ok(o) => {
-            for line in String::from_utf8_lossy(&o.stdout).lines() {
-                if let Some(h) = line.strip_prefix('#') {
-                    if !ANNOUNCED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        println!("peer ({python}):{h}");
-                    }
-                } else if let Some((k, t)) = line.split_once(' ') {
-                    if let Ok(t) = t.trim().parse::<f64>() {
-                        map.insert(k.to_string(), t);
-                    }
-                }
-            }
-        }
-        Err(e) => {
+/// PyTorch's kernel on one case, in a `benches/torch_peer.py --serve` process that keeps the
+/// case's tensors: each [`Peer::time`] is one timing (seconds per call, best of its rounds), so
+/// ours and the peer's can alternate several times per case (a shared VM's memory bandwidth
+/// drifts by half over seconds; alternating keeps that from favouring either side). `None` when
+/// the peer is turned off or torch cannot be imported; the header is printed on the first start.
+struct Peer {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Peer {
+    fn start(key: &str, threads: usize) -> Option<Peer> {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        static ANNOUNCED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let announce = |line: &str| {
             if !ANNOUNCED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                println!("peer: cannot run {python}: {e}");
+                println!("{line}");
+            }
+        };
+        if std::env::var("CPU_REDUCE_TORCH").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
+        let spawned = Command::new(&python)
+            .args([script, "--serve", &threads.to_string(), key])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            // Import-time warnings (NumPy missing, ...); a failed import is in its header.
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                announce(&format!("peer: cannot run {python}: {e}"));
+                return None;
+            }
+        };
+        let (stdin, stdout) = (child.stdin.take()?, child.stdout.take()?);
+        let mut stdout = std::io::BufReader::new(stdout).lines();
+        for line in stdout.by_ref() {
+            let line = line.ok()?;
+            if line == "# ready" {
+                return Some(Peer { child, stdin, stdout });
+            }
+            if let Some(h) = line.strip_prefix('#') {
+                announce(&format!("peer ({python}):{h}"));
             }
         }
+        // No "ready": torch is not importable (the peer said why in its header).
+        let _ = child.wait();
+        None
     }
-    map
+
+    /// One timing of the peer: seconds per call.
+    fn time(&mut self) -> Option<f64> {
+        use std::io::Write;
+        writeln!(self.stdin, "time").ok()?;
+        self.stdout.next()?.ok()?.trim().parse().ok()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // It may be mid-timing or blocked on stdin: stop it either way.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How many times ours and the peer's timings alternate per case (each side keeps its best).
+const ALTERNATIONS: usize = 3;
+
+/// Lets the other side's threads go idle before a timing (libgomp's workers spin for a while
+/// after a parallel region, the pool's helpers for 100 µs).
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(20));
 }
 
 fn throughput<T: Element>(case: &Case, thread_counts: &[usize]) {
@@ -219,11 +266,23 @@ fn throughput<T: Element>(case: &Case, thread_counts: &[usize]) {
     let bytes = (2 * n * std::mem::size_of::<T>()) as f64;
     for &cl in case.layouts() {
         for &threads in thread_counts {
-            let r = compare(&dy, &x, shape, cl, threads, case.cached);
-            let peer = torch_times(&[case.key(cl)], threads);
-            let (tg, xt) = match peer.get(&case.key(cl)) {
-                Some(&t) => (format!("{:.2}", bytes / t / 1e9), format!("{:.2}", r.kernel * t * 1e9 / bytes)),
-                None => ("-".into(), "-".into()),
+            let mut peer = Peer::start(&case.key(cl), threads);
+            let mut r = Row { kernel: 0.0, stream: 0.0 };
+            let mut torch = f64::INFINITY;
+            for _ in 0..ALTERNATIONS {
+                settle();
+                let once = compare(&dy, &x, shape, cl, threads, case.cached);
+                (r.kernel, r.stream) = (r.kernel.max(once.kernel), r.stream.max(once.stream));
+                if let Some(p) = peer.as_mut() {
+                    settle();
+                    torch = p.time().map_or(torch, |t| torch.min(t));
+                }
+            }
+            drop(peer);
+            let (tg, xt) = if torch.is_finite() {
+                (format!("{:.2}", bytes / torch / 1e9), format!("{:.2}", r.kernel * torch * 1e9 / bytes))
+            } else {
+                ("-".into(), "-".into())
             };
             println!(
                 "{:<6} {:<5} {:<5} {:>20} {:>9.2} MiB {:>2} {:>8.2} {:>8.2} {:>6.2} {:>8} {:>6} {:>9.1}",

@@ -12,6 +12,11 @@ outputs), like our f32 outputs.
 
 Usage: torch_peer.py THREADS CASE...   where CASE = dtype:layout:d0,d1,...  (layout nchw|cl)
 Prints a header line starting with '#', then one line per case: CASE seconds_per_call.
+`torch_peer.py --serve THREADS CASE` makes the case's tensors once, prints '# ready', then answers
+each line read from stdin with one timing (seconds per call, best of its rounds) until stdin
+closes: the Rust bench alternates its own timing with the peer's several times per case, so a
+drift of the machine's memory bandwidth between the two (it moves by half on this shared VM)
+cannot favour either.
 Exits with status 3 when torch cannot be imported (the Rust bench then shows no peer column).
 """
 
@@ -46,37 +51,57 @@ def best_time(f, cached):
     return best
 
 
-def main():
-    threads = int(sys.argv[1])
-    torch.set_num_threads(threads)
+def tensors(case):
+    """The case's inputs and the call that times PyTorch's kernel on them, and its bytes."""
     dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    name, layout, dims = case.split(":")
+    shape = [int(d) for d in dims.split(",")]
+    dt = dtypes[name]
+    g = torch.Generator().manual_seed(11)
+    dy = (torch.rand(shape, generator=g) * 4 - 2).to(dt)
+    x = (torch.rand(shape, generator=g) * 6 - 3).to(dt)
+    if layout == "cl":
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
+        if fmt is not None:
+            dy = dy.contiguous(memory_format=fmt)
+            x = x.contiguous(memory_format=fmt)
+    c = shape[1]
+    mean = torch.arange(c, dtype=torch.float32) * 0.1
+    invstd = torch.ones(c, dtype=torch.float32)
+    w = torch.ones(c, dtype=torch.float32)
+    op = torch.ops.aten.native_batch_norm_backward
+
+    def call():
+        op(dy, x, w, None, None, mean, invstd, True, 1e-5, [False, True, True])
+
+    return call, 2 * dy.numel() * dy.element_size()
+
+
+def header(threads):
+    torch.set_num_threads(threads)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
-    op = torch.ops.aten.native_batch_norm_backward
+
+
+def serve(threads, case):
+    header(threads)
+    call, nbytes = tensors(case)
+    print("# ready", flush=True)
+    for _ in sys.stdin:
+        print(f"{best_time(call, nbytes < (64 << 20)):.9g}", flush=True)
+
+
+def main():
+    if sys.argv[1] == "--serve":
+        serve(int(sys.argv[2]), sys.argv[3])
+        return
+    threads = int(sys.argv[1])
+    header(threads)
     for case in sys.argv[2:]:
-        name, layout, dims = case.split(":")
-        shape = [int(d) for d in dims.split(",")]
-        dt = dtypes[name]
-        g = torch.Generator().manual_seed(11)
-        dy = (torch.rand(shape, generator=g) * 4 - 2).to(dt)
-        x = (torch.rand(shape, generator=g) * 6 - 3).to(dt)
-        if layout == "cl":
-            fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
-            if fmt is not None:
-                dy = dy.contiguous(memory_format=fmt)
-                x = x.contiguous(memory_format=fmt)
-        c = shape[1]
-        mean = torch.arange(c, dtype=torch.float32) * 0.1
-        invstd = torch.ones(c, dtype=torch.float32)
-        w = torch.ones(c, dtype=torch.float32)
-
-        def call():
-            op(dy, x, w, None, None, mean, invstd, True, 1e-5, [False, True, True])
-
-        nbytes = 2 * dy.numel() * dy.element_size()
+        call, nbytes = tensors(case)
         t = best_time(call, nbytes < (64 << 20))
         print(f"{case} {t:.9g}", flush=True)
-        del dy, x
+        del call
 
 
 if __name__ == "__main__":
