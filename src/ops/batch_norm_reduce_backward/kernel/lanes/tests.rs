@@ -43,7 +43,7 @@ fn sum_runs_all<T: Element, const XMU: bool>(dy: &[T], x: &[T], runs: &[Run], me
     #[cfg(target_arch = "x86_64")]
     if Isa::supported().contains(&Isa::Avx512) {
         // SAFETY: `supported` lists Avx512 only after checking avx512f, avx512bw and avx512vl.
-        let r = unsafe { avx512::sum_runs::<T, XMU>(false, dy, x, runs.iter().copied(), mean) };
+        let r = unsafe { avx512::sum_runs::<T, XMU>(RunsCall { pf: false, dy, x, runs: runs.iter().copied(), mean }) };
         out.push(("avx512 module".into(), r));
     }
     out
@@ -142,7 +142,7 @@ fn acc_rows_all<T: Element>(dy: &[T], x: &[T], rows: Rows<'_>, len: usize, mean:
     if Isa::supported().contains(&Isa::Avx512) {
         let acc = run(&|d, m| {
             // SAFETY: `supported` lists Avx512 only after checking avx512f, avx512bw and avx512vl.
-            unsafe { avx512::acc_rows::<T, true>(false, dy, x, rows, len, mean, d, m) }
+            unsafe { avx512::acc_rows::<T, true>(RowsCall { pf: false, dy, x, rows, len, mean, acc_d: d, acc_m: m }) }
         });
         out.push(("avx512 module".into(), acc));
     }
