@@ -100,6 +100,22 @@ pub(super) enum Rows<'r> {
     List(&'r [(usize, usize)]),
 }
 
+/// What `count` strided rows of `len` lanes span in dy and in x, from the first row's start
+/// (`d` in dy, `x0` in x) to the last row's end: cut (and bounds-checked) once, the rows are cut
+/// from it. `None` for no rows.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn strided_span<'a, T>(
+    (dy, x): (&'a [T], &'a [T]),
+    (d, x0): (usize, usize),
+    stride: usize,
+    count: usize,
+    len: usize,
+) -> Option<(&'a [T], &'a [T])> {
+    let span = count.checked_sub(1)? * stride + len;
+    Some((&dy[d..d + span], &x[x0..x0 + span]))
+}
+
 /// The arguments of one [`acc_rows`] call, as every instruction set's `acc_rows` takes them: the
 /// lane slices cut to `len` lanes (`acc_m` empty unless `XMU`).
 pub(super) struct RowsCall<'a, T> {
@@ -237,7 +253,7 @@ mod tests;
 mod avx2 {
     //! Every function here requires AVX2, FMA and F16C (checked by `Isa::detect`).
 
-    use super::{lane_of, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
+    use super::{lane_of, strided_span, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
     use crate::dtype::{DType, Element};
     use std::arch::x86_64::*;
 
@@ -476,11 +492,7 @@ mod avx2 {
         unsafe {
             match rows {
                 Rows::Strided { d, x: x0, stride, count } => {
-                    if count == 0 {
-                        return;
-                    }
-                    let span = (count - 1) * stride + len;
-                    let (rd, rx) = (&dy[d..d + span], &x[x0..x0 + span]);
+                    let Some((rd, rx)) = strided_span((dy, x), (d, x0), stride, count, len) else { return };
                     let row = |k: usize| (&rd[k * stride..k * stride + len], &rx[k * stride..k * stride + len]);
                     let mut k = 0;
                     while k + 4 <= count {

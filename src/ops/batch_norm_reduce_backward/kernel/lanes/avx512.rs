@@ -16,7 +16,7 @@
 //! 0.70-0.76 of a streaming read or at ~0.9 depending only on where the heap put the small
 //! accumulator buffer (same data addresses, same path); now 0.91-0.96 either way.
 
-use super::{Rows, RowsCall, Runs, RunsCall, RUN_LANES};
+use super::{strided_span, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
 use crate::dtype::{DType, Element};
 use std::arch::x86_64::*;
 
@@ -323,11 +323,7 @@ pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(call: RowsCall<'_, T>
     unsafe {
         match rows {
             Rows::Strided { d, x: x0, stride, count } => {
-                if count == 0 {
-                    return;
-                }
-                let span = (count - 1) * stride + len;
-                let (rd, rx) = (&dy[d..d + span], &x[x0..x0 + span]);
+                let Some((rd, rx)) = strided_span((dy, x), (d, x0), stride, count, len) else { return };
                 // Short rows of 2-byte elements (super-rows of 64 lanes): accumulators in
                 // registers for the whole call. (f32 measured no better than `group` on main
                 // memory, 0.92-0.97 of a streaming read against 1.00, so it keeps `group`.)
