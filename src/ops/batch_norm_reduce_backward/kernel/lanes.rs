@@ -34,39 +34,61 @@ const fn lane_of(dtype: DType, i: usize) -> usize {
 /// A run: `(start in dy.data, start in x.data, length)`.
 pub(super) type Run = (usize, usize, usize);
 
+/// The runs of one [`sum_runs`] call, in order.
+pub(super) trait Runs: IntoIterator<Item = Run> {}
+impl<I: IntoIterator<Item = Run>> Runs for I {}
+
+/// The arguments of one [`sum_runs`] call, as every instruction set's `sum_runs` takes them.
+pub(super) struct RunsCall<'a, T, R> {
+    /// Software prefetches on (only the x86-64 code prefetches).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pf: bool,
+    dy: &'a [T],
+    x: &'a [T],
+    runs: R,
+    mean: f32,
+}
+
+/// Calls `$f` of the module of `$isa`'s instruction set with `$call`; on AVX-512, the AVX2 code's
+/// when `$avx2` holds (same bits either way).
+macro_rules! dispatch {
+    ($isa:expr, $f:ident::<$($g:tt),*>($call:expr), avx512_takes_avx2_when: $avx2:expr) => {
+        match $isa {
+            Isa::Portable => portable::$f::<$($g),*>($call),
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: `Isa::Neon` is only produced after checking NEON (in every aarch64 CPU the
+            // target supports).
+            Isa::Neon => unsafe { neon::$f::<$($g),*>($call) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
+            // checking avx2, fma and f16c.
+            Isa::Avx2 => unsafe { avx2::$f::<$($g),*>($call) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
+            // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
+            Isa::Avx512 => unsafe {
+                if $avx2 {
+                    avx2::$f::<$($g),*>($call)
+                } else {
+                    avx512::$f::<$($g),*>($call)
+                }
+            },
+        }
+    };
+}
+
 /// Σ dy and (when `XMU`) Σ dy·(x − mean) over `runs`, one block: f32 lanes, folded to f64.
-// `pf` (software prefetches) only steers the x86-64 code.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub(super) fn sum_runs<T: Element, const XMU: bool>(
     isa: Isa,
     pf: bool,
     dy: &[T],
     x: &[T],
-    runs: impl IntoIterator<Item = Run>,
+    runs: impl Runs,
     mean: f32,
 ) -> (f64, f64) {
-    match isa {
-        Isa::Portable => portable::sum_runs::<T, XMU>(dy, x, runs, mean),
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: `Isa::Neon` is only produced after checking NEON (in every aarch64 CPU the
-        // target supports).
-        Isa::Neon => unsafe { neon::sum_runs::<T, XMU>(dy, x, runs, mean) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
-        // checking avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::sum_runs::<T, XMU>(pf, dy, x, runs, mean) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
-        // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
-        Isa::Avx512 => unsafe {
-            if T::DTYPE == DType::F16 {
-                // Faster than the 512-bit loop for f16 (see the module docs); same bits.
-                avx2::sum_runs::<T, XMU>(pf, dy, x, runs, mean)
-            } else {
-                avx512::sum_runs::<T, XMU>(pf, dy, x, runs, mean)
-            }
-        },
-    }
+    let call = RunsCall { pf, dy, x, runs, mean };
+    // f16 on AVX-512: the 256-bit loop is faster than the 512-bit one (see the module docs).
+    dispatch!(isa, sum_runs::<T, XMU>(call), avx512_takes_avx2_when: T::DTYPE == DType::F16)
 }
 
 /// The rows of one [`acc_rows`] call.
@@ -78,11 +100,40 @@ pub(super) enum Rows<'r> {
     List(&'r [(usize, usize)]),
 }
 
+/// What `count` strided rows of `len` lanes span in dy and in x, from the first row's start
+/// (`d` in dy, `x0` in x) to the last row's end: cut (and bounds-checked) once, the rows are cut
+/// from it. `None` for no rows.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn strided_span<'a, T>(
+    (dy, x): (&'a [T], &'a [T]),
+    (d, x0): (usize, usize),
+    stride: usize,
+    count: usize,
+    len: usize,
+) -> Option<(&'a [T], &'a [T])> {
+    let span = count.checked_sub(1)? * stride + len;
+    Some((&dy[d..d + span], &x[x0..x0 + span]))
+}
+
+/// The arguments of one [`acc_rows`] call, as every instruction set's `acc_rows` takes them: the
+/// lane slices cut to `len` lanes (`acc_m` empty unless `XMU`).
+pub(super) struct RowsCall<'a, T> {
+    /// Software prefetches on (only the x86-64 code prefetches).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pf: bool,
+    dy: &'a [T],
+    x: &'a [T],
+    rows: Rows<'a>,
+    len: usize,
+    mean: &'a [f32],
+    acc_d: &'a mut [f32],
+    acc_m: &'a mut [f32],
+}
+
 /// Adds rows to per-lane accumulators: for each row (in order) starting at `(d, x)` and each
 /// lane `j < len`: `acc_d[j] += dy[d + j]`, `acc_m[j] = fma(dy[d + j], x[x + j] − mean[j], acc_m[j])`.
 /// `mean`, `acc_d` (and `acc_m` when `XMU`) hold at least `len` lanes.
-// `pf` (software prefetches) only steers the x86-64 code.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn acc_rows<T: Element, const XMU: bool>(
     isa: Isa,
@@ -97,29 +148,11 @@ pub(super) fn acc_rows<T: Element, const XMU: bool>(
 ) {
     let (mean, acc_d) = (&mean[..len], &mut acc_d[..len]);
     let acc_m = if XMU { &mut acc_m[..len] } else { &mut acc_m[..0] };
-    match isa {
-        Isa::Portable => portable::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m),
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: as in `sum_runs`.
-        Isa::Neon => unsafe { neon::acc_rows::<T, XMU>(dy, x, rows, len, mean, acc_d, acc_m) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` (or `supported`, tests) after
-        // checking avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only produced by `Isa::detect` (or `supported`, tests) after
-        // checking avx2, fma, f16c, avx512f, avx512bw and avx512vl.
-        Isa::Avx512 => unsafe {
-            // f16 rows: the 256-bit loop in cache (45 → 53 GB/s on [8,256,28,28]), the 512-bit
-            // one without prefetches, i.e. on main memory on AMD (17.8 → 20.0 GB/s on
-            // [64,64,128,128]; see `prefetch_policy`); same bits either way.
-            if T::DTYPE == DType::F16 && pf {
-                avx2::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m)
-            } else {
-                avx512::acc_rows::<T, XMU>(pf, dy, x, rows, len, mean, acc_d, acc_m)
-            }
-        },
-    }
+    let call = RowsCall { pf, dy, x, rows, len, mean, acc_d, acc_m };
+    // f16 rows on AVX-512: the 256-bit loop in cache (45 → 53 GB/s on [8,256,28,28]), the
+    // 512-bit one without prefetches, i.e. on main memory on AMD (17.8 → 20.0 GB/s on
+    // [64,64,128,128]; see `prefetch_policy`).
+    dispatch!(isa, acc_rows::<T, XMU>(call), avx512_takes_avx2_when: T::DTYPE == DType::F16 && pf)
 }
 
 /// Folds 32 f32 lanes into one f64 in the fixed order the AVX2 code uses:
@@ -139,15 +172,11 @@ fn widen<T: Element>(src: &[T], dst: &mut [f32]) {
 }
 
 mod portable {
-    use super::{fold32, lane_of, widen, Rows, Run, RUN_LANES};
+    use super::{fold32, lane_of, widen, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
     use crate::dtype::Element;
 
-    pub(super) fn sum_runs<T: Element, const XMU: bool>(
-        dy: &[T],
-        x: &[T],
-        runs: impl IntoIterator<Item = Run>,
-        mean: f32,
-    ) -> (f64, f64) {
+    pub(super) fn sum_runs<T: Element, const XMU: bool>(call: RunsCall<'_, T, impl Runs>) -> (f64, f64) {
+        let RunsCall { dy, x, runs, mean, .. } = call;
         let lane: [usize; RUN_LANES] = std::array::from_fn(|i| lane_of(T::DTYPE, i));
         let mut ad = [0f32; RUN_LANES];
         let mut am = [0f32; RUN_LANES];
@@ -172,15 +201,8 @@ mod portable {
         (fold32(&ad), if XMU { fold32(&am) } else { 0.0 })
     }
 
-    pub(super) fn acc_rows<T: Element, const XMU: bool>(
-        dy: &[T],
-        x: &[T],
-        rows: Rows<'_>,
-        len: usize,
-        mean: &[f32],
-        acc_d: &mut [f32],
-        acc_m: &mut [f32],
-    ) {
+    pub(super) fn acc_rows<T: Element, const XMU: bool>(call: RowsCall<'_, T>) {
+        let RowsCall { dy, x, rows, len, mean, acc_d, acc_m, .. } = call;
         let mut bd = [0f32; 256];
         let mut bx = [0f32; 256];
         let mut row = |od: usize, ox: usize| {
@@ -231,7 +253,7 @@ mod tests;
 mod avx2 {
     //! Every function here requires AVX2, FMA and F16C (checked by `Isa::detect`).
 
-    use super::{lane_of, Rows, Run, RUN_LANES};
+    use super::{lane_of, strided_span, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
     use crate::dtype::{DType, Element};
     use std::arch::x86_64::*;
 
@@ -346,13 +368,8 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
-        pf: bool,
-        dy: &[T],
-        x: &[T],
-        runs: impl IntoIterator<Item = Run>,
-        mean: f32,
-    ) -> (f64, f64) {
+    pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(call: RunsCall<'_, T, impl Runs>) -> (f64, f64) {
+        let RunsCall { pf, dy, x, runs, mean } = call;
         let size = std::mem::size_of::<T>();
         let dist = PREFETCH_BYTES / size;
         // Element index held by each lane, for masking a partial last step.
@@ -466,17 +483,8 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
-        pf: bool,
-        dy: &[T],
-        x: &[T],
-        rows: Rows<'_>,
-        len: usize,
-        mean: &[f32],
-        acc_d: &mut [f32],
-        acc_m: &mut [f32],
-    ) {
+    pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(call: RowsCall<'_, T>) {
+        let RowsCall { pf, dy, x, rows, len, mean, acc_d, acc_m } = call;
         let nv = len / 8 * 8;
         let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], nv, pf };
         // SAFETY: every row handed to `group`/`tail` is a slice of exactly `len` elements (cut
@@ -484,11 +492,7 @@ mod avx2 {
         unsafe {
             match rows {
                 Rows::Strided { d, x: x0, stride, count } => {
-                    if count == 0 {
-                        return;
-                    }
-                    let span = (count - 1) * stride + len;
-                    let (rd, rx) = (&dy[d..d + span], &x[x0..x0 + span]);
+                    let Some((rd, rx)) = strided_span((dy, x), (d, x0), stride, count, len) else { return };
                     let row = |k: usize| (&rd[k * stride..k * stride + len], &rx[k * stride..k * stride + len]);
                     let mut k = 0;
                     while k + 4 <= count {

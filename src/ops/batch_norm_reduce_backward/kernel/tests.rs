@@ -3,14 +3,37 @@
 use super::*;
 use crate::dtype::{bf16, f16};
 
-/// xorshift64* generator.
-struct Rng(u64);
+/// One `#[test]` per float element type, named `$f32`, `$f16` and `$bf16`, each running the
+/// generic check `$check` on its type.
+macro_rules! float_tests {
+    ($check:ident: $f32:ident, $f16:ident, $bf16:ident) => {
+        #[test]
+        fn $f32() {
+            $check::<f32>();
+        }
+
+        #[test]
+        fn $f16() {
+            $check::<$crate::dtype::f16>();
+        }
+
+        #[test]
+        fn $bf16() {
+            $check::<$crate::dtype::bf16>();
+        }
+    };
+}
+// The lane tests' per-type tests too.
+pub(super) use float_tests;
+
+/// xorshift64* generator (the lane tests' values too).
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    pub(super) fn new(seed: u64) -> Self {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    fn next_u64(&mut self) -> u64 {
+    pub(super) fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -258,20 +281,7 @@ fn all_cases<T: Element>() {
     }
 }
 
-#[test]
-fn matches_reference_f32() {
-    all_cases::<f32>();
-}
-
-#[test]
-fn matches_reference_f16() {
-    all_cases::<f16>();
-}
-
-#[test]
-fn matches_reference_bf16() {
-    all_cases::<bf16>();
-}
+float_tests!(all_cases: matches_reference_f32, matches_reference_f16, matches_reference_bf16);
 
 #[test]
 fn path_choice() {

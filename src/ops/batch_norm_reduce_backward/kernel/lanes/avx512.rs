@@ -16,7 +16,7 @@
 //! 0.70-0.76 of a streaming read or at ~0.9 depending only on where the heap put the small
 //! accumulator buffer (same data addresses, same path); now 0.91-0.96 either way.
 
-use super::{Rows, Run, RUN_LANES};
+use super::{strided_span, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
 use crate::dtype::{DType, Element};
 use std::arch::x86_64::*;
 
@@ -261,13 +261,8 @@ unsafe fn partial_step<T: Element, const XMU: bool>(
 /// # Safety
 /// The CPU must support AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
-    pf: bool,
-    dy: &[T],
-    x: &[T],
-    runs: impl IntoIterator<Item = Run>,
-    mean: f32,
-) -> (f64, f64) {
+pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(call: RunsCall<'_, T, impl Runs>) -> (f64, f64) {
+    let RunsCall { pf, dy, x, runs, mean } = call;
     let size = std::mem::size_of::<T>();
     let dist = PREFETCH_BYTES / size;
     let mv = _mm512_set1_ps(mean);
@@ -320,28 +315,15 @@ pub(super) unsafe fn sum_runs<T: Element, const XMU: bool>(
 /// # Safety
 /// The CPU must support AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(
-    pf: bool,
-    dy: &[T],
-    x: &[T],
-    rows: Rows<'_>,
-    len: usize,
-    mean: &[f32],
-    acc_d: &mut [f32],
-    acc_m: &mut [f32],
-) {
+pub(super) unsafe fn acc_rows<T: Element, const XMU: bool>(call: RowsCall<'_, T>) {
+    let RowsCall { pf, dy, x, rows, len, mean, acc_d, acc_m } = call;
     let lanes = Lanes { mean, acc_d: acc_d as *mut [f32], acc_m: acc_m as *mut [f32], pf };
     // SAFETY: every row handed to `group` is a slice of exactly `len` elements (cut from
     // `dy`/`x` with bounds checks), the lane arrays hold `len` lanes; features from the caller.
     unsafe {
         match rows {
             Rows::Strided { d, x: x0, stride, count } => {
-                if count == 0 {
-                    return;
-                }
-                let span = (count - 1) * stride + len;
-                let (rd, rx) = (&dy[d..d + span], &x[x0..x0 + span]);
+                let Some((rd, rx)) = strided_span((dy, x), (d, x0), stride, count, len) else { return };
                 // Short rows of 2-byte elements (super-rows of 64 lanes): accumulators in
                 // registers for the whole call. (f32 measured no better than `group` on main
                 // memory, 0.92-0.97 of a streaming read against 1.00, so it keeps `group`.)

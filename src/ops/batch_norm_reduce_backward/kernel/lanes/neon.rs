@@ -8,7 +8,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{fold32, lane_of, Rows, Run, RUN_LANES};
+use super::{fold32, lane_of, Rows, RowsCall, Runs, RunsCall, RUN_LANES};
 use crate::cpu::isa::Isa;
 use crate::cpu::widen::{widen, widen_ref};
 use crate::dtype::{Element, SliceRef};
@@ -90,12 +90,8 @@ fn from_array(a: &[f32; RUN_LANES]) -> [float32x4_t; VECS] {
 
 /// See `super::sum_runs`.
 #[target_feature(enable = "neon")]
-pub(super) fn sum_runs<T: Element, const XMU: bool>(
-    dy: &[T],
-    x: &[T],
-    runs: impl IntoIterator<Item = Run>,
-    mean: f32,
-) -> (f64, f64) {
+pub(super) fn sum_runs<T: Element, const XMU: bool>(call: RunsCall<'_, T, impl Runs>) -> (f64, f64) {
+    let RunsCall { dy, x, runs, mean, .. } = call;
     let lane: [usize; RUN_LANES] = std::array::from_fn(|i| lane_of(T::DTYPE, i));
     let mv = vdupq_n_f32(mean);
     let mut ad = [vdupq_n_f32(0.0); VECS];
@@ -137,15 +133,8 @@ pub(super) fn sum_runs<T: Element, const XMU: bool>(
 
 /// See `super::acc_rows`; slices already cut to `len` lanes (`acc_m` empty unless `XMU`).
 #[target_feature(enable = "neon")]
-pub(super) fn acc_rows<T: Element, const XMU: bool>(
-    dy: &[T],
-    x: &[T],
-    rows: Rows<'_>,
-    len: usize,
-    mean: &[f32],
-    acc_d: &mut [f32],
-    acc_m: &mut [f32],
-) {
+pub(super) fn acc_rows<T: Element, const XMU: bool>(call: RowsCall<'_, T>) {
+    let RowsCall { dy, x, rows, len, mean, acc_d, acc_m, .. } = call;
     match rows {
         Rows::Strided { d, x: x0, stride, count } => {
             for k in 0..count {

@@ -4,23 +4,18 @@
 //! mean would show a touched lane), and the row primitive with every lane count.
 //! Direct calls also cover the AVX-512 f16 code, which `Isa::Avx512` leaves to the AVX2 code.
 
+use super::super::tests::{float_tests, Rng};
 use super::*;
 
-/// xorshift64*: ±m·2^e, m in [1, 2), e in [-12, 12], so that f32 sums round and any change in
-/// which lane an element goes to, or in the order of a lane's additions, changes the bits.
+/// ±m·2^e, m in [1, 2), e in [-12, 12], so that f32 sums round and any change in which lane an
+/// element goes to, or in the order of a lane's additions, changes the bits.
 fn values<T: Element>(n: usize, seed: u64) -> Vec<T> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        s.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
+    let mut rng = Rng::new(seed);
     (0..n)
         .map(|_| {
-            let r = next();
+            let r = rng.next_u64();
             let m = 1.0 + (r >> 11) as f64 / (1u64 << 53) as f64;
-            let e = (next() % 25) as i32 - 12;
+            let e = (rng.next_u64() % 25) as i32 - 12;
             T::from_f64(if r & 1 == 0 { m } else { -m } * 2f64.powi(e))
         })
         .collect()
@@ -43,7 +38,7 @@ fn sum_runs_all<T: Element, const XMU: bool>(dy: &[T], x: &[T], runs: &[Run], me
     #[cfg(target_arch = "x86_64")]
     if Isa::supported().contains(&Isa::Avx512) {
         // SAFETY: `supported` lists Avx512 only after checking avx512f, avx512bw and avx512vl.
-        let r = unsafe { avx512::sum_runs::<T, XMU>(false, dy, x, runs.iter().copied(), mean) };
+        let r = unsafe { avx512::sum_runs::<T, XMU>(RunsCall { pf: false, dy, x, runs: runs.iter().copied(), mean }) };
         out.push(("avx512 module".into(), r));
     }
     out
@@ -86,20 +81,7 @@ fn runs_every_alignment<T: Element>() {
     }
 }
 
-#[test]
-fn runs_match_portable_f32() {
-    runs_every_alignment::<f32>();
-}
-
-#[test]
-fn runs_match_portable_f16() {
-    runs_every_alignment::<f16>();
-}
-
-#[test]
-fn runs_match_portable_bf16() {
-    runs_every_alignment::<bf16>();
-}
+float_tests!(runs_every_alignment: runs_match_portable_f32, runs_match_portable_f16, runs_match_portable_bf16);
 
 /// Lanes a partial step does not reach keep their bits: an infinite mean would turn a lane
 /// that took a zero-filled element into NaN (0·(0 − ∞)). (Zero-filled elements are otherwise
@@ -142,7 +124,7 @@ fn acc_rows_all<T: Element>(dy: &[T], x: &[T], rows: Rows<'_>, len: usize, mean:
     if Isa::supported().contains(&Isa::Avx512) {
         let acc = run(&|d, m| {
             // SAFETY: `supported` lists Avx512 only after checking avx512f, avx512bw and avx512vl.
-            unsafe { avx512::acc_rows::<T, true>(false, dy, x, rows, len, mean, d, m) }
+            unsafe { avx512::acc_rows::<T, true>(RowsCall { pf: false, dy, x, rows, len, mean, acc_d: d, acc_m: m }) }
         });
         out.push(("avx512 module".into(), acc));
     }
