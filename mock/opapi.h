@@ -103,6 +103,8 @@ aclnnStatus mock_check_rank_2_to_8(const mock_op *op, const mock_op_call *call, 
 aclnnStatus mock_check_channels(const mock_op *op, const mock_op_call *call, int i, int64_t *channels);
 aclnnStatus mock_check_per_channel(const mock_op *op, const mock_op_call *call, const int *which, size_t n,
                                    int64_t channels);
+/* The number of elements of the array `a`. */
+#define MOCK_LEN(a) (sizeof(a) / sizeof((a)[0]))
 /* In a check: returns the status of `step` (a call returning aclnnStatus) unless it is 0. */
 #define MOCK_TRY(step)                                                                                              \
     do {                                                                                                            \

@@ -87,7 +87,7 @@ static aclnnStatus elemt_check(const mock_op *op, mock_op_call *call) {
     int64_t channels;
     MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
     static const int per_channel[] = {T_WEIGHT, T_BIAS, T_MEAN, T_INVSTD};
-    MOCK_TRY(mock_check_per_channel(op, call, per_channel, sizeof per_channel / sizeof per_channel[0], channels));
+    MOCK_TRY(mock_check_per_channel(op, call, per_channel, MOCK_LEN(per_channel), channels));
     call->empty = mock_numel(x) == 0;
     call->ws_size = 0;
     return ACLNN_SUCCESS;

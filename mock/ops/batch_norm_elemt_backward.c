@@ -114,7 +114,7 @@ static aclnnStatus elemt_backward_check(const mock_op *op, mock_op_call *call) {
         }
     }
     static const int per_channel[] = {T_MEAN, T_INVSTD, T_WEIGHT, T_SUMDY, T_SUMDYXMU};
-    MOCK_TRY(mock_check_per_channel(op, call, per_channel, sizeof per_channel / sizeof per_channel[0], channels));
+    MOCK_TRY(mock_check_per_channel(op, call, per_channel, MOCK_LEN(per_channel), channels));
     if (t[T_COUNTER]->rank > 8) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Dim of counter should be at most 8, but got %llu.",
                             (unsigned long long)t[T_COUNTER]->rank);

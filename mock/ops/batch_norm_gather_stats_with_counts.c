@@ -147,7 +147,7 @@ static aclnnStatus gather_check(const mock_op *op, mock_op_call *call) {
                             (long long)channels, (long long)mean->dims[1], (long long)invstd->dims[1]);
     }
     static const int vectors[] = {T_RMEAN, T_RVAR, T_MEANALL, T_INVSTDALL};
-    MOCK_TRY(mock_check_per_channel(op, call, vectors, 4, channels));
+    MOCK_TRY(mock_check_per_channel(op, call, vectors, MOCK_LEN(vectors), channels));
     /* the kernel keeps the broadcast global mean in the workspace */
     call->ws_size = mock_numel(mean) == 0 ? 0 : ((uint64_t)channels * sizeof(float) + 31) & ~(uint64_t)31;
     return ACLNN_SUCCESS;

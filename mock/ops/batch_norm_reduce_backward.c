@@ -156,7 +156,7 @@ static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
     MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
     int64_t channels;
     MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
-    MOCK_TRY(mock_check_per_channel(op, call, outputs, 4, channels));
+    MOCK_TRY(mock_check_per_channel(op, call, outputs, MOCK_LEN(outputs), channels));
     call->empty = mock_numel(t[T_GRAD]) == 0 || mock_numel(t[T_INPUT]) == 0 || mock_numel(t[T_MEAN]) == 0 ||
                   mock_numel(t[T_INVSTD]) == 0;
     call->ws_size = call->empty ? 0 : ((uint64_t)channels * 2 * sizeof(float) + 31) & ~(uint64_t)31;

@@ -126,7 +126,7 @@ static aclnnStatus stats_check(const mock_op *op, mock_op_call *call) {
     int64_t channels;
     MOCK_TRY(mock_check_channels(op, call, T_INPUT, &channels));
     static const int per_channel[] = {T_MEAN, T_INVSTD};
-    MOCK_TRY(mock_check_per_channel(op, call, per_channel, 2, channels));
+    MOCK_TRY(mock_check_per_channel(op, call, per_channel, MOCK_LEN(per_channel), channels));
     /* the kernel's per-channel running sums live in the workspace */
     call->ws_size = mock_numel(x) == 0 ? 0 : ((uint64_t)channels * sizeof(float) + 31) & ~(uint64_t)31;
     return ACLNN_SUCCESS;
