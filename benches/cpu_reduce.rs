@@ -180,8 +180,7 @@ impl Case {
 /// PyTorch's kernel on one case, in a `benches/torch_peer.py --serve` process that keeps the
 /// case's tensors: each [`Peer::time`] is one timing (seconds per call, best of its rounds), so
 /// ours and the peer's can alternate several times per case (a shared VM's memory bandwidth
-/// drifts by half over seconds; alternating keeps that from favouring either side). `None` when
-/// the peer is turned off or torch cannot be imported; the header is printed on the first start.
+/// drifts by half over seconds; alternating keeps that from favouring either side).
 struct Peer {
     child: std::process::Child,
     stdin: std::process::ChildStdin,
@@ -189,6 +188,8 @@ struct Peer {
 }
 
 impl Peer {
+    /// The peer of case `key` at `threads` threads, ready to time; `None` when it is turned off
+    /// (`CPU_REDUCE_TORCH=0`) or torch cannot be imported. The first start prints its header.
     fn start(key: &str, threads: usize) -> Option<Peer> {
         use std::io::BufRead;
         use std::process::{Command, Stdio};

@@ -7,8 +7,9 @@ PyTorch has no CPU kernel for `batch_norm_backward_reduce` (CUDA only), so the p
 grad_weight = sum(dy * (x - mean)) * invstd and grad_bias = sum(dy) per channel, plus C multiplies
 and two [C] allocations. Its NCHW kernel (aten/src/ATen/native/cpu/batch_norm_kernel.cpp) is
 parallel over channels; for f32 it reads each dy plane twice (reduce_all for sum(dy), then
-map2_reduce_all with x), for f16/bf16 once (one fused loop); its channels-last kernel walks rows of C into per-thread [C] buffers. f16/bf16 inputs take f32 mean/invstd/weight (torch's mixed-type path, f32
-outputs), like our f32 outputs.
+map2_reduce_all with x), for f16/bf16 once (one fused loop); its channels-last kernel walks rows
+of C into per-thread [C] buffers. f16/bf16 inputs take f32 mean/invstd/weight (torch's mixed-type
+path, f32 outputs), like our f32 outputs.
 
 Usage: torch_peer.py THREADS CASE...   where CASE = dtype:layout:d0,d1,...  (layout nchw|cl)
 Prints a header line starting with '#', then one line per case: CASE seconds_per_call.
