@@ -39,7 +39,7 @@ const N: usize = 8;
 const C: usize = 4;
 const EPS: f64 = 1e-5;
 const BATCH: usize = 200;
-const REPEATS: usize = 7;
+const REPEATS: usize = 25;
 
 /// The system allocator, counting allocations (for the heap allocations per launch).
 struct Counting;

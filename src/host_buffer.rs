@@ -243,7 +243,7 @@ impl Tensor {
         }
         let view = buffer.ptr().cast::<u8>().wrapping_add(self.offset() * std::mem::size_of::<T>()).cast::<c_void>();
         h.enqueue_copy(inner, |host| {
-            enqueue_using(inner, [buffer], || {
+            enqueue_using(inner, [buffer], |_| {
                 device.bind()?;
                 let (dst, src) = match kind {
                     aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE => (view, host.cast_const()),

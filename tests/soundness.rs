@@ -320,3 +320,65 @@ fn empty_input_gives_positive_zeros_on_both_backends(ctx: &Context) -> R {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Found by the launch benchmark's redesign: an enqueue skips the buffers' locks when its stream
+// is already every buffer's only user, so ordering another stream after that stream, a host read
+// of the buffer and the buffer's drop must each wait for an enqueue that made that choice.
+
+/// Two threads repeat cached `_into` launches on their own streams over the same fresh inputs
+/// (a repeat on a stream that is the inputs' only user takes the path without buffer locks,
+/// while the other thread's launch orders its stream after that one and forgets it), a third
+/// thread reads the inputs back meanwhile, and the inputs are dropped right after. Every result
+/// is right, and the mock sees no freed, raced or poisoned memory.
+#[test]
+fn cached_launches_race_other_streams_and_host_reads() {
+    isolated(|ctx| -> Result<()> {
+        const THREADS: usize = 2;
+        const ROUNDS: usize = 300;
+        const REPEATS: usize = 4;
+        let mut streams: Vec<_> = (0..THREADS).map(|_| ctx.new_stream()).collect::<Result<_>>()?;
+        let mut reader = ctx.new_stream()?;
+        let inp = inputs(11, &[2, 3, 4]);
+        let exp = inp.expected();
+        let want_x = inp.upload(&reader)?.x.to_vec::<f32>(&reader)?;
+        let mut outs: Vec<Outs> = streams.iter().map(|s| Outs::filled(s, DType::F32, 3)).collect::<Result<_>>()?;
+        let hits_before: u64 = streams.iter().map(|s| s.launch_cache_stats().hits).sum();
+        for round in 0..ROUNDS {
+            let up = inp.upload(&streams[round % THREADS])?;
+            let barrier = std::sync::Barrier::new(THREADS + 1);
+            std::thread::scope(|sc| -> Result<()> {
+                let (up, barrier, reader, want_x) = (&up, &barrier, &mut reader, &want_x);
+                let launchers: Vec<_> = streams
+                    .iter_mut()
+                    .zip(outs.iter_mut())
+                    .map(|(s, o)| {
+                        sc.spawn(move || -> Result<()> {
+                            let s = &*s;
+                            barrier.wait();
+                            (0..REPEATS).try_for_each(|_| up.run_into(s, OutputMask::ALL, o.all()))
+                        })
+                    })
+                    .collect();
+                let read = sc.spawn(move || -> Result<()> {
+                    barrier.wait();
+                    for _ in 0..2 {
+                        assert_eq!(&up.x.to_vec::<f32>(&*reader)?, want_x, "round {round}: the input read back");
+                    }
+                    Ok(())
+                });
+                launchers.into_iter().chain([read]).try_for_each(|h| h.join().expect("thread panicked"))
+            })?;
+            drop(up);
+        }
+        for (s, o) in streams.iter().zip(&outs) {
+            o.check(s, OutputMask::ALL, &exp);
+        }
+        let hits: u64 = streams.iter().map(|s| s.launch_cache_stats().hits).sum::<u64>() - hits_before;
+        if streams[0].launch_cache_stats().capacity > 0 {
+            assert!(hits > (ROUNDS * THREADS) as u64, "the repeats were cache hits ({hits})");
+        }
+        Ok(())
+    })
+    .unwrap();
+}

@@ -14,8 +14,8 @@
 //! * **Bounded**: at most `capacity` entries, the least recently used evicted. The capacity of a
 //!   new stream is `ASCEND_LAUNCH_CACHE_SIZE` (default [`DEFAULT_CAPACITY`]);
 //!   `ASCEND_NO_LAUNCH_CACHE=1` makes it 0 (off); `Stream::set_launch_cache_capacity` changes it.
-//! * **Locked while launching**: a hit rebinds and launches its entry with the cache locked, so
-//!   no other launch rebinds it in between; the lock is never held across phase 1.
+//! * **Locked while launching**: the cache's lock is the stream's enqueue lock, so a hit rebinds
+//!   and launches its entry with no other launch in between; it is never held across phase 1.
 //! * **Destroyed after its work.** A removed entry (evicted, replaced, or whose rebind or launch
 //!   failed) may have a launch queued: its executor and descriptors are destroyed
 //!   (`aclDestroyAclOpExecutor`, `aclDestroyTensor`) only once an event recorded on the stream
@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
 
-use super::{leaked, report, report_drop_error, Device, DeviceBuffer, EventInner, Leak, StreamInner};
+use super::{leaked, report, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak, StreamInner};
 use crate::acl;
 use crate::error::Result;
 use crate::layout::mix;
@@ -383,13 +383,18 @@ struct Retired {
     event: Arc<EventInner>,
 }
 
+/// What a stream's launch cache holds, behind the stream's enqueue lock
+/// ([`LaunchCache::lock`]): a launch on the stream holds it while it enqueues.
 #[derive(Default)]
-struct State {
+pub(crate) struct CacheState {
     slots: Vec<Slot>,
     index: HashMap<u64, usize, BuildHasherDefault<Identity>>,
     clock: u64,
     retired: Vec<Retired>,
     stats: LaunchCacheStats,
+    /// The workspace reused by operator launches on the stream (grown, never shrunk): see
+    /// [`StreamInner::with_workspace`].
+    pub(crate) workspace: Option<DeviceAlloc>,
 }
 
 /// Counters of a stream's launch cache ([`Stream::launch_cache_stats`](crate::Stream::launch_cache_stats)).
@@ -408,23 +413,83 @@ pub struct LaunchCacheStats {
     pub capacity: usize,
 }
 
+impl CacheState {
+    /// If the entry of `sig` (whose hash is `hash`) is cached, runs `launch` with it and the
+    /// stream's workspace (the cache
+    /// locked: no other launch rebinds it meanwhile) and returns its result; an entry whose
+    /// launch failed is retired. `None` when it is not cached (nothing ran).
+    pub(crate) fn launch_hit(
+        &mut self,
+        stream: &StreamInner,
+        hash: u64,
+        sig: &Signature<'_>,
+        launch: impl FnOnce(&mut Entry, &mut Option<DeviceAlloc>) -> Result<()>,
+    ) -> Option<Result<()>> {
+        let &i = self.index.get(&hash)?;
+        if !self.slots[i].entry.matches(sig) {
+            return None;
+        }
+        self.clock += 1;
+        (self.slots[i].last_used, self.stats.hits) = (self.clock, self.stats.hits + 1);
+        let result = launch(&mut self.slots[i].entry, &mut self.workspace);
+        if result.is_err() {
+            let failed = LaunchCache::remove(self, i);
+            self.retire(stream, [failed]);
+        }
+        Some(result)
+    }
+
+    /// Destroys `entries` once the work queued on `stream` so far (their launches among it) has
+    /// run: an event is recorded now and queried later ([`LaunchCache::reap`]). If it cannot be
+    /// recorded, the stream is synchronised first; if that fails too, they are leaked.
+    fn retire(&mut self, stream: &StreamInner, entries: impl IntoIterator<Item = Entry>) {
+        // bounded: the entries being retired, at most the capacity.
+        #[allow(clippy::disallowed_methods)]
+        let mut list: Vec<Entry> = entries.into_iter().collect();
+        if list.is_empty() {
+            return;
+        }
+        self.stats.evictions += list.len() as u64;
+        match stream.marker() {
+            Ok(event) => self.retired.push(Retired { entries: list, event }),
+            Err(e) => {
+                report_drop_error("aclrtRecordEvent (retiring cached executors)", &e);
+                // (Its reap skips this cache: the caller holds its lock.)
+                if let Err(e) = stream.synchronize() {
+                    report_drop_error("aclrtSynchronizeStream (retiring cached executors)", &e);
+                    list.drain(..).for_each(Entry::leak);
+                }
+            }
+        }
+    }
+}
+
 /// A stream's cache of repeatable executors (see the module docs).
 ///
-/// Locking: the state's lock is held across a hit (the rebind and phase 2, which lock the
-/// buffers' stream lists), never across phase 1. A stream's synchronise, which may run under a
-/// buffer's lock, only tries it ([`LaunchCache::reap`]), so the two orders never deadlock.
+/// Locking: the state's lock is the stream's enqueue lock ([`enqueue_using`](super::enqueue_using)):
+/// held across every enqueue on the stream (a hit's rebind and phase 2 among them), never across
+/// phase 1, and taken after the buffers' stream lists, never before. A stream's synchronise,
+/// which may run under that lock (a failed retire) or under a buffer's list, only tries it
+/// ([`LaunchCache::reap`]).
 pub(crate) struct LaunchCache {
     capacity: AtomicUsize,
-    state: Mutex<State>,
+    state: Mutex<CacheState>,
 }
 
 impl LaunchCache {
     pub(crate) fn new(capacity: usize) -> Self {
-        LaunchCache { capacity: AtomicUsize::new(capacity), state: Mutex::new(State::default()) }
+        LaunchCache { capacity: AtomicUsize::new(capacity), state: Mutex::new(CacheState::default()) }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// The stream's enqueue lock (see [`enqueue_using`](super::enqueue_using)), which guards the
+    /// cache's state.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, CacheState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, for the stream's drop.
+    pub(crate) fn state(&mut self) -> &mut CacheState {
+        self.state.get_mut().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether launches are cached at all.
@@ -432,34 +497,8 @@ impl LaunchCache {
         self.capacity.load(Ordering::Relaxed) > 0
     }
 
-    /// If the entry of `sig` (whose hash is `hash`) is cached, runs `launch` with it (the cache
-    /// locked: no other launch rebinds it meanwhile) and returns its result; an entry whose
-    /// launch failed is retired. `None` when it is not cached (nothing ran).
-    pub(crate) fn launch_hit(
-        &self,
-        stream: &StreamInner,
-        hash: u64,
-        sig: &Signature<'_>,
-        launch: impl FnOnce(&mut Entry) -> Result<()>,
-    ) -> Option<Result<()>> {
-        let mut st = self.lock();
-        let &i = st.index.get(&hash)?;
-        if !st.slots[i].entry.matches(sig) {
-            return None;
-        }
-        st.clock += 1;
-        (st.slots[i].last_used, st.stats.hits) = (st.clock, st.stats.hits + 1);
-        let result = launch(&mut st.slots[i].entry);
-        if result.is_err() {
-            let failed = Self::remove(&mut st, i);
-            drop(st);
-            self.retire(stream, [failed]);
-        }
-        Some(result)
-    }
-
     /// Takes slot `i` out (the last slot moves into its place).
-    fn remove(st: &mut State, i: usize) -> Entry {
+    fn remove(st: &mut CacheState, i: usize) -> Entry {
         let s = st.slots.swap_remove(i);
         st.index.remove(&s.hash);
         if let Some(moved) = st.slots.get(i) {
@@ -492,35 +531,18 @@ impl LaunchCache {
             st.slots.push(Slot { hash, last_used: clock, entry });
             let i = st.slots.len() - 1;
             st.index.insert(hash, i);
-            drop(st);
-            self.retire(stream, old);
+            st.retire(stream, old);
         } else {
-            drop(st);
-            self.retire(stream, old.into_iter().chain([entry])); // capacity 0 meanwhile
+            st.retire(stream, old.into_iter().chain([entry])); // capacity 0 meanwhile
         }
+        drop(st);
+        self.reap(stream);
     }
 
     /// Destroys `entries` once the work queued on `stream` so far (their launches among it) has
-    /// run: an event is recorded now and queried later. If it cannot be recorded, the stream is
-    /// synchronised first; if that fails too, they are leaked.
+    /// run: see [`CacheState::retire`].
     pub(crate) fn retire(&self, stream: &StreamInner, entries: impl IntoIterator<Item = Entry>) {
-        // bounded: the entries being retired, at most the capacity.
-        #[allow(clippy::disallowed_methods)]
-        let mut list: Vec<Entry> = entries.into_iter().collect();
-        if list.is_empty() {
-            return;
-        }
-        self.lock().stats.evictions += list.len() as u64;
-        match stream.marker() {
-            Ok(event) => self.lock().retired.push(Retired { entries: list, event }),
-            Err(e) => {
-                report_drop_error("aclrtRecordEvent (retiring cached executors)", &e);
-                if let Err(e) = stream.synchronize() {
-                    report_drop_error("aclrtSynchronizeStream (retiring cached executors)", &e);
-                    list.drain(..).for_each(Entry::leak);
-                }
-            }
-        }
+        self.lock().retire(stream, entries);
         self.reap(stream);
     }
 
@@ -562,8 +584,9 @@ impl LaunchCache {
             let Some((i, _)) = st.slots.iter().enumerate().min_by_key(|(_, s)| s.last_used) else { break };
             removed.push(Self::remove(&mut st, i));
         }
+        st.retire(stream, removed);
         drop(st);
-        self.retire(stream, removed);
+        self.reap(stream);
     }
 
     /// The counters.

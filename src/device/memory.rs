@@ -1,9 +1,11 @@
 //! Device memory.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::allocator::Order;
+use super::launch_cache::CacheState;
 use super::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::error::Result;
 
@@ -112,6 +114,10 @@ pub(crate) struct DeviceBuffer {
     /// `None` only inside `drop`.
     alloc: Option<DeviceAlloc>,
     users: Mutex<Vec<Arc<StreamInner>>>,
+    /// The address of the one stream `users` lists when it lists exactly one, else 0: read
+    /// without the list's lock by an enqueue that holds that stream's enqueue lock (see
+    /// [`enqueue_using`]). Written under the list's lock, with `users`.
+    sole: AtomicUsize,
     /// Unique in the process, never reused: tells this buffer from a later one at the same
     /// address (the launch cache skips rebinding a descriptor already bound to this buffer).
     id: u64,
@@ -131,6 +137,7 @@ impl DeviceBuffer {
         Ok(DeviceBuffer {
             alloc: Some(DeviceAlloc::new(device, bytes, Order::Idle)?),
             users: Mutex::new(Vec::new()),
+            sole: AtomicUsize::new(0),
             id: next_buffer_id(),
         })
     }
@@ -141,7 +148,8 @@ impl DeviceBuffer {
     pub(crate) fn on_stream(stream: &Arc<StreamInner>, bytes: usize) -> Result<Self> {
         let (alloc, pending) = DeviceAlloc::with_state(stream.device.clone(), bytes, Order::Stream(stream.id))?;
         let users = if pending { vec![stream.clone()] } else { Vec::new() };
-        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users), id: next_buffer_id() })
+        let sole = AtomicUsize::new(sole_of(&users));
+        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users), sole, id: next_buffer_id() })
     }
 
     /// A buffer over the caller's device memory (see [`DeviceAlloc::foreign`]): recorded on
@@ -155,6 +163,7 @@ impl DeviceBuffer {
             // SAFETY: the caller's guarantee, passed on.
             alloc: Some(unsafe { DeviceAlloc::foreign(device, ptr, bytes) }),
             users: Mutex::new(Vec::new()),
+            sole: AtomicUsize::new(0),
             id: next_buffer_id(),
         }
     }
@@ -188,42 +197,113 @@ impl DeviceBuffer {
         self.users.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Publishes `users` (this buffer's list, locked by the caller) to enqueues that do not lock
+    /// it: see [`DeviceBuffer::sole`].
+    fn note(&self, users: &[Arc<StreamInner>]) {
+        self.sole.store(sole_of(users), Ordering::Release);
+    }
+
     /// Waits for all work enqueued on this buffer, so the host may read or overwrite it. Holds
     /// the buffer's stream list while it waits, so a launch on another thread cannot slip in
-    /// between the wait and the forgetting of a stream.
+    /// between the wait and the forgetting of a stream. Each stream is forgotten under its
+    /// enqueue lock before it is waited for: an enqueue that found it the buffer's only user has
+    /// then queued its work (which the wait covers), and later ones lock the list.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let mut users = self.lock_users();
-        while let Some(s) = users.last() {
-            s.synchronize()?; // on failure it stays listed, so drop still waits for it
+        while let Some(s) = users.last().cloned() {
+            let launches = s.launches.lock();
             users.pop();
+            self.note(&users);
+            drop(launches);
+            if let Err(e) = s.synchronize() {
+                // Listed again, so drop still waits for it.
+                users.push(s);
+                self.note(&users);
+                return Err(e);
+            }
         }
         Ok(())
     }
 }
 
-/// Enqueues work that touches `buffers` on `stream`, as one step.
+/// The [`DeviceBuffer::sole`] word of a stream list.
+fn sole_of(users: &[Arc<StreamInner>]) -> usize {
+    match users {
+        [only] => Arc::as_ptr(only) as usize,
+        _ => 0,
+    }
+}
+
+/// Enqueues work that touches `buffers` on `stream`, as one step: `enqueue` runs with the
+/// stream's enqueue lock held (and the launch cache's state it guards), and every buffer is
+/// recorded on the stream before any lock is released. So no other thread can free a buffer, or
+/// enqueue on it from another stream, between the recording and the enqueue: a buffer is freed
+/// only after every stream that may use it has finished.
 ///
-/// Every buffer's list of streams is locked (in address order, so two calls never deadlock, and
-/// each buffer once however often it is listed); work that other streams queued on a buffer is
-/// ordered before this work on the device (an event recorded on each such stream, waited for by
-/// `stream`: the host does not block), so accesses from different streams never overlap;
-/// `enqueue` runs; and `stream` is recorded on every buffer before any lock is released. So no
-/// other thread can free a buffer, or enqueue on it from another stream, between the recording
-/// and the enqueue: a buffer is freed only after every stream that may use it has finished.
-/// `stream` is recorded even when `enqueue` fails (it may have queued part of its work;
-/// recording too much only costs an event).
+/// * **The steady case** (every buffer's list is exactly `stream`, which [`DeviceBuffer::sole`]
+///   tells without its lock): only the enqueue lock is taken. This holds because `stream` is
+///   forgotten by a list only under `stream`'s enqueue lock (when another stream is ordered after
+///   it, or a host wait forgets it): while the lock is held, no one can record an event on
+///   `stream` for ordering, or wait for it, before this work is queued.
+/// * **Otherwise** every buffer's list is locked (in address order, so two calls never deadlock,
+///   and each buffer once however often it is listed); work that other streams queued on a buffer
+///   is ordered before this work on the device (an event recorded on each such stream under its
+///   enqueue lock, waited for by `stream`: the host does not block), so accesses from different
+///   streams never overlap; then the enqueue lock is taken and `enqueue` runs; and `stream` is
+///   recorded on every buffer. `stream` is recorded even when `enqueue` fails (it may have queued
+///   part of its work; recording too much only costs an event).
+///
+/// Lock order: buffers' lists, then one stream's enqueue lock at a time. `enqueue` must not
+/// enqueue through this function again (the enqueue lock is not reentrant).
 ///
 /// Once `stream` waits for an earlier stream's event, the earlier stream is forgotten: work after
 /// `stream`'s (an event recorded on it at drop, a host wait) is after the earlier stream's too.
-pub(crate) fn enqueue_using<'b, R>(
+pub(crate) fn enqueue_using<'b, R, I>(
     stream: &Arc<StreamInner>,
-    buffers: impl IntoIterator<Item = &'b DeviceBuffer>,
-    enqueue: impl FnOnce() -> Result<R>,
-) -> Result<R> {
+    buffers: I,
+    enqueue: impl FnOnce(&mut CacheState) -> Result<R>,
+) -> Result<R>
+where
+    I: IntoIterator<Item = &'b DeviceBuffer>,
+    I::IntoIter: Clone,
+{
+    let buffers = buffers.into_iter();
+    match enqueue_if_sole_user(stream, buffers.clone(), enqueue) {
+        Ok(result) => result,
+        Err(enqueue) => enqueue_locking(stream, buffers, enqueue)?,
+    }
+}
+
+/// [`enqueue_using`]'s steady case: runs `enqueue` under `stream`'s enqueue lock if `stream` is
+/// the only stream every buffer lists (then nothing needs ordering or recording); else gives
+/// `enqueue` back, nothing done.
+#[inline]
+pub(crate) fn enqueue_if_sole_user<'b, T, F: FnOnce(&mut CacheState) -> T>(
+    stream: &Arc<StreamInner>,
+    mut buffers: impl Iterator<Item = &'b DeviceBuffer>,
+    enqueue: F,
+) -> std::result::Result<T, F> {
+    let me = Arc::as_ptr(stream) as usize;
+    let mut state = stream.launches.lock();
+    if buffers.all(|b| b.sole.load(Ordering::Acquire) == me) {
+        Ok(enqueue(&mut state))
+    } else {
+        Err(enqueue)
+    }
+}
+
+/// [`enqueue_using`]'s general case: every buffer's list locked, `stream` ordered after the
+/// other streams in them, `enqueue` run under `stream`'s enqueue lock, `stream` recorded on
+/// every buffer. `Err` (without running `enqueue`) when the ordering failed.
+pub(crate) fn enqueue_locking<'b, T>(
+    stream: &Arc<StreamInner>,
+    buffers: impl Iterator<Item = &'b DeviceBuffer>,
+    enqueue: impl FnOnce(&mut CacheState) -> T,
+) -> Result<T> {
     // On the stack: a launch allocates nothing here. Sorted by address (insertion sort: a
     // handful of buffers), each buffer once.
-    let mut buffers = buffers.into_iter();
-    let Some(first) = buffers.next() else { return enqueue() };
+    let mut buffers = buffers;
+    let Some(first) = buffers.next() else { return Ok(enqueue(&mut stream.launches.lock())) };
     let mut sorted: [&DeviceBuffer; MAX_BUFFERS] = [first; MAX_BUFFERS];
     let mut n = 1;
     let addr = |b: &DeviceBuffer| std::ptr::from_ref(b) as usize;
@@ -245,20 +325,20 @@ pub(crate) fn enqueue_using<'b, R>(
     // A launch lists a handful of buffers: a small array of guards then (dropping one costs a
     // step per place).
     if n <= 4 {
-        lock_and_enqueue::<4, R>(stream, &sorted[..n], enqueue)
+        lock_and_enqueue::<4, T>(stream, &sorted[..n], enqueue)
     } else {
-        lock_and_enqueue::<MAX_BUFFERS, R>(stream, &sorted[..n], enqueue)
+        lock_and_enqueue::<MAX_BUFFERS, T>(stream, &sorted[..n], enqueue)
     }
 }
 
 /// Locks every list of `sorted` (at most `K`), in address order (so two enqueues never wait for
-/// each other); orders `stream` after the other streams in them; runs `enqueue`; records
-/// `stream` in every list; then releases them.
-fn lock_and_enqueue<const K: usize, R>(
+/// each other); orders `stream` after the other streams in them; runs `enqueue` under `stream`'s
+/// enqueue lock; records `stream` in every list; then releases them.
+fn lock_and_enqueue<const K: usize, T>(
     stream: &Arc<StreamInner>,
     sorted: &[&DeviceBuffer],
-    enqueue: impl FnOnce() -> Result<R>,
-) -> Result<R> {
+    enqueue: impl FnOnce(&mut CacheState) -> T,
+) -> Result<T> {
     let mut guards: [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>; K] = [const { None }; K];
     let mut others = false;
     for (g, b) in guards.iter_mut().zip(sorted) {
@@ -267,35 +347,44 @@ fn lock_and_enqueue<const K: usize, R>(
         *g = Some(users);
     }
     let guards = &mut guards[..sorted.len().min(K)];
-    let result = if others { order_after_users(stream, guards) } else { Ok(()) };
-    let result = result.and_then(|()| enqueue());
+    let ordered = if others { order_after_users(stream, sorted, guards) } else { Ok(()) };
+    let result = ordered.map(|()| enqueue(&mut stream.launches.lock()));
     // Recorded even when the work failed (it may have queued part of it; recording too much only
     // costs an event), and when ordering failed: the streams ordered before `stream` were
     // forgotten, and `stream` waits for them.
-    for users in guards.iter_mut().flatten() {
+    for (users, b) in guards.iter_mut().zip(sorted) {
+        let Some(users) = users else { continue };
         if !users.iter().any(|s| Arc::ptr_eq(s, stream)) {
             users.push(stream.clone());
+            b.note(users);
         }
     }
     result
 }
 
-/// Orders `stream` after every other stream in the locked lists `guards`, each stream once
-/// however many buffers it used, and forgets them (`stream` waits for them from now on). On
-/// failure the unordered ones stay listed, so a buffer's drop still waits for them. Allocates
-/// only here, when another stream is involved.
+/// Orders `stream` after every other stream in the locked lists `guards` (of the buffers
+/// `sorted`), each stream once however many buffers it used, and forgets them (`stream` waits
+/// for them from now on). Each earlier stream's event is recorded, and the stream forgotten, under
+/// that stream's enqueue lock (see [`enqueue_using`]). On failure the unordered ones stay listed,
+/// so a buffer's drop still waits for them. Allocates only here, when another stream is involved.
 fn order_after_users(
     stream: &Arc<StreamInner>,
+    sorted: &[&DeviceBuffer],
     guards: &mut [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>],
 ) -> Result<()> {
     let mut ordered: Vec<Arc<StreamInner>> = Vec::new();
-    for users in guards.iter_mut().flatten() {
+    for (users, b) in guards.iter_mut().zip(sorted) {
+        let Some(users) = users else { continue };
         while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
-            if !ordered.iter().any(|o| Arc::ptr_eq(o, &users[i])) {
-                stream.order_after(&users[i])?;
-                ordered.push(users[i].clone());
+            let earlier = users[i].clone();
+            let launches = earlier.launches.lock();
+            if !ordered.iter().any(|o| Arc::ptr_eq(o, &earlier)) {
+                stream.order_after(&earlier)?;
+                ordered.push(earlier.clone());
             }
             users.swap_remove(i);
+            b.note(users);
+            drop(launches);
         }
     }
     Ok(())

@@ -20,8 +20,6 @@ pub(crate) struct StreamInner {
     raw: aclrtStream,
     /// Made by the caller ([`StreamInner::borrowed`]): synchronised on drop, never destroyed.
     borrowed: bool,
-    /// The workspace reused by operator launches on this stream (grown, never shrunk).
-    workspace: Mutex<Option<DeviceAlloc>>,
     /// Events that waits queued on this stream refer to: kept alive until the stream has been
     /// synchronised (CANN forbids destroying an event a queued wait uses).
     waited: Mutex<Vec<Arc<EventInner>>>,
@@ -67,9 +65,9 @@ struct Chunk {
 
 // SAFETY: an aclrtStream is a handle into the device's default context, which CANN shares by all
 // threads of the process that bound the device; every use binds the device on the calling thread
-// first. The workspace is behind a Mutex.
+// first. The workspace is behind the launch cache's Mutex (the stream's enqueue lock).
 unsafe impl Send for StreamInner {}
-// SAFETY: as above; `&StreamInner` only enqueues, synchronises or locks the workspace mutex.
+// SAFETY: as above; `&StreamInner` only enqueues, synchronises or locks its mutexes.
 unsafe impl Sync for StreamInner {}
 
 impl std::fmt::Debug for StreamInner {
@@ -92,7 +90,6 @@ impl StreamInner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             raw,
             borrowed,
-            workspace: Mutex::new(None),
             waited: Mutex::new(Vec::new()),
             spare_events: Mutex::new(Vec::new()),
             staging: Mutex::new(Staging::default()),
@@ -206,10 +203,12 @@ impl StreamInner {
     }
 
     /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
-    /// one. Launches on this stream are ordered, so reuse is safe; an outgrown workspace goes back
-    /// to the allocator in this stream's order (no host wait).
+    /// one, `workspace` (the launch cache's, under the stream's enqueue lock). Launches on this
+    /// stream are ordered, so reuse is safe; an outgrown workspace goes back to the allocator in
+    /// this stream's order (no host wait).
     pub(crate) fn with_workspace<R>(
         &self,
+        workspace: &mut Option<DeviceAlloc>,
         bytes: u64,
         f: impl FnOnce(*mut std::ffi::c_void) -> Result<R>,
     ) -> Result<R> {
@@ -221,7 +220,7 @@ impl StreamInner {
                 "phase 1 asked for a workspace of {bytes} bytes, which does not fit this machine's address space"
             ))
         })?;
-        let mut ws = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
+        let ws = workspace;
         if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {
             if let Some(old) = ws.take() {
                 // Work already enqueued here may still use it: reusable after that work only.
@@ -251,7 +250,7 @@ impl StreamInner {
         }
         let device = &self.device;
         let dst_ptr = dst.ptr().cast::<u8>().wrapping_add(offset).cast::<std::ffi::c_void>();
-        enqueue_using(self, [dst], || {
+        enqueue_using(self, [dst], |_| {
             // Locked until the copy is queued, so a synchronise frees the staging area only for
             // uploads queued before it. Lock order: a buffer's stream list, then the staging area
             // (as `DeviceBuffer::synchronize`, which synchronises streams under its list).
@@ -326,7 +325,7 @@ impl StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        let workspace = self.workspace.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let workspace = self.launches.state().workspace.take();
         let staging = std::mem::take(self.staging.get_mut().unwrap_or_else(|p| p.into_inner()));
         let drained = self.synchronize();
         // Cached executors are destroyed (or, if the stream could not drain, leaked) before the

@@ -232,7 +232,7 @@ impl Comm {
         };
         let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         self.switch_to(&mut order, inner)?;
-        enqueue_using(inner, buffers.iter().copied(), || {
+        enqueue_using(inner, buffers.iter().copied(), |_| {
             self.device.bind()?;
             launch(inner.raw())
         })

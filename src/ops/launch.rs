@@ -7,7 +7,8 @@
 //! list of memory the call touches, and no argument can be left out of it. The operator names
 //! only its two FFI functions. [`DevicePrepared::launch`] hands that list (plus the workspace) to
 //! [`enqueue_using`], which records the stream on every buffer and enqueues phase 2 as one step,
-//! under the buffers' locks. No operator writes its own lifetime code.
+//! under the stream's enqueue lock (and the buffers' locks unless the stream is already their only
+//! user). No operator writes its own lifetime code.
 //!
 //! [`run`] (what the `_into` and allocating entries take) first asks the stream's
 //! [`LaunchCache`](crate::device::launch_cache): on a hit, every tensor's address is rebound and
@@ -24,8 +25,10 @@ use ascend_sys::symbols;
 use super::operator::{Handles, Operator, Outputs, ScalarBits};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
-use crate::device::launch_cache::{Entry, Signature, MAX_RANK};
-use crate::device::{enqueue_using, Device, DeviceBuffer, StreamInner};
+use crate::device::launch_cache::{CacheState, Entry, Signature, MAX_RANK};
+use crate::device::{
+    enqueue_if_sole_user, enqueue_locking, enqueue_using, Device, DeviceAlloc, DeviceBuffer, StreamInner,
+};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::{Tensor, TENSOR_DATA_ALIGN};
@@ -127,7 +130,7 @@ impl<'a> DeviceCall<'a> {
     }
 
     /// The descriptors made so far.
-    fn descriptors(&self) -> impl Iterator<Item = &AclTensor<'a>> {
+    fn descriptors(&self) -> impl Iterator<Item = &AclTensor<'a>> + Clone {
         self.descriptors[..self.len].iter().flatten()
     }
 }
@@ -246,15 +249,28 @@ impl<'t> Bound<'t> {
     }
 
     /// Launches the entry of this call cached on `inner`, if there is one: see [`launch_cached`].
+    /// Its buffers go through [`enqueue_using`]'s steady case when `inner` is their only stream;
+    /// otherwise, if the call is `validated`, through its general case (which records `inner`
+    /// on them even on a miss: the call is launched next anyway), else it is left to the
+    /// validated path (`None`, nothing done).
     fn launch_hit<S: ScalarBits>(
         &self,
         inner: &Arc<StreamInner>,
         op: &'static symbols::Operator,
         scalars: S,
+        validated: bool,
     ) -> (u64, Option<Result<()>>) {
         let sig = self.signature(op, scalars);
         let hash = sig.hash();
-        (hash, inner.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, self, entry)))
+        let buffers = self.buffers[..self.len].iter().flatten().copied();
+        let hit =
+            |st: &mut CacheState| st.launch_hit(inner, hash, &sig, |entry, ws| launch_cached(inner, self, entry, ws));
+        let result = match enqueue_if_sole_user(inner, buffers.clone(), hit) {
+            Ok(result) => result,
+            Err(hit) if validated => enqueue_locking(inner, buffers, hit).unwrap_or_else(|e| Some(Err(e))),
+            Err(_) => None,
+        };
+        (hash, result)
     }
 }
 
@@ -277,7 +293,7 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
     if !bound.fill(device, op.inputs().into_iter().map(|(t, _)| t), outs.each()) {
         return Ok(false);
     }
-    match bound.launch_hit(inner, O::OP, op.scalars()).1 {
+    match bound.launch_hit(inner, O::OP, op.scalars(), false).1 {
         Some(result) => result.map(|()| true),
         None => Ok(false),
     }
@@ -304,7 +320,7 @@ pub(crate) fn run<'a, O: Operator<'a>>(
     {
         return phase1::<O>(device, scalars, args, zero)?.launch_on(inner, None);
     }
-    let (hash, hit) = bound.launch_hit(inner, O::OP, scalars);
+    let (hash, hit) = bound.launch_hit(inner, O::OP, scalars, true);
     if let Some(result) = hit {
         return result;
     }
@@ -316,25 +332,29 @@ pub(crate) fn run<'a, O: Operator<'a>>(
 }
 
 /// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
-/// buffer, then launched with the stream's workspace, its buffers recorded with the enqueue.
-fn launch_cached(inner: &Arc<StreamInner>, call: &Bound<'_>, entry: &mut Entry) -> Result<()> {
+/// buffer, then launched with the stream's workspace. Runs inside [`enqueue_using`] (or its
+/// steady case) over the call's buffers, which records them with the enqueue.
+fn launch_cached(
+    inner: &Arc<StreamInner>,
+    call: &Bound<'_>,
+    entry: &mut Entry,
+    workspace: &mut Option<DeviceAlloc>,
+) -> Result<()> {
     let device = &inner.device;
     let size = entry.workspace_size();
     let n = call.len;
-    enqueue_using(inner, call.buffers[..n].iter().flatten().copied(), || {
-        device.bind()?;
-        // SAFETY: each buffer is this call's buffer of that argument (its address checked 32-byte
-        // aligned and non-null; the view was validated to lie inside it), recorded on this
-        // stream by `enqueue_using`, so it outlives the launch.
-        unsafe { entry.rebind(&call.buffers[..n]) }?;
-        inner.with_workspace(size, |ws| {
-            // SAFETY: the entry's phase 2 with its live repeatable executor, all of whose
-            // tensors were just rebound to live buffers recorded on this stream; `ws` is null
-            // with size 0 or the stream's workspace of at least `size` bytes; the executor is
-            // launched on this stream only (its cache's).
-            let status = unsafe { entry.phase2()(ws, size, entry.executor(), inner.raw()) };
-            crate::acl::check(device.cann, entry.op_name(), status)
-        })
+    device.bind()?;
+    // SAFETY: each buffer is this call's buffer of that argument (its address checked 32-byte
+    // aligned and non-null; the view was validated to lie inside it), recorded on this stream
+    // by the enclosing `enqueue_using`, so it outlives the launch.
+    unsafe { entry.rebind(&call.buffers[..n]) }?;
+    inner.with_workspace(workspace, size, |ws| {
+        // SAFETY: the entry's phase 2 with its live repeatable executor, all of whose tensors
+        // were just rebound to live buffers recorded on this stream; `ws` is null with size 0 or
+        // the stream's workspace of at least `size` bytes; the executor is launched on this
+        // stream only (its cache's).
+        let status = unsafe { entry.phase2()(ws, size, entry.executor(), inner.raw()) };
+        crate::acl::check(device.cann, entry.op_name(), status)
     })
 }
 
@@ -469,10 +489,10 @@ impl DevicePrepared<'_> {
             device.bind()?;
             crate::acl::check(cann, op.name, phase2(launch, ws, size))
         };
-        enqueue_using(inner, buffers, || match caller_workspace {
+        enqueue_using(inner, buffers, |state| match caller_workspace {
             Some(b) => run(b.ptr()),
             None if size == 0 => run(std::ptr::null_mut()),
-            None => inner.with_workspace(size, run),
+            None => inner.with_workspace(&mut state.workspace, size, run),
         })
     }
 }
