@@ -21,8 +21,8 @@
 //!   the shape and strides; each item writes its own f64 partials, and partials are combined per
 //!   channel in item order after the join. So the results are bit-identical for any thread
 //!   count, and Σdy's bits do not depend on `with_xmu`. Items are grouped into chunks of about
-//!   [`CHUNK_BYTES`] that the caller and the persistent helpers of [`pool`] claim as they come
-//!   free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
+//!   [`CHUNK_BYTES`] ([`MEMORY_CHUNK_BYTES`] for inputs larger than [`CACHED_BYTES`]) that the
+//!   caller and the persistent helpers of [`pool`] claim as they come free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
 //!   Inputs of at most [`TINY_ELEMS`] elements take a scalar path (no SIMD set-up).
 //! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
 //!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), NEON on
@@ -85,6 +85,14 @@ const MIN_BYTES_PER_THREAD: usize = 256 << 10;
 /// About this many bytes of dy + x per chunk of work the threads claim (small enough that a
 /// thread arriving late, or slowed by other load on its core, delays the call by little).
 const CHUNK_BYTES: usize = 256 << 10;
+/// The same for inputs larger than [`CACHED_BYTES`] (read from main memory, a call takes
+/// milliseconds): each thread streams longer stretches before it claims the next. Measured on
+/// AMD Zen 4 (EPYC, 2-core VM), two threads, chunk sizes alternated call by call in one process
+/// (`CPU_REDUCE_PROFILE`), best GB/s against 256 KiB chunks: NCHW f16 [1,4,4096,4096] and
+/// [64,64,128,128] 1.12-1.16x, bf16 1.03-1.05x, channels-last f16 1.05x and bf16 1.27x, f32 no
+/// change; 1-16 MiB all did about as well, and a whole channel per chunk (64 MiB) less well on
+/// average (a late thread waits longer).
+const MEMORY_CHUNK_BYTES: usize = 4 << 20;
 
 /// Computes the per-channel sums of `dy` (and of `dy·(x − mean)` when `with_xmu`), where
 /// `dy` and `x` have the same shape (possibly different strides) and `mean.len() == C`.
@@ -143,7 +151,8 @@ fn channel_sums_with<T: Element>(
     };
     let bytes = c.saturating_mul(geo.r).saturating_mul(2 * std::mem::size_of::<T>());
     let threads = threads.min((bytes / min_bytes_per_thread.max(1)).max(1));
-    let chunks = if threads > 1 { (bytes / CHUNK_BYTES).max(2 * threads) } else { 1 };
+    let chunk_bytes = if bytes > CACHED_BYTES { MEMORY_CHUNK_BYTES } else { CHUNK_BYTES };
+    let chunks = if threads > 1 { (bytes / chunk_bytes).max(2 * threads) } else { 1 };
     let (pf_runs, pf_rows) = prefetch_policy(bytes);
     let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads, chunks, pf_runs, pf_rows };
     let tiny = c.saturating_mul(geo.r) <= tiny_elems;
@@ -572,7 +581,8 @@ fn flush(part: &mut [f64], acc: &mut [f32]) {
     }
 }
 
-/// Largest input (bytes of dy + x) that counts as cache-resident for [`prefetch_policy`].
+/// Largest input (bytes of dy + x) that counts as cache-resident for [`prefetch_policy`] and
+/// the chunk size.
 const CACHED_BYTES: usize = 32 << 20;
 
 /// Whether the runs and the rows paths issue software prefetches, for `bytes` of dy + x.
