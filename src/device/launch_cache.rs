@@ -415,9 +415,9 @@ pub struct LaunchCacheStats {
 
 impl CacheState {
     /// If the entry of `sig` (whose hash is `hash`) is cached, runs `launch` with it and the
-    /// stream's workspace (the cache
-    /// locked: no other launch rebinds it meanwhile) and returns its result; an entry whose
-    /// launch failed is retired. `None` when it is not cached (nothing ran).
+    /// stream's workspace (the cache locked: no other launch rebinds it meanwhile) and returns its
+    /// result; an entry whose launch failed is retired. `None` when it is not cached (nothing
+    /// ran).
     pub(crate) fn launch_hit(
         &mut self,
         stream: &StreamInner,
@@ -433,10 +433,20 @@ impl CacheState {
         (self.slots[i].last_used, self.stats.hits) = (self.clock, self.stats.hits + 1);
         let result = launch(&mut self.slots[i].entry, &mut self.workspace);
         if result.is_err() {
-            let failed = LaunchCache::remove(self, i);
+            let failed = self.remove(i);
             self.retire(stream, [failed]);
         }
         Some(result)
+    }
+
+    /// Takes slot `i` out (the last slot moves into its place).
+    fn remove(&mut self, i: usize) -> Entry {
+        let s = self.slots.swap_remove(i);
+        self.index.remove(&s.hash);
+        if let Some(moved) = self.slots.get(i) {
+            self.index.insert(moved.hash, i);
+        }
+        s.entry
     }
 
     /// Destroys `entries` once the work queued on `stream` so far (their launches among it) has
@@ -497,17 +507,6 @@ impl LaunchCache {
         self.capacity.load(Ordering::Relaxed) > 0
     }
 
-    /// Takes slot `i` out (the last slot moves into its place).
-    fn remove(st: &mut CacheState, i: usize) -> Entry {
-        let s = st.slots.swap_remove(i);
-        st.index.remove(&s.hash);
-        if let Some(moved) = st.slots.get(i) {
-            let h = moved.hash;
-            st.index.insert(h, i);
-        }
-        s.entry
-    }
-
     /// Adds a launched entry for a call whose hash is `hash`, replacing the one that had that hash
     /// or, if the cache is full, the least recently used one; counts a miss.
     pub(crate) fn insert(&self, stream: &StreamInner, hash: u64, entry: Entry) {
@@ -518,10 +517,10 @@ impl LaunchCache {
         let clock = st.clock;
         let mut old = None;
         if let Some(&i) = st.index.get(&hash) {
-            old = Some(Self::remove(&mut st, i));
+            old = Some(st.remove(i));
         } else if st.slots.len() >= capacity {
             if let Some((i, _)) = st.slots.iter().enumerate().min_by_key(|(_, s)| s.last_used) {
-                old = Some(Self::remove(&mut st, i));
+                old = Some(st.remove(i));
             }
         }
         if st.slots.len() < capacity {
@@ -582,7 +581,7 @@ impl LaunchCache {
         let mut removed = Vec::new();
         while st.slots.len() > capacity {
             let Some((i, _)) = st.slots.iter().enumerate().min_by_key(|(_, s)| s.last_used) else { break };
-            removed.push(Self::remove(&mut st, i));
+            removed.push(st.remove(i));
         }
         st.retire(stream, removed);
         drop(st);

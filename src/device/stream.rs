@@ -203,12 +203,12 @@ impl StreamInner {
     }
 
     /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
-    /// one, `workspace` (the launch cache's, under the stream's enqueue lock). Launches on this
+    /// one, `ws` (the launch cache's, under the stream's enqueue lock). Launches on this
     /// stream are ordered, so reuse is safe; an outgrown workspace goes back to the allocator in
     /// this stream's order (no host wait).
     pub(crate) fn with_workspace<R>(
         &self,
-        workspace: &mut Option<DeviceAlloc>,
+        ws: &mut Option<DeviceAlloc>,
         bytes: u64,
         f: impl FnOnce(*mut std::ffi::c_void) -> Result<R>,
     ) -> Result<R> {
@@ -220,7 +220,6 @@ impl StreamInner {
                 "phase 1 asked for a workspace of {bytes} bytes, which does not fit this machine's address space"
             ))
         })?;
-        let ws = workspace;
         if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {
             if let Some(old) = ws.take() {
                 // Work already enqueued here may still use it: reusable after that work only.

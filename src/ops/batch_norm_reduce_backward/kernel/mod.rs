@@ -22,7 +22,8 @@
 //!   channel in item order after the join. So the results are bit-identical for any thread
 //!   count, and Σdy's bits do not depend on `with_xmu`. Items are grouped into chunks of about
 //!   [`CHUNK_BYTES`] ([`MEMORY_CHUNK_BYTES`] for inputs larger than [`CACHED_BYTES`]) that the
-//!   caller and the persistent helpers of [`pool`] claim as they come free; a helper is only used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
+//!   caller and the persistent helpers of [`pool`] claim as they come free; a helper is only
+//!   used for each further [`MIN_BYTES_PER_THREAD`] bytes of dy + x.
 //!   Inputs of at most [`TINY_ELEMS`] elements take a scalar path (no SIMD set-up).
 //! - **Instruction sets.** AVX-512 (F/BW/VL; f32 and bf16, with 64-byte-aligned loads on long
 //!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), NEON on
