@@ -11,12 +11,14 @@
 //!   thread and that many.
 //! - `torch` is PyTorch's CPU kernel on the same shapes, timed by `benches/torch_peer.py` (see
 //!   there which function) with the interpreter in `TORCH_PYTHON` (default `python3`), in a process
-//!   that keeps the case's tensors: ours and the peer's timings alternate [`ALTERNATIONS`] times
-//!   per case and thread count, each side keeping its best (a shared machine's memory bandwidth
-//!   drifts by half over seconds); the column is empty when torch cannot be imported.
-//!   `xtorch` = our GB/s / torch's.
+//!   that maps the same input pages ([`SharedInputs`]): ours and the peer's timings alternate
+//!   [`ALTERNATIONS`] times per case and thread count (a shared machine's memory bandwidth drifts
+//!   by half over seconds); `torch` is its best GB/s, and `xtorch` the median over the
+//!   alternations of our best GB/s over the peer's in the same alternation (a burst of bandwidth
+//!   that only one side caught moves a best-of ratio by 15%, not this one). The columns are
+//!   empty when torch cannot be imported.
 //! - Every timing is the best of several repetitions, interleaved kernel/stream, because other
-//!   work on the machine only ever makes a run slower.
+//!   work on the machine mostly makes a run slower.
 //! - Environment: `CPU_REDUCE_ONLY=cache` (or `=memory`) runs only the cache-resident (or
 //!   main-memory) shapes, without the accuracy runs;
 //!   `CPU_REDUCE_TORCH=0` skips the peer; `ASCEND_CPU_ISA=avx2` forces the AVX2 code on an
@@ -177,10 +179,11 @@ impl Case {
     }
 }
 
-/// PyTorch's kernel on one case, in a `benches/torch_peer.py --serve` process that keeps the
-/// case's tensors: each [`Peer::time`] is one timing (seconds per call, best of its rounds), so
-/// ours and the peer's can alternate several times per case (a shared VM's memory bandwidth
-/// drifts by half over seconds; alternating keeps that from favouring either side).
+/// PyTorch's kernel on one case, in a `benches/torch_peer.py --serve` process that maps the
+/// case's inputs from the same file ([`SharedInputs`]) and keeps them: each [`Peer::time`] is one
+/// timing (seconds per call, best of its rounds), so ours and the peer's can alternate several
+/// times per case (a shared VM's memory bandwidth drifts by half over seconds; alternating keeps
+/// that from favouring either side).
 struct Peer {
     child: std::process::Child,
     stdin: std::process::ChildStdin,
@@ -188,9 +191,10 @@ struct Peer {
 }
 
 impl Peer {
-    /// The peer of case `key` at `threads` threads, ready to time; `None` when it is turned off
+    /// The peer of case `key` at `threads` threads on `inputs` (it maps their file), ready to
+    /// time; `None` when it is turned off
     /// (`CPU_REDUCE_TORCH=0`) or torch cannot be imported. The first start prints its header.
-    fn start(key: &str, threads: usize) -> Option<Peer> {
+    fn start<T: Element>(key: &str, threads: usize, inputs: &SharedInputs<T>) -> Option<Peer> {
         use std::io::BufRead;
         use std::process::{Command, Stdio};
         static ANNOUNCED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -206,6 +210,8 @@ impl Peer {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
         let spawned = Command::new(&python)
             .args([script, "--serve", &threads.to_string(), key])
+            .arg(&inputs.path)
+            .arg(inputs.x_offset.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             // Import-time warnings (NumPy missing, ...); a failed import is in its header.
@@ -250,8 +256,17 @@ impl Drop for Peer {
     }
 }
 
-/// How many times ours and the peer's timings alternate per case (each side keeps its best).
-const ALTERNATIONS: usize = 3;
+/// How many times ours and the peer's timings alternate per case and thread count (odd: the
+/// `xtorch` column is the median of the paired ratios).
+const ALTERNATIONS: usize = 7;
+
+/// The median of `v` (the middle value; the mean of the middle two for an even count), `None`
+/// when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    (n > 0).then(|| if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
 
 /// Lets the other side's threads go idle before a timing (libgomp's workers spin for a while
 /// after a parallel region, the pool's helpers for 100 µs).
@@ -259,31 +274,114 @@ fn settle() {
     std::thread::sleep(std::time::Duration::from_millis(20));
 }
 
+/// dy and x of one case in a file that this process and the peer both map shared, so both
+/// kernels read the same physical pages: x starts one page after dy's last page, the distance two
+/// large allocations made one after the other get from the allocator. Both matter on this VM: one
+/// C read loop in one process read two copies of the same tensors at speeds 5-37% apart, and x
+/// exactly 256 MiB after dy read at 18 GB/s on one thread, at 256 MiB + 4 KiB at 27.5, at
+/// 256 MiB + 1012 KiB at 31.
+struct SharedInputs<T> {
+    base: *const u8,
+    len: usize,
+    /// Elements of dy and of x.
+    n: usize,
+    /// Byte offset of x in the file (dy is at 0).
+    x_offset: usize,
+    path: std::path::PathBuf,
+    values: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> SharedInputs<T> {
+    fn new(dy: &[T], x: &[T]) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        assert_eq!(dy.len(), x.len(), "dy and x have one shape");
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        let path = dir.join(format!("ascend-cpu-reduce-{}", std::process::id()));
+        let file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
+        const PAGE: usize = 4096;
+        let bytes = std::mem::size_of_val(dy);
+        let x_offset = bytes.next_multiple_of(PAGE) + PAGE;
+        let len = x_offset + bytes;
+        let written = [(dy, 0), (x, x_offset)].into_iter().try_for_each(|(s, at)| {
+            // SAFETY: f32, f16 and bf16 are plain values without padding: their bytes are
+            // initialised and `size_of_val(s)` of them are readable at `s`.
+            let b = unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) };
+            file.write_all_at(b, at as u64)
+        });
+        // SAFETY: a fresh read-only shared mapping of `len` bytes of a file that holds them; the
+        // kernel picks the address.
+        let p = written.map(|()| unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        });
+        match p {
+            Ok(p) if p != libc::MAP_FAILED => Ok(SharedInputs {
+                base: p.cast::<u8>().cast_const(),
+                len,
+                n: dy.len(),
+                x_offset,
+                path,
+                values: std::marker::PhantomData,
+            }),
+            other => {
+                let e = other.err().unwrap_or_else(std::io::Error::last_os_error);
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// dy, then x.
+    fn slices(&self) -> (&[T], &[T]) {
+        // SAFETY: the mapping holds n initialised values of T at 0 and at `x_offset` (written
+        // before mapping; both offsets are multiples of the page size, so aligned), read-only and
+        // alive until drop; nothing writes the file meanwhile.
+        unsafe {
+            let at = |o: usize| std::slice::from_raw_parts(self.base.add(o).cast::<T>(), self.n);
+            (at(0), at(self.x_offset))
+        }
+    }
+}
+
+impl<T> Drop for SharedInputs<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, of that length; no slice of it outlives `self`.
+        unsafe { libc::munmap(self.base.cast_mut().cast(), self.len) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 fn throughput<T: Element>(case: &Case, thread_counts: &[usize]) {
     let shape = case.shape;
     let n: usize = shape.iter().product();
-    let dy: Vec<T> = random(n, 11, -2.0, 2.0);
-    let x: Vec<T> = random(n, 12, -3.0, 3.0);
+    let shared = SharedInputs::new(&random::<T>(n, 11, -2.0, 2.0), &random::<T>(n, 12, -3.0, 3.0))
+        .expect("a shared file mapping of the inputs");
+    let (dy, x) = shared.slices();
     let bytes = (2 * n * std::mem::size_of::<T>()) as f64;
     for &cl in case.layouts() {
         for &threads in thread_counts {
-            let mut peer = Peer::start(&case.key(cl), threads);
+            let mut peer = Peer::start(&case.key(cl), threads, &shared);
             let mut r = Row { kernel: 0.0, stream: 0.0 };
             let mut torch = f64::INFINITY;
+            // Our GB/s over the peer's, one per alternation (each side's best of its rounds).
+            let mut paired = Vec::with_capacity(ALTERNATIONS);
             for _ in 0..ALTERNATIONS {
                 settle();
-                let once = compare(&dy, &x, shape, cl, threads, case.cached);
+                let once = compare(dy, x, shape, cl, threads, case.cached);
                 (r.kernel, r.stream) = (r.kernel.max(once.kernel), r.stream.max(once.stream));
-                if let Some(p) = peer.as_mut() {
+                if let Some(t) = peer.as_mut().and_then(|p| {
                     settle();
-                    torch = p.time().map_or(torch, |t| torch.min(t));
+                    p.time()
+                }) {
+                    torch = torch.min(t);
+                    paired.push(once.kernel * t * 1e9 / bytes);
                 }
             }
             drop(peer);
-            let (tg, xt) = if torch.is_finite() {
-                (format!("{:.2}", bytes / torch / 1e9), format!("{:.2}", r.kernel * torch * 1e9 / bytes))
-            } else {
-                ("-".into(), "-".into())
+            let (tg, xt) = match median(&mut paired) {
+                Some(m) => (format!("{:.2}", bytes / torch / 1e9), format!("{m:.2}")),
+                None => ("-".into(), "-".into()),
             };
             println!(
                 "{:<6} {:<5} {:<5} {:>20} {:>9.2} MiB {:>2} {:>8.2} {:>8.2} {:>6.2} {:>8} {:>6} {:>9.1}",

@@ -13,7 +13,8 @@ path, f32 outputs), like our f32 outputs.
 
 Usage: torch_peer.py THREADS CASE...   where CASE = dtype:layout:d0,d1,...  (layout nchw|cl)
 Prints a header line starting with '#', then one line per case: CASE seconds_per_call.
-`torch_peer.py --serve THREADS CASE` makes the case's tensors once, prints '# ready', then answers
+`torch_peer.py --serve THREADS CASE [FILE X_OFFSET]` makes the case's tensors once (views of a
+shared mapping of FILE when given, see `tensors`), prints '# ready', then answers
 each line read from stdin with one timing (seconds per call, best of its rounds) until stdin
 closes: the Rust bench alternates its own timing with the peer's several times per case, so a
 drift of the machine's memory bandwidth between the two (it moves by half on this shared VM)
@@ -52,20 +53,50 @@ def best_time(f, cached):
     return best
 
 
-def tensors(case):
-    """The case's inputs and the call that times PyTorch's kernel on them, and its bytes."""
+def strides(shape, channels_last):
+    """Row-major strides of `shape`, or channels-last ones (dim 1 innermost), as the Rust bench's."""
+    order = list(range(len(shape)))
+    if channels_last:
+        order.remove(1)
+        order.append(1)
+    st = [0] * len(shape)
+    step = 1
+    for d in reversed(order):
+        st[d] = step
+        step *= shape[d]
+    return st
+
+
+def tensors(case, inputs=None):
+    """The case's inputs and the call that times PyTorch's kernel on them, and its bytes.
+
+    With `inputs` = (file, x's byte offset) (the file holds dy's elements at 0 and x's at that
+    offset, in the case's layout), dy and x are views of a shared mapping of it: the Rust bench
+    maps the same file, so both kernels read the same pages. Without it, random tensors of this
+    process's own."""
     dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     name, layout, dims = case.split(":")
     shape = [int(d) for d in dims.split(",")]
     dt = dtypes[name]
-    g = torch.Generator().manual_seed(11)
-    dy = (torch.rand(shape, generator=g) * 4 - 2).to(dt)
-    x = (torch.rand(shape, generator=g) * 6 - 3).to(dt)
-    if layout == "cl":
-        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
-        if fmt is not None:
-            dy = dy.contiguous(memory_format=fmt)
-            x = x.contiguous(memory_format=fmt)
+    if inputs is not None:
+        n = 1
+        for d in shape:
+            n *= d
+        path, x_offset = inputs
+        size = dt.itemsize
+        flat = torch.from_file(path, shared=True, size=x_offset // size + n, dtype=dt)
+        st = strides(shape, layout == "cl")
+        dy = torch.as_strided(flat, shape, st, 0)
+        x = torch.as_strided(flat, shape, st, x_offset // size)
+    else:
+        g = torch.Generator().manual_seed(11)
+        dy = (torch.rand(shape, generator=g) * 4 - 2).to(dt)
+        x = (torch.rand(shape, generator=g) * 6 - 3).to(dt)
+        if layout == "cl":
+            fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(shape))
+            if fmt is not None:
+                dy = dy.contiguous(memory_format=fmt)
+                x = x.contiguous(memory_format=fmt)
     c = shape[1]
     mean = torch.arange(c, dtype=torch.float32) * 0.1
     invstd = torch.ones(c, dtype=torch.float32)
@@ -84,9 +115,9 @@ def header(threads):
           f"capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
 
 
-def serve(threads, case):
+def serve(threads, case, inputs=None):
     header(threads)
-    call, nbytes = tensors(case)
+    call, nbytes = tensors(case, inputs)
     print("# ready", flush=True)
     for _ in sys.stdin:
         print(f"{best_time(call, nbytes < (64 << 20)):.9g}", flush=True)
@@ -94,7 +125,8 @@ def serve(threads, case):
 
 def main():
     if sys.argv[1] == "--serve":
-        serve(int(sys.argv[2]), sys.argv[3])
+        inputs = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else None
+        serve(int(sys.argv[2]), sys.argv[3], inputs)
         return
     threads = int(sys.argv[1])
     header(threads)
