@@ -1,7 +1,8 @@
 //! CPU backend throughput against a streaming read and against PyTorch's CPU kernel, tiny-call
 //! latency and long-channel accuracy.
 //!
-//! `cargo bench --bench cpu_reduce` (a few minutes after the build). Everything goes through the
+//! `cargo bench --bench cpu_reduce` (a few minutes after the build; 11 on a 2-core VM with the
+//! PyTorch peer, which alternates seven times per row). Everything goes through the
 //! public zero-copy entry `ascend::cpu::batch_norm_reduce_backward` with sumDy and sumDyXmu
 //! enabled, at 1 thread and at all cores (`ascend::cpu::set_max_threads`).
 //!
