@@ -22,6 +22,7 @@ cannot favour either.
 Exits with status 3 when torch cannot be imported (the Rust bench then shows no peer column).
 """
 
+import math
 import sys
 import time
 
@@ -79,9 +80,7 @@ def tensors(case, inputs=None):
     shape = [int(d) for d in dims.split(",")]
     dt = dtypes[name]
     if inputs is not None:
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         path, x_offset = inputs
         size = dt.itemsize
         flat = torch.from_file(path, shared=True, size=x_offset // size + n, dtype=dt)

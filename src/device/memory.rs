@@ -295,7 +295,7 @@ pub(crate) fn enqueue_if_sole_user<'b, T, F: FnOnce(&mut CacheState) -> T>(
 /// [`enqueue_using`]'s general case: every buffer's list locked, `stream` ordered after the
 /// other streams in them, `enqueue` run under `stream`'s enqueue lock, `stream` recorded on
 /// every buffer. `Err` (without running `enqueue`) when the ordering failed.
-pub(crate) fn enqueue_locking<'b, T>(
+fn enqueue_locking<'b, T>(
     stream: &Arc<StreamInner>,
     buffers: impl Iterator<Item = &'b DeviceBuffer>,
     enqueue: impl FnOnce(&mut CacheState) -> T,

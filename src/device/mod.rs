@@ -22,7 +22,7 @@ mod runtime;
 mod stream;
 
 pub(crate) use event::EventInner;
-pub(crate) use memory::{enqueue_if_sole_user, enqueue_locking, enqueue_using, DeviceAlloc, DeviceBuffer};
+pub(crate) use memory::{enqueue_if_sole_user, enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
 pub(crate) use stream::{StreamInner, STAGING_MAX};
 

@@ -26,9 +26,7 @@ use super::operator::{Handles, Operator, Outputs, ScalarBits};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
 use crate::device::launch_cache::{CacheState, Entry, Signature, MAX_RANK};
-use crate::device::{
-    enqueue_if_sole_user, enqueue_locking, enqueue_using, Device, DeviceAlloc, DeviceBuffer, StreamInner,
-};
+use crate::device::{enqueue_if_sole_user, enqueue_using, Device, DeviceAlloc, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::tensor::{Tensor, TENSOR_DATA_ALIGN};
@@ -265,10 +263,10 @@ impl<'t> Bound<'t> {
         let buffers = self.buffers[..self.len].iter().flatten().copied();
         let hit =
             |st: &mut CacheState| st.launch_hit(inner, hash, &sig, |entry, ws| launch_cached(inner, self, entry, ws));
-        let result = match enqueue_if_sole_user(inner, buffers.clone(), hit) {
-            Ok(result) => result,
-            Err(hit) if validated => enqueue_locking(inner, buffers, hit).unwrap_or_else(|e| Some(Err(e))),
-            Err(_) => None,
+        let result = if validated {
+            enqueue_using(inner, buffers, |st| Ok(hit(st))).unwrap_or_else(|e| Some(Err(e)))
+        } else {
+            enqueue_if_sole_user(inner, buffers, hit).ok().flatten()
         };
         (hash, result)
     }
