@@ -196,7 +196,7 @@ fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Resul
         let mask = OutputMask { input_g: true, weight_g: false, bias_g: false };
         let r = ops::batch_norm_reduce_backward(s, input, input, mean, &zeros, None, mask)?;
         let Some(t) = r.sum_dy_xmu else {
-            return Err(Error::internal("sync_batch_norm bf16 stats: the reduction asked for sumDyXmu returned none"));
+            return Err(Error::internal("bf16 stats: the reduction returned no sumDyXmu though asked"));
         };
         Ok(t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect())
     };
@@ -205,9 +205,7 @@ fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Resul
     let r = ops::batch_norm_reduce_backward(s, input, input, &zeros, &zeros, None, mask)?;
     let sum: Vec<f64> = match r.grad_bias {
         Some(t) => t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect(),
-        None => {
-            return Err(Error::internal("sync_batch_norm bf16 stats: the reduction asked for gradBias returned none"))
-        }
+        None => return Err(Error::internal("bf16 stats: the reduction returned no gradBias though asked")),
     };
     let mean: Vec<f32> = sum.iter().map(|&v| (v / n as f64) as f32).collect();
     let mean_t = Tensor::from_slice(s, &mean, &[c])?;
