@@ -262,10 +262,7 @@ fn module_exports(file: &Path, name: &str) -> bool {
         let stmt = &rest[i..];
         let end = stmt.find(';').unwrap_or(stmt.len());
         let stmt = &stmt[..end];
-        let exported = stmt
-            .split(['{', '}', ',', ':', ' ', '\n'])
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>();
+        let exported = stmt.split(['{', '}', ',', ':', ' ', '\n']).filter(|s| !s.is_empty()).collect::<Vec<_>>();
         // The last identifier of each leaf, or what follows `as`.
         if exported.contains(&name) {
             return true;
