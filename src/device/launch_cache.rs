@@ -238,6 +238,7 @@ impl Entry {
     /// # Safety
     /// `executor` is a live repeatable executor from phase 1 of `sig.op` over `descriptors`,
     /// which are live; neither is used by anyone else afterwards.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn new(
         device: Arc<Device>,
         sig: &Signature<'_>,
