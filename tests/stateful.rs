@@ -9,7 +9,9 @@
 //! before any step (at any CANN function the crate binds). The launch cache is on and off: each
 //! program gives every stream slot a capacity (0, i.e. off, 1, 2 or the environment's default,
 //! so CI's run with `ASCEND_NO_LAUNCH_CACHE=1` has slots with the cache on too), and steps change
-//! a stream's capacity or flush its cache (entries retired with their launches still queued). Every step runs on the mock and on a
+//! a stream's capacity or flush its cache (entries retired with their launches still queued), and
+//! steps make the mock refuse or accept again the operator's repeatable executors (as CANN refuses
+//! those it cannot repeat; a refused call is launched uncached). Every step runs on the mock and on a
 //! CPU twin of the same program, and after every step:
 //! - the mock counted no violation (no memory freed, raced or misused);
 //! - both backends agreed: the same success, or the same aclnn status (a step that crosses
@@ -47,6 +49,9 @@ const DEVICES: u8 = 2;
 /// The status injected faults return (ACL_ERROR_RT_INTERNAL_ERROR).
 const FAULT_STATUS: i32 = 507899;
 const INVALID: i32 = 161002;
+
+/// The operator the programs launch (its phase-2 name).
+const OPERATOR: &str = "aclnnBatchNormReduceBackward";
 
 /// Every CANN function the crate binds, but the one that reads error texts.
 fn fault_apis() -> Vec<&'static str> {
@@ -191,6 +196,11 @@ enum Step {
     FlushLaunchCache {
         stream: usize,
     },
+    /// (Launch cache) From now on the mock refuses (`on`) or accepts again
+    /// `aclSetAclOpExecutorRepeatable` for the operator's executors (until the program ends).
+    RefuseRepeatable {
+        on: bool,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -261,6 +271,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
             .prop_map(|(stream, capacity)| Step::CacheCapacity { stream, capacity }),
         1 => stream.clone().prop_map(|stream| Step::FlushLaunchCache { stream }),
+        1 => any::<bool>().prop_map(|on| Step::RefuseRepeatable { on }),
         6 => Just(Step::Again),
         // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
         2 => (any::<bool>(), 0..3usize, any::<bool>()).prop_map(|(big, i, max)| {
@@ -582,6 +593,10 @@ impl World {
             }
             Step::SharedStream { .. } | Step::EmptyCache => return self.run_cache_step(step, faulted),
             Step::CacheCapacity { .. } | Step::FlushLaunchCache { .. } => return self.run_launch_cache_step(step),
+            Step::RefuseRepeatable { on } => {
+                REFUSALS.fetch_add(usize::from(*on), Relaxed);
+                ascend::mock::refuse_repeatable(OPERATOR, *on);
+            }
             Step::DropStream { slot } => self.streams[*slot] = None,
             Step::DropTensor { slot } => self.slots[*slot] = None,
             Step::Upload { slot, stream, dt, layout, seed } => {
@@ -1101,6 +1116,10 @@ static COLLECTIVES: AtomicUsize = AtomicUsize::new(0);
 static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
 static UNCACHED: AtomicUsize = AtomicUsize::new(0);
+/// Steps that made the mock refuse repeatable executors, and the refused
+/// `aclSetAclOpExecutorRepeatable` calls.
+static REFUSALS: AtomicUsize = AtomicUsize::new(0);
+static REFUSED_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 fn fault_error() {
     FAULT_ERRORS.fetch_add(1, Relaxed);
@@ -1110,6 +1129,8 @@ fn run_program(p: &Program) -> Outcome {
     PROGRAMS.fetch_add(1, Relaxed);
     let before = held();
     let violations = ascend::mock::stats().violations;
+    ascend::mock::refuse_repeatable(OPERATOR, false); // a failed program may have left it on
+    let refusals = ascend::mock::launch_counters().repeatable_refusals;
     {
         let mut world = World::new(p);
         for (slot, &device) in p.devices.iter().enumerate() {
@@ -1140,6 +1161,8 @@ fn run_program(p: &Program) -> Outcome {
         }
         world.final_check()?;
     }
+    ascend::mock::refuse_repeatable(OPERATOR, false);
+    REFUSED_CALLS.fetch_add((ascend::mock::launch_counters().repeatable_refusals - refusals) as usize, Relaxed);
     let after = held();
     if after != before {
         return Err(fail(format!("live objects (allocations, tensors, executors, streams) {before:?} -> {after:?}")));
@@ -1165,7 +1188,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
          {} all-reduces over two devices; {} reads compared bit for bit; single launches: \
-         {} launch cache hits, {} misses, {} with it off",
+         {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         FAULTED.load(Relaxed),
@@ -1179,6 +1202,8 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         CACHE_HITS.load(Relaxed),
         CACHE_MISSES.load(Relaxed),
         UNCACHED.load(Relaxed),
+        REFUSALS.load(Relaxed),
+        REFUSED_CALLS.load(Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");
