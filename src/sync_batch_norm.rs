@@ -12,8 +12,12 @@
 //!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
 //! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
 //! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
-//!    invstd, and the running statistics updated in place;
-//! 4. `batch_norm_elemt`: the normalised output.
+//!    invstd;
+//! 4. `batch_norm_elemt`: the normalised output;
+//! 5. last, once everything else succeeded, the running statistics: the same gather again, with
+//!    them updated in place. A forward that returns `Err` has changed nothing, whichever step
+//!    failed (a retry updates them once); this costs one launch of the small `[W, C]` gather per
+//!    step, only when running statistics are given.
 //!
 //! When no rank has an element (every rank's N is 0) the global statistics would be 0/0: the
 //! running statistics are left as they were and the saved statistics are mean 0, invstd 1. A rank
@@ -72,7 +76,8 @@ impl Saved<'_> {
 
 /// SyncBatchNorm's forward pass on this rank (see the [module](self) docs): returns the
 /// normalised output (shape and dtype of `input`) and what [`backward`] needs. `running_mean` and
-/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`.
+/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`, last: an `Err`
+/// leaves them as they were, and so does a step in which no rank has an element.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<'a>(
     comm: &Communicator,
@@ -116,18 +121,31 @@ pub fn forward<'a>(
         let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
         return Ok((out, Saved { input, mean, invstd, counts }));
     }
-    let (mean, invstd) = ops::batch_norm_gather_stats_with_counts(
-        s,
-        input,
-        &mean_all,
-        &invstd_all,
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-        &counts,
-    )?;
+    let gather = |running_mean, running_var, mean: &mut Tensor, invstd: &mut Tensor| {
+        ops::batch_norm_gather_stats_with_counts_into(
+            s,
+            input,
+            &mean_all,
+            &invstd_all,
+            running_mean,
+            running_var,
+            momentum,
+            eps,
+            &counts,
+            mean,
+            invstd,
+        )
+    };
+    let (mut mean, mut invstd) =
+        (Tensor::alloc(s, DType::F32, &[c], false)?, Tensor::alloc(s, DType::F32, &[c], false)?);
+    gather(None, None, &mut mean, &mut invstd)?;
     let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
+    // The running statistics last, once everything else succeeded: a step that fails changes
+    // nothing (so a retry updates them once). The same gather again, which also rewrites mean and
+    // invstd with the values they hold.
+    if let (Some(rm), Some(rv)) = (running_mean, running_var) {
+        gather(Some(rm), Some(rv), &mut mean, &mut invstd)?;
+    }
     Ok((out, Saved { input, mean, invstd, counts }))
 }
 

@@ -316,3 +316,42 @@ fn one_empty_rank_of_two_equals_batch_norm_over_the_other() {
         }
     }
 }
+
+/// A runtime failure after the all-gather (the `aclnnBatchNormElemt` launch fails on rank 0):
+/// `forward` returns `Err` and rank 0's running statistics are unchanged; the retried step then
+/// updates them once (equal to the f64 reference of one step).
+#[cfg(feature = "mock")]
+#[test]
+fn a_failure_after_the_gather_leaves_the_running_statistics_unchanged() {
+    let _mock = setup();
+    let ctxs: Vec<Context> = (0..2).map(|d| ascend::mock::context(d).unwrap()).collect();
+    let case = Case::new(500, DType::F32, [6, 3, 5]);
+    let exp = case.reference();
+    let comms = Communicator::init_all(&ctxs).unwrap();
+    let results = on_ranks(comms, &ctxs, |r, comm, ctx| {
+        let s = ctx.new_stream().unwrap();
+        let rows = if r == 0 { 0..3 } else { 3..6 };
+        let x = case.rows(&s, &case.x, rows);
+        let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
+        let step = |rm: &mut Tensor, rv: &mut Tensor| {
+            sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), Some(rm), Some(rv), MOMENTUM, EPS).map(|_| ())
+        };
+        if r == 0 {
+            ascend::mock::fail_next_on_this_thread("aclnnBatchNormElemt", 507_899);
+            let e = step(&mut rm, &mut rv).expect_err("the elemt launch was made to fail");
+            assert!(e.to_string().contains("aclnnBatchNormElemt"), "{e}");
+            assert_eq!(read(&s, &rm), case.rm.values(), "running_mean changed by a failed step");
+            assert_eq!(read(&s, &rv), case.rv.values(), "running_var changed by a failed step");
+            step(&mut rm, &mut rv).unwrap();
+        } else {
+            step(&mut rm, &mut rv).unwrap();
+            // Rank 0's retry: a second step here (its running statistics are not checked).
+            let (mut rm2, mut rv2) = (case.rm.tensor(&s).unwrap(), case.rv.tensor(&s).unwrap());
+            step(&mut rm2, &mut rv2).unwrap();
+        }
+        (read(&s, &rm), read(&s, &rv))
+    });
+    let (rm, rv) = &results[0];
+    assert_close("running_mean after the retry", rm, &exp.running_mean, tolerance(DType::F32));
+    assert_close("running_var after the retry", rv, &exp.running_var, tolerance(DType::F32));
+}
