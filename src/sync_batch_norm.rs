@@ -116,8 +116,8 @@ pub fn forward<'a>(
     // nothing to update the running statistics with. A rank with elements knows that N > 0
     // without reading; only an empty rank reads the gathered counts, so every rank decides the same.
     if per_channel == 0 && no_rank_has_elements(s, &counts)? {
-        let (mean, invstd) =
-            (Tensor::from_slice(s, &vec![0f32; c], &[c])?, Tensor::from_slice(s, &vec![1f32; c], &[c])?);
+        // Every row is then an empty rank's: mean 0, invstd 1 (row 0 serves).
+        let (mean, invstd) = (gathered.view(&[c], &[1], 0)?, gathered.view(&[c], &[1], c)?);
         let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
         return Ok((out, Saved { input, mean, invstd, counts }));
     }
