@@ -377,7 +377,9 @@ fn a_rank_0_of_job_a() {
     let ctx = ascend::mock::context(0).unwrap();
     let e = Communicator::from_env(&ctx).unwrap_err().to_string();
     assert!(
-        e.contains("rank(s) 1 of WORLD_SIZE=2") && e.contains("never connected") && e.contains("refused: 127.0.0.1:"),
+        e.contains("rank(s) 1 of WORLD_SIZE=2")
+            && e.contains("did not join")
+            && e.contains("unfinished connections: 127.0.0.1:"),
         "{e}"
     );
 }
