@@ -191,7 +191,10 @@ fn write_all_by(s: &mut TcpStream, buf: &[u8], deadline: Instant, what: &str) ->
     while sent < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(io_error(ErrorKind::TimedOut, format!("{what}: {sent} of {} bytes by the deadline", buf.len())));
+            return Err(io_error(
+                ErrorKind::TimedOut,
+                format!("{what}: {sent} of {} bytes by the deadline", buf.len()),
+            ));
         }
         s.set_write_timeout(Some(left))?;
         match s.write(&buf[sent..]) {
