@@ -173,6 +173,11 @@ fn bad_rank_tables_are_errors_naming_the_file() {
     let good = dir.join("good.json");
     std::fs::write(&good, table_v1(2)).unwrap();
     rejected(&ctx, &good, 2, "rank", &["rank 2 is not a rank_id", "good.json", "0..1"]);
+    // The table places rank 1 on device_id 1; ctx is device 0 (audit 4 G05).
+    rejected(&ctx, &good, 1, "ctx", &["good.json", "rank 1 on device_id 1", "ctx is device 0"]);
+    let v2 = dir.join("good_v2.json");
+    std::fs::write(&v2, table_v2(2)).unwrap();
+    rejected(&ascend::mock::context(1).unwrap(), &v2, 0, "ctx", &["good_v2.json", "rank 0 on device_id 0", "device 1"]);
     let e = Communicator::from_rank_table(&Context::cpu(), &good, 0).unwrap_err();
     assert!(e.to_string().contains("CPU engine joins ranks in one process only"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -117,6 +117,54 @@ impl RankTable {
     pub(crate) fn size(&self) -> u32 {
         self.entries.len() as u32
     }
+
+    /// Checks that the table places `rank` (one of its ranks) on the device that
+    /// `aclrtSetDevice(device)` binds, as far as the environment tells (see [`expected_device_id`]);
+    /// the error names the table, the rank and both ids.
+    pub(crate) fn check_device(&self, path: &Path, rank: u32, device: i32) -> Result<()> {
+        let visible = std::env::var("ASCEND_RT_VISIBLE_DEVICES").ok();
+        let Some(expected) = expected_device_id(device, visible.as_deref()) else {
+            return Ok(());
+        };
+        let listed = self.entries[rank as usize].device;
+        if listed == expected {
+            return Ok(());
+        }
+        let ours = match visible.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+            Some(v) => format!("device {device}, which ASCEND_RT_VISIBLE_DEVICES=`{v}` makes device_id {expected}"),
+            None => format!("device {device} (device_id {expected}, ASCEND_RT_VISIBLE_DEVICES being unset)"),
+        };
+        Err(Error::invalid(
+            "ctx",
+            format!(
+                "rank table {} places rank {rank} on device_id {listed}, but ctx is {ours}: HCCL requires a rank's \
+                 device_id to be the device of the thread that joins it (pick the context or the rank to match)",
+                path.display()
+            ),
+        ))
+    }
+}
+
+/// The `device_id` a rank table holds for the device that `aclrtSetDevice(device)` binds, given
+/// `ASCEND_RT_VISIBLE_DEVICES` (`visible`), or `None` when the environment does not say.
+///
+/// CANN has three ids (runtime API docs of `aclrtGetPhyDevIdByLogicDevId`): the user id given to
+/// `aclrtSetDevice`; the logical id, which is the user id when `ASCEND_RT_VISIBLE_DEVICES` is
+/// unset and otherwise that comma-separated list's entry at index user id; and the physical id, which
+/// a rank table holds and which equals the logical id outside containers. So: the list's entry
+/// when the variable is set (`None` when it has no such entry or it is not a number: HCCL
+/// decides), the id itself otherwise.
+///
+/// Limit: in a container that exposes only some devices, the runtime renumbers them once more
+/// (logical 0 may be physical 4), which no variable shows; there this rule compares the logical
+/// id with the table's physical one. The exact mapping is `aclrtGetPhyDevIdByLogicDevId`
+/// (`acl_rt.h`), not bound yet.
+fn expected_device_id(device: i32, visible: Option<&str>) -> Option<u32> {
+    let user = usize::try_from(device).ok()?;
+    match visible.map(str::trim).filter(|v| !v.is_empty()) {
+        None => u32::try_from(device).ok(),
+        Some(list) => list.split(',').nth(user)?.trim().parse().ok(),
+    }
 }
 
 /// A JSON value (just what a rank table needs: numbers are kept as text).
@@ -290,6 +338,18 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The user id indexes ASCEND_RT_VISIBLE_DEVICES when it is set; otherwise it is the id.
+    #[test]
+    fn the_expected_device_id_follows_ascend_rt_visible_devices() {
+        assert_eq!(expected_device_id(3, None), Some(3));
+        assert_eq!(expected_device_id(3, Some(" ")), Some(3));
+        assert_eq!(expected_device_id(0, Some("4,6")), Some(4));
+        assert_eq!(expected_device_id(1, Some(" 4 , 6 ")), Some(6));
+        assert_eq!(expected_device_id(2, Some("4,6")), None);
+        assert_eq!(expected_device_id(0, Some("x,6")), None);
+        assert_eq!(expected_device_id(-1, None), None);
+    }
 
     #[test]
     fn reads_the_documented_formats_and_rejects_bad_tables() {
