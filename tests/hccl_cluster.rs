@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ascend::hccl::{Communicator, ReduceOp};
 use ascend::{Context, Error, Tensor};
-use self_exec::{expect_success, spawn_self};
+use self_exec::{expect_success, run_as_child, spawn_self};
 
 const ROLE: &str = "ASCEND_TEST_CLUSTER_ROLE";
 const TABLE: &str = "ASCEND_TEST_CLUSTER_TABLE";
@@ -282,11 +282,7 @@ fn from_env_over_2_and_4_processes() {
 #[test]
 fn from_env_errors_name_the_variable_or_the_peer() {
     let _g = setup();
-    if env::var(ROLE).as_deref() != Ok("errors") {
-        let out = spawn_self("from_env_errors_name_the_variable_or_the_peer", &[(ROLE, "errors".into())])
-            .wait_with_output()
-            .unwrap();
-        expect_success("the error cases", &out);
+    if !run_as_child("from_env_errors_name_the_variable_or_the_peer", ROLE, "errors") {
         return;
     }
     // In a child: the environment is this process's own.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ascend::hccl::Communicator;
-use self_exec::{expect_success, spawn_self};
+use self_exec::{expect_success, run_as_child, spawn_self};
 
 const ROLE: &str = "ASCEND_TEST_RENDEZVOUS_ROLE";
 /// Between two trickled bytes.
@@ -86,11 +86,7 @@ fn from_env_fails_in_time(rank: u32, port: u16) -> String {
 
 #[test]
 fn a_trickling_peer_cannot_stretch_the_rendezvous_timeout() {
-    if env::var(ROLE).as_deref() != Ok("child") {
-        let out = spawn_self("a_trickling_peer_cannot_stretch_the_rendezvous_timeout", &[(ROLE, "child".into())])
-            .wait_with_output()
-            .unwrap();
-        expect_success("the trickling cases", &out);
+    if !run_as_child("a_trickling_peer_cannot_stretch_the_rendezvous_timeout", ROLE, "child") {
         return;
     }
     let stop = AtomicBool::new(false);
