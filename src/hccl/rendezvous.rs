@@ -31,7 +31,7 @@ const TEXT_MAX: u32 = 4096;
 /// The largest root info accepted (HCCL's is 4108 bytes; room for an envelope).
 const ROOT_MAX: u32 = 1 << 20;
 /// The most ranks accepted (HCCL's rank-table limit, `rank_count` in 1..65536).
-const MAX_WORLD: u32 = 65_536;
+const MAX_WORLD: u32 = super::rank_table::MAX_RANKS;
 /// The default of `ASCEND_RENDEZVOUS_TIMEOUT` (seconds), HCCL's connect timeout.
 const DEFAULT_TIMEOUT_S: u64 = 120;
 
