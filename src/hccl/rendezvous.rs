@@ -443,14 +443,21 @@ fn fetch(set: &Settings) -> Result<Vec<u8>> {
                 set.timeout.as_secs()
             )));
         }
-        let attempt =
-            addrs.iter().find_map(|a| match TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))) {
+        // Each address gets at most the time left now (not the time left before the previous
+        // address's attempt): one deadline, however many addresses MASTER_ADDR resolves to.
+        let attempt = addrs.iter().find_map(|a| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            match TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     last = e.to_string();
                     None
                 }
-            });
+            }
+        });
         if let Some(s) = attempt {
             break s;
         }
