@@ -9,11 +9,20 @@
 //!    instead, and the host turns them into mean and invstd (host reads: two-pass statistics on
 //!    the CPU, while CANN's reduction kernel sums Σx² − mean·Σx in f32, which loses accuracy when
 //!    |mean| ≫ std). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
-//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2), so no rank reads the counts;
+//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
 //! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
 //! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
-//!    invstd, and the running statistics updated in place;
-//! 4. `batch_norm_elemt`: the normalised output.
+//!    invstd;
+//! 4. `batch_norm_elemt`: the normalised output;
+//! 5. last, once everything else succeeded, the running statistics: the same gather again, with
+//!    them updated in place. A forward that returns `Err` has changed nothing, whichever step
+//!    failed (a retry updates them once); this costs one launch of the small `[W, C]` gather per
+//!    step, only when running statistics are given.
+//!
+//! When no rank has an element (every rank's N is 0) the global statistics would be 0/0: the
+//! running statistics are left as they were and the saved statistics are mean 0, invstd 1. A rank
+//! with elements knows that N > 0 without reading anything; only an empty rank reads the gathered
+//! counts (a host wait in that degenerate step alone), so every rank decides the same.
 //!
 //! Backward:
 //! 1. `batch_norm_reduce_backward_into`: the local Σdy and Σdy·(x − mean) into the two halves of
@@ -23,8 +32,9 @@
 //! 3. `batch_norm_elemt_backward` with the gathered counts: the input gradient, equal (to f32
 //!    accuracy) to BatchNorm's over the whole global batch.
 //!
-//! On Ascend a steady step (f32 or f16 input) makes no host wait and, with the caching
-//! allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and one all-reduce.
+//! On Ascend a steady step (f32 or f16 input) makes no host wait (unless this rank's input is
+//! empty) and, with the caching allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and
+//! one all-reduce.
 //!
 //! Both validate every argument first, with the rules of the operators they chain, before the
 //! first collective and the first write: a bad argument fails on its own rank before any peer
@@ -53,12 +63,12 @@ pub struct Saved<'a> {
 }
 
 impl Saved<'_> {
-    /// The global mean per channel (f32).
+    /// The global mean per channel (f32; 0 when no rank had an element).
     pub fn mean(&self) -> &Tensor {
         &self.mean
     }
 
-    /// The global invstd per channel (f32).
+    /// The global invstd per channel (f32; 1 when no rank had an element).
     pub fn invstd(&self) -> &Tensor {
         &self.invstd
     }
@@ -66,7 +76,8 @@ impl Saved<'_> {
 
 /// SyncBatchNorm's forward pass on this rank (see the [module](self) docs): returns the
 /// normalised output (shape and dtype of `input`) and what [`backward`] needs. `running_mean` and
-/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`.
+/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`, last: an `Err`
+/// leaves them as they were, and so does a step in which no rank has an element.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<'a>(
     comm: &Communicator,
@@ -101,19 +112,46 @@ pub fn forward<'a>(
     let mean_all = gathered.view(&[world, c], &[row, 1], 0)?;
     let invstd_all = gathered.view(&[world, c], &[row, 1], c)?;
     let counts = gathered.view(&[world], &[row], 2 * c)?;
-    let (mean, invstd) = ops::batch_norm_gather_stats_with_counts(
-        s,
-        input,
-        &mean_all,
-        &invstd_all,
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-        &counts,
-    )?;
+    // With no element on any rank the global statistics are 0/0: nothing to normalise with and
+    // nothing to update the running statistics with. A rank with elements knows that N > 0
+    // without reading; only an empty rank reads the gathered counts, so every rank decides the same.
+    if per_channel == 0 && no_rank_has_elements(s, &counts)? {
+        // Every row is then an empty rank's: mean 0, invstd 1 (row 0 serves).
+        let (mean, invstd) = (gathered.view(&[c], &[1], 0)?, gathered.view(&[c], &[1], c)?);
+        let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
+        return Ok((out, Saved { input, mean, invstd, counts }));
+    }
+    let gather = |running_mean, running_var, mean: &mut Tensor, invstd: &mut Tensor| {
+        ops::batch_norm_gather_stats_with_counts_into(
+            s,
+            input,
+            &mean_all,
+            &invstd_all,
+            running_mean,
+            running_var,
+            momentum,
+            eps,
+            &counts,
+            mean,
+            invstd,
+        )
+    };
+    let (mut mean, mut invstd) =
+        (Tensor::alloc(s, DType::F32, &[c], false)?, Tensor::alloc(s, DType::F32, &[c], false)?);
+    gather(None, None, &mut mean, &mut invstd)?;
     let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
+    // The running statistics last, once everything else succeeded: a step that fails changes
+    // nothing (so a retry updates them once). The same gather again, which also rewrites mean and
+    // invstd with the values they hold.
+    if let (Some(rm), Some(rv)) = (running_mean, running_var) {
+        gather(Some(rm), Some(rv), &mut mean, &mut invstd)?;
+    }
     Ok((out, Saved { input, mean, invstd, counts }))
+}
+
+/// Whether the gathered `counts` (`[W]` f32) are all 0: a host read, made only by an empty rank.
+fn no_rank_has_elements(s: &Stream, counts: &Tensor) -> Result<bool> {
+    Ok(counts.to_vec::<f32>(s)?.iter().all(|&n| n == 0.0))
 }
 
 /// This rank's `[mean | invstd | count]` (`[2C + 1]` f32), written on the stream without a host
