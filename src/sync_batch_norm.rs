@@ -12,12 +12,14 @@
 //!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
 //! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
 //! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
-//!    invstd;
-//! 4. `batch_norm_elemt`: the normalised output;
-//! 5. last, once everything else succeeded, the running statistics: the same gather again, with
-//!    them updated in place. A forward that returns `Err` has changed nothing, whichever step
-//!    failed (a retry updates them once); this costs one launch of the small `[W, C]` gather per
-//!    step, only when running statistics are given.
+//!    invstd, and the running statistics updated in place;
+//! 4. `batch_norm_elemt`: the normalised output.
+//!
+//! Every output is allocated before step 3, so a forward that fails in validation, allocation,
+//! the local statistics or the all-gather changes nothing; only a runtime failure of step 4's
+//! launch (validated arguments: on hardware such faults surface asynchronously anyway) leaves the
+//! running statistics updated, as torch's. Committing them after step 4 would cost a second
+//! gather launch every step (tried: 3 → 4 launches per forward).
 //!
 //! When no rank has an element (every rank's N is 0) the global statistics would be 0/0: the
 //! running statistics are left as they were and the saved statistics are mean 0, invstd 1. A rank
@@ -76,8 +78,9 @@ impl Saved<'_> {
 
 /// SyncBatchNorm's forward pass on this rank (see the [module](self) docs): returns the
 /// normalised output (shape and dtype of `input`) and what [`backward`] needs. `running_mean` and
-/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`, last: an `Err`
-/// leaves them as they were, and so does a step in which no rank has an element.
+/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`; a step in which no
+/// rank has an element leaves them as they were, and so does an `Err` from anything but a runtime
+/// failure of the normalisation's launch (see the [module](self) docs).
 #[allow(clippy::too_many_arguments)]
 pub fn forward<'a>(
     comm: &Communicator,
@@ -121,31 +124,28 @@ pub fn forward<'a>(
         let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
         return Ok((out, Saved { input, mean, invstd, counts }));
     }
-    let gather = |running_mean, running_var, mean: &mut Tensor, invstd: &mut Tensor| {
-        ops::batch_norm_gather_stats_with_counts_into(
-            s,
-            input,
-            &mean_all,
-            &invstd_all,
-            running_mean,
-            running_var,
-            momentum,
-            eps,
-            &counts,
-            mean,
-            invstd,
-        )
-    };
+    // Every output is allocated before the running statistics change, so a failed allocation
+    // changes nothing; after the gather only the normalisation's launch can still fail (its
+    // arguments are validated: a runtime failure of the enqueue, which on hardware is also how a
+    // device fault surfaces, asynchronously). torch's order and launch count: the running
+    // statistics are updated by the one gather.
     let (mut mean, mut invstd) =
         (Tensor::alloc(s, DType::F32, &[c], false)?, Tensor::alloc(s, DType::F32, &[c], false)?);
-    gather(None, None, &mut mean, &mut invstd)?;
-    let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
-    // The running statistics last, once everything else succeeded: a step that fails changes
-    // nothing (so a retry updates them once). The same gather again, which also rewrites mean and
-    // invstd with the values they hold.
-    if let (Some(rm), Some(rv)) = (running_mean, running_var) {
-        gather(Some(rm), Some(rv), &mut mean, &mut invstd)?;
-    }
+    let mut out = Tensor::alloc(s, input.dtype(), input.shape(), false)?;
+    ops::batch_norm_gather_stats_with_counts_into(
+        s,
+        input,
+        &mean_all,
+        &invstd_all,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+        &counts,
+        &mut mean,
+        &mut invstd,
+    )?;
+    ops::batch_norm_elemt_into(s, input, weight, bias, &mean, &invstd, eps, &mut out)?;
     Ok((out, Saved { input, mean, invstd, counts }))
 }
 

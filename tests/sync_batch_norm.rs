@@ -317,9 +317,13 @@ fn one_empty_rank_of_two_equals_batch_norm_over_the_other() {
     }
 }
 
-/// A runtime failure after the all-gather (the `aclnnBatchNormElemt` launch fails on rank 0):
-/// `forward` returns `Err` and rank 0's running statistics are unchanged; the retried step then
-/// updates them once (equal to the f64 reference of one step).
+/// A failure after the all-gather, before the running statistics are updated (the output's
+/// `aclrtMalloc` fails on rank 0): `forward` returns `Err` and rank 0's running statistics are
+/// unchanged, since every output is allocated before the gather updates them; the retried step
+/// then updates them once (equal to the f64 reference of one step). A warm-up step of a smaller
+/// batch, whose output stays alive, leaves its per-channel blocks in the cache for the tested
+/// step, so the output's is the step's only `aclrtMalloc`, with nothing cached for the allocator
+/// to return and retry with.
 #[cfg(feature = "mock")]
 #[test]
 fn a_failure_after_the_gather_leaves_the_running_statistics_unchanged() {
@@ -331,15 +335,18 @@ fn a_failure_after_the_gather_leaves_the_running_statistics_unchanged() {
     let results = on_ranks(comms, &ctxs, |r, comm, ctx| {
         let s = ctx.new_stream().unwrap();
         let rows = if r == 0 { 0..3 } else { 3..6 };
-        let x = case.rows(&s, &case.x, rows);
+        let x = case.rows(&s, &case.x, rows.clone());
+        let x_warm = case.rows(&s, &case.x, rows.start..rows.start + 1);
         let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
+        let (warm_y, _) =
+            sync_batch_norm::forward(comm, &s, &x_warm, Some(&w), Some(&b), None, None, MOMENTUM, EPS).unwrap();
         let step = |rm: &mut Tensor, rv: &mut Tensor| {
             sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), Some(rm), Some(rv), MOMENTUM, EPS).map(|_| ())
         };
         if r == 0 {
-            ascend::mock::fail_next_on_this_thread("aclnnBatchNormElemt", 507_899);
-            let e = step(&mut rm, &mut rv).expect_err("the elemt launch was made to fail");
-            assert!(e.to_string().contains("aclnnBatchNormElemt"), "{e}");
+            ascend::mock::fail_next_on_this_thread("aclrtMalloc", 207_001);
+            let e = step(&mut rm, &mut rv).expect_err("the output's allocation was made to fail");
+            assert!(e.to_string().contains("aclrtMalloc"), "{e}");
             assert_eq!(read(&s, &rm), case.rm.values(), "running_mean changed by a failed step");
             assert_eq!(read(&s, &rv), case.rv.values(), "running_var changed by a failed step");
             step(&mut rm, &mut rv).unwrap();
@@ -349,6 +356,7 @@ fn a_failure_after_the_gather_leaves_the_running_statistics_unchanged() {
             let (mut rm2, mut rv2) = (case.rm.tensor(&s).unwrap(), case.rv.tensor(&s).unwrap());
             step(&mut rm2, &mut rv2).unwrap();
         }
+        drop(warm_y);
         (read(&s, &rm), read(&s, &rv))
     });
     let (rm, rv) = &results[0];

@@ -330,9 +330,9 @@ impl Communicator {
     ///   serves it over TCP on `MASTER_ADDR:MASTER_PORT` (`ASCEND_RENDEZVOUS_PORT` overrides the
     ///   port; under torchrun, whose agent holds `MASTER_PORT` when `TORCHELASTIC_USE_AGENT_STORE`
     ///   is true, the default is `MASTER_PORT + 1`), the other ranks fetch it, then all call
-    ///   [`init_rank`](Self::init_rank). Each wait is bounded by `ASCEND_RENDEZVOUS_TIMEOUT`
-    ///   seconds (default 120); a job id (`MASTER_PORT`, `WORLD_SIZE`, and `ASCEND_JOB_ID` or
-    ///   `TORCHELASTIC_RUN_ID`) keeps jobs that reuse an address apart.
+    ///   [`init_rank`](Self::init_rank). One deadline of `ASCEND_RENDEZVOUS_TIMEOUT` seconds
+    ///   (default 120) bounds each rank's whole exchange; a job id (`MASTER_PORT`, `WORLD_SIZE`,
+    ///   and `ASCEND_JOB_ID` or `TORCHELASTIC_RUN_ID`) keeps jobs that reuse an address apart.
     ///
     /// `ctx` is this rank's device: pick it from `LOCAL_RANK` (torchrun) or `DEVICE_ID`. Every
     /// failure names the variable or the peer: [`Error::Config`] for a missing or bad variable,
