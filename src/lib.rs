@@ -35,9 +35,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;
+#[cfg(feature = "ndarray")]
+mod array;
 mod context;
 pub mod cpu;
 mod device;
+mod dlpack;
 pub mod dtype;
 mod error;
 mod event;
@@ -54,6 +57,7 @@ mod tensor;
 
 pub use context::{Backend, Context, MemoryStats, BACKEND_ENV};
 pub use device::launch_cache::LaunchCacheStats;
+pub use dlpack::{DlDevice, DlPack};
 pub use dtype::{bf16, f16, DType, Element};
 pub use error::{Error, Result, STATUS_INVALID, STATUS_NULLPTR};
 pub use event::Event;
