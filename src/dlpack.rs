@@ -59,8 +59,9 @@ enum Keep {
 #[repr(C)]
 struct Capsule<H> {
     head: H,
-    shape: Box<[i64]>,
-    strides: Box<[i64]>,
+    // Vecs, not boxes: moving them keeps the raw pointers into their elements valid.
+    shape: Vec<i64>,
+    strides: Vec<i64>,
     keep: Keep,
 }
 
@@ -135,10 +136,10 @@ unsafe extern "C" fn delete<H: Head>(p: *mut H) {
 
 impl<H: Head> Capsule<H> {
     /// The capsule on the heap, its `manager_ctx` pointing at itself.
-    fn boxed(mut dl_tensor: DLTensor, flags: u64, shape: Box<[i64]>, strides: Box<[i64]>, keep: Keep) -> Box<Self> {
-        // The boxed slices' heap memory does not move with the box.
-        dl_tensor.shape = shape.as_ptr().cast_mut();
-        dl_tensor.strides = strides.as_ptr().cast_mut();
+    fn boxed(mut dl_tensor: DLTensor, flags: u64, mut shape: Vec<i64>, mut strides: Vec<i64>, keep: Keep) -> Box<Self> {
+        // The vectors' elements do not move with them.
+        dl_tensor.shape = shape.as_mut_ptr();
+        dl_tensor.strides = strides.as_mut_ptr();
         let mut capsule = Box::new(Capsule { head: H::new(dl_tensor, flags), shape, strides, keep });
         let ctx = std::ptr::from_mut(&mut *capsule).cast::<c_void>();
         capsule.head.set_manager_ctx(ctx);
@@ -347,7 +348,10 @@ fn check_device(stream: &Stream, device: dl::DLDevice) -> Result<()> {
             "device_id",
             format!("the tensor is on Ascend device {device_id}, but the stream is on Ascend device {}", d.id),
         )),
-        None if device_type == dl::kDLCPU => Ok(()),
+        None if device_type == dl::kDLCPU && device_id == 0 => Ok(()),
+        None if device_type == dl::kDLCPU => {
+            Err(Error::invalid("device_id", format!("expected 0 for host memory (kDLCPU), got {device_id}")))
+        }
         _ if ascend || device_type == dl::kDLCPU => Err(stream.mismatch(
             "device_type",
             &format!("the tensor is {}", if ascend { "in Ascend memory" } else { "in host memory (kDLCPU)" }),
@@ -391,7 +395,7 @@ impl Tensor {
     pub fn to_dlpack_as(&self, stream: &Stream, device: DlDevice) -> Result<DlPack> {
         self.check_stream(stream, "stream")?;
         let dims = |v: &[usize]| {
-            v.iter().map(|&d| i64::try_from(d)).collect::<std::result::Result<Box<[i64]>, _>>().map_err(|_| {
+            v.iter().map(|&d| i64::try_from(d)).collect::<std::result::Result<Vec<i64>, _>>().map_err(|_| {
                 Error::invalid("tensor", format!("shape {:?} or strides {v:?} exceed int64", self.shape()))
             })
         };
@@ -504,9 +508,9 @@ impl Tensor {
 
 /// A compact host copy of a CPU tensor's view, as a DLPack data pointer and its owner.
 fn host_copy<T: Element>(t: &Tensor, stream: &Stream) -> Result<(*mut c_void, Box<dyn Send + Sync>)> {
-    let mut copy = t.to_vec::<T>(stream)?.into_boxed_slice();
-    // The boxed slice's heap memory does not move with the box; an empty one has a dangling,
-    // aligned (non-null) address, which DLPack allows for an empty tensor.
+    let mut copy = t.to_vec::<T>(stream)?;
+    // The vector's elements do not move with it; an empty one has a dangling, aligned (non-null)
+    // address, which DLPack allows for an empty tensor.
     let data = copy.as_mut_ptr().cast::<c_void>();
     Ok((data, Box::new(copy)))
 }
