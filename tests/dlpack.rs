@@ -509,7 +509,7 @@ mod mock_memory {
 
     use ascend::sys::{aclrtMemMallocPolicy, aclrtMemcpyKind, Cann};
 
-    fn cann() -> &'static Cann {
+    pub fn cann() -> &'static Cann {
         ascend::sys::load_from(ascend::mock::toolkit_dir()).expect("the mock toolkit")
     }
 
@@ -633,6 +633,61 @@ mod torch_npu {
             let t = unsafe { Tensor::from_dlpack(&s, empty.versioned(&[], 0).cast()) }?;
             assert_eq!((t.shape(), t.numel()), (&[0usize, 3][..], 0));
             assert_eq!(DELETED.load(Ordering::SeqCst), deleted + 3);
+            Ok(())
+        });
+    }
+
+    /// The stream contract: work queued on the tensor (a kernel on `s1`) is ordered before the
+    /// consumer's work on the export stream (`s2`, here an `aclrtMemcpyAsync` of the test's):
+    /// the mock counts a hazard otherwise.
+    #[test]
+    fn exported_memory_is_ready_for_work_on_the_export_stream() {
+        common::mock::on_stream(|ctx, s1| {
+            let (n, c) = (8usize, 4usize);
+            let data = random::<f32>(n * c, 31);
+            let x = Tensor::from_slice(&s1, &data, &[n, c])?;
+            let mean = Tensor::zeros(&s1, DType::F32, &[c])?;
+            let invstd = Tensor::from_slice(&s1, &vec![1f32; c], &[c])?;
+            let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
+            let y = batch_norm_reduce_backward(&s1, &x, &x, &mean, &invstd, None, mask)?.grad_bias.unwrap();
+            let s2 = ctx.new_stream()?;
+            let before = waits_and_copies();
+            let d = y.to_dlpack(&s2)?;
+            assert_eq!(waits_and_copies(), before, "ordered on the device, not by a host wait");
+            let dst = mock_memory::alloc(4 * c);
+            let src = d.dl_tensor().data;
+            // SAFETY: `src` holds c f32 (the capsule keeps it), `dst` has room for them; both on
+            // device 0, which is bound; s2 is live.
+            let st = unsafe {
+                mock_memory::cann().acl.aclrtMemcpyAsync(
+                    dst,
+                    4 * c,
+                    src,
+                    4 * c,
+                    ascend::sys::aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE,
+                    s2.as_raw().unwrap(),
+                )
+            };
+            assert_eq!(st, 0);
+            drop((y, d)); // the consumer is done: its deleter (the buffer goes after s2's copy)
+            s2.synchronize()?;
+            let mut got = vec![0f32; c];
+            // SAFETY: `dst` holds c f32 written by the completed copy.
+            let st = unsafe {
+                mock_memory::cann().acl.aclrtMemcpy(
+                    got.as_mut_ptr().cast(),
+                    4 * c,
+                    dst,
+                    4 * c,
+                    ascend::sys::aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+                )
+            };
+            assert_eq!(st, 0);
+            mock_memory::free(dst);
+            let sums = channel_sums(&data, &[n as i64, c as i64], &[c as i64, 1], 0);
+            for (g, e) in got.iter().zip(sums) {
+                assert!((f64::from(*g) - e).abs() <= 1e-5 * e.abs().max(1.0), "gradBias {g} vs {e}");
+            }
             Ok(())
         });
     }
