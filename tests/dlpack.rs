@@ -692,6 +692,37 @@ mod torch_npu {
         });
     }
 
+    /// When the wait before the deleter fails (queued work may still read the memory), the
+    /// capsule is leaked, never deleted, and the leak is counted.
+    #[test]
+    fn a_failed_wait_leaks_the_capsule_instead_of_deleting_it() {
+        let _lock = common::mock::lock();
+        ascend::mock::clear_faults();
+        let ctx = common::mock::context();
+        let s = ctx.new_stream().unwrap();
+        let (n, c) = (4usize, 2usize);
+        let storage = random::<f32>(n * c, 41);
+        let p = Spec::new(kDLExtDev, &[n as i64, c as i64], &[c as i64, 1]).versioned(&storage, 0);
+        let deleted = DELETED.load(Ordering::SeqCst);
+        let leaks = ascend::mock::leaks().allocations;
+        // SAFETY: a live capsule over device-0 memory.
+        let x = unsafe { Tensor::from_dlpack(&s, p.cast()) }.unwrap();
+        let mean = Tensor::zeros(&s, DType::F32, &[c]).unwrap();
+        let invstd = Tensor::from_slice(&s, &vec![1f32; c], &[c]).unwrap();
+        let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
+        let r = batch_norm_reduce_backward(&s, &x, &x, &mean, &invstd, None, mask).unwrap();
+        ascend::mock::fail_next_on_this_thread("aclrtSynchronizeStream", 507899);
+        drop(x);
+        ascend::mock::clear_faults();
+        assert_eq!(DELETED.load(Ordering::SeqCst), deleted, "not deleted while work may be queued");
+        assert_eq!(ascend::mock::leaks().allocations, leaks + 1, "the leak is counted");
+        // The test, as the producer, takes its memory back once the work is done.
+        s.synchronize().unwrap();
+        drop((r, mean, invstd));
+        delete_versioned(p);
+        assert_eq!(DELETED.load(Ordering::SeqCst), deleted + 1);
+    }
+
     /// Re-exported to another stream: the exchange of an imported tensor orders its pending
     /// work before the consumer's stream without a host wait.
     #[test]
