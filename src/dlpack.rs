@@ -76,49 +76,43 @@ trait Head: Sized + 'static {
     fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
 }
 
-impl Head for DLManagedTensorVersioned {
-    const OWN_DELETER: unsafe extern "C" fn(*mut Self) = delete::<Self>;
-    fn new(dl_tensor: DLTensor, flags: u64) -> Self {
-        DLManagedTensorVersioned {
-            version: DLPackVersion { major: dl::DLPACK_MAJOR_VERSION, minor: dl::DLPACK_MINOR_VERSION },
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(Self::OWN_DELETER),
-            flags,
-            dl_tensor,
+/// The [`Head`] impl of one managed-tensor struct (both have `dl_tensor`, `manager_ctx` and
+/// `deleter` fields), with how a capsule made here fills it.
+macro_rules! head {
+    ($t:ident, |$dl_tensor:ident, $flags:ident| $new:expr) => {
+        impl Head for $t {
+            const OWN_DELETER: unsafe extern "C" fn(*mut Self) = delete::<Self>;
+            fn new($dl_tensor: DLTensor, $flags: u64) -> Self {
+                $new
+            }
+            fn dl_tensor(&self) -> &DLTensor {
+                &self.dl_tensor
+            }
+            fn manager_ctx(&self) -> *mut c_void {
+                self.manager_ctx
+            }
+            fn set_manager_ctx(&mut self, ctx: *mut c_void) {
+                self.manager_ctx = ctx;
+            }
+            fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+                self.deleter
+            }
         }
-    }
-    fn dl_tensor(&self) -> &DLTensor {
-        &self.dl_tensor
-    }
-    fn manager_ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-    fn set_manager_ctx(&mut self, ctx: *mut c_void) {
-        self.manager_ctx = ctx;
-    }
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
-        self.deleter
-    }
+    };
 }
 
-impl Head for DLManagedTensor {
-    const OWN_DELETER: unsafe extern "C" fn(*mut Self) = delete::<Self>;
-    fn new(dl_tensor: DLTensor, _flags: u64) -> Self {
-        DLManagedTensor { dl_tensor, manager_ctx: std::ptr::null_mut(), deleter: Some(Self::OWN_DELETER) }
-    }
-    fn dl_tensor(&self) -> &DLTensor {
-        &self.dl_tensor
-    }
-    fn manager_ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-    fn set_manager_ctx(&mut self, ctx: *mut c_void) {
-        self.manager_ctx = ctx;
-    }
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
-        self.deleter
-    }
-}
+head!(DLManagedTensorVersioned, |dl_tensor, flags| DLManagedTensorVersioned {
+    version: DLPackVersion { major: dl::DLPACK_MAJOR_VERSION, minor: dl::DLPACK_MINOR_VERSION },
+    manager_ctx: std::ptr::null_mut(),
+    deleter: Some(Self::OWN_DELETER),
+    flags,
+    dl_tensor,
+});
+head!(DLManagedTensor, |dl_tensor, _flags| DLManagedTensor {
+    dl_tensor,
+    manager_ctx: std::ptr::null_mut(),
+    deleter: Some(Self::OWN_DELETER),
+});
 
 /// The deleter of the capsules made here: frees the capsule and what it keeps (a device buffer
 /// goes back to the allocator after the work of the streams that used it, without waiting).
