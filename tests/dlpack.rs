@@ -226,10 +226,16 @@ fn streams_of_another_backend_are_refused(ctx: &Context) -> Result<()> {
 // Foreign capsules
 
 /// How many times the foreign capsules' deleter ran, and the tasks still queued on the mock's
-/// streams when it last ran.
+/// streams when it last ran (the tests that read them hold the mock's lock).
 static DELETED: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "mock"), allow(dead_code))]
 static QUEUED_AT_DELETE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Serialises the CPU cases that count deletes when the mock (whose lock they take too) is off.
+static DELETES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn count_deletes() -> std::sync::MutexGuard<'static, ()> {
+    DELETES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// What a foreign capsule's `manager_ctx` owns, as torch's `ATenDLMTensor` holds the tensor
 /// whose sizes and strides the capsule points into: the shape, the strides, and the memory
@@ -385,6 +391,7 @@ fn gather(storage: &[f32], shape: &[i64], strides: &[i64], offset: usize) -> Vec
 /// A kDLCPU capsule on the CPU backend: copied, its deleter called at once; and a versioned
 /// one with the usual flags.
 fn cpu_capsules_are_copied_and_deleted(ctx: &Context) -> Result<()> {
+    let _deletes = count_deletes();
     if ctx.device_id().is_some() {
         return Ok(());
     }
@@ -406,6 +413,7 @@ fn cpu_capsules_are_copied_and_deleted(ctx: &Context) -> Result<()> {
 
 /// Refused capsules (each named by its field) are not taken: their deleter has not run.
 fn bad_capsules_are_refused_and_not_taken(ctx: &Context) -> Result<()> {
+    let _deletes = count_deletes();
     let s = ctx.new_stream()?;
     let dev = if ctx.device_id().is_some() { kDLExtDev } else { kDLCPU };
     let storage = random::<f32>(12, 4);
@@ -494,11 +502,14 @@ on_both_backends!(
         odd_shapes_round_trip,
         an_unused_dlpack_frees_its_buffer_on_drop,
         deleters_run_on_other_threads,
-        cpu_capsules_are_copied_and_deleted,
-        bad_capsules_are_refused_and_not_taken,
         own_capsules_are_checked_against_their_buffer,
     ],
-    cross: [streams_of_another_backend_are_refused],
+    // Serialised with the mock's tests (the CPU runs too): they count deletes in `DELETED`.
+    cross: [
+        streams_of_another_backend_are_refused,
+        cpu_capsules_are_copied_and_deleted,
+        bad_capsules_are_refused_and_not_taken,
+    ],
 );
 
 #[cfg(feature = "mock")]
