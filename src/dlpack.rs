@@ -364,8 +364,9 @@ fn check_device(stream: &Stream, device: dl::DLDevice) -> Result<()> {
 
 impl Tensor {
     /// This tensor as a DLPack tensor over the same memory (no copy): `kDLExtDev` with the device
-    /// id on Ascend (what torch_npu reads), `kDLCPU` on the CPU backend; the dtype, shape, strides
-    /// (in elements) and offset (`byte_offset`) of the view. See
+    /// id on Ascend (what torch_npu reads), `kDLCPU` on the CPU backend; the dtype, shape and
+    /// strides (in elements) of the view, `data` at its first element and `byte_offset` 0 (as
+    /// PyTorch and torch_npu export: torch_npu's importer ignores `byte_offset`). See
     /// [`to_dlpack_as`](Self::to_dlpack_as).
     pub fn to_dlpack(&self, stream: &Stream) -> Result<DlPack> {
         self.to_dlpack_as(stream, DlDevice::ExtDev)
@@ -400,8 +401,8 @@ impl Tensor {
                 // Orders the tensor's pending work before `stream` and records `stream` on it.
                 enqueue_using(inner, [&*d.buffer], |_| Ok(()))?;
                 let device = dl::DLDevice { device_type: device.device_type(), device_id: dev.id };
-                let byte_offset = (self.offset() * self.dtype().size_in_bytes()) as u64;
-                (d.buffer.ptr(), device, dims(self.strides())?, byte_offset, 0, Keep::Device(d.buffer.clone()))
+                let first = d.buffer.ptr().cast::<u8>().wrapping_add(self.offset() * self.dtype().size_in_bytes());
+                (first.cast(), device, dims(self.strides())?, 0, 0, Keep::Device(d.buffer.clone()))
             }
             _ => {
                 let (data, copy) = match self.dtype() {
@@ -540,12 +541,13 @@ unsafe fn import<H: Head>(stream: &Stream, p: NonNull<H>) -> Result<Tensor> {
         let capsule = p.cast::<Capsule<H>>();
         // SAFETY: made by `Capsule::boxed` (its deleter and context are this module's).
         if let Keep::Device(buffer) = unsafe { &capsule.as_ref().keep } {
-            if !buffer.device().same(device) || v.data != buffer.ptr() {
-                return Err(Error::invalid("data", "the capsule's data is not its own buffer's on this device"));
+            // `data` is the view's first element (or, if a consumer moved it, any element).
+            let lead = (v.data as usize).wrapping_sub(buffer.ptr() as usize);
+            if !buffer.device().same(device) || lead > buffer.bytes() || !lead.is_multiple_of(size) {
+                return Err(Error::invalid("data", "the capsule's data is not in its own buffer on this device"));
             }
-            let storage_len = buffer.bytes() / size;
-            layout::check_view(&v.shape, &v.strides, v.offset, storage_len)
-                .map_err(|m| Error::invalid("strides", m))?;
+            let (storage_len, offset) = (buffer.bytes() / size, v.offset + lead / size);
+            layout::check_view(&v.shape, &v.strides, offset, storage_len).map_err(|m| Error::invalid("strides", m))?;
             // Taken (the caller hands the capsule over): its buffer moves into the tensor, and
             // the rest is freed here instead of by its deleter (which would drop the same box).
             let buffer = buffer.clone();
@@ -555,7 +557,7 @@ unsafe fn import<H: Head>(stream: &Stream, p: NonNull<H>) -> Result<Tensor> {
                 v.dtype,
                 v.shape,
                 v.strides,
-                v.offset,
+                offset,
                 storage_len,
                 Storage::Device(DeviceStorage { buffer }),
             ));

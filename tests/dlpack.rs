@@ -73,11 +73,12 @@ fn round_trip<T: Element>(ctx: &Context, legacy: bool) -> Result<()> {
     };
     assert_eq!(dl.dtype, DLDataType { code, bits, lanes: 1 });
     if t.is_device() {
-        // The same memory: the view's strides and offset, the device's id, no flag.
+        // The same memory: the view's strides, `data` at its first element (byte_offset 0, as
+        // torch exports and torch_npu reads), the device's id, no flag.
         assert_eq!(dl.device, DLDevice { device_type: kDLExtDev, device_id: 0 });
         assert_eq!(strides, [6, 1]);
-        assert_eq!(dl.byte_offset, (3 * std::mem::size_of::<T>()) as u64);
-        assert_eq!(Some(dl.data), t.device_ptr());
+        assert_eq!(dl.byte_offset, 0);
+        assert_eq!(Some(dl.data), t.device_ptr().map(|p| p.cast::<T>().wrapping_add(3).cast()));
         assert_eq!(d.flags(), 0);
     } else {
         // The CPU backend's capsule is a compact copy, flagged so.
@@ -490,7 +491,24 @@ fn own_capsules_are_checked_against_their_buffer(ctx: &Context) -> Result<()> {
     let err = unsafe { Tensor::from_dlpack(&s, p.cast()) }.unwrap_err();
     assert_eq!(argument(&err), "strides", "{err}");
     delete_versioned(p);
-    drop(t);
+    // `data` outside the buffer is refused too.
+    let p = t.to_dlpack(&s)?.into_raw().cast::<DLManagedTensorVersioned>();
+    unsafe { (*p).dl_tensor.data = (*p).dl_tensor.data.cast::<u8>().wrapping_add(4096).cast() };
+    // SAFETY: as above.
+    assert_eq!(argument(&unsafe { Tensor::from_dlpack(&s, p.cast()) }.unwrap_err()), "data");
+    delete_versioned(p);
+    // The spec's other form of one view, `data` at the buffer and the offset in `byte_offset`,
+    // is the same tensor.
+    let v = Tensor::from_slice_strided(&s, &random::<f32>(12, 3), &[2, 4], &[4, 1], 4)?;
+    let p = v.to_dlpack(&s)?.into_raw().cast::<DLManagedTensorVersioned>();
+    unsafe {
+        (*p).dl_tensor.data = v.device_ptr().unwrap();
+        (*p).dl_tensor.byte_offset = 16;
+    }
+    // SAFETY: a live capsule made by to_dlpack (then moved within its buffer), handed over.
+    let back = unsafe { Tensor::from_dlpack(&s, p.cast()) }?;
+    assert_eq!((back.offset(), back.to_vec::<f32>(&s)?), (4, v.to_vec::<f32>(&s)?));
+    drop((t, v, back));
     assert!(ctx.memory_stats().allocated < base, "the capsule was deleted once, freeing the buffer");
     Ok(())
 }
