@@ -26,6 +26,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Tensor::to_dlpack`] and [`Tensor::from_dlpack`] exchange tensors with torch_npu and other
+//! frameworks through DLPack (device memory shared, not copied); with the `ndarray` feature,
+//! `Tensor::from_array` and `Tensor::to_array` copy host arrays in and out.
+//!
 //! Layers (cudarc's split): [`ascend_sys`] (raw FFI and loader) → `acl` (one checked wrapper per
 //! C call) → the safe types here ([`Context`], [`Stream`], [`Tensor`], [`ops`]) → the [`cpu`]
 //! backend beside them. With the `mock` feature, `mock` runs the Ascend path on a fake CANN.
