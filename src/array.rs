@@ -15,6 +15,7 @@ impl Tensor {
     /// other strides, negative ones included, are gathered in row-major order first (so the
     /// tensor is row-major whatever the view's memory order). On Ascend as
     /// [`from_slice`](Self::from_slice): the data is on the device when this returns.
+    #[cfg_attr(docsrs, doc(cfg(feature = "ndarray")))]
     pub fn from_array<'a, T, D>(stream: &Stream, array: impl AsArray<'a, T, D>) -> Result<Tensor>
     where
         T: Element,
@@ -34,6 +35,7 @@ impl Tensor {
     /// The view's elements as an array of its shape (row-major), converted to `T` as
     /// [`to_vec`](Self::to_vec) does: exact, bit for bit, when `T` is the tensor's dtype. On
     /// Ascend this waits for the work queued on the tensor, then copies.
+    #[cfg_attr(docsrs, doc(cfg(feature = "ndarray")))]
     pub fn to_array<T: Element>(&self, stream: &Stream) -> Result<ArrayD<T>> {
         let data = self.to_vec::<T>(stream)?;
         ArrayD::from_shape_vec(IxDyn(self.shape()), data)
