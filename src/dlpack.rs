@@ -456,7 +456,8 @@ impl Tensor {
     /// view's extent is allocated on that device) and stays allocated until the deleter runs;
     /// the producer's writes to it are ordered before work queued on `stream` (e.g. torch's
     /// `__dlpack__(stream=...)` with this stream's handle, or a synchronise), and it does not
-    /// write the memory until the deleter runs. The deleter may be called from any thread.
+    /// access the memory while this crate's work on it may run (the two sides share it). The
+    /// deleter may be called from any thread.
     pub unsafe fn from_dlpack(stream: &Stream, raw: *mut c_void) -> Result<Tensor> {
         let p = raw.cast::<DLManagedTensorVersioned>();
         let Some(p) = NonNull::new(p) else {
