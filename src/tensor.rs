@@ -134,7 +134,7 @@ pub(crate) const TENSOR_DATA_ALIGN: usize = 32;
 
 impl Tensor {
     /// A tensor over `storage` with this layout (checked by the caller).
-    fn with_layout(
+    pub(crate) fn with_layout(
         dtype: DType,
         shape: Vec<usize>,
         strides: Vec<usize>,

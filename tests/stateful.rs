@@ -5,7 +5,8 @@
 //! launches of `batch_norm_reduce_backward` (allocating, `_into`, two-phase with and without a
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
 //! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
-//! communicator of the two mock devices (one thread per rank), and an injected fault
+//! communicator of the two mock devices (one thread per rank), DLPack exchanges (a tensor
+//! exported and imported back in its place), and an injected fault
 //! before any step (at any CANN function the crate binds). The launch cache is on and off: each
 //! program gives every stream slot a capacity (0, i.e. off, 1, 2 or the environment's default,
 //! so CI's run with `ASCEND_NO_LAUNCH_CACHE=1` has slots with the cache on too), and steps change
@@ -201,6 +202,13 @@ enum Step {
     RefuseRepeatable {
         on: bool,
     },
+    /// (DLPack) The slot's tensor exported on the stream (versioned or legacy) and imported back
+    /// in its place: the same memory on the mock, a copy on the CPU twin.
+    Exchange {
+        slot: usize,
+        stream: usize,
+        legacy: bool,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -273,6 +281,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => stream.clone().prop_map(|stream| Step::FlushLaunchCache { stream }),
         1 => any::<bool>().prop_map(|on| Step::RefuseRepeatable { on }),
         6 => Just(Step::Again),
+        2 => (slot.clone(), stream.clone(), any::<bool>())
+            .prop_map(|(slot, stream, legacy)| Step::Exchange { slot, stream, legacy }),
         // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
         2 => (any::<bool>(), 0..3usize, any::<bool>()).prop_map(|(big, i, max)| {
             let (a, b) = if big { (i, 3) } else { (BIG + i, 8) };
@@ -750,6 +760,43 @@ impl World {
                 }
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
+            Step::Exchange { slot, stream, legacy } => {
+                let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
+                    return Ok(());
+                };
+                let exported = t.mock.to_dlpack(s);
+                if *sdev != t.device {
+                    return expect_invalid("exchange across devices", &exported);
+                }
+                let d = match exported {
+                    Ok(d) => d,
+                    Err(e) if !faulted => return Err(fail(format!("to_dlpack: {e:?}"))),
+                    Err(_) => {
+                        fault_error();
+                        return Ok(());
+                    }
+                };
+                let exchange = |d: ascend::DlPack, s: &Stream| {
+                    // SAFETY: made by to_dlpack, handed over once.
+                    unsafe {
+                        if *legacy {
+                            Tensor::from_dlpack_legacy(s, d.into_raw_legacy())
+                        } else {
+                            Tensor::from_dlpack(s, d.into_raw())
+                        }
+                    }
+                };
+                let back = exchange(d, s).map_err(|e| fail(format!("from_dlpack: {e:?}")))?;
+                if (back.device_ptr(), back.shape(), back.strides())
+                    != (t.mock.device_ptr(), t.mock.shape(), t.mock.strides())
+                {
+                    return Err(fail(format!("exchange changed the tensor: {:?} -> {back:?}", t.mock)));
+                }
+                t.mock = back; // the exported tensor goes: the buffer lives on in `back`
+                let twin = t.cpu.to_dlpack(&self.cpu).and_then(|d| exchange(d, &self.cpu));
+                t.cpu = twin.map_err(|e| fail(format!("cpu exchange: {e:?}")))?;
+                EXCHANGED.fetch_add(1, Relaxed);
+            }
             Step::Again => {
                 let Some(l) = self.last_launch.clone() else { return Ok(()) };
                 return self.launch_one(&l, faulted);
@@ -1106,6 +1153,8 @@ static REJECTED: AtomicUsize = AtomicUsize::new(0);
 static CROSSED: AtomicUsize = AtomicUsize::new(0);
 /// Reads compared bit for bit with the twin.
 static COMPARED: AtomicUsize = AtomicUsize::new(0);
+/// DLPack exchanges made (the tensor replaced by its re-import on both backends).
+static EXCHANGED: AtomicUsize = AtomicUsize::new(0);
 /// Steps (of any kind) that failed on the mock because of an injected fault.
 static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
 /// Parallel steps that ran both launches on two threads.
@@ -1187,7 +1236,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
     println!(
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
-         {} all-reduces over two devices; {} reads compared bit for bit; single launches: \
+         {} all-reduces over two devices; {} DLPack exchanges; {} reads compared bit for bit; single launches: \
          {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
@@ -1198,6 +1247,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         CROSSED.load(Relaxed),
         PARALLEL.load(Relaxed),
         COLLECTIVES.load(Relaxed),
+        EXCHANGED.load(Relaxed),
         COMPARED.load(Relaxed),
         CACHE_HITS.load(Relaxed),
         CACHE_MISSES.load(Relaxed),
