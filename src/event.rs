@@ -35,7 +35,7 @@ impl Stream {
         match self.ascend() {
             None => Ok(Event { kind: EventKind::Cpu(Instant::now()) }),
             Some((inner, device)) => {
-                let event = EventInner::new(device.clone())?;
+                let event = EventInner::timing(device.clone())?;
                 inner.record(&event)?;
                 Ok(Event { kind: EventKind::Ascend(event) })
             }

@@ -113,6 +113,14 @@ pub struct MockStats {
     pub all_gathers: u64,
     /// Total `HcclBroadcast` calls that queued a collective.
     pub broadcasts: u64,
+    /// Events (of every kind, on every device) not yet destroyed.
+    pub live_events: u64,
+    /// Total events made (`aclrtCreateEvent`, `aclrtCreateEventWithFlag`, `aclrtCreateEventExWithFlag`).
+    pub events_created: u64,
+    /// Total events destroyed (`aclrtDestroyEvent`).
+    pub events_destroyed: u64,
+    /// Tasks queued on streams and not yet run.
+    pub queued_tasks: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -149,6 +157,8 @@ struct RawStats {
     all_reduces: u64,
     all_gathers: u64,
     broadcasts: u64,
+    events_created: u64,
+    events_destroyed: u64,
 }
 
 struct Api {
@@ -161,6 +171,8 @@ struct Api {
     violation_count: unsafe extern "C" fn() -> u64,
     violation_message: unsafe extern "C" fn(u64, *mut c_char, usize) -> usize,
     set_device_count: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
+    device_live_events: unsafe extern "C" fn(c_int) -> u64,
+    set_query_progress: unsafe extern "C" fn(c_int) -> c_int,
     /// Keeps the library mapped for the life of the process.
     _library: libloading::Library,
 }
@@ -193,6 +205,8 @@ fn api() -> &'static Api {
             violation_count: sym!("ascend_mock_violation_count"),
             violation_message: sym!("ascend_mock_violation_message"),
             set_device_count: sym!("ascend_mock_set_device_count"),
+            device_live_events: sym!("ascend_mock_device_live_events"),
+            set_query_progress: sym!("ascend_mock_set_query_progress"),
             _library: library,
         }
     })
@@ -225,7 +239,36 @@ pub fn stats() -> MockStats {
         all_reduces: raw.all_reduces,
         all_gathers: raw.all_gathers,
         broadcasts: raw.broadcasts,
+        live_events: raw.live_events,
+        events_created: raw.events_created,
+        events_destroyed: raw.events_destroyed,
+        queued_tasks: raw.queued_tasks,
     }
+}
+
+/// Sets whether `aclrtQueryEventStatus` lets the mock device progress, and returns the previous
+/// setting (process-wide; on by default). On, a query runs the tasks of the event's stream up to
+/// the queried record (as hardware runs while the host works), so the event completes while
+/// later work of that stream is still queued; a task that fails there is reported by the stream's
+/// next synchronise. Off, a query runs nothing: an event completes only when its stream is drained
+/// (a synchronise, or a wait for the event), which keeps work "in flight" for tests of what must
+/// not happen before it completes.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn set_query_progress(on: bool) -> bool {
+    // SAFETY: the function takes a plain int and only sets a flag under the mock's lock.
+    unsafe { (api().set_query_progress)(c_int::from(on)) != 0 }
+}
+
+/// Live events of mock device `device` (the mock refuses a creation beyond 65536 of them, with
+/// `ACL_ERROR_RT_NO_EVENT_RESOURCE`, 207007, as Atlas A2/A3 hold at most that many per device).
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn live_events_on(device: i32) -> u64 {
+    // SAFETY: the function takes a plain int and only reads a counter under the mock's lock.
+    unsafe { (api().device_live_events)(device) }
 }
 
 /// The calling thread's counters.
