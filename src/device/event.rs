@@ -33,6 +33,8 @@ pub(crate) const SPARE_MAX: usize = 32;
 /// The most pooled events a device holds at once (CANN allows 65536 per device on Atlas A2/A3,
 /// 1023 on Atlas inference cards, shared with every other user of the device).
 pub(crate) const LIVE_MAX: usize = 4096;
+/// Pending events a reclaim queries past before it stops (see [`EventPool::reclaim`]).
+pub(crate) const RECLAIM_SCAN: usize = 64;
 /// Waits a stream queues before it records a guard event that tells when they have run.
 pub(crate) const WAIT_BATCH: usize = 8;
 
@@ -181,18 +183,22 @@ impl EventPool {
     }
 
     /// [`reclaim`](Self::reclaim) with the state locked; returns the waited-for events let go
-    /// (to be dropped after the lock).
+    /// (to be dropped after the lock). Queries the pending events oldest first, each once, and
+    /// stops after [`RECLAIM_SCAN`] that are still pending (those go to the back): a bounded
+    /// number of runtime calls per request, however far the device lags.
     fn reclaim_locked(cann: &Cann, st: &mut PoolState) -> Vec<Arc<EventInner>> {
         let mut released = Vec::new();
-        let mut i = 0;
-        while i < st.pending.len() {
-            if !st.pending[i].event.is_complete(cann) {
-                i += 1;
-                continue;
+        let (mut left, mut still_pending) = (st.pending.len(), 0);
+        while left > 0 && still_pending < RECLAIM_SCAN {
+            left -= 1;
+            let Some(p) = st.pending.pop_front() else { break };
+            if p.event.is_complete(cann) {
+                Self::spare_or_destroy(cann, st, p.event);
+                released.extend(p.waits);
+            } else {
+                still_pending += 1;
+                st.pending.push_back(p);
             }
-            let Some(done) = st.pending.remove(i) else { break };
-            Self::spare_or_destroy(cann, st, done.event);
-            released.extend(done.waits);
         }
         released
     }
