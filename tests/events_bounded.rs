@@ -40,7 +40,10 @@ struct Live {
     queued_tasks: u64,
 }
 
-const FIELDS: [(&str, fn(&Live) -> u64); 8] = [
+/// A named field of [`Live`].
+type Field = (&'static str, fn(&Live) -> u64);
+
+const FIELDS: [Field; 8] = [
     ("live events of device 0", |l| l.events_device_0),
     ("live events of device 1", |l| l.events_device_1),
     ("live device allocations", |l| l.allocations),
