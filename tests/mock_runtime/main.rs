@@ -9,6 +9,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod events_strict;
 mod poison_and_events;
 
 use std::ffi::c_void;
