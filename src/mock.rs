@@ -19,6 +19,23 @@
 //! loops); a premature free, one that queued work still uses, is a violation and does not wait:
 //! the tasks that use the memory are skipped and poison what they should have written.
 //!
+//! Events are modelled as CANN documents them (runtime `docs/zh/api_ref/07_event_management.md`,
+//! `acl_rt.h`): an `aclrtCreateEvent` / `aclrtCreateEventWithFlag` event is recorded again only
+//! after `aclrtResetEvent` (else a violation), an `aclrtCreateEventExWithFlag` event is reused by
+//! recording it again and refuses `aclrtResetEvent` (207000), a stream waits only for a recorded
+//! event (107000, the runtime's `ACL_ERROR_RT_INVALID_VALUE`) made with `ACL_EVENT_SYNC` when it
+//! comes from ExWithFlag, an event is used only with streams of its own device (107003), and a
+//! device holds at most 65,536 live events (the next creation is refused with 207007; CANN takes
+//! an ExWithFlag(`ACL_EVENT_SYNC`) event's resource at its first record, the mock at creation).
+//! The device progresses while the host queries: `aclrtQueryEventStatus` runs the event's stream
+//! up to the queried record (and no further), so an event completes while later work of its
+//! stream is still queued (a failed task there is reported by the stream's next synchronise);
+//! [`set_query_progress`] turns that off. A query that reaches a queued collective runs it like
+//! a synchronise, waiting for its peers (the mock's HCCL exchanges data only while every rank runs
+//! its part): ranks that wait for each other on the host should first let their collectives run
+//! (a query of an event recorded after them). [`stats`] counts events made, destroyed and live,
+//! [`live_events_on`] per device.
+//!
 //! The functions here read the mock's process-wide state through extra C functions of its
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
 //! CANN bindings, hence the same instance.
