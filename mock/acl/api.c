@@ -588,13 +588,20 @@ static int event_device_check(const char *api, aclrtEvent eh, const event *e, co
     return 0;
 }
 
+/* The event and the stream of a call that uses them together (`what` as in event_device_check). */
+static int event_and_stream(const char *api, aclrtEvent eh, aclrtStream sh, const char *what, event **e, stream **s) {
+    int r = event_resolve(api, eh, e);
+    if (!r) {
+        r = stream_resolve(api, sh, s);
+    }
+    return r ? r : event_device_check(api, eh, *e, *s, what);
+}
+
 aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
     ACL_ENTER("aclrtRecordEvent", NULL, needs_device);
     event *e = NULL;
     stream *s = NULL;
-    ACL_STEP(event_resolve(api, eh, &e));
-    ACL_STEP(stream_resolve(api, sh, &s));
-    ACL_STEP(event_device_check(api, eh, e, s, "recorded on"));
+    ACL_STEP(event_and_stream(api, eh, sh, "recorded on", &e, &s));
     if (!r && e->kind != EVENT_EX_WITH_FLAG && e->recorded_seq) {
         /* Re-recording overwrites the captured tasks only for aclrtCreateEventExWithFlag events (aclrtRecordEvent,
          * runtime docs/zh/api_ref/07_event_management.md); the others are reused through aclrtResetEvent. */
@@ -620,9 +627,7 @@ aclError aclrtResetEvent(aclrtEvent eh, aclrtStream sh) {
     ACL_ENTER("aclrtResetEvent", NULL, needs_device);
     event *e = NULL;
     stream *s = NULL;
-    ACL_STEP(event_resolve(api, eh, &e));
-    ACL_STEP(stream_resolve(api, sh, &s));
-    ACL_STEP(event_device_check(api, eh, e, s, "reset on"));
+    ACL_STEP(event_and_stream(api, eh, sh, "reset on", &e, &s));
     if (!r && e->kind == EVENT_EX_WITH_FLAG) {
         r = violate(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
                     "event %p comes from aclrtCreateEventExWithFlag, which aclrtResetEvent does not support (record "
@@ -654,9 +659,7 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
     ACL_ENTER("aclrtStreamWaitEvent", NULL, needs_device);
     stream *s = NULL;
     event *e = NULL;
-    ACL_STEP(stream_resolve(api, sh, &s));
-    ACL_STEP(event_resolve(api, eh, &e));
-    ACL_STEP(event_device_check(api, eh, e, s, "waited for by"));
+    ACL_STEP(event_and_stream(api, eh, sh, "waited for by", &e, &s));
     if (!r && e->kind == EVENT_EX_WITH_FLAG && !(e->flags & ACL_EVENT_SYNC)) {
         r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
                     "event %p comes from aclrtCreateEventExWithFlag without ACL_EVENT_SYNC (flag 0x%x): it cannot be "
