@@ -72,7 +72,16 @@ impl PooledEvent {
 /// recorded on, before it), so their events are let go.
 struct Pending {
     event: PooledEvent,
-    waits: Vec<Arc<EventInner>>,
+    waits: Vec<Waited>,
+}
+
+/// An event a queued wait refers to, handed to the pool with a guard.
+enum Waited {
+    /// One of this pool's, no longer referenced elsewhere: spare with its guard (it holds no
+    /// reference to the device, so the pool holding it keeps no cycle alive).
+    Pooled(PooledEvent),
+    /// Another's (a timing event, or one still referenced): let go with its guard.
+    Shared(Arc<EventInner>),
 }
 
 #[derive(Default)]
@@ -123,7 +132,7 @@ impl EventPool {
     /// new one while the device holds fewer than [`LIVE_MAX`].
     pub(crate) fn take(&self, cann: &Cann) -> Result<PooledEvent> {
         let mut st = self.lock();
-        let released = Self::reclaim_locked(cann, &mut st);
+        let released = Self::reclaim_locked(cann, &mut st, RECLAIM_SCAN);
         let taken = match st.spare.pop() {
             Some(e) => Ok(e),
             None if st.live < LIVE_MAX => {
@@ -173,12 +182,31 @@ impl EventPool {
     /// those in `waits`, queued before its record on the stream it was recorded on, whose events
     /// are let go once it has completed).
     pub(crate) fn retire(&self, event: PooledEvent, waits: Vec<Arc<EventInner>>) {
+        let waits = waits
+            .into_iter()
+            .map(|w| match Arc::try_unwrap(w) {
+                Ok(mut e) if e.pooled && std::ptr::eq(&e.device.events, self) => match e.event.take() {
+                    Some(event) => Waited::Pooled(event),
+                    None => Waited::Shared(Arc::new(e)),
+                },
+                Ok(e) => Waited::Shared(Arc::new(e)),
+                Err(shared) => Waited::Shared(shared),
+            })
+            .collect();
         self.lock().pending.push_back(Pending { event, waits });
     }
 
-    /// Moves every pending event seen complete to the spare list (never waits).
+    /// Moves pending events seen complete to the spare list (never waits): at most
+    /// [`RECLAIM_SCAN`] still-pending ones are queried.
     pub(crate) fn reclaim(&self, cann: &Cann) {
-        let released = Self::reclaim_locked(cann, &mut self.lock());
+        let released = Self::reclaim_locked(cann, &mut self.lock(), RECLAIM_SCAN);
+        drop(released);
+    }
+
+    /// [`reclaim`](Self::reclaim) querying every pending event (after a stream synchronised:
+    /// its guards have completed, and the waits they hold may keep the device alive).
+    pub(crate) fn reclaim_all(&self, cann: &Cann) {
+        let released = Self::reclaim_locked(cann, &mut self.lock(), usize::MAX);
         drop(released);
     }
 
@@ -186,15 +214,21 @@ impl EventPool {
     /// (to be dropped after the lock). Queries the pending events oldest first, each once, and
     /// stops after [`RECLAIM_SCAN`] that are still pending (those go to the back): a bounded
     /// number of runtime calls per request, however far the device lags.
-    fn reclaim_locked(cann: &Cann, st: &mut PoolState) -> Vec<Arc<EventInner>> {
+    fn reclaim_locked(cann: &Cann, st: &mut PoolState, scan: usize) -> Vec<Arc<EventInner>> {
         let mut released = Vec::new();
         let (mut left, mut still_pending) = (st.pending.len(), 0);
-        while left > 0 && still_pending < RECLAIM_SCAN {
+        while left > 0 && still_pending < scan {
             left -= 1;
             let Some(p) = st.pending.pop_front() else { break };
             if p.event.is_complete(cann) {
                 Self::spare_or_destroy(cann, st, p.event);
-                released.extend(p.waits);
+                for w in p.waits {
+                    match w {
+                        // Its wait has run, so its record has completed.
+                        Waited::Pooled(e) => Self::spare_or_destroy(cann, st, e),
+                        Waited::Shared(e) => released.push(e),
+                    }
+                }
             } else {
                 still_pending += 1;
                 st.pending.push_back(p);
@@ -231,8 +265,14 @@ impl EventPool {
                     std::mem::forget(p.waits); // their waits may not have run: leaked
                     continue;
                 }
-                self.lock().spare.push(p.event);
-                released.extend(p.waits);
+                let mut st = self.lock();
+                st.spare.push(p.event);
+                for w in p.waits {
+                    match w {
+                        Waited::Pooled(e) => st.spare.push(e),
+                        Waited::Shared(e) => released.push(e),
+                    }
+                }
             }
             drop(released); // pooled ones come back as pending: another round
         }

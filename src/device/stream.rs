@@ -159,7 +159,7 @@ impl StreamInner {
         // may be free to go now; so may events handed back.
         self.device.reap_host_frees(false);
         self.device.memory.reap_now(self.device.cann, &self.device.events);
-        self.device.events.reclaim(self.device.cann);
+        self.device.events.reclaim_all(self.device.cann);
         self.launches.reap(self);
         Ok(())
     }
@@ -378,7 +378,7 @@ impl Drop for StreamInner {
                 drop(workspace);
                 // Guards recorded here have completed: the waits handed to the pool with them
                 // are let go now (they may hold the device).
-                self.device.events.reclaim(self.device.cann);
+                self.device.events.reclaim_all(self.device.cann);
                 for c in staging.chunks {
                     if let Some(e) = c.event {
                         self.device.events.give_back(self.device.cann, e);
