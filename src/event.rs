@@ -29,7 +29,8 @@ enum EventKind {
 }
 
 impl Stream {
-    /// Records a new event after all work enqueued so far on this stream (`aclrtCreateEvent` +
+    /// Records a new event after all work enqueued so far on this stream
+    /// (`aclrtCreateEventExWithFlag(ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE)`, waitable and timed, +
     /// `aclrtRecordEvent`; on the CPU, the current time).
     pub fn record_event(&self) -> Result<Event> {
         match self.ascend() {

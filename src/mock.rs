@@ -298,7 +298,7 @@ pub fn thread_stats() -> ThreadStats {
     unsafe { ThreadStats { device_mallocs: (api.thread_device_mallocs)(), violations: (api.thread_violations)() } }
 }
 
-/// Number of live events (`aclrtCreateEvent` not yet destroyed) and of tasks queued on streams
+/// Number of live events (of every kind, not yet destroyed) and of tasks queued on streams
 /// and not yet run.
 ///
 /// # Panics
@@ -329,7 +329,7 @@ fn arm(api_name: &str, status: i32, thread_only: bool) {
 ///
 /// `api` is a C function name, one of the functions listed in [`ascend_sys::symbols`] other than `aclGetRecentErrMsg` (e.g. `"aclrtMalloc"`). Functions returning a
 /// pointer (`aclCreateTensor`) return null instead, and `aclrtMalloc`, `aclrtCreateStream` and
-/// `aclrtCreateEvent` store null in their out-pointer. The failing call sets the thread's
+/// the event creations store null in their out-pointer. The failing call sets the thread's
 /// `aclGetRecentErrMsg` text. A failed `aclnnBatchNormReduceBackward` still consumes its
 /// (non-repeatable) executor, as every phase-2 call does. Arming the same API again replaces
 /// the status.

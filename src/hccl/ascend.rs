@@ -3,8 +3,8 @@
 //!
 //! HCCL requires one communicator's collectives to run serially (docs/cann/HCCL.md 4.4). A comm
 //! remembers the stream of its last collective; a collective on another stream is first ordered
-//! after it on the device (`aclrtRecordEvent` on the old stream, `aclrtStreamWaitEvent` on the
-//! new one), and the old stream is then forgotten, so a comm holds one stream at a time.
+//! after it on the device (an event of the device's pool recorded on the old stream, waited for
+//! by the new one), and the old stream is then forgotten, so a comm holds one stream at a time.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
