@@ -29,11 +29,19 @@ pub(crate) struct StreamInner {
     /// device's pool with an event recorded after them every [`WAIT_BATCH`] waits (they have run
     /// once it completes), or let go at a synchronise (CANN forbids destroying, and this crate
     /// re-recording, an event a queued wait uses).
-    waited: Mutex<Vec<Arc<EventInner>>>,
+    waited: Mutex<Waits>,
     /// Pinned memory for the small uploads the library makes itself ([`StreamInner::upload`]).
     staging: Mutex<Staging>,
     /// Repeatable executors of launches on this stream (see [`LaunchCache`]).
     pub(crate) launches: LaunchCache,
+}
+
+/// The events of the waits queued on a stream since its last guard, each with its number on the
+/// stream (a synchronise lets go of exactly those queued before it, whatever guards took since).
+#[derive(Default)]
+struct Waits {
+    next: u64,
+    list: Vec<(u64, Arc<EventInner>)>,
 }
 
 /// The next stream id (0 is never used).
@@ -95,7 +103,7 @@ impl StreamInner {
             raw,
             borrowed,
             released: RwLock::new(false),
-            waited: Mutex::new(Vec::new()),
+            waited: Mutex::new(Waits::default()),
             staging: Mutex::new(Staging::default()),
             launches: LaunchCache::new(launch_cache::default_capacity()),
         }
@@ -133,7 +141,7 @@ impl StreamInner {
         // Only what was queued before the wait is known done: the waits queued so far, and the
         // staged uploads (the staging area stays locked across the wait, so no upload of another
         // thread slips in between).
-        let queued_waits = self.waited.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let queued_waits = self.waited.lock().unwrap_or_else(|p| p.into_inner()).next;
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `raw` is live while `self` is (not released: the caller holds the lock), and the
         // device is bound on this thread.
@@ -149,9 +157,9 @@ impl StreamInner {
         drop(staging);
         let done: Vec<Arc<EventInner>> = {
             let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
-            // (Another thread's synchronise may have taken some of them already.)
-            let n = queued_waits.min(waited.len());
-            waited.drain(..n).collect()
+            // (Another thread's synchronise, or a guard, may have taken some of them already.)
+            let n = waited.list.iter().take_while(|(k, _)| *k < queued_waits).count();
+            waited.list.drain(..n).map(|(_, e)| e).collect()
         };
         // Their waits have run, so their records have completed: back to the pool.
         done.into_iter().for_each(EventInner::recycle);
@@ -227,12 +235,15 @@ impl StreamInner {
             // run (a guard recorded after it completed, or this stream synchronised).
             unsafe { acl::stream_wait_event(self.device.cann, raw, event.raw()) }?;
             let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
-            waited.push(event);
-            if waited.len() >= WAIT_BATCH {
+            let k = waited.next;
+            waited.next += 1;
+            waited.list.push((k, event));
+            if waited.list.len() >= WAIT_BATCH {
                 // A guard after the waits: once it completes they have run. (If it cannot be
                 // recorded, they stay until a synchronise.)
                 if let Ok(guard) = self.device.events.record(self.device.cann, raw) {
-                    self.device.events.retire(guard, std::mem::take(&mut *waited));
+                    let list = std::mem::take(&mut waited.list);
+                    self.device.events.retire(guard, list.into_iter().map(|(_, e)| e).collect());
                 }
             }
             Ok(())
@@ -395,7 +406,7 @@ impl Drop for StreamInner {
             Err(e) => {
                 report_drop_error("aclrtSynchronizeStream", &e);
                 // Queued waits may still refer to these events: leak them rather than destroy them.
-                for e in std::mem::take(self.waited.get_mut().unwrap_or_else(|p| p.into_inner())) {
+                for (_, e) in std::mem::take(&mut self.waited.get_mut().unwrap_or_else(|p| p.into_inner()).list) {
                     EventInner::leak(e);
                 }
                 // (Their events are leaked with them: a `PooledEvent` has no destructor.)
