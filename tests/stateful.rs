@@ -414,6 +414,21 @@ fn expect_invalid<A>(what: &str, r: &Result<A>) -> Outcome {
     }
 }
 
+/// After an asynchronous upload of `data` into `t` on the mock (`mock`, its result): the twin gets
+/// `data` too, and the slot's value is known unless the upload failed under an injected fault.
+fn uploaded(t: &mut Slot, cpu: &Stream, data: &[f32], mock: Result<()>, what: &str, faulted: bool) -> Outcome {
+    t.cpu.copy_from_slice(cpu, data).map_err(|e| fail(format!("cpu refill: {e:?}")))?;
+    match mock {
+        Ok(()) => t.known = true,
+        Err(e) if !faulted => return Err(fail(format!("{what}: {e:?}"))),
+        Err(_) => {
+            fault_error();
+            t.known = false;
+        }
+    }
+    Ok(())
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -631,16 +646,7 @@ impl World {
         if *hdev != *sdev {
             return expect_invalid("shared host upload, host buffer of another device", &mock);
         }
-        t.cpu.copy_from_slice(&self.cpu, &data).map_err(|e| fail(format!("cpu refill: {e:?}")))?;
-        match mock {
-            Ok(()) => t.known = true,
-            Err(e) if !faulted => return Err(fail(format!("shared host upload: {e:?}"))),
-            Err(_) => {
-                fault_error();
-                t.known = false;
-            }
-        }
-        Ok(())
+        uploaded(t, &self.cpu, &data, mock, "shared host upload", faulted)
     }
 
     fn run(&mut self, step: &Step, faulted: bool) -> Outcome {
@@ -766,15 +772,7 @@ impl World {
                 if *sdev != t.device {
                     return expect_invalid("async upload across devices", &mock);
                 }
-                t.cpu.copy_from_slice(&self.cpu, &data).map_err(|e| fail(format!("cpu refill: {e:?}")))?;
-                match mock {
-                    Ok(()) => t.known = true,
-                    Err(e) if !faulted => return Err(fail(format!("async upload: {e:?}"))),
-                    Err(_) => {
-                        fault_error();
-                        t.known = false;
-                    }
-                }
+                return uploaded(t, &self.cpu, &data, mock, "async upload", faulted);
             }
             Step::AsyncRead { slot, stream } => {
                 let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &self.slots[*slot]) else {
