@@ -16,7 +16,8 @@
 //! The pool reclaims whenever an event is asked for (PyTorch's caching allocator likewise polls
 //! its outstanding events on every allocation), keeps at most [`SPARE_MAX`] spare events
 //! (destroying the others), and holds at most [`LIVE_MAX`] events per device: asking for one more
-//! while none can be reclaimed is an error (`ACL_ERROR_RT_NO_EVENT_RESOURCE`), never a hang.
+//! while none can be reclaimed is an error (`ACL_ERROR_RT_NO_EVENT_RESOURCE`), never a hang. (A
+//! caller that cannot fail, a free or a drop, then waits for its stream instead.)
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
