@@ -3,10 +3,15 @@
 //! Prints, per rank and step of one SyncBatchNorm layer (`forward` + `backward`, `[4, 64, 8, 8]`
 //! f32 per rank, 2 ranks as threads, allocating API, temporaries dropped each step): the
 //! synchronises of each kind, `aclrtMalloc` / `aclrtFree`, blocking copies, pinned host
-//! allocations and collectives counted by the mock; then the same counts for a steady loop of one operator
-//! through `_into` and through the allocating API; and reserved / peak device memory.
+//! allocations and collectives counted by the mock, and the events created and live (issue 33:
+//! 0 events created per steady step, live events flat), without a host synchronise and with one
+//! after every step; then the same counts for a steady loop of one operator through `_into` and
+//! through the allocating API; and reserved / peak device memory.
 //! Counts are process-wide in the mock, so the ranks' steps are fenced by barriers and the
-//! totals divided by ranks × steps. Run: `cargo bench --features mock --bench async_step`.
+//! totals divided by ranks × steps. Before each snapshot every rank asks whether an event
+//! recorded at the end of its steps has completed (a query, no host wait), which lets its queued
+//! collectives run on the mock before the ranks meet on the host; that event is not counted.
+//! Run: `cargo bench --features mock --bench async_step`.
 
 use std::sync::Barrier;
 
@@ -29,11 +34,13 @@ fn values(seed: u64, n: usize) -> Vec<f32> {
     common::random(n, seed, -2.0, 2.0)
 }
 
-fn print_counts(what: &str, a: &MockStats, b: &MockStats, per: u64) {
+/// Per `per` steps from `a` to `b`; `probes` events between them were the snapshots' own.
+fn print_counts(what: &str, a: &MockStats, b: &MockStats, per: u64, probes: u64) {
     let d = |f: fn(&MockStats) -> u64| (f(b) - f(a)) as f64 / per as f64;
     let counts: Vec<String> =
         HOST_WAITS_AND_ALLOCATIONS.iter().map(|&(name, f)| format!("{name} {:>5.2}", d(f))).collect();
-    println!("{what:<44} {}", counts.join("  "));
+    let events = (b.events_created - a.events_created - probes) as f64 / per as f64;
+    println!("{what:<44} {}  events created {events:>5.2}", counts.join("  "));
 }
 
 fn main() -> ascend::Result<()> {
@@ -68,25 +75,32 @@ fn main() -> ascend::Result<()> {
                     }
                     s.synchronize()?;
                     // A snapshot taken by rank 0 while every rank waits, and STEPS steps between two.
-                    let snapshot = || {
+                    let snapshot = || -> ascend::Result<()> {
+                        s.record_event()?.is_complete()?;
                         barrier.wait();
                         if r == 0 {
-                            snapshots.lock().unwrap().push((stats(), launch_counters()));
+                            let events = [ascend::mock::live_events_on(0), ascend::mock::live_events_on(1)];
+                            snapshots.lock().unwrap().push((stats(), launch_counters(), events));
                         }
                         barrier.wait();
-                    };
-                    let measured = || -> ascend::Result<()> {
-                        snapshot();
-                        for _ in 0..STEPS {
-                            step()?;
-                        }
-                        snapshot();
                         Ok(())
                     };
-                    measured()?;
+                    let measured = |host_wait: bool| -> ascend::Result<()> {
+                        snapshot()?;
+                        for _ in 0..STEPS {
+                            step()?;
+                            if host_wait {
+                                s.synchronize()?;
+                            }
+                        }
+                        snapshot()
+                    };
+                    measured(false)?;
+                    // The same steps with a host synchronise after each.
+                    measured(true)?;
                     // The same steps with the launch cache off, for comparison.
                     s.set_launch_cache_capacity(0);
-                    measured()?;
+                    measured(false)?;
                     s.synchronize()?;
                     Ok(())
                 })
@@ -97,14 +111,28 @@ fn main() -> ascend::Result<()> {
         }
         Ok(())
     })?;
-    let (snaps, launches): (Vec<MockStats>, Vec<LaunchCounters>) = snapshots.into_inner().unwrap().into_iter().unzip();
+    type Snapshot = (MockStats, LaunchCounters, [u64; RANKS]);
+    let all: Vec<Snapshot> = snapshots.into_inner().unwrap();
+    let snaps: Vec<MockStats> = all.iter().map(|s| s.0).collect();
+    let launches: Vec<LaunchCounters> = all.iter().map(|s| s.1).collect();
     println!("per rank and steady step ({RANKS} ranks as threads, {STEPS} steps, {SHAPE:?} f32):");
-    print_counts("SyncBatchNorm forward + backward", &snaps[0], &snaps[1], RANKS as u64 * STEPS);
+    print_counts("SyncBatchNorm forward + backward", &snaps[0], &snaps[1], RANKS as u64 * STEPS, RANKS as u64);
+    for (what, (a, b)) in [("no host synchronise", (0, 1)), ("a host synchronise after each step", (2, 3))] {
+        // Each rank's snapshot made (and dropped) one timing event: not the steps'.
+        let created = snaps[b].events_created - snaps[a].events_created - RANKS as u64;
+        let live = |i: usize| all[i].2.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
+        println!(
+            "  events, {what:<36} created per step {:>5.2}  live per device {} -> {} (device 0, 1)",
+            created as f64 / (RANKS as u64 * STEPS) as f64,
+            live(a),
+            live(b)
+        );
+    }
     let per_step = |a: &LaunchCounters, b: &LaunchCounters| {
         let per = (RANKS as u64 * STEPS) as f64;
         ((b.tensors_created - a.tensors_created) as f64 / per, (b.phase1_calls - a.phase1_calls) as f64 / per)
     };
-    for (what, (a, b)) in [("launch cache on (default)", (0, 1)), ("launch cache off", (2, 3))] {
+    for (what, (a, b)) in [("launch cache on (default)", (0, 1)), ("launch cache off", (4, 5))] {
         let (tensors, phase1) = per_step(&launches[a], &launches[b]);
         println!("  {what:<42} aclCreateTensor {tensors:>5.2}  phase-1 calls {phase1:>5.2}");
     }
@@ -149,7 +177,7 @@ fn main() -> ascend::Result<()> {
         run_into(&mut outs)?;
     }
     let b = stats();
-    print_counts("batch_norm_reduce_backward_into loop", &a, &b, STEPS);
+    print_counts("batch_norm_reduce_backward_into loop", &a, &b, STEPS, 0);
     drop(batch_norm_reduce_backward(&s, &dy, &x, &mean, &invstd, None, OutputMask::ALL)?);
     s.synchronize()?;
     let a = stats();
@@ -157,7 +185,7 @@ fn main() -> ascend::Result<()> {
         drop(batch_norm_reduce_backward(&s, &dy, &x, &mean, &invstd, None, OutputMask::ALL)?);
     }
     let b = stats();
-    print_counts("batch_norm_reduce_backward (allocating) loop", &a, &b, STEPS);
+    print_counts("batch_norm_reduce_backward (allocating) loop", &a, &b, STEPS, 0);
     s.synchronize()?;
     print_memory("device 0 after the operator loops", ctx);
     Ok(())

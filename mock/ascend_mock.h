@@ -21,14 +21,14 @@ extern "C" {
 #define ASCEND_MOCK_GARBAGE_BYTE 0xA5
 
 /* Process-wide counters. The live_* fields count objects alive now; device_mallocs and violations
- * are totals since the library was loaded. The layout is fixed (twenty uint64_t; fields are
+ * are totals since the library was loaded. The layout is fixed (twenty-two uint64_t; fields are
  * only ever appended). */
 typedef struct ascend_mock_stats {
     uint64_t live_allocations; /* aclrtMalloc blocks not yet freed */
     uint64_t live_tensors;     /* aclCreateTensor handles not yet destroyed */
     uint64_t live_executors;   /* executors from phase 1 neither consumed by phase 2 nor destroyed */
     uint64_t live_streams;     /* aclrtCreateStream streams not yet destroyed (default streams excluded) */
-    uint64_t live_events;      /* aclrtCreateEvent events not yet destroyed */
+    uint64_t live_events;      /* events (of every kind) not yet destroyed */
     uint64_t device_mallocs;   /* total successful aclrtMalloc calls */
     uint64_t violations;       /* total violations (each also printed on stderr) */
     uint64_t queued_tasks;     /* tasks enqueued on streams and not yet run */
@@ -45,7 +45,18 @@ typedef struct ascend_mock_stats {
     uint64_t all_reduces;           /* total HcclAllReduce calls that queued a collective */
     uint64_t all_gathers;           /* total HcclAllGather calls that queued a collective */
     uint64_t broadcasts;            /* total HcclBroadcast calls that queued a collective */
+    uint64_t events_created;        /* total events made (aclrtCreateEvent, ...WithFlag, ...ExWithFlag) */
+    uint64_t events_destroyed;      /* total aclrtDestroyEvent calls that destroyed an event */
 } ascend_mock_stats;
+
+/* Whether aclrtQueryEventStatus lets the device progress (runs the recorded stream's tasks up to the
+ * queried record, so the event completes while later work of its stream stays queued): on by default.
+ * Off, a query runs nothing and an event completes only when something drains its stream (a
+ * synchronize, a wait for it). Returns the previous setting. */
+int ascend_mock_set_query_progress(int on);
+
+/* Live events of device `device` (0 for a device out of range); at most 65536, as on Atlas A2/A3. */
+uint64_t ascend_mock_device_live_events(int device);
 
 /* Fills *out with the current counters. */
 void ascend_mock_get_stats(ascend_mock_stats *out);

@@ -208,7 +208,7 @@ impl Context {
             ContextKind::Cpu => Ok(()),
             ContextKind::Ascend(d) => {
                 d.bind()?;
-                d.memory.empty_cache(d.cann)
+                d.memory.empty_cache(d.cann, &d.events)
             }
         }
     }

@@ -29,13 +29,14 @@ enum EventKind {
 }
 
 impl Stream {
-    /// Records a new event after all work enqueued so far on this stream (`aclrtCreateEvent` +
+    /// Records a new event after all work enqueued so far on this stream
+    /// (`aclrtCreateEventExWithFlag(ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE)`, waitable and timed, +
     /// `aclrtRecordEvent`; on the CPU, the current time).
     pub fn record_event(&self) -> Result<Event> {
         match self.ascend() {
             None => Ok(Event { kind: EventKind::Cpu(Instant::now()) }),
             Some((inner, device)) => {
-                let event = EventInner::new(device.clone())?;
+                let event = EventInner::timing(device.clone())?;
                 inner.record(&event)?;
                 Ok(Event { kind: EventKind::Ascend(event) })
             }

@@ -154,9 +154,11 @@ impl<T: Element> Drop for HostBuffer<T> {
         };
         let mut events = Vec::with_capacity(users.len());
         for s in &users {
-            let recorded = device.bind().and_then(|()| device.memory.record(device.cann, s));
+            let recorded = device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s));
             match recorded {
-                Ok(e) => events.push(e),
+                Ok(Some(e)) => events.push(e),
+                // A released stream: its copies have run.
+                Ok(None) => {}
                 Err(_) => {
                     // No event: wait for the stream instead (leak the block if even that fails).
                     if let Err(e) = s.synchronize() {
@@ -190,15 +192,20 @@ fn contiguous_target<T: Element>(t: &Tensor, n: usize, what: &'static str) -> Re
     Ok(())
 }
 
-/// The Ascend stream of a copy, checking that `h` is pinned memory of the same toolkit.
+/// The Ascend stream of a copy, checking that `h` is pinned memory of the stream's device (one
+/// rule for every handle: used only with work of its own device).
 fn pinned_stream<'s, T: Element>(stream: &'s Stream, h: &HostBuffer<T>) -> Result<&'s Arc<StreamInner>> {
     let Some((inner, device)) = stream.ascend() else {
         return Err(stream.mismatch("stream", "the call needs an Ascend stream"));
     };
-    if h.len > 0 && !h.pinned.as_ref().is_some_and(|d| std::ptr::eq(d.cann, device.cann)) {
-        return Err(Error::invalid("host", "the host buffer was not made by HostBuffer::new on an Ascend context"));
+    if h.len == 0 {
+        return Ok(inner);
     }
-    Ok(inner)
+    match &h.pinned {
+        Some(d) if d.same(device) => Ok(inner),
+        Some(d) => Err(stream.mismatch("host", &format!("the host buffer was made on Ascend device {}", d.id))),
+        None => Err(Error::invalid("host", "the host buffer was not made by HostBuffer::new on an Ascend context")),
+    }
 }
 
 impl Tensor {

@@ -29,6 +29,23 @@
 //! [`launch_counters`] counts the launches of executors prepared under another value than the
 //! device has at the launch.
 //!
+//! Events are modelled as CANN documents them (runtime `docs/zh/api_ref/07_event_management.md`,
+//! `acl_rt.h`): an `aclrtCreateEvent` / `aclrtCreateEventWithFlag` event is recorded again only
+//! after `aclrtResetEvent` (else a violation), an `aclrtCreateEventExWithFlag` event is reused by
+//! recording it again and refuses `aclrtResetEvent` (207000), a stream waits only for a recorded
+//! event (107000, the runtime's `ACL_ERROR_RT_INVALID_VALUE`) made with `ACL_EVENT_SYNC` when it
+//! comes from ExWithFlag, an event is used only with streams of its own device (107003), and a
+//! device holds at most 65,536 live events (the next creation is refused with 207007; CANN takes
+//! an ExWithFlag(`ACL_EVENT_SYNC`) event's resource at its first record, the mock at creation).
+//! The device progresses while the host queries: `aclrtQueryEventStatus` runs the event's stream
+//! up to the queried record (and no further), so an event completes while later work of its
+//! stream is still queued (a failed task there is reported by the stream's next synchronise);
+//! [`set_query_progress`] turns that off. A query that reaches a queued collective runs it like
+//! a synchronise, waiting for its peers (the mock's HCCL exchanges data only while every rank runs
+//! its part): ranks that wait for each other on the host should first let their collectives run
+//! (a query of an event recorded after them). [`stats`] counts events made, destroyed and live,
+//! [`live_events_on`] per device.
+//!
 //! The functions here read the mock's process-wide state through extra C functions of its
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
 //! CANN bindings, hence the same instance.
@@ -125,6 +142,14 @@ pub struct MockStats {
     pub all_gathers: u64,
     /// Total `HcclBroadcast` calls that queued a collective.
     pub broadcasts: u64,
+    /// Events (of every kind, on every device) not yet destroyed.
+    pub live_events: u64,
+    /// Total events made (`aclrtCreateEvent`, `aclrtCreateEventWithFlag`, `aclrtCreateEventExWithFlag`).
+    pub events_created: u64,
+    /// Total events destroyed (`aclrtDestroyEvent`).
+    pub events_destroyed: u64,
+    /// Tasks queued on streams and not yet run.
+    pub queued_tasks: u64,
 }
 
 /// Counters of the calling thread only (useful when tests run in parallel threads).
@@ -161,6 +186,8 @@ struct RawStats {
     all_reduces: u64,
     all_gathers: u64,
     broadcasts: u64,
+    events_created: u64,
+    events_destroyed: u64,
 }
 
 struct Api {
@@ -173,6 +200,8 @@ struct Api {
     violation_count: unsafe extern "C" fn() -> u64,
     violation_message: unsafe extern "C" fn(u64, *mut c_char, usize) -> usize,
     set_device_count: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
+    device_live_events: unsafe extern "C" fn(c_int) -> u64,
+    set_query_progress: unsafe extern "C" fn(c_int) -> c_int,
     /// Keeps the library mapped for the life of the process.
     _library: libloading::Library,
 }
@@ -205,6 +234,8 @@ fn api() -> &'static Api {
             violation_count: sym!("ascend_mock_violation_count"),
             violation_message: sym!("ascend_mock_violation_message"),
             set_device_count: sym!("ascend_mock_set_device_count"),
+            device_live_events: sym!("ascend_mock_device_live_events"),
+            set_query_progress: sym!("ascend_mock_set_query_progress"),
             _library: library,
         }
     })
@@ -237,7 +268,36 @@ pub fn stats() -> MockStats {
         all_reduces: raw.all_reduces,
         all_gathers: raw.all_gathers,
         broadcasts: raw.broadcasts,
+        live_events: raw.live_events,
+        events_created: raw.events_created,
+        events_destroyed: raw.events_destroyed,
+        queued_tasks: raw.queued_tasks,
     }
+}
+
+/// Sets whether `aclrtQueryEventStatus` lets the mock device progress, and returns the previous
+/// setting (process-wide; on by default). On, a query runs the tasks of the event's stream up to
+/// the queried record (as hardware runs while the host works), so the event completes while
+/// later work of that stream is still queued; a task that fails there is reported by the stream's
+/// next synchronise. Off, a query runs nothing: an event completes only when its stream is drained
+/// (a synchronise, or a wait for the event), which keeps work "in flight" for tests of what must
+/// not happen before it completes.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn set_query_progress(on: bool) -> bool {
+    // SAFETY: the function takes a plain int and only sets a flag under the mock's lock.
+    unsafe { (api().set_query_progress)(c_int::from(on)) != 0 }
+}
+
+/// Live events of mock device `device` (the mock refuses a creation beyond 65536 of them, with
+/// `ACL_ERROR_RT_NO_EVENT_RESOURCE`, 207007, as Atlas A2/A3 hold at most that many per device).
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn live_events_on(device: i32) -> u64 {
+    // SAFETY: the function takes a plain int and only reads a counter under the mock's lock.
+    unsafe { (api().device_live_events)(device) }
 }
 
 /// The calling thread's counters.
@@ -250,7 +310,7 @@ pub fn thread_stats() -> ThreadStats {
     unsafe { ThreadStats { device_mallocs: (api.thread_device_mallocs)(), violations: (api.thread_violations)() } }
 }
 
-/// Number of live events (`aclrtCreateEvent` not yet destroyed) and of tasks queued on streams
+/// Number of live events (of every kind, not yet destroyed) and of tasks queued on streams
 /// and not yet run.
 ///
 /// # Panics
@@ -281,7 +341,7 @@ fn arm(api_name: &str, status: i32, thread_only: bool) {
 ///
 /// `api` is a C function name, one of the functions listed in [`ascend_sys::symbols`] other than `aclGetRecentErrMsg` (e.g. `"aclrtMalloc"`). Functions returning a
 /// pointer (`aclCreateTensor`) return null instead, and `aclrtMalloc`, `aclrtCreateStream` and
-/// `aclrtCreateEvent` store null in their out-pointer. The failing call sets the thread's
+/// the event creations store null in their out-pointer. The failing call sets the thread's
 /// `aclGetRecentErrMsg` text. A failed `aclnnBatchNormReduceBackward` still consumes its
 /// (non-repeatable) executor, as every phase-2 call does. Arming the same API again replaces
 /// the status.

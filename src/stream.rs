@@ -68,8 +68,9 @@ impl Stream {
     ///
     /// # Safety
     /// `raw` is a live stream created on `ctx`'s device (in its default context) and stays alive
-    /// until this `Stream` and every tensor that used it are dropped; the caller destroys it only
-    /// after that.
+    /// until this `Stream` is dropped; the caller destroys it only after that. Dropping the
+    /// `Stream` synchronises `raw`, and from then on this crate never uses it again (tensors,
+    /// host buffers, communicators and cached memory that it used treat it as drained).
     pub unsafe fn from_raw(ctx: &Context, raw: ascend_sys::aclrtStream) -> Result<Stream> {
         match &ctx.kind {
             ContextKind::Cpu => {
@@ -106,6 +107,18 @@ impl Stream {
 
     pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {
         Error::invalid(argument, format!("{what}, but the stream is on {}", describe(&self.ctx)))
+    }
+}
+
+impl Drop for Stream {
+    /// A stream over the caller's handle ([`Stream::from_raw`]) ends here for this crate: it is
+    /// synchronised, and every holder (host buffers, communicators, workspaces, the allocator)
+    /// treats it as drained from now on, never touching the handle again, so the caller may
+    /// destroy it. A stream of [`Context::new_stream`] lives on while tensors that used it do.
+    fn drop(&mut self) {
+        if let Some(inner) = &self.inner {
+            inner.release();
+        }
     }
 }
 

@@ -185,7 +185,11 @@ fn cross_stream_reuse_waits_for_the_events() {
         drop(out);
         let m0 = ctx.memory_stats();
         assert!(m0.reserved >= m0.allocated + 512, "the block is cached: {m0:?}");
-        let pending = grad_bias(&b, &dyb)?; // b may not take the block a's queued work uses
+        // a's work stays in flight (the mock's queries would otherwise let it run to its event).
+        let progress = ascend::mock::set_query_progress(false);
+        let pending = grad_bias(&b, &dyb); // b may not take the block a's queued work uses
+        ascend::mock::set_query_progress(progress);
+        let pending = pending?;
         let m1 = ctx.memory_stats();
         assert_eq!(m1.device_allocations, m0.device_allocations + 1, "a new block for b: {m0:?} -> {m1:?}");
         drop(pending);
@@ -272,6 +276,15 @@ fn allocation_failure_returns_the_cache_and_retries_once() {
     });
 }
 
+/// Turns the mock's progress at event queries back to what it was, when dropped.
+struct Restore(bool);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        ascend::mock::set_query_progress(self.0);
+    }
+}
+
 /// With `ASCEND_NO_MEMORY_CACHING=1` (read when the context is made) every dropped block is
 /// freed (`aclrtFree`) once the work that used it has completed, never before (the mock's
 /// use-after-free check sees each free) and without a host wait at the drop; `aclrtFree` itself
@@ -290,6 +303,9 @@ fn caching_off_frees_after_the_work_and_never_waits() {
         let (n, c) = (8, 3);
         let (data, dy) = Dy::random(&s, 13, n, c)?;
         let t = Tensor::zeros(&s, DType::F32, &[10, 3])?;
+        // The work stays in flight until something drains it (no progress at event queries).
+        let progress = ascend::mock::set_query_progress(false);
+        let _restore = Restore(progress);
         let m = ctx.memory_stats();
         let exact = n * c * 4 + c * 4 + 120;
         assert_eq!((m.allocated, m.reserved), (exact, exact), "exact sizes: {m:?}");

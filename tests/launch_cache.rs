@@ -492,6 +492,8 @@ fn lru_evicts_without_destroying_queued_launches(ctx: &Context) {
     let cases: Vec<Stats> = [2, 3, 5].iter().enumerate().map(|(i, &c)| Stats::new(400 + i as u64, c)).collect();
     let inputs: Vec<Tensor> = cases.iter().map(|c| c.x.tensor(&s).expect("x")).collect();
     let mut results = Vec::new();
+    // The launches stay in flight (the mock's event queries would otherwise let them run).
+    let progress = ascend::mock::set_query_progress(false);
     for (step, &k) in [0usize, 1, 2, 0, 2].iter().enumerate() {
         results.push((k, cases[k].launch(&s, &inputs[k], EPS).expect("stats")));
         let want = match step {
@@ -504,6 +506,7 @@ fn lru_evicts_without_destroying_queued_launches(ctx: &Context) {
         assert_eq!(s.launch_cache_stats(), want, "after step {step} (signature {k})");
     }
     assert!(executors() >= idle + 3, "evicted executors with queued launches are kept until they ran");
+    ascend::mock::set_query_progress(progress);
     s.synchronize().expect("synchronize");
     assert_eq!(executors(), idle + 2, "once the stream drained, only the 2 cached executors are live");
     for (step, (k, r)) in results.iter().enumerate() {

@@ -216,7 +216,11 @@ fn events_order_streams_and_time_work() {
         let up = inp.upload(&s1)?;
         let out = up.run(&s1, OutputMask::ALL)?;
         let end = s1.record_event()?;
-        assert!(!end.is_complete()?, "queued on the mock: not complete, and the query did not wait");
+        // (With the mock's progress at queries off: else the query lets the device run to it.)
+        let progress = ascend::mock::set_query_progress(false);
+        let queued = end.is_complete();
+        ascend::mock::set_query_progress(progress);
+        assert!(!queued?, "queued on the mock: not complete, and the query did not wait");
         s2.wait_event(&end)?;
         drop(end.clone()); // dropping a handle while a wait refers to it is safe
         end.synchronize()?;
@@ -266,7 +270,10 @@ fn host_buffers_and_async_copies() {
         let mut second = ascend::HostBuffer::<f32>::new(ctx, data.len())?;
         t.copy_to_host_async(&s, &mut second)?;
         let queued = stats();
+        // (With the mock's progress at queries off: else the drop's query lets the copy run.)
+        let progress = ascend::mock::set_query_progress(false);
         drop(second); // dropped with the copy still queued: no wait, the free is deferred
+        ascend::mock::set_query_progress(progress);
         let dropped = stats();
         assert_eq!(dropped.stream_synchronizes, queued.stream_synchronizes, "drop does not block");
         assert_eq!(dropped.live_host_allocations, queued.live_host_allocations, "not freed yet");

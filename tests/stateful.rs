@@ -6,7 +6,10 @@
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
 //! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
 //! communicator of the two mock devices (one thread per rank), DLPack exchanges (a tensor
-//! exported and imported back in its place), and an injected fault
+//! exported and imported back in its place), pinned host buffers shared by
+//! every stream across steps (refused on another device's stream), long bursts of launches
+//! alternating between two streams without a host synchronise (live events checked against the
+//! crate's bound), and an injected fault
 //! before any step (at any CANN function the crate binds). The launch cache is on and off: each
 //! program gives every stream slot a capacity (0, i.e. off, 1, 2 or the environment's default,
 //! so CI's run with `ASCEND_NO_LAUNCH_CACHE=1` has slots with the cache on too), and steps change
@@ -209,6 +212,23 @@ enum Step {
         stream: usize,
         legacy: bool,
     },
+    /// Refills the world's pinned `HostBuffer` of the slot's size (made on the stream's device
+    /// at its first use, then kept: shared by every stream and step, so copies queued on one
+    /// stream are still pending when another stream copies it) and copies it into the slot
+    /// asynchronously. A buffer of another device than the stream's is refused (audit 4, G02).
+    SharedHostUpload {
+        slot: usize,
+        stream: usize,
+        seed: u64,
+    },
+    /// A long loop without a host synchronise: the launch `times` times, alternating between its
+    /// stream and `other` (so every run is ordered after the previous one on the device), each
+    /// checked against the twin; live events stay within the crate's bound.
+    Burst {
+        launch: Launch,
+        other: usize,
+        times: usize,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -274,6 +294,10 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (slot.clone(), stream.clone(), any::<u64>())
             .prop_map(|(slot, stream, seed)| Step::AsyncUpload { slot, stream, seed }),
         2 => (slot.clone(), stream.clone()).prop_map(|(slot, stream)| Step::AsyncRead { slot, stream }),
+        2 => (slot.clone(), stream.clone(), any::<u64>())
+            .prop_map(|(slot, stream, seed)| Step::SharedHostUpload { slot, stream, seed }),
+        1 => (launch(), stream.clone(), 8..80usize)
+            .prop_map(|(launch, other, times)| Step::Burst { launch, other, times }),
         6 => launch().prop_map(Step::Launch),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
         1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
@@ -371,6 +395,8 @@ struct World {
     capacities: [Option<usize>; STREAM_SLOTS],
     /// The last single launch that ran on both backends and writes none of its inputs, for `Again`.
     last_launch: Option<Launch>,
+    /// `SharedHostUpload`'s pinned buffers, of the big and the [C] slots' sizes, with their device.
+    hosts: [Option<(ascend::HostBuffer<f32>, u8)>; 2],
 }
 
 type Outcome = std::result::Result<(), TestCaseError>;
@@ -407,6 +433,21 @@ fn expect_invalid<A>(what: &str, r: &Result<A>) -> Outcome {
         Err(e) => Err(fail(format!("{what}: expected 161002, got {e:?}"))),
         Ok(_) => Err(fail(format!("{what}: a call across devices succeeded"))),
     }
+}
+
+/// After an asynchronous upload of `data` into `t` on the mock (`mock`, its result): the twin gets
+/// `data` too, and the slot's value is known unless the upload failed under an injected fault.
+fn uploaded(t: &mut Slot, cpu: &Stream, data: &[f32], mock: Result<()>, what: &str, faulted: bool) -> Outcome {
+    t.cpu.copy_from_slice(cpu, data).map_err(|e| fail(format!("cpu refill: {e:?}")))?;
+    match mock {
+        Ok(()) => t.known = true,
+        Err(e) if !faulted => return Err(fail(format!("{what}: {e:?}"))),
+        Err(_) => {
+            fault_error();
+            t.known = false;
+        }
+    }
+    Ok(())
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -480,6 +521,7 @@ impl World {
             shared: Default::default(),
             capacities: p.capacities,
             last_launch: None,
+            hosts: Default::default(),
         }
     }
 
@@ -588,6 +630,44 @@ impl World {
             Layout::ChannelsLast => (vec![n, c, s], vec![c * s, 1, c], 0, numel),
             Layout::Spread => (vec![n, c, s], vec![2 * c * s, 2 * s, 2], 1, 2 * numel + 1),
         }
+    }
+
+    /// [`Step::SharedHostUpload`].
+    fn shared_host_upload(&mut self, slot: usize, stream: usize, seed: u64, faulted: bool) -> Outcome {
+        let (Some((s, sdev)), Some(t)) = (&self.streams[stream], &mut self.slots[slot]) else { return Ok(()) };
+        if t.mock.dtype() != DType::F32 || !t.mock.is_contiguous() {
+            return Ok(());
+        }
+        let data = rng_values(seed, t.cpu.numel(), slot < BIG);
+        if data.is_empty() {
+            return Ok(()); // an empty copy does nothing on any device
+        }
+        let host = &mut self.hosts[usize::from(slot >= BIG)];
+        if host.is_none() {
+            match ascend::HostBuffer::<f32>::new(s.context(), data.len()) {
+                Ok(h) => *host = Some((h, *sdev)),
+                Err(e) if !faulted => return Err(fail(format!("host buffer: {e:?}"))),
+                Err(_) => {
+                    fault_error();
+                    return Ok(());
+                }
+            }
+        }
+        let Some((h, hdev)) = host else { return Ok(()) };
+        // Waits for the copies still queued on it, on whichever streams.
+        let slice = h.as_mut_slice();
+        if slice.len() != data.len() {
+            return if faulted { Ok(()) } else { Err(fail("the shared host buffer could not be waited for")) };
+        }
+        slice.copy_from_slice(&data);
+        let mock = t.mock.copy_from_host_async(s, h);
+        if *sdev != t.device {
+            return expect_invalid("shared host upload, tensor of another device", &mock);
+        }
+        if *hdev != *sdev {
+            return expect_invalid("shared host upload, host buffer of another device", &mock);
+        }
+        uploaded(t, &self.cpu, &data, mock, "shared host upload", faulted)
     }
 
     fn run(&mut self, step: &Step, faulted: bool) -> Outcome {
@@ -717,15 +797,7 @@ impl World {
                 if *sdev != t.device {
                     return expect_invalid("async upload across devices", &mock);
                 }
-                t.cpu.copy_from_slice(&self.cpu, &data).map_err(|e| fail(format!("cpu refill: {e:?}")))?;
-                match mock {
-                    Ok(()) => t.known = true,
-                    Err(e) if !faulted => return Err(fail(format!("async upload: {e:?}"))),
-                    Err(_) => {
-                        fault_error();
-                        t.known = false;
-                    }
-                }
+                return uploaded(t, &self.cpu, &data, mock, "async upload", faulted);
             }
             Step::AsyncRead { slot, stream } => {
                 let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &self.slots[*slot]) else {
@@ -796,6 +868,28 @@ impl World {
                 let twin = t.cpu.to_dlpack(&self.cpu).and_then(|d| exchange(d, &self.cpu));
                 t.cpu = twin.map_err(|e| fail(format!("cpu exchange: {e:?}")))?;
                 EXCHANGED.fetch_add(1, Relaxed);
+            }
+            Step::SharedHostUpload { slot, stream, seed } => {
+                return self.shared_host_upload(*slot, *stream, *seed, faulted)
+            }
+            Step::Burst { launch, other, times } => {
+                // Repeated only when it writes none of its inputs (see `launch_one`): else once.
+                let ins = launch.input_slots();
+                let times = if launch.output_slots().iter().any(|o| ins.contains(o)) { 1 } else { *times };
+                for i in 0..times {
+                    let mut l = launch.clone();
+                    if i % 2 == 1 {
+                        l.stream = *other;
+                    }
+                    self.launch_one(&l, faulted)?;
+                }
+                let bound = 4096 + 64; // the crate's bound, and a few timing events
+                for device in 0..i32::from(DEVICES) {
+                    let live = ascend::mock::live_events_on(device);
+                    if live > bound {
+                        return Err(fail(format!("{live} live events on device {device} after a burst")));
+                    }
+                }
             }
             Step::Again => {
                 let Some(l) = self.last_launch.clone() else { return Ok(()) };

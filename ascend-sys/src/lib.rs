@@ -19,6 +19,23 @@ pub mod bindings;
 pub mod dlpack;
 pub mod loader;
 pub mod status;
+
+/// The flags of `aclrtCreateEventWithFlag` and `aclrtCreateEventExWithFlag`, a bitmap (`acl_rt.h`,
+/// lines 28-33 of hicann/runtime @ 681ef761; `wrapper.h` defines the same macros).
+pub mod event_flag {
+    /// The event can be waited for by another stream (`aclrtStreamWaitEvent`).
+    pub const ACL_EVENT_SYNC: u32 = 0x0000_0001;
+    /// The event tracks a stream's progress (graph capture).
+    pub const ACL_EVENT_CAPTURE_STREAM_PROGRESS: u32 = 0x0000_0002;
+    /// The event records a timestamp (`aclrtEventElapsedTime`).
+    pub const ACL_EVENT_TIME_LINE: u32 = 0x0000_0008;
+    /// The event is used on the device only.
+    pub const ACL_EVENT_DEVICE_USE_ONLY: u32 = 0x0000_0010;
+    /// The event is an external one (graph capture).
+    pub const ACL_EVENT_EXTERNAL: u32 = 0x0000_0020;
+    /// The event is shared between processes; not combinable with other flags.
+    pub const ACL_EVENT_IPC: u32 = 0x0000_0040;
+}
 /// The functions bound from each library (the bindings' allowlists; every one must be exported).
 pub mod symbols;
 

@@ -97,6 +97,8 @@ codes! {
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
     /// Runtime: device memory allocation failed.
     ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
+    /// Runtime: no event resource (the device's events are used up).
+    ACL_ERROR_RT_NO_EVENT_RESOURCE = 207007;
     /// Runtime: freeing device memory failed.
     ACL_ERROR_RT_MEMORY_FREE = 207002;
     /// Runtime: no device.

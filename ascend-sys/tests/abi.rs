@@ -214,3 +214,52 @@ fn hccl_types_match_hccl_md() {
     assert_values("HcclDataType");
     assert_values("HcclReduceOp");
 }
+
+/// The event declarations `wrapper.h` binds, as `include/external/acl/acl_rt.h` of hicann/runtime
+/// @ 681ef761 declares them (its lines 1703-1789, 2872: `ACL_FUNC_VISIBILITY` dropped, spacing
+/// normalised), and the event flags of its lines 28-33.
+#[test]
+fn event_declarations_and_flags_match_acl_rt_h() {
+    const ACL_RT_H: &[&str] = &[
+        "aclError aclrtCreateEvent(aclrtEvent* event);",
+        "aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag);",
+        "aclError aclrtCreateEventExWithFlag(aclrtEvent* event, uint32_t flag);",
+        "aclError aclrtDestroyEvent(aclrtEvent event);",
+        "aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);",
+        "aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream);",
+        "aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);",
+        "aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus* status);",
+    ];
+    let normalise =
+        |s: &str| s.replace(" *", "* ").replace("* *", "**").split_whitespace().collect::<Vec<_>>().join(" ");
+    let wrapper: Vec<String> = ascend_sys::WRAPPER_H.lines().map(normalise).collect();
+    for decl in ACL_RT_H {
+        let decl = normalise(decl);
+        assert!(wrapper.contains(&decl), "wrapper.h lacks `{decl}` as acl_rt.h declares it");
+    }
+    use ascend_sys::event_flag::*;
+    let flags = [
+        ("ACL_EVENT_SYNC", ACL_EVENT_SYNC, 0x1),
+        ("ACL_EVENT_CAPTURE_STREAM_PROGRESS", ACL_EVENT_CAPTURE_STREAM_PROGRESS, 0x2),
+        ("ACL_EVENT_TIME_LINE", ACL_EVENT_TIME_LINE, 0x8),
+        ("ACL_EVENT_DEVICE_USE_ONLY", ACL_EVENT_DEVICE_USE_ONLY, 0x10),
+        ("ACL_EVENT_EXTERNAL", ACL_EVENT_EXTERNAL, 0x20),
+        ("ACL_EVENT_IPC", ACL_EVENT_IPC, 0x40),
+    ];
+    for (name, value, header) in flags {
+        assert_eq!(value, header, "{name}");
+        let define = format!("#define {name} 0x{header:08X}U");
+        assert!(ascend_sys::WRAPPER_H.lines().any(|l| l.trim() == define), "wrapper.h lacks `{define}`");
+    }
+    assert_eq!(ascend_sys::status::ACL_ERROR_RT_NO_EVENT_RESOURCE, 207007);
+}
+
+/// The bound function types of the event calls (checked by the compiler).
+#[allow(dead_code)]
+fn event_function_types(acl: &AscendCl) {
+    let _: unsafe extern "C" fn(*mut aclrtEvent) -> aclError = acl.aclrtCreateEvent;
+    let _: unsafe extern "C" fn(*mut aclrtEvent, u32) -> aclError = acl.aclrtCreateEventWithFlag;
+    let _: unsafe extern "C" fn(*mut aclrtEvent, u32) -> aclError = acl.aclrtCreateEventExWithFlag;
+    let _: unsafe extern "C" fn(aclrtEvent, aclrtStream) -> aclError = acl.aclrtResetEvent;
+    let _: unsafe extern "C" fn(aclrtEvent, aclrtStream) -> aclError = acl.aclrtRecordEvent;
+}

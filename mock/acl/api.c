@@ -88,6 +88,11 @@ static int device_id_valid(const char *api, int32_t deviceId) {
 static int drain_reported(const char *api, stream *s) {
     char why[WHY_MAX] = "";
     int sst = drain(s, why, sizeof why);
+    if (!sst && s->deferred_status) {
+        sst = s->deferred_status;
+        snprintf(why, sizeof why, "%s", s->deferred_why);
+    }
+    s->deferred_status = 0;
     return sst ? sync_failed(api, sst, s->name, why) : 0;
 }
 
@@ -498,15 +503,78 @@ static int event_wait(const char *api, uint64_t handle) {
     return r;
 }
 
+/* Runs the tasks of the stream the event was last recorded on, up to its record, as the device would while the
+ * host does something else: a failure is not reported here (the stream's next synchronize reports it). */
+static int g_query_progress = 1; /* ascend_mock_set_query_progress */
+
+static void event_progress(uint64_t handle) {
+    while (g_query_progress) {
+        event *e = event_get(handle);
+        if (!e || e->completed_seq >= e->recorded_seq || !e->recorded_on || !e->recorded_on->head) {
+            return;
+        }
+        stream *s = e->recorded_on;
+        char why[WHY_MAX] = "";
+        int st = run_head(s, why, sizeof why);
+        if (st && !s->deferred_status) { /* s is alive: g_lock is held since run_head */
+            s->deferred_status = st;
+            snprintf(s->deferred_why, sizeof s->deferred_why, "%s", why);
+        }
+    }
+}
+
+/* Events made, destroyed, and live per device. */
+static uint64_t g_events_created, g_events_destroyed, g_device_events[MAX_DEVICES];
+
+/* aclrtCreateEvent, aclrtCreateEventWithFlag, aclrtCreateEventExWithFlag: a new event of the current device,
+ * refused with ACL_ERROR_RT_NO_EVENT_RESOURCE when the device holds EVENT_LIMIT live events. (An ExWithFlag
+ * event with ACL_EVENT_SYNC takes its resource at its first record on CANN; the mock counts it at creation.) */
+static int event_create(const char *api, aclrtEvent *out, int kind, uint32_t flags) {
+    int dev = current_device();
+    if (flags & ~(uint32_t)(ACL_EVENT_SYNC | ACL_EVENT_CAPTURE_STREAM_PROGRESS | ACL_EVENT_TIME_LINE |
+                            ACL_EVENT_DEVICE_USE_ONLY | ACL_EVENT_EXTERNAL | ACL_EVENT_IPC)) {
+        *out = NULL;
+        return fail(ACL_ERROR_INVALID_PARAM, api, "flag 0x%x has bits that are no ACL_EVENT_* flag.", flags);
+    }
+    if ((flags & ACL_EVENT_IPC) && flags != ACL_EVENT_IPC) {
+        *out = NULL;
+        return fail(ACL_ERROR_INVALID_PARAM, api, "ACL_EVENT_IPC cannot be combined with other flags (0x%x).", flags);
+    }
+    if (g_device_events[dev] >= EVENT_LIMIT) {
+        *out = NULL;
+        return violate(ACL_ERROR_RT_NO_EVENT_RESOURCE, api,
+                       "device %d already holds %d live events, the most it supports: destroy events first", dev,
+                       EVENT_LIMIT);
+    }
+    event *e = xcalloc(1, sizeof *e);
+    e->device = dev;
+    e->kind = kind;
+    e->flags = flags;
+    e->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_EVENT, e);
+    g_events_created++;
+    g_device_events[dev]++;
+    *out = (aclrtEvent)(uintptr_t)e->handle;
+    return 0;
+}
+
 aclError aclrtCreateEvent(aclrtEvent *out) {
     ACL_ENTER("aclrtCreateEvent", out, needs_device);
     ACL_NOT_NULL(out, "event");
-    if (!r) {
-        event *e = xcalloc(1, sizeof *e);
-        e->device = current_device();
-        e->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_EVENT, e);
-        *out = (aclrtEvent)(uintptr_t)e->handle;
-    }
+    ACL_STEP(event_create(api, out, EVENT_DEFAULT, 0));
+    ACL_LEAVE();
+}
+
+aclError aclrtCreateEventWithFlag(aclrtEvent *out, uint32_t flag) {
+    ACL_ENTER("aclrtCreateEventWithFlag", out, needs_device);
+    ACL_NOT_NULL(out, "event");
+    ACL_STEP(event_create(api, out, EVENT_WITH_FLAG, flag));
+    ACL_LEAVE();
+}
+
+aclError aclrtCreateEventExWithFlag(aclrtEvent *out, uint32_t flag) {
+    ACL_ENTER("aclrtCreateEventExWithFlag", out, needs_device);
+    ACL_NOT_NULL(out, "event");
+    ACL_STEP(event_create(api, out, EVENT_EX_WITH_FLAG, flag));
     ACL_LEAVE();
 }
 
@@ -527,17 +595,44 @@ aclError aclrtDestroyEvent(aclrtEvent h) {
     }
     if (!r) {
         ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_EVENT, e->handle);
+        g_events_destroyed++;
+        g_device_events[e->device]--;
         free(e);
     }
     ACL_LEAVE();
+}
+
+/* The event's device is the stream's (`what`: "recorded on", "waited for by"): a violation otherwise. */
+static int event_device_check(const char *api, aclrtEvent eh, const event *e, const stream *s, const char *what) {
+    if (e->device != s->device) {
+        return violate(ACL_ERROR_RT_STREAM_CONTEXT, api, "event %p of device %d %s %s of device %d", eh, e->device,
+                       what, s->name, s->device);
+    }
+    return 0;
+}
+
+/* The event and the stream of a call that uses them together (`what` as in event_device_check). */
+static int event_and_stream(const char *api, aclrtEvent eh, aclrtStream sh, const char *what, event **e, stream **s) {
+    int r = event_resolve(api, eh, e);
+    if (!r) {
+        r = stream_resolve(api, sh, s);
+    }
+    return r ? r : event_device_check(api, eh, *e, *s, what);
 }
 
 aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
     ACL_ENTER("aclrtRecordEvent", NULL, needs_device);
     event *e = NULL;
     stream *s = NULL;
-    ACL_STEP(event_resolve(api, eh, &e));
-    ACL_STEP(stream_resolve(api, sh, &s));
+    ACL_STEP(event_and_stream(api, eh, sh, "recorded on", &e, &s));
+    if (!r && e->kind != EVENT_EX_WITH_FLAG && e->recorded_seq) {
+        /* Re-recording overwrites the captured tasks only for aclrtCreateEventExWithFlag events (aclrtRecordEvent,
+         * runtime docs/zh/api_ref/07_event_management.md); the others are reused through aclrtResetEvent. */
+        r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                    "event %p (from %s) is recorded again without aclrtResetEvent in between; only events of "
+                    "aclrtCreateEventExWithFlag are reused by recording them again",
+                    eh, e->kind == EVENT_DEFAULT ? "aclrtCreateEvent" : "aclrtCreateEventWithFlag");
+    }
     if (!r) {
         task *t = xcalloc(1, sizeof *t);
         t->kind = TASK_EVENT;
@@ -547,6 +642,27 @@ aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
         e->recorded_seq = t->event_seq;
         e->recorded_on = s;
         enqueue(s, t);
+    }
+    ACL_LEAVE();
+}
+
+aclError aclrtResetEvent(aclrtEvent eh, aclrtStream sh) {
+    ACL_ENTER("aclrtResetEvent", NULL, needs_device);
+    event *e = NULL;
+    stream *s = NULL;
+    ACL_STEP(event_and_stream(api, eh, sh, "reset on", &e, &s));
+    if (!r && e->kind == EVENT_EX_WITH_FLAG) {
+        r = violate(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                    "event %p comes from aclrtCreateEventExWithFlag, which aclrtResetEvent does not support (record "
+                    "it again to reuse it)",
+                    eh);
+    }
+    if (!r) {
+        /* The mock device is in order: the reset takes effect now (the stream's earlier tasks may still complete
+         * the old record, which no longer matches). The event is as new: recordable, never recorded. */
+        e->recorded_seq = 0;
+        e->completed_seq = 0;
+        e->recorded_on = NULL;
     }
     ACL_LEAVE();
 }
@@ -566,8 +682,18 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
     ACL_ENTER("aclrtStreamWaitEvent", NULL, needs_device);
     stream *s = NULL;
     event *e = NULL;
-    ACL_STEP(stream_resolve(api, sh, &s));
-    ACL_STEP(event_resolve(api, eh, &e));
+    ACL_STEP(event_and_stream(api, eh, sh, "waited for by", &e, &s));
+    if (!r && e->kind == EVENT_EX_WITH_FLAG && !(e->flags & ACL_EVENT_SYNC)) {
+        r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
+                    "event %p comes from aclrtCreateEventExWithFlag without ACL_EVENT_SYNC (flag 0x%x): it cannot be "
+                    "waited for by a stream",
+                    eh, e->flags);
+    }
+    if (!r && !e->recorded_seq) {
+        /* ACL_ERROR_RT_INVALID_VALUE of the runtime's event design (docs/zh/design/modules/event/event.md 4.2),
+         * which errcode_manage.cc maps to ACL_ERROR_RT_PARAM_INVALID. */
+        r = violate(ACL_ERROR_RT_PARAM_INVALID, api, "event %p has never been recorded (since its last reset)", eh);
+    }
     if (!r) {
         /* The mock device is in order: running the recorded work now is a valid schedule. The
          * waiting stream keeps a marker until it runs, so destroying the event before then (which
@@ -588,9 +714,21 @@ aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) 
     event *e = NULL;
     ACL_STEP(event_resolve(api, eh, &e));
     ACL_NOT_NULL(status, "status");
+    if (!r && e->recorded_seq) {
+        /* The device progresses while the host queries: the recorded stream runs its tasks up to the record
+         * (and no further), so an event can complete while later work of its stream is still queued. A task
+         * that fails here is reported by the stream's next synchronize, as on hardware. */
+        uint64_t handle = e->handle;
+        event_progress(handle);
+        e = event_get(handle);
+        if (!e) {
+            r = violate(ACL_ERROR_RT_INVALID_HANDLE, api, "event %p was destroyed while it was queried", eh);
+        }
+    }
     if (!r) {
-        /* Non-blocking: runs nothing. Never recorded = NOT_READY, as rtEventQueryStatus reports. */
-        int done = e->recorded_seq != 0 && e->completed_seq >= e->recorded_seq;
+        /* Never recorded: an ExWithFlag event is complete (aclrtRecordEvent's docs); the others NOT_READY, as
+         * rtEventQueryStatus reports. */
+        int done = e->recorded_seq ? e->completed_seq >= e->recorded_seq : e->kind == EVENT_EX_WITH_FLAG;
         *status = done ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
     }
     ACL_LEAVE();
@@ -705,6 +843,8 @@ void ascend_mock_get_stats(ascend_mock_stats *out) {
     out->all_reduces = g_collectives[1];
     out->all_gathers = g_collectives[2];
     out->broadcasts = g_collectives[3];
+    out->events_created = g_events_created;
+    out->events_destroyed = g_events_destroyed;
     ascend_mock_unlock();
     out->violations = ascend_mock_violation_count();
 }
@@ -731,6 +871,24 @@ int ascend_mock_set_device_count(int count, int *busy_device) {
         *busy_device = busy;
     }
     return busy < 0 ? 0 : -2;
+}
+
+int ascend_mock_set_query_progress(int on) {
+    ascend_mock_lock();
+    int was = g_query_progress;
+    g_query_progress = on != 0;
+    ascend_mock_unlock();
+    return was;
+}
+
+uint64_t ascend_mock_device_live_events(int device) {
+    if (device < 0 || device >= MAX_DEVICES) {
+        return 0;
+    }
+    ascend_mock_lock();
+    uint64_t n = g_device_events[device];
+    ascend_mock_unlock();
+    return n;
 }
 
 uint64_t ascend_mock_thread_device_mallocs(void) {

@@ -42,6 +42,7 @@ enum {
     ACL_ERROR_RT_INVALID_HANDLE = 107017,
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000,
     ACL_ERROR_RT_MEMORY_ALLOCATION = 207001,
+    ACL_ERROR_RT_NO_EVENT_RESOURCE = 207007,
     ACL_ERROR_RT_AICORE_EXCEPTION = 507015,
     ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
 };
@@ -152,11 +153,25 @@ struct stream {
     int pins;      /* threads waiting (g_lock released) for the running task of this stream to end */
     stream *prev, *next; /* g_streams: every stream, default ones included */
     char name[64];
+    /* The first failure of a task that an event query ran (the device progressing between host calls):
+     * reported, then cleared, by the stream's next host synchronisation. */
+    int deferred_status;
+    char deferred_why[WHY_MAX];
 };
+
+/* How an event was made: aclrtCreateEvent / aclrtCreateEventWithFlag (reused through
+ * aclrtResetEvent: recorded again only after a reset) or aclrtCreateEventExWithFlag (reused by
+ * recording again; no aclrtResetEvent; waitable only with ACL_EVENT_SYNC). */
+enum { EVENT_DEFAULT, EVENT_WITH_FLAG, EVENT_EX_WITH_FLAG };
+
+/* The most live events of one device (Atlas A2/A3: 65536, runtime docs/zh/api_ref/07_event_management.md). */
+#define EVENT_LIMIT 65536
 
 typedef struct event {
     uint64_t handle;
     int device;
+    int kind;       /* EVENT_DEFAULT, EVENT_WITH_FLAG, EVENT_EX_WITH_FLAG */
+    uint32_t flags; /* ACL_EVENT_* (0 for aclrtCreateEvent) */
     stream *recorded_on; /* valid while a record is pending: a stream is drained before it goes */
     uint64_t recorded_seq, completed_seq;
     double completed_ms; /* CLOCK_MONOTONIC time at which the last completed record ran */

@@ -273,10 +273,11 @@ pub(crate) fn ctx_set_sys_param(cann: &Cann, opt: ascend_sys::aclSysParamOpt, va
     check(cann, "aclrtCtxSetSysParamOpt", unsafe { cann.acl.aclrtCtxSetSysParamOpt(opt, value) })
 }
 
-/// `aclrtCreateEvent`.
-pub(crate) fn create_event(cann: &Cann) -> Result<aclrtEvent> {
-    // SAFETY: `event` is a valid out-pointer.
-    created(cann, "aclrtCreateEvent", |event| unsafe { cann.acl.aclrtCreateEvent(event) })
+/// `aclrtCreateEventExWithFlag(flags)`: an event reused by recording it again (the only kind
+/// CANN documents re-recording for), waitable by a stream when `flags` has `ACL_EVENT_SYNC`.
+pub(crate) fn create_event(cann: &Cann, flags: u32) -> Result<aclrtEvent> {
+    // SAFETY: `event` is a valid out-pointer; `flags` is a plain bitmap.
+    created(cann, "aclrtCreateEventExWithFlag", |event| unsafe { cann.acl.aclrtCreateEventExWithFlag(event, flags) })
 }
 
 /// `aclrtDestroyEvent`.

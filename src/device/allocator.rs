@@ -24,8 +24,9 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use ascend_sys::{aclrtEvent, Cann};
+use ascend_sys::Cann;
 
+use super::event::{EventPool, PooledEvent};
 use super::{leaked, report, Leak, StreamInner};
 use crate::acl;
 use crate::error::{Error, Result};
@@ -46,36 +47,13 @@ pub(crate) fn round_size(bytes: usize) -> usize {
     bytes.checked_next_multiple_of(granule).unwrap_or(bytes)
 }
 
-/// An `aclrtEvent` from the allocator's pool: only recorded and queried (never waited for by a
-/// stream), so it can go back to the pool once complete. It holds no reference to its device, so
-/// the device may keep such events without keeping itself alive.
-pub(crate) struct RawEvent(aclrtEvent);
-
-impl RawEvent {
-    /// Whether its last record has run (`aclrtQueryEventStatus`; a failed query counts as no).
-    pub(crate) fn is_complete(&self, cann: &Cann) -> bool {
-        // SAFETY: the event is live (owned by the pool or its holder); the caller bound the device.
-        unsafe { acl::event_is_complete(cann, self.0) }.unwrap_or(false)
-    }
-
-    /// Blocks the host until its last record has run (`aclrtSynchronizeEvent`).
-    pub(crate) fn synchronize(&self, cann: &Cann) -> Result<()> {
-        // SAFETY: as in `is_complete`.
-        unsafe { acl::synchronize_event(cann, self.0) }
-    }
-}
-
-// SAFETY: an aclrtEvent is a handle of the device's default context, usable from any thread
-// that binds the device (every use here happens with the device bound); it is owned uniquely.
-unsafe impl Send for RawEvent {}
-
 /// A block in the cache (or, with caching off, waiting to be freed).
 struct Cached {
     /// The `aclrtMalloc` size of the block.
     size: usize,
     /// `(stream id, event)`: an event recorded after the block's last use on each stream that
     /// used it, not yet seen complete.
-    events: Vec<(u64, RawEvent)>,
+    events: Vec<(u64, PooledEvent)>,
 }
 
 /// Who will use a block handed out: decides which cached blocks qualify.
@@ -92,11 +70,6 @@ pub(crate) enum Order {
 struct State {
     /// Cached blocks by (size, address) (with caching off: blocks waiting for their events).
     blocks: BTreeMap<(usize, usize), Cached>,
-    /// Events whose last record has completed (or that were never recorded): reused first.
-    spare: Vec<RawEvent>,
-    /// Events of reused blocks whose last record may still be pending, oldest first: spare once
-    /// seen complete.
-    limbo: std::collections::VecDeque<RawEvent>,
     /// Bytes asked for by the blocks handed out now (before rounding), and the largest value seen.
     allocated: usize,
     peak: usize,
@@ -128,12 +101,13 @@ impl std::fmt::Debug for Allocator {
 }
 
 /// Whether every event of `c` recorded on a stream other than `stream` (all of them for `None`)
-/// has completed; completed events move to `spare`. A failed query counts as not complete.
-fn settle(cann: &Cann, c: &mut Cached, stream: Option<u64>, spare: &mut Vec<RawEvent>) -> bool {
+/// has completed; completed events go back to the device's pool. A failed query counts as not
+/// complete.
+fn settle(cann: &Cann, c: &mut Cached, stream: Option<u64>, pool: &EventPool) -> bool {
     let mut i = 0;
     while i < c.events.len() {
         if c.events[i].1.is_complete(cann) {
-            spare.push(c.events.swap_remove(i).1);
+            pool.give_back(cann, c.events.swap_remove(i).1);
         } else {
             i += 1;
         }
@@ -165,23 +139,32 @@ impl Allocator {
     /// A block of at least `bytes` (> 0) for use as `order` says: returns its address, its size
     /// and whether work queued earlier on the ordering stream may still use it (then that stream
     /// must be the block's first user).
-    pub(crate) fn alloc(&self, cann: &Cann, bytes: usize, order: Order) -> Result<(*mut c_void, usize, bool)> {
+    pub(crate) fn alloc(
+        &self,
+        cann: &Cann,
+        pool: &EventPool,
+        bytes: usize,
+        order: Order,
+    ) -> Result<(*mut c_void, usize, bool)> {
+        // Events handed back whose work has run become spare (PyTorch polls its events on every
+        // allocation likewise).
+        pool.reclaim(cann);
         let mut st = self.lock();
         let size = if self.caching { round_size(bytes) } else { bytes };
         if self.caching {
-            if let Some((ptr, block, pending)) = Self::take_cached(cann, &mut st, size, order) {
+            if let Some((ptr, block, pending)) = Self::take_cached(cann, pool, &mut st, size, order) {
                 Self::hand_out(&mut st, bytes);
                 return Ok((ptr, block, pending));
             }
         } else {
-            Self::reap_quietly(cann, &mut st);
+            Self::reap_quietly(cann, pool, &mut st);
         }
         let ptr = match acl::malloc(cann, size) {
             Ok(p) => p,
             Err(first) => {
                 // Out of memory (or a failure like it): give every cached block back, then retry
                 // once (pointless when nothing was cached).
-                let released = Self::release_all(cann, &mut st);
+                let released = Self::release_all(cann, pool, &mut st);
                 if released == 0 {
                     return Err(first);
                 }
@@ -215,21 +198,29 @@ impl Allocator {
     }
 
     /// The smallest cached block of `size..=size + size / 4` that `order` may use.
-    fn take_cached(cann: &Cann, st: &mut State, size: usize, order: Order) -> Option<(*mut c_void, usize, bool)> {
+    fn take_cached(
+        cann: &Cann,
+        pool: &EventPool,
+        st: &mut State,
+        size: usize,
+        order: Order,
+    ) -> Option<(*mut c_void, usize, bool)> {
         let limit = size.saturating_add(size / 4);
         let stream = match order {
             Order::Stream(id) => Some(id),
             Order::Idle => None,
         };
-        let State { blocks, spare, .. } = st;
-        let key = blocks
+        let key = st
+            .blocks
             .range_mut((size, 0)..=(limit, usize::MAX))
-            .find_map(|(key, c)| settle(cann, c, stream, spare).then_some(*key))?;
-        let c = blocks.remove(&key)?;
+            .find_map(|(key, c)| settle(cann, c, stream, pool).then_some(*key))?;
+        let c = st.blocks.remove(&key)?;
         // Events of `stream` itself may still be pending (stream order makes the reuse safe):
-        // they are recorded again only once seen complete.
+        // the pool records them again only once seen complete.
         let pending = !c.events.is_empty();
-        st.limbo.extend(c.events.into_iter().map(|(_, e)| e));
+        for (_, e) in c.events {
+            pool.retire(e, Vec::new());
+        }
         Some((key.1 as *mut c_void, c.size, pending))
     }
 
@@ -238,11 +229,21 @@ impl Allocator {
     /// `users` (the streams whose queued work may still use it: an event is recorded on each).
     /// Never waits, except when an event cannot be recorded: then it synchronises that stream, and
     /// if even that fails, leaks the block (queued work may still use it).
-    pub(crate) fn free(&self, cann: &Cann, ptr: *mut c_void, size: usize, bytes: usize, users: &[&StreamInner]) {
+    pub(crate) fn free(
+        &self,
+        cann: &Cann,
+        pool: &EventPool,
+        ptr: *mut c_void,
+        size: usize,
+        bytes: usize,
+        users: &[&StreamInner],
+    ) {
         let mut events = Vec::with_capacity(users.len());
         for s in users {
-            match self.record(cann, s) {
-                Ok(e) => events.push((s.id, e)),
+            match self.record(cann, pool, s) {
+                Ok(Some(e)) => events.push((s.id, e)),
+                // A released stream: its work has run.
+                Ok(None) => {}
                 Err(_) => {
                     if let Err(e) = s.synchronize() {
                         super::report_drop_error("aclrtSynchronizeStream (freeing device memory)", &e);
@@ -262,27 +263,15 @@ impl Allocator {
         st.allocated -= bytes;
         st.blocks.insert((size, ptr as usize), Cached { size, events });
         if !self.caching {
-            Self::reap_quietly(cann, &mut st);
+            Self::reap_quietly(cann, pool, &mut st);
         }
     }
 
     /// Frees the blocks whose events have completed, reporting a failed `aclrtFree`.
-    fn reap_quietly(cann: &Cann, st: &mut State) {
-        if let (_, Some(e)) = Self::reap(cann, st, false) {
+    fn reap_quietly(cann: &Cann, pool: &EventPool, st: &mut State) {
+        if let (_, Some(e)) = Self::reap(cann, pool, st, false) {
             super::report_drop_error("aclrtFree", &e);
         }
-    }
-
-    /// A spare event: from the pool, or the oldest of `limbo` once complete (queried, oldest
-    /// first, stopping at the first pending one).
-    fn spare_event(cann: &Cann, st: &mut State) -> Option<RawEvent> {
-        if let Some(e) = st.spare.pop() {
-            return Some(e);
-        }
-        if st.limbo.front()?.is_complete(cann) {
-            return st.limbo.pop_front();
-        }
-        None
     }
 
     /// A block handed out is leaked by its owner (queued work may still use it): no longer counted.
@@ -292,41 +281,35 @@ impl Allocator {
         st.reserved -= size;
     }
 
-    /// Takes back events whose last record has completed.
-    pub(crate) fn recycle(&self, events: impl IntoIterator<Item = RawEvent>) {
-        self.lock().spare.extend(events);
-    }
-
-    /// An event recorded now on `s`: a spare one, or a new one.
-    pub(crate) fn record(&self, cann: &Cann, s: &StreamInner) -> Result<RawEvent> {
-        let spare = Self::spare_event(cann, &mut self.lock());
-        let event = match spare {
-            Some(e) => e,
-            None => RawEvent(acl::create_event(cann)?),
-        };
-        // SAFETY: the event is live and complete (or new); the stream is live (the caller holds
-        // it) and on this device, which is bound.
-        match unsafe { acl::record_event(cann, event.0, s.raw()) } {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                self.lock().spare.push(event);
-                Err(e)
+    /// An event of the device's pool recorded now on `s`, or `None` when `s` was released (its
+    /// work has run: nothing to wait for). When the pool is at its bound, the cached blocks'
+    /// completed events are given back first and the request retried.
+    pub(crate) fn record(&self, cann: &Cann, pool: &EventPool, s: &StreamInner) -> Result<Option<PooledEvent>> {
+        match s.if_live(|raw| pool.record(cann, raw)) {
+            Some(Err(_)) => {
+                let mut st = self.lock();
+                for c in st.blocks.values_mut() {
+                    settle(cann, c, None, pool);
+                }
+                drop(st);
+                s.if_live(|raw| pool.record(cann, raw)).transpose()
             }
+            other => other.transpose(),
         }
     }
 
     /// With caching off: frees the blocks whose events have all completed (never waits). With
     /// caching on this does nothing.
-    pub(crate) fn reap_now(&self, cann: &Cann) {
+    pub(crate) fn reap_now(&self, cann: &Cann, pool: &EventPool) {
         if !self.caching {
-            Self::reap_quietly(cann, &mut self.lock());
+            Self::reap_quietly(cann, pool, &mut self.lock());
         }
     }
 
     /// Frees every block in `blocks` whose events have completed (all of them, after waiting,
     /// with `wait`); returns the bytes freed and the first error (its block stays cached).
-    fn reap(cann: &Cann, st: &mut State, wait: bool) -> (usize, Option<Error>) {
-        let State { blocks, spare, reserved, .. } = st;
+    fn reap(cann: &Cann, pool: &EventPool, st: &mut State, wait: bool) -> (usize, Option<Error>) {
+        let State { blocks, reserved, .. } = st;
         let mut freed = 0;
         let mut first: Option<Error> = None;
         blocks.retain(|&(_, ptr), c| {
@@ -339,7 +322,7 @@ impl Allocator {
                     }
                 }
             }
-            if !settle(cann, c, None, spare) {
+            if !settle(cann, c, None, pool) {
                 return true;
             }
             // SAFETY: `ptr` came from aclrtMalloc, is not handed out, and every stream that used
@@ -360,8 +343,8 @@ impl Allocator {
     }
 
     /// Waits for the events of every cached block and frees them all; returns the bytes freed.
-    fn release_all(cann: &Cann, st: &mut State) -> usize {
-        let (freed, err) = Self::reap(cann, st, true);
+    fn release_all(cann: &Cann, pool: &EventPool, st: &mut State) -> usize {
+        let (freed, err) = Self::reap(cann, pool, st, true);
         if let Some(e) = err {
             super::report_drop_error("returning the memory cache (out of memory)", &e);
         }
@@ -371,18 +354,18 @@ impl Allocator {
     /// `Context::empty_cache`: returns every cached block to the device, waiting for the work
     /// that used them (a host wait the caller asked for). A block whose wait or `aclrtFree`
     /// fails stays cached, and the first such error is returned.
-    pub(crate) fn empty_cache(&self, cann: &Cann) -> Result<()> {
-        match Self::reap(cann, &mut self.lock(), true).1 {
+    pub(crate) fn empty_cache(&self, cann: &Cann, pool: &EventPool) -> Result<()> {
+        match Self::reap(cann, pool, &mut self.lock(), true).1 {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    /// Teardown (the device is going away, every stream has finished): frees every block and
-    /// destroys every event.
-    pub(crate) fn teardown(&mut self, cann: &Cann) {
+    /// Teardown (the device is going away, every stream has finished): frees every block (its
+    /// events go back to the pool).
+    pub(crate) fn teardown(&mut self, cann: &Cann, pool: &EventPool) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let (_, Some(e)) = Self::reap(cann, st, true) {
+        if let (_, Some(e)) = Self::reap(cann, pool, st, true) {
             super::report_drop_error("freeing the memory cache", &e);
         }
         let left: usize = st.blocks.values().map(|c| c.size).sum();
@@ -391,14 +374,6 @@ impl Allocator {
             for (_, c) in std::mem::take(&mut st.blocks) {
                 leaked(Leak::Allocation);
                 std::mem::forget(c.events);
-            }
-        }
-        let limbo: Vec<RawEvent> = st.limbo.drain(..).collect();
-        for e in limbo.into_iter().chain(st.spare.drain(..)) {
-            // SAFETY: every stream has finished, so every record of these events has run; no
-            // wait refers to them (they are only queried).
-            if let Err(err) = unsafe { acl::destroy_event(cann, e.0) } {
-                super::report_drop_error("aclrtDestroyEvent", &err);
             }
         }
     }

@@ -40,7 +40,7 @@ impl DeviceAlloc {
             return Ok((DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes, block: 0 }, false));
         }
         device.bind()?;
-        let (ptr, block, pending) = device.memory.alloc(device.cann, bytes, order)?;
+        let (ptr, block, pending) = device.memory.alloc(device.cann, &device.events, bytes, order)?;
         Ok((DeviceAlloc { device, ptr, bytes, block }, pending))
     }
 
@@ -96,7 +96,7 @@ impl DeviceAlloc {
             leaked(Leak::Allocation);
             return;
         }
-        self.device.memory.free(self.device.cann, ptr, self.block, self.bytes, users);
+        self.device.memory.free(self.device.cann, &self.device.events, ptr, self.block, self.bytes, users);
     }
 }
 

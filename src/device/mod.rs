@@ -8,13 +8,14 @@
 //! * [`DeviceAlloc`] / [`DeviceBuffer`]: device memory from it; a buffer remembers every stream
 //!   that enqueued work on it, and goes back to the allocator after that work (events, no host
 //!   wait); work of another stream on it is ordered after them by an event on the device.
-//! * [`EventInner`]: an `aclrtEvent`.
+//! * [`event`]: the device's pool of reusable ordering events, and [`EventInner`], an event
+//!   held by streams (pooled) or by the public `Event` (timing).
 //! * [`descriptor::AclTensor`] and [`executor::Executor`]: `aclTensor` and `aclOpExecutor`.
 //! * [`launch_cache`]: the repeatable executors a stream keeps, so repeated launches skip phase 1.
 
 pub(crate) mod allocator;
 pub(crate) mod descriptor;
-mod event;
+pub(crate) mod event;
 pub(crate) mod executor;
 pub(crate) mod launch_cache;
 mod memory;

@@ -14,10 +14,12 @@ pub(crate) struct Device {
     pub(crate) id: i32,
     /// The caching allocator of this context's device memory (see `Context::memory_stats`).
     pub(crate) memory: super::allocator::Allocator,
+    /// The pool of reusable ordering events of this device (see [`super::event`]).
+    pub(crate) events: super::event::EventPool,
     /// Pinned host blocks (addresses from `aclrtMallocHost`) whose owner was dropped while
     /// copies were queued on them, each with an event recorded after those copies on every
     /// stream that used it: freed once all its events have completed.
-    pub(crate) deferred_host_frees: Mutex<Vec<(usize, Vec<super::allocator::RawEvent>)>>,
+    pub(crate) deferred_host_frees: Mutex<Vec<(usize, Vec<super::event::PooledEvent>)>>,
 }
 
 impl Device {
@@ -28,7 +30,6 @@ impl Device {
         if list.is_empty() || self.bind().is_err() {
             return;
         }
-        let mut done_events = Vec::new();
         list.retain_mut(|(ptr, events)| {
             let done =
                 events.iter().all(|e| if wait { e.synchronize(self.cann).is_ok() } else { e.is_complete(self.cann) });
@@ -40,11 +41,11 @@ impl Device {
             if let Err(e) = unsafe { acl::free_host(self.cann, *ptr as *mut std::ffi::c_void) } {
                 super::report_drop_error("aclrtFreeHost", &e);
             }
-            done_events.append(events);
+            for e in events.drain(..) {
+                self.events.give_back(self.cann, e);
+            }
             false
         });
-        drop(list);
-        self.memory.recycle(done_events);
     }
 }
 
@@ -60,7 +61,10 @@ impl Drop for Device {
         }
         // Every block has been returned (each held the device): free the cache.
         match self.bind() {
-            Ok(()) => self.memory.teardown(self.cann),
+            Ok(()) => {
+                self.memory.teardown(self.cann, &self.events);
+                self.events.teardown(self.cann);
+            }
             Err(e) => super::report_drop_error("aclrtSetDevice (freeing the memory cache)", &e),
         }
     }
@@ -103,6 +107,7 @@ impl Device {
             cann,
             id,
             memory: super::allocator::Allocator::from_env(),
+            events: super::event::EventPool::default(),
             deferred_host_frees: Mutex::new(Vec::new()),
         });
         device.bind()?;

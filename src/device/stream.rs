@@ -1,11 +1,12 @@
 //! `aclrtStream` with its reusable operator workspace.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use ascend_sys::{aclrtMemcpyKind, aclrtStream};
 
 use super::allocator::Order;
+use super::event::{PooledEvent, WAIT_BATCH};
 use super::launch_cache::{self, LaunchCache};
 use super::{enqueue_using, leaked, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak};
 use crate::acl;
@@ -20,16 +21,27 @@ pub(crate) struct StreamInner {
     raw: aclrtStream,
     /// Made by the caller ([`StreamInner::borrowed`]): synchronised on drop, never destroyed.
     borrowed: bool,
-    /// Events that waits queued on this stream refer to: kept alive until the stream has been
-    /// synchronised (CANN forbids destroying an event a queued wait uses).
-    waited: Mutex<Vec<Arc<EventInner>>>,
-    /// The pool of events for ordering other streams before this one: events whose waits have
-    /// run (recycled from `waited` at each synchronise), recorded again on the next use.
-    spare_events: Mutex<Vec<Arc<EventInner>>>,
+    /// A borrowed stream whose `Stream` was dropped ([`StreamInner::release`]): synchronised
+    /// then, and never touched again (its owner may destroy it). Every holder then treats it as
+    /// drained. Read-locked by each use of the handle that does not come through a `&Stream`.
+    released: RwLock<bool>,
+    /// Events that waits queued on this stream refer to since its last guard: handed to the
+    /// device's pool with an event recorded after them every [`WAIT_BATCH`] waits (they have run
+    /// once it completes), or let go at a synchronise (CANN forbids destroying, and this crate
+    /// re-recording, an event a queued wait uses).
+    waited: Mutex<Waits>,
     /// Pinned memory for the small uploads the library makes itself ([`StreamInner::upload`]).
     staging: Mutex<Staging>,
     /// Repeatable executors of launches on this stream (see [`LaunchCache`]).
     pub(crate) launches: LaunchCache,
+}
+
+/// The events of the waits queued on a stream since its last guard, each with its number on the
+/// stream (a synchronise lets go of exactly those queued before it, whatever guards took since).
+#[derive(Default)]
+struct Waits {
+    next: u64,
+    list: Vec<(u64, Arc<EventInner>)>,
 }
 
 /// The next stream id (0 is never used).
@@ -59,7 +71,7 @@ struct Chunk {
     ptr: usize,
     cap: usize,
     /// Recorded after the chunk's copies when it was retired; `busy` until seen complete.
-    event: Option<Arc<EventInner>>,
+    event: Option<PooledEvent>,
     busy: bool,
 }
 
@@ -90,8 +102,8 @@ impl StreamInner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             raw,
             borrowed,
-            waited: Mutex::new(Vec::new()),
-            spare_events: Mutex::new(Vec::new()),
+            released: RwLock::new(false),
+            waited: Mutex::new(Waits::default()),
             staging: Mutex::new(Staging::default()),
             launches: LaunchCache::new(launch_cache::default_capacity()),
         }
@@ -112,94 +124,141 @@ impl StreamInner {
     }
 
     /// Blocks until all work enqueued on this stream has completed; the waits it queued have
-    /// then run, so their events go back to the pool (or are released).
+    /// then run, so their events go back to the pool (or are released). A no-op on a released
+    /// stream (it was synchronised when it was released).
     pub(crate) fn synchronize(&self) -> Result<()> {
+        let released = self.released.read().unwrap_or_else(|p| p.into_inner());
+        if *released {
+            return Ok(());
+        }
+        self.synchronize_live()
+    }
+
+    /// [`synchronize`](Self::synchronize) of a stream that is not released (the caller holds
+    /// `released`, read or write).
+    fn synchronize_live(&self) -> Result<()> {
         self.device.bind()?;
         // Only what was queued before the wait is known done: the waits queued so far, and the
         // staged uploads (the staging area stays locked across the wait, so no upload of another
         // thread slips in between).
-        let queued_waits = self.waited.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let queued_waits = self.waited.lock().unwrap_or_else(|p| p.into_inner()).next;
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: `raw` is live while `self` is, and the device is bound on this thread.
+        // SAFETY: `raw` is live while `self` is (not released: the caller holds the lock), and the
+        // device is bound on this thread.
         unsafe { acl::synchronize_stream(self.device.cann, self.raw) }?;
         // Every staged upload has run: the whole staging area is free again.
         staging.used = 0;
-        staging.chunks.iter_mut().for_each(|c| c.busy = false);
+        for c in &mut staging.chunks {
+            c.busy = false;
+            if let Some(e) = c.event.take() {
+                self.device.events.give_back(self.device.cann, e);
+            }
+        }
         drop(staging);
         let done: Vec<Arc<EventInner>> = {
             let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
-            // (Another thread's synchronise may have taken some of them already.)
-            let n = queued_waits.min(waited.len());
-            waited.drain(..n).collect()
+            // (Another thread's synchronise, or a guard, may have taken some of them already.)
+            let n = waited.list.iter().take_while(|(k, _)| *k < queued_waits).count();
+            waited.list.drain(..n).map(|(_, e)| e).collect()
         };
-        let mut spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner());
-        // Pool events (no one else holds them) are kept for reuse; a user's `Event` is let go.
-        spare.extend(done.into_iter().filter(|e| Arc::strong_count(e) == 1));
-        drop(spare);
+        // Their waits have run, so their records have completed: back to the pool.
+        done.into_iter().for_each(EventInner::recycle);
         // Pinned blocks dropped while copies were queued here, and (caching off) device blocks,
-        // may be free to go now.
+        // may be free to go now; so may events handed back.
         self.device.reap_host_frees(false);
-        self.device.memory.reap_now(self.device.cann);
+        self.device.memory.reap_now(self.device.cann, &self.device.events);
+        self.device.events.reclaim_all(self.device.cann);
         self.launches.reap(self);
         Ok(())
     }
 
-    /// An event recorded now on this stream (from the pool): complete once everything queued
-    /// here so far has run.
-    pub(crate) fn marker(&self) -> Result<Arc<EventInner>> {
-        let pooled = self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let event = match pooled {
-            Some(e) => e,
-            None => EventInner::new(self.device.clone())?,
-        };
-        match self.record(&event) {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                self.recycle_event(event);
-                Err(e)
-            }
+    /// Ends a borrowed stream's life for this crate (its `Stream` was dropped; see
+    /// `Stream::from_raw`): synchronises it and marks it released, after which no holder touches
+    /// the handle again (synchronising is a no-op, recording refuses, ordering after it is
+    /// skipped: its work has run).
+    pub(crate) fn release(&self) {
+        if !self.borrowed {
+            return;
         }
+        let mut released = self.released.write().unwrap_or_else(|p| p.into_inner());
+        if *released {
+            return;
+        }
+        if let Err(e) = self.synchronize_live() {
+            report_drop_error("aclrtSynchronizeStream (releasing a borrowed stream)", &e);
+        }
+        *released = true;
+    }
+
+    /// Runs `f` with the raw handle unless the stream was released (then `None`): the handle
+    /// stays valid while `f` runs. For uses that do not come through a `&Stream`.
+    pub(crate) fn if_live<R>(&self, f: impl FnOnce(aclrtStream) -> R) -> Option<R> {
+        let released = self.released.read().unwrap_or_else(|p| p.into_inner());
+        (!*released).then(|| f(self.raw))
+    }
+
+    /// The error of recording on a released stream.
+    fn released_error() -> crate::Error {
+        crate::Error::internal("an event was to be recorded on a borrowed stream after its Stream was dropped")
+    }
+
+    /// An event from the device's pool recorded now on this stream: complete once everything
+    /// queued here so far has run; back to the pool when the last `Arc` drops.
+    pub(crate) fn marker(&self) -> Result<Arc<EventInner>> {
+        self.if_live(|raw| EventInner::pooled_on(&self.device, raw)).unwrap_or_else(|| Err(Self::released_error()))
     }
 
     /// Returns an event no queued wait refers to (its record has completed, or never happened)
     /// to the pool.
     pub(crate) fn recycle_event(&self, event: Arc<EventInner>) {
-        if Arc::strong_count(&event) == 1 {
-            self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
-        }
+        EventInner::recycle(event);
     }
 
     /// Records `event` on this stream (`aclrtRecordEvent`).
     pub(crate) fn record(&self, event: &EventInner) -> Result<()> {
         self.device.bind()?;
-        // SAFETY: both handles are live; the device (the same for both, checked by callers) is bound.
-        unsafe { acl::record_event(self.device.cann, event.raw(), self.raw) }
+        self.if_live(|raw| {
+            // SAFETY: both handles are live; the device (the same for both, checked by callers)
+            // is bound.
+            unsafe { acl::record_event(self.device.cann, event.raw(), raw) }
+        })
+        .unwrap_or_else(|| Err(Self::released_error()))
     }
 
     /// Makes later work on this stream wait, on the device, for `event`
-    /// (`aclrtStreamWaitEvent`); the stream keeps the event alive until the wait has run.
+    /// (`aclrtStreamWaitEvent`); the event is kept alive (and out of the pool) until the wait
+    /// has run: see `waited`.
     pub(crate) fn wait(&self, event: Arc<EventInner>) -> Result<()> {
         self.device.bind()?;
-        // SAFETY: both handles are live; the event is kept in `waited` until this stream has
-        // been synchronised (or dropped, which synchronises first).
-        unsafe { acl::stream_wait_event(self.device.cann, self.raw, event.raw()) }?;
-        self.waited.lock().unwrap_or_else(|p| p.into_inner()).push(event);
-        Ok(())
+        let waited = self.if_live(|raw| {
+            // SAFETY: both handles are live; the event is kept in `waited` until the wait has
+            // run (a guard recorded after it completed, or this stream synchronised).
+            unsafe { acl::stream_wait_event(self.device.cann, raw, event.raw()) }?;
+            let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
+            let k = waited.next;
+            waited.next += 1;
+            waited.list.push((k, event));
+            if waited.list.len() >= WAIT_BATCH {
+                // A guard after the waits: once it completes they have run. (If it cannot be
+                // recorded, they stay until a synchronise.)
+                if let Ok(guard) = self.device.events.record(self.device.cann, raw) {
+                    let list = std::mem::take(&mut waited.list);
+                    self.device.events.retire(guard, list.into_iter().map(|(_, e)| e).collect());
+                }
+            }
+            Ok(())
+        });
+        waited.unwrap_or_else(|| Err(Self::released_error()))
     }
 
     /// Orders later work on this stream after all work queued so far on `earlier`: an event
     /// from the pool recorded on `earlier`, waited for by this stream. The host never waits.
+    /// Nothing to do when `earlier` was released (its work has run).
     pub(crate) fn order_after(&self, earlier: &StreamInner) -> Result<()> {
-        let pooled = self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let event = match pooled {
-            Some(e) => e,
-            None => EventInner::new(self.device.clone())?,
-        };
-        if let Err(e) = earlier.record(&event) {
-            self.recycle_event(event);
-            return Err(e);
+        match earlier.if_live(|raw| EventInner::pooled_on(&self.device, raw)) {
+            None => Ok(()),
+            Some(event) => self.wait(event?),
         }
-        self.wait(event)
     }
 
     /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
@@ -285,24 +344,18 @@ impl StreamInner {
                 st.used = start + len;
                 return Ok(st.chunks[i].ptr + start);
             }
-            // Retire the chunk: free again once an event after its copies has completed.
-            let event = match st.chunks[i].event.take() {
-                Some(e) => e,
-                None => EventInner::new(self.device.clone())?,
-            };
-            let recorded = self.record(&event);
-            st.chunks[i].event = Some(event);
-            if recorded.is_err() {
-                // Without the event, only a synchronise frees the chunk.
-                st.chunks[i].event = None;
-            }
+            // Retire the chunk: free again once an event after its copies has completed (without
+            // the event, only a synchronise frees it).
+            st.chunks[i].event = self.device.events.record(self.device.cann, self.raw).ok();
             st.chunks[i].busy = true;
             st.current = None;
         }
+        let (cann, events) = (self.device.cann, &self.device.events);
         let free = st.chunks.iter_mut().position(|c| {
-            if c.busy {
-                if let Some(e) = &c.event {
-                    c.busy = !e.is_complete().unwrap_or(false);
+            if c.busy && c.event.as_ref().is_some_and(|e| e.is_complete(cann)) {
+                c.busy = false;
+                if let Some(e) = c.event.take() {
+                    events.give_back(cann, e);
                 }
             }
             !c.busy && c.cap >= len
@@ -334,7 +387,13 @@ impl Drop for StreamInner {
             // The workspace and the staging area are idle now that the stream has drained.
             Ok(()) => {
                 drop(workspace);
+                // Guards recorded here have completed: the waits handed to the pool with them
+                // are let go now (they may hold the device).
+                self.device.events.reclaim_all(self.device.cann);
                 for c in staging.chunks {
+                    if let Some(e) = c.event {
+                        self.device.events.give_back(self.device.cann, e);
+                    }
                     let result = self.device.bind().and_then(|()| {
                         // SAFETY: from aclrtMallocHost; every copy from it has run.
                         unsafe { acl::free_host(self.device.cann, c.ptr as *mut std::ffi::c_void) }
@@ -347,9 +406,10 @@ impl Drop for StreamInner {
             Err(e) => {
                 report_drop_error("aclrtSynchronizeStream", &e);
                 // Queued waits may still refer to these events: leak them rather than destroy them.
-                for e in std::mem::take(self.waited.get_mut().unwrap_or_else(|p| p.into_inner())) {
+                for (_, e) in std::mem::take(&mut self.waited.get_mut().unwrap_or_else(|p| p.into_inner()).list) {
                     EventInner::leak(e);
                 }
+                // (Their events are leaked with them: a `PooledEvent` has no destructor.)
                 // Work may still be using the workspace and the staging area: leak them (the
                 // device itself is let go, with its memory cache).
                 drop(staging.chunks);

@@ -3,13 +3,13 @@
 //!
 //! HCCL requires one communicator's collectives to run serially (docs/cann/HCCL.md 4.4). A comm
 //! remembers the stream of its last collective; a collective on another stream is first ordered
-//! after it on the device (`aclrtRecordEvent` on the old stream, `aclrtStreamWaitEvent` on the
-//! new one), and the old stream is then forgotten, so a comm holds one stream at a time.
+//! after it on the device (an event of the device's pool recorded on the old stream, waited for
+//! by the new one), and the old stream is then forgotten, so a comm holds one stream at a time.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use ascend_sys::{aclrtEvent, aclrtStream, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
+use ascend_sys::{aclrtStream, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
 
 use crate::acl::hccl as calls;
 
@@ -125,21 +125,14 @@ pub(super) struct Comm {
 #[derive(Default)]
 struct Order {
     /// The stream of the last collective (synchronised before `HcclCommDestroy`). Every earlier
-    /// collective is ordered before the work on it by the chain of event waits below.
+    /// collective is ordered before the work on it by the chain of event waits queued at stream
+    /// switches (events of the device's pool, held by the waiting streams until the waits ran).
     last: Option<Arc<StreamInner>>,
-    /// Events recorded at stream switches. An event may be destroyed only once the wait on it
-    /// has run; that holds for all of them once `last` has synchronised (each stream in the
-    /// chain waited before it recorded the next event), so they are destroyed then: at drop, or
-    /// when there are [`MAX_PENDING_EVENTS`] of them.
-    events: Vec<aclrtEvent>,
 }
-
-/// Stream switches between two host synchronisations (which free their events).
-const MAX_PENDING_EVENTS: usize = 16;
 
 // SAFETY: an HcclComm is a handle HCCL lets any thread use once that thread has bound the comm's
 // device, which every use here does first; `Communicator` (not `Sync`) keeps one thread at a
-// time on it, as HCCL requires. The events are handles of the same device, used the same way.
+// time on it, as HCCL requires.
 unsafe impl Send for Comm {}
 
 impl Comm {
@@ -173,16 +166,6 @@ impl Comm {
         self.device.id
     }
 
-    /// Destroys `events` (the device bound); the caller ensured no wait on them is pending.
-    fn destroy_events(&self, events: Vec<aclrtEvent>) {
-        for e in events {
-            // SAFETY: `e` came from aclrtCreateEvent on this device and every wait on it has run.
-            if let Err(err) = unsafe { crate::acl::destroy_event(self.device.cann, e) } {
-                report_drop_error("aclrtDestroyEvent", &err);
-            }
-        }
-    }
-
     /// Orders `next` after the comm's last collective (if that ran on another stream) and makes
     /// it the comm's stream. On an error nothing is enqueued and the comm keeps its stream.
     fn switch_to(&self, order: &mut Order, next: &Arc<StreamInner>) -> Result<()> {
@@ -193,31 +176,14 @@ impl Comm {
         if Arc::ptr_eq(&last, next) {
             return Ok(());
         }
-        self.device.bind()?;
-        if order.events.len() >= MAX_PENDING_EVENTS {
-            // Every pending wait has run once `last` has drained (see `Order::events`).
-            last.synchronize()?;
-            let events = std::mem::take(&mut order.events);
-            self.destroy_events(events);
-        }
-        if let Err(event_error) = self.order_by_event(order, &last, next) {
+        // An event of the pool recorded on `last`, waited for by `next` (nothing when `last` is a
+        // released borrowed stream: its work has run).
+        if let Err(event_error) = next.order_after(&last) {
             // Without an event, a host synchronise of the old stream orders the two as well.
             last.synchronize().map_err(|_| event_error)?;
         }
         order.last = Some(next.clone());
         Ok(())
-    }
-
-    /// `aclrtRecordEvent(last)` + `aclrtStreamWaitEvent(next)` with a new event.
-    fn order_by_event(&self, order: &mut Order, last: &StreamInner, next: &StreamInner) -> Result<()> {
-        let cann = self.device.cann;
-        let event = crate::acl::create_event(cann)?;
-        // Kept from here on: a wait on it may be queued (destroyed once that has run).
-        order.events.push(event);
-        // SAFETY: `event` is live; `last` and `next` are live streams of the bound device.
-        unsafe { crate::acl::record_event(cann, event, last.raw()) }?;
-        // SAFETY: as above; the event is kept until the wait has run (see `Order::events`).
-        unsafe { crate::acl::stream_wait_event(cann, next.raw(), event) }
     }
 
     /// Enqueues one collective on `stream` over `buffers`, after the comm's earlier collectives.
@@ -296,16 +262,11 @@ impl Drop for Comm {
         let order = std::mem::take(self.order.get_mut().unwrap_or_else(|p| p.into_inner()));
         if let Some(last) = &order.last {
             if let Err(e) = last.synchronize() {
-                // Queued collectives may still use the comm (and waits the events): leaking them
-                // is the only sound choice.
+                // Queued collectives may still use the comm: leaking it is the only sound choice.
                 report_drop_error("aclrtSynchronizeStream (before HcclCommDestroy)", &e);
                 leaked(Leak::Communicator);
                 return;
             }
-        }
-        // The chain of waits has run (see `Order::events`).
-        if self.device.bind().is_ok() {
-            self.destroy_events(order.events);
         }
         if self.borrowed {
             return; // the caller's communicator: its collectives have run, the caller destroys it

@@ -9,6 +9,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod events_strict;
 mod poison_and_events;
 mod strict;
 
@@ -793,7 +794,10 @@ fn runtime_threads_overlap_in_every_kind_of_call() {
                         let mut s = ptr::null_mut();
                         assert_eq!(c.acl.aclrtCreateStream(&mut s), 0);
                         let mut ev: aclrtEvent = ptr::null_mut();
-                        assert_eq!(c.acl.aclrtCreateEvent(&mut ev), 0);
+                        assert_eq!(
+                            c.acl.aclrtCreateEventExWithFlag(&mut ev, ascend_sys::event_flag::ACL_EVENT_SYNC),
+                            0
+                        );
                         let mut host = [0u8; 8];
                         assert_eq!(c.acl.aclrtFree(host.as_mut_ptr().cast()), 107000, "a deliberate violation");
                         assert!(!c.acl.aclGetRecentErrMsg().is_null());
@@ -936,6 +940,8 @@ fn with_call_totals(base: MockStats, after: &MockStats) -> MockStats {
         device_frees: after.device_frees,
         blocking_copies: after.blocking_copies,
         host_mallocs: after.host_mallocs,
+        events_created: after.events_created,
+        events_destroyed: after.events_destroyed,
         ..base
     }
 }

@@ -260,8 +260,10 @@ fn query(c: &Cann, e: aclrtEvent) -> (i32, aclrtEventRecordedStatus) {
 }
 
 /// Events as CANN documents them: a query never blocks (NOT_READY until the record ran, also
-/// for an event never recorded), elapsed time needs both events completed, and destroying an
-/// event that a queued aclrtStreamWaitEvent still refers to is a violation.
+/// for a default event never recorded; with the mock's progress at queries off, a query runs
+/// nothing), elapsed time needs both events completed, an ExWithFlag event is recorded again to
+/// reuse it, and destroying an event that a queued aclrtStreamWaitEvent still refers to is a
+/// violation.
 #[test]
 fn events_query_elapsed_time_and_destroy_while_waited_on() {
     const DONE: aclrtEventRecordedStatus = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE;
@@ -274,10 +276,12 @@ fn events_query_elapsed_time_and_destroy_while_waited_on() {
     let mut start: aclrtEvent = ptr::null_mut();
     let mut end: aclrtEvent = ptr::null_mut();
     let before = mock::stats();
+    let progress = mock::set_query_progress(false);
     // SAFETY: handles from the mock; host buffers outlive the synchronisations below.
     unsafe {
         assert_eq!(c.acl.aclrtCreateEvent(&mut start), 0);
-        assert_eq!(c.acl.aclrtCreateEvent(&mut end), 0);
+        let flags = ascend_sys::event_flag::ACL_EVENT_SYNC | ascend_sys::event_flag::ACL_EVENT_TIME_LINE;
+        assert_eq!(c.acl.aclrtCreateEventExWithFlag(&mut end, flags), 0);
         assert_eq!(query(c, start), (0, NOT_READY), "never recorded");
         assert_eq!(c.acl.aclrtRecordEvent(start, a), 0);
         assert_eq!(c.acl.aclrtMemcpyAsync(d, 4096, src.as_ptr().cast(), 4096, H2D, a), 0);
@@ -300,6 +304,7 @@ fn events_query_elapsed_time_and_destroy_while_waited_on() {
         assert_eq!(c.acl.aclrtDestroyEvent(end), 0, "{}", m.err());
         assert_eq!(c.acl.aclrtDestroyEvent(start), 0);
     }
+    mock::set_query_progress(progress);
     let after = mock::stats();
     assert_eq!(after.event_synchronizes - before.event_synchronizes, 1);
     assert_eq!(after.stream_synchronizes - before.stream_synchronizes, 1);

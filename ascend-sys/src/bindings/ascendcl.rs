@@ -41,6 +41,9 @@ pub struct AscendCl {
         count: usize,
     ) -> aclError,
     pub aclrtCreateEvent: unsafe extern "C" fn(event: *mut aclrtEvent) -> aclError,
+    pub aclrtCreateEventWithFlag: unsafe extern "C" fn(event: *mut aclrtEvent, flag: u32) -> aclError,
+    pub aclrtCreateEventExWithFlag: unsafe extern "C" fn(event: *mut aclrtEvent, flag: u32) -> aclError,
+    pub aclrtResetEvent: unsafe extern "C" fn(event: aclrtEvent, stream: aclrtStream) -> aclError,
     pub aclrtDestroyEvent: unsafe extern "C" fn(event: aclrtEvent) -> aclError,
     pub aclrtRecordEvent: unsafe extern "C" fn(event: aclrtEvent, stream: aclrtStream) -> aclError,
     pub aclrtSynchronizeEvent: unsafe extern "C" fn(event: aclrtEvent) -> aclError,
@@ -84,6 +87,9 @@ impl AscendCl {
         let aclrtMemcpyAsync = __library.get(b"aclrtMemcpyAsync\0").map(|sym| *sym)?;
         let aclrtMemset = __library.get(b"aclrtMemset\0").map(|sym| *sym)?;
         let aclrtCreateEvent = __library.get(b"aclrtCreateEvent\0").map(|sym| *sym)?;
+        let aclrtCreateEventWithFlag = __library.get(b"aclrtCreateEventWithFlag\0").map(|sym| *sym)?;
+        let aclrtCreateEventExWithFlag = __library.get(b"aclrtCreateEventExWithFlag\0").map(|sym| *sym)?;
+        let aclrtResetEvent = __library.get(b"aclrtResetEvent\0").map(|sym| *sym)?;
         let aclrtDestroyEvent = __library.get(b"aclrtDestroyEvent\0").map(|sym| *sym)?;
         let aclrtRecordEvent = __library.get(b"aclrtRecordEvent\0").map(|sym| *sym)?;
         let aclrtSynchronizeEvent = __library.get(b"aclrtSynchronizeEvent\0").map(|sym| *sym)?;
@@ -113,6 +119,9 @@ impl AscendCl {
             aclrtMemcpyAsync,
             aclrtMemset,
             aclrtCreateEvent,
+            aclrtCreateEventWithFlag,
+            aclrtCreateEventExWithFlag,
+            aclrtResetEvent,
             aclrtDestroyEvent,
             aclrtRecordEvent,
             aclrtSynchronizeEvent,
@@ -201,6 +210,15 @@ impl AscendCl {
     }
     pub unsafe fn aclrtCreateEvent(&self, event: *mut aclrtEvent) -> aclError {
         (self.aclrtCreateEvent)(event)
+    }
+    pub unsafe fn aclrtCreateEventWithFlag(&self, event: *mut aclrtEvent, flag: u32) -> aclError {
+        (self.aclrtCreateEventWithFlag)(event, flag)
+    }
+    pub unsafe fn aclrtCreateEventExWithFlag(&self, event: *mut aclrtEvent, flag: u32) -> aclError {
+        (self.aclrtCreateEventExWithFlag)(event, flag)
+    }
+    pub unsafe fn aclrtResetEvent(&self, event: aclrtEvent, stream: aclrtStream) -> aclError {
+        (self.aclrtResetEvent)(event, stream)
     }
     pub unsafe fn aclrtDestroyEvent(&self, event: aclrtEvent) -> aclError {
         (self.aclrtDestroyEvent)(event)
