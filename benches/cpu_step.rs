@@ -225,7 +225,10 @@ fn row<T: Element>(case: &Case, thread_counts: &[usize]) {
                 ours = ours.min(t);
                 // For cache-resident tensors one thread may stream faster than several.
                 for t in if threads > 1 { vec![1, threads] } else { vec![1] } {
-                    stream = stream.min(best(rounds, || triad(black_box(&wa), black_box(&wb), &mut wo, t)));
+                    stream = stream.min(best(rounds, || {
+                        triad(black_box(&wa), black_box(&wb), &mut wo, t);
+                        black_box(&mut wo);
+                    }));
                 }
                 if let Some(p) = peer.as_mut().and_then(|p| {
                     settle();

@@ -263,8 +263,11 @@ fn run_range<const K: usize>(
         let mut done = 0;
         while done < run {
             let n = BLOCK.min(run - done);
+            // Contiguous f32 inputs are read in place, the others widened into their buffer.
             for k in 0..K {
-                load(srcs[k].data, src_pos[k] + done * inner.src[k], inner.src[k], &mut bufs[k][..n]);
+                if direct(srcs[k].data, inner.src[k]).is_none() {
+                    load(srcs[k].data, src_pos[k] + done * inner.src[k], inner.src[k], &mut bufs[k][..n]);
+                }
             }
             let channels = match channel_dim {
                 Some(c) if c == rank - 1 && inner.period > 0 => {
@@ -274,9 +277,19 @@ fn run_range<const K: usize>(
                 Some(c) => Channels::Fixed(idx[c]),
                 None => Channels::Fixed(0),
             };
-            let inputs: [&[f32]; K] = std::array::from_fn(|k| &bufs[k][..n]);
-            f(&inputs, &mut result[..n], channels);
-            store(&result[..n], out, dst_pos + done * inner.dst, inner.dst);
+            let inputs: [&[f32]; K] = std::array::from_fn(|k| match direct(srcs[k].data, inner.src[k]) {
+                Some(s) => &s[src_pos[k] + done..src_pos[k] + done + n],
+                None => &bufs[k][..n],
+            });
+            let at = dst_pos + done * inner.dst;
+            match &mut out.data {
+                // A contiguous f32 output is written in place.
+                SliceMut::F32(s) if inner.dst == 1 => f(&inputs, &mut s[at - out.base..at - out.base + n], channels),
+                _ => {
+                    f(&inputs, &mut result[..n], channels);
+                    store(&result[..n], out, at, inner.dst);
+                }
+            }
             done += n;
         }
         e += run;
@@ -289,6 +302,14 @@ fn run_range<const K: usize>(
             }
             idx[i] = 0;
         }
+    }
+}
+
+/// The f32 storage of an input whose innermost stride is 1 (read in place), else `None`.
+fn direct<'a>(src: SliceRef<'a>, stride: usize) -> Option<&'a [f32]> {
+    match src {
+        SliceRef::F32(s) if stride == 1 => Some(s),
+        _ => None,
     }
 }
 
