@@ -113,7 +113,9 @@ pub fn forward<'a>(
         eps,
         &counts,
     )?;
-    let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
+    // In input's memory order (channels-last stays channels-last, as torch's layers keep it).
+    let mut out = Tensor::alloc_like(s, input)?;
+    ops::batch_norm_elemt_into(s, input, weight, bias, &mean, &invstd, eps, &mut out)?;
     Ok((out, Saved { input, mean, invstd, counts }))
 }
 
@@ -287,7 +289,8 @@ pub fn backward(
     comm.all_reduce(s, &mut sums, ReduceOp::Sum)?;
     // Views taken after the all-reduce (on the CPU a view holds a copy).
     let (sum_dy, sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
-    let grad_input = ops::batch_norm_elemt_backward(
+    let mut grad_input = Tensor::alloc_like(s, saved.input)?;
+    ops::batch_norm_elemt_backward_into(
         s,
         grad_out,
         saved.input,
@@ -297,6 +300,7 @@ pub fn backward(
         &sum_dy,
         &sum_dy_xmu,
         &saved.counts,
+        &mut grad_input,
     )?;
     Ok((Some(grad_input), grad_weight, grad_bias))
 }

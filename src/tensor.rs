@@ -193,6 +193,20 @@ impl Tensor {
         Self::alloc(stream, dtype, shape, true)
     }
 
+    /// An output for an operator whose output has `like`'s shape and dtype, in `like`'s memory
+    /// order when `like` is dense (its elements fill its span without gaps or overlap: contiguous,
+    /// channels-last, any permutation), as torch's `empty_like` keeps the memory format; else
+    /// contiguous. Its contents are undefined: the operator writes every element.
+    pub(crate) fn alloc_like(stream: &Stream, like: &Tensor) -> Result<Tensor> {
+        let mut t = Self::alloc(stream, like.dtype(), like.shape(), false)?;
+        if !like.is_contiguous() {
+            if let Some(strides) = dense_strides(like.shape(), like.strides()) {
+                t = Tensor::with_layout(t.dtype, t.shape, strides, 0, t.storage_len, t.storage);
+            }
+        }
+        Ok(t)
+    }
+
     /// A contiguous tensor; on Ascend its contents are undefined unless `zeroed`.
     pub(crate) fn alloc(stream: &Stream, dtype: DType, shape: &[usize], zeroed: bool) -> Result<Tensor> {
         let n = layout::numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize")))?;
@@ -599,6 +613,26 @@ impl Tensor {
             )),
         }
     }
+}
+
+/// The strides of a dense view of `shape` (its elements fill `numel` consecutive positions in
+/// some order of its dims) with the memory order of `strides`, or `None` when the view has gaps,
+/// overlaps or broadcasts. Size-1 dims get stride 1.
+fn dense_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    // Outermost first: larger strides first, size-1 dims where row-major puts them (ties in
+    // logical order).
+    order.sort_by_key(|&d| std::cmp::Reverse(if shape[d] == 1 { None } else { Some(strides[d]) }));
+    let mut out = vec![0; shape.len()];
+    let mut expected = 1usize;
+    for &d in order.iter().rev() {
+        if shape[d] != 1 && strides[d] != expected {
+            return None;
+        }
+        out[d] = expected;
+        expected = expected.checked_mul(shape[d])?;
+    }
+    Some(out)
 }
 
 fn storage_len_of(storage: &Storage, dtype: DType) -> usize {

@@ -64,3 +64,31 @@ fn a_rejected_call_takes_no_memory() {
     assert!(ops::batch_norm_reduce_backward(&s, &x, &x, &bad, &bad, None, OutputMask::ALL).is_err());
     assert_eq!(ctx.memory_stats(), before);
 }
+
+/// `sync_batch_norm`'s output and input gradient keep a dense input's memory order
+/// (channels-last stays channels-last, as torch's layers keep it), with the values of a
+/// contiguous input's; a view with gaps gives contiguous ones.
+#[test]
+fn sync_batch_norm_keeps_a_dense_inputs_memory_order() {
+    let ctx = Context::cpu();
+    let s = ctx.new_stream().unwrap();
+    let comm = Communicator::init_all(std::slice::from_ref(&ctx)).unwrap().remove(0);
+    let shape = [2, 3, 2, 2];
+    let (cl, nchw) = ([12, 1, 6, 3], [12, 4, 2, 1]);
+    let storage: Vec<f32> = (0..24).map(|i| (i * 5 % 11) as f32 - 4.0).collect();
+    let step = |x: &Tensor, dy: &Tensor| {
+        let (y, saved) = sync_batch_norm::forward(&comm, &s, x, None, None, None, None, 0.1, 1e-5).unwrap();
+        let dx = sync_batch_norm::backward(&comm, &s, dy, &saved, None, OutputMask::ALL).unwrap().0.unwrap();
+        (y, dx)
+    };
+    let x_cl = Tensor::from_slice_strided(&s, &storage, &shape, &cl, 0).unwrap();
+    let x = Tensor::from_slice(&s, &x_cl.to_vec::<f32>(&s).unwrap(), &shape).unwrap();
+    let (y_cl, dx_cl) = step(&x_cl, &x_cl);
+    let (y, dx) = step(&x, &x);
+    assert_eq!((y_cl.strides(), dx_cl.strides()), (&cl[..], &cl[..]));
+    assert_eq!((y.strides(), dx.strides()), (&nchw[..], &nchw[..]));
+    assert_eq!(y_cl.to_vec::<f32>(&s).unwrap(), y.to_vec::<f32>(&s).unwrap());
+    assert_eq!(dx_cl.to_vec::<f32>(&s).unwrap(), dx.to_vec::<f32>(&s).unwrap());
+    let gapped = Tensor::from_slice_strided(&s, &storage, &[2, 3, 2], &[12, 4, 2], 0).unwrap();
+    assert_eq!(step(&gapped, &gapped).0.strides(), &[6, 2, 1]);
+}
