@@ -80,8 +80,13 @@ pub(crate) fn tile<T: Copy>(v: &[T]) -> crate::Result<Vec<T>> {
     super::host::try_collect(n, v.iter().cycle().take(n).copied())
 }
 
-/// The map function: `f(inputs, out, channels)` for one block (every slice of one length).
-pub(crate) type BlockFn<'f, const K: usize> = dyn Fn(&[&[f32]; K], &mut [f32], Channels) + Sync + 'f;
+/// The map function: `f(inputs, out, channels)` for one block (every slice of one length). A
+/// generic parameter, not a `dyn`: the walk is compiled once per instruction set with `f`
+/// inlined ([`run_range`]), so `f`'s loops vectorise with the widest vectors the CPU has (mark
+/// what it calls `#[inline(always)]`). Rust never fuses a multiply and an add, so every build
+/// gives the same bits.
+pub(crate) trait BlockFn<const K: usize>: Fn(&[&[f32]; K], &mut [f32], Channels) + Sync {}
+impl<const K: usize, F: Fn(&[&[f32]; K], &mut [f32], Channels) + Sync> BlockFn<K> for F {}
 
 /// One dim of the walk (outermost first), with each tensor's stride along it.
 #[derive(Clone, Copy, Debug)]
@@ -99,11 +104,11 @@ struct Dim<const K: usize> {
 /// `threads` threads (0: every core) for large dense outputs. `f(inputs, out, channels)` gets
 /// blocks of equal length (at most [`BLOCK`]). [`Error::HostAlloc`](crate::Error::HostAlloc) when
 /// the host cannot hold the table of parallel chunks (one entry per [`CHUNK`] output elements).
-pub(crate) fn map<const K: usize>(
+pub(crate) fn map<const K: usize, F: BlockFn<K>>(
     srcs: [Src<'_>; K],
     dst: Dst<'_>,
     threads: usize,
-    f: &BlockFn<'_, K>,
+    f: &F,
 ) -> crate::Result<()> {
     let shape = dst.layout.shape;
     let numel: usize = shape.iter().product();
@@ -224,15 +229,68 @@ fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> crate::Result<Vec<P
     }
 }
 
-/// Maps the elements `lo..hi` of the walk (in walk order) into `out`.
-fn run_range<const K: usize>(
+/// Maps the elements `lo..hi` of the walk (in walk order) into `out`, with the code built for
+/// the process's instruction set ([`Isa::detect`]).
+fn run_range<const K: usize, F: BlockFn<K>>(
     dims: &[Dim<K>],
     srcs: &[Src<'_>; K],
     dst_offset: usize,
     out: &mut Part<'_>,
     lo: usize,
     hi: usize,
-    f: &BlockFn<'_, K>,
+    f: &F,
+) {
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::detect chose AVX-512 only because this CPU has AVX-512 F, BW, VL and AVX2.
+        Isa::Avx512 => unsafe { run_range_avx512(dims, srcs, dst_offset, out, lo, hi, f) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::detect chose AVX2 only because this CPU has AVX2, FMA and F16C.
+        Isa::Avx2 => unsafe { run_range_avx2(dims, srcs, dst_offset, out, lo, hi, f) },
+        _ => walk(dims, srcs, dst_offset, out, lo, hi, f),
+    }
+}
+
+/// [`walk`] built for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn run_range_avx512<const K: usize, F: BlockFn<K>>(
+    dims: &[Dim<K>],
+    srcs: &[Src<'_>; K],
+    dst_offset: usize,
+    out: &mut Part<'_>,
+    lo: usize,
+    hi: usize,
+    f: &F,
+) {
+    walk(dims, srcs, dst_offset, out, lo, hi, f)
+}
+
+/// [`walk`] built for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_range_avx2<const K: usize, F: BlockFn<K>>(
+    dims: &[Dim<K>],
+    srcs: &[Src<'_>; K],
+    dst_offset: usize,
+    out: &mut Part<'_>,
+    lo: usize,
+    hi: usize,
+    f: &F,
+) {
+    walk(dims, srcs, dst_offset, out, lo, hi, f)
+}
+
+/// The body of [`run_range`], inlined into each instruction set's build.
+#[inline(always)]
+fn walk<const K: usize, F: BlockFn<K>>(
+    dims: &[Dim<K>],
+    srcs: &[Src<'_>; K],
+    dst_offset: usize,
+    out: &mut Part<'_>,
+    lo: usize,
+    hi: usize,
+    f: &F,
 ) {
     let rank = dims.len();
     let inner = dims[rank - 1];
@@ -306,6 +364,7 @@ fn run_range<const K: usize>(
 }
 
 /// The f32 storage of an input whose innermost stride is 1 (read in place), else `None`.
+#[inline(always)]
 fn direct<'a>(src: SliceRef<'a>, stride: usize) -> Option<&'a [f32]> {
     match src {
         SliceRef::F32(s) if stride == 1 => Some(s),
@@ -314,6 +373,7 @@ fn direct<'a>(src: SliceRef<'a>, stride: usize) -> Option<&'a [f32]> {
 }
 
 /// Widens `out.len()` elements of `src` starting at `pos`, `stride` apart, into `out`.
+#[inline(always)]
 fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
     let n = out.len();
     match src {
@@ -328,6 +388,7 @@ fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
 }
 
 /// Narrows `values` (round to nearest even) into `out` at storage positions `pos`, `pos + stride`, ...
+#[inline(always)]
 fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
     let n = values.len();
     let at = pos - out.base;
@@ -348,7 +409,7 @@ fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
 
 /// `v` rounded to nearest even into bf16 bits (NaN stays NaN, quietened), as `bf16::from_f32`
 /// does but without branches, so that loops over it vectorise.
-#[inline]
+#[inline(always)]
 fn bf16_bits(v: f32) -> u16 {
     let x = v.to_bits();
     let rounded = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;

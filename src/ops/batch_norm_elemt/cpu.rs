@@ -51,6 +51,7 @@ pub(super) fn run(args: &Args<'_>, output: &mut Tensor) -> Result<()> {
 
 /// One block: `out = (x − mean)·scale + bias` with its channels' constants. The same f32
 /// operations for every element whatever the pattern, so any walk gives the same bits.
+#[inline(always)]
 fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
     match channels.window() {
         Window::Fixed(c) => {

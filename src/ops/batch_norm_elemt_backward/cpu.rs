@@ -73,6 +73,7 @@ fn counter_sum(counter: &Tensor) -> Result<f64> {
 }
 
 /// One block, the same f64 operations for every element whatever the pattern.
+#[inline(always)]
 fn gradient(co: &Coefficients, dy: &[f32], x: &[f32], out: &mut [f32], channels: Channels) {
     match channels.window() {
         Window::Fixed(c) => {
