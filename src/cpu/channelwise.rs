@@ -85,8 +85,19 @@ pub(crate) fn tile<T: Copy>(v: &[T]) -> crate::Result<Vec<T>> {
 /// inlined ([`run_range`]), so `f`'s loops vectorise with the widest vectors the CPU has (mark
 /// what it calls `#[inline(always)]`). Rust never fuses a multiply and an add, so every build
 /// gives the same bits.
-pub(crate) trait BlockFn<const K: usize>: Fn(&[&[f32]; K], &mut [f32], Channels) + Sync {}
-impl<const K: usize, F: Fn(&[&[f32]; K], &mut [f32], Channels) + Sync> BlockFn<K> for F {}
+/// A kernel implements it on its per-channel constants with an `#[inline(always)]` method (a
+/// closure's body is not inlined reliably).
+pub(crate) trait BlockFn<const K: usize>: Sync {
+    /// Maps one block: `out = f(inputs)` with the block's `channels`.
+    fn block(&self, inputs: &[&[f32]; K], out: &mut [f32], channels: Channels);
+}
+
+impl<const K: usize, F: Fn(&[&[f32]; K], &mut [f32], Channels) + Sync> BlockFn<K> for F {
+    #[inline(always)]
+    fn block(&self, inputs: &[&[f32]; K], out: &mut [f32], channels: Channels) {
+        self(inputs, out, channels)
+    }
+}
 
 /// One dim of the walk (outermost first), with each tensor's stride along it.
 #[derive(Clone, Copy, Debug)]
@@ -342,9 +353,11 @@ fn walk<const K: usize, F: BlockFn<K>>(
             let at = dst_pos + done * inner.dst;
             match &mut out.data {
                 // A contiguous f32 output is written in place.
-                SliceMut::F32(s) if inner.dst == 1 => f(&inputs, &mut s[at - out.base..at - out.base + n], channels),
+                SliceMut::F32(s) if inner.dst == 1 => {
+                    f.block(&inputs, &mut s[at - out.base..at - out.base + n], channels)
+                }
                 _ => {
-                    f(&inputs, &mut result[..n], channels);
+                    f.block(&inputs, &mut result[..n], channels);
                     store(&result[..n], out, at, inner.dst);
                 }
             }
