@@ -455,7 +455,7 @@ mod tests {
         let dst = Dst::new(SliceMut::F32(y), shape, ys, yo);
         let c = shape[1];
         let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
-        map([src], dst, threads, &|[x], out, ch| match ch.window() {
+        map([src], dst, threads, &|[x]: &[&[f32]; 1], out: &mut [f32], ch: Channels| match ch.window() {
             Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
             Window::From(start) => {
                 out.iter_mut().zip(*x).zip(&channel[start..]).for_each(|((o, &v), &c)| *o = 10.0 * v + c)
@@ -547,7 +547,10 @@ mod tests {
         let mut y = vec![bf16::ZERO; 3];
         let src = Src::new(SliceRef::F16(&x), &[1, 3], &[3, 1], 0);
         let dst = Dst::new(SliceMut::BF16(&mut y), &[1, 3], &[3, 1], 0);
-        map([src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0)).unwrap();
+        map([src], dst, 1, &|[x]: &[&[f32]; 1], out: &mut [f32], _: Channels| {
+            out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0)
+        })
+        .unwrap();
         let want: Vec<bf16> = [1.0f32, 2.5, -3.0].iter().map(|&v| bf16::from_f32(v / 3.0)).collect();
         assert_eq!(y, want);
     }
