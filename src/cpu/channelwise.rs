@@ -132,9 +132,10 @@ pub(crate) fn map<const K: usize, F: BlockFn<K>>(
         srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
     let bytes = numel.saturating_mul(element_bytes);
     let dst_offset = dst.layout.offset;
+    let m = Map { dims: &dims, srcs: &srcs, dst_offset, f };
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
-        run_range(&dims, &srcs, dst_offset, &mut out, 0, numel, f);
+        run_range(&m, &mut out, 0, numel);
         return Ok(());
     }
     // Dense output: chunk k writes storage [offset + k·CHUNK, offset + (k+1)·CHUNK), its own slice.
@@ -146,7 +147,7 @@ pub(crate) fn map<const K: usize, F: BlockFn<K>>(
         let hi = numel.min(lo + CHUNK);
         // Each chunk is claimed by exactly one thread, so its lock is never contended.
         let mut part = parts[k].lock().unwrap_or_else(|p| p.into_inner());
-        run_range(&dims, &srcs, dst_offset, &mut part, lo, hi, f);
+        run_range(&m, &mut part, lo, hi);
     });
     Ok(())
 }
@@ -211,6 +212,14 @@ fn is_dense<const K: usize>(dims: &[Dim<K>]) -> bool {
     true
 }
 
+/// One map's walk: its dims, inputs, the output's offset and the function.
+struct Map<'m, 'a, const K: usize, F> {
+    dims: &'m [Dim<K>],
+    srcs: &'m [Src<'a>; K],
+    dst_offset: usize,
+    f: &'m F,
+}
+
 /// Part of the output storage: `data` holds storage positions `base..base + len`.
 struct Part<'a> {
     data: SliceMut<'a>,
@@ -242,67 +251,41 @@ fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> crate::Result<Vec<P
 
 /// Maps the elements `lo..hi` of the walk (in walk order) into `out`, with the code built for
 /// the process's instruction set ([`Isa::detect`]).
-fn run_range<const K: usize, F: BlockFn<K>>(
-    dims: &[Dim<K>],
-    srcs: &[Src<'_>; K],
-    dst_offset: usize,
-    out: &mut Part<'_>,
-    lo: usize,
-    hi: usize,
-    f: &F,
-) {
+fn run_range<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>, lo: usize, hi: usize) {
     match Isa::detect() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::detect chose AVX-512 only because this CPU has AVX-512 F, BW, VL and AVX2.
-        Isa::Avx512 => unsafe { run_range_avx512(dims, srcs, dst_offset, out, lo, hi, f) },
+        Isa::Avx512 => unsafe { run_range_avx512(m, out, lo, hi) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::detect chose AVX2 only because this CPU has AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { run_range_avx2(dims, srcs, dst_offset, out, lo, hi, f) },
-        _ => walk(dims, srcs, dst_offset, out, lo, hi, f),
+        Isa::Avx2 => unsafe { run_range_avx2(m, out, lo, hi) },
+        _ => walk(m, out, lo, hi),
     }
 }
 
-/// [`walk`] built for AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn run_range_avx512<const K: usize, F: BlockFn<K>>(
-    dims: &[Dim<K>],
-    srcs: &[Src<'_>; K],
-    dst_offset: usize,
-    out: &mut Part<'_>,
-    lo: usize,
-    hi: usize,
-    f: &F,
-) {
-    walk(dims, srcs, dst_offset, out, lo, hi, f)
+/// `$name`: [`walk`] built with the target features `$features`.
+macro_rules! walk_for {
+    ($name:ident, $features:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const K: usize, F: BlockFn<K>>(
+            m: &Map<'_, '_, K, F>,
+            out: &mut Part<'_>,
+            lo: usize,
+            hi: usize,
+        ) {
+            walk(m, out, lo, hi)
+        }
+    };
 }
-
-/// [`walk`] built for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_range_avx2<const K: usize, F: BlockFn<K>>(
-    dims: &[Dim<K>],
-    srcs: &[Src<'_>; K],
-    dst_offset: usize,
-    out: &mut Part<'_>,
-    lo: usize,
-    hi: usize,
-    f: &F,
-) {
-    walk(dims, srcs, dst_offset, out, lo, hi, f)
-}
+walk_for!(run_range_avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c", "[`walk`] built for AVX-512.");
+walk_for!(run_range_avx2, "avx2,fma,f16c", "[`walk`] built for AVX2.");
 
 /// The body of [`run_range`], inlined into each instruction set's build.
 #[inline(always)]
-fn walk<const K: usize, F: BlockFn<K>>(
-    dims: &[Dim<K>],
-    srcs: &[Src<'_>; K],
-    dst_offset: usize,
-    out: &mut Part<'_>,
-    lo: usize,
-    hi: usize,
-    f: &F,
-) {
+fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>, lo: usize, hi: usize) {
+    let &Map { dims, srcs, dst_offset, f } = m;
     let rank = dims.len();
     let inner = dims[rank - 1];
     let channel_dim = dims.iter().position(|d| d.channel);
