@@ -19,8 +19,6 @@
 
 use std::sync::Mutex;
 
-use half::slice::HalfFloatSliceExt;
-
 use super::isa::Isa;
 use super::{dims, pool, widen};
 use crate::dtype::{SliceMut, SliceRef};
@@ -390,7 +388,7 @@ fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
     let at = pos - out.base;
     match &mut out.data {
         SliceMut::F32(s) if stride == 1 => s[at..at + n].copy_from_slice(values),
-        SliceMut::F16(s) if stride == 1 => s[at..at + n].convert_from_f32_slice(values),
+        SliceMut::F16(s) if stride == 1 => widen::narrow_f16(Isa::detect(), values, &mut s[at..at + n]),
         SliceMut::BF16(s) if stride == 1 => {
             for (o, &v) in s[at..at + n].iter_mut().zip(values) {
                 *o = half::bf16::from_bits(bf16_bits(v));
