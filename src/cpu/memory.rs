@@ -49,9 +49,16 @@ struct State {
 }
 
 /// The host memory of one CPU context (see the [module](self) docs).
-#[derive(Default)]
 pub(crate) struct HostMemory {
     state: Mutex<State>,
+    /// The most bytes of idle blocks kept ([`CACHE_LIMIT`]).
+    limit: usize,
+}
+
+impl Default for HostMemory {
+    fn default() -> Self {
+        HostMemory { state: Mutex::default(), limit: CACHE_LIMIT }
+    }
 }
 
 impl std::fmt::Debug for HostMemory {
@@ -146,7 +153,7 @@ impl HostMemory {
     fn give_back(&self, block: Block, bytes: usize) {
         let mut st = self.lock();
         st.stats.allocated -= bytes;
-        if st.idle_bytes + block.size <= CACHE_LIMIT {
+        if st.idle_bytes + block.size <= self.limit {
             st.idle_bytes += block.size;
             st.idle.insert((block.size, block.ptr.as_ptr() as usize), block);
             return;
@@ -296,8 +303,9 @@ mod tests {
     /// Idle blocks beyond the limit go back to the system; empty_cache returns the rest.
     #[test]
     fn bounded_and_emptied() {
-        let m = Arc::new(HostMemory::default());
-        let big = CACHE_LIMIT / 2 + (1 << 20);
+        let limit = 8 << 20;
+        let m = Arc::new(HostMemory { state: Mutex::default(), limit });
+        let big = limit / 2 + (1 << 20);
         let (a, b) = (m.alloc(big, false).unwrap(), m.alloc(big, false).unwrap());
         let block = round_size(big);
         assert_eq!(m.stats().reserved, 2 * block);
