@@ -52,7 +52,8 @@ pub struct MemoryStats {
 #[derive(Clone, Debug)]
 pub struct Context {
     pub(crate) kind: ContextKind,
-    /// Host memory for this context's host tensors (CPU backend) and host copies (Ascend).
+    /// Host memory for this context's host tensors (CPU backend: cached) and host copies
+    /// (Ascend: not cached).
     pub(crate) host: Arc<HostMemory>,
 }
 
@@ -92,14 +93,14 @@ impl Context {
     /// Without CANN or the device this returns an error; it never panics.
     pub fn ascend(device: i32) -> Result<Self> {
         let cann = ascend_sys::load()?;
-        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?), host: Arc::default() })
+        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?), host: Arc::new(HostMemory::uncached()) })
     }
 
     /// Like [`Context::ascend`], looking in `toolkit_dir` (a CANN root holding `lib64/`, or the
     /// library directory itself) before the default search.
     pub fn ascend_from(toolkit_dir: &Path, device: i32) -> Result<Self> {
         let cann = ascend_sys::load_from(toolkit_dir)?;
-        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?), host: Arc::default() })
+        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?), host: Arc::new(HostMemory::uncached()) })
     }
 
     /// Ascend device 0 when CANN loads and the device answers, else the CPU. The environment

@@ -61,6 +61,14 @@ impl Default for HostMemory {
     }
 }
 
+impl HostMemory {
+    /// Memory that caches nothing: a block goes back to the system when dropped (an Ascend
+    /// context's host copies, which no step reuses).
+    pub(crate) fn uncached() -> Self {
+        HostMemory { state: Mutex::default(), limit: 0 }
+    }
+}
+
 impl std::fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostMemory").field("stats", &self.stats()).finish()
@@ -298,6 +306,16 @@ mod tests {
         drop(b);
         let c = m.alloc(4096, true).unwrap();
         assert!(c.as_slice::<f32>(1024).iter().all(|&v| v == 0.0));
+    }
+
+    /// Uncached memory gives every dropped block back to the system.
+    #[test]
+    fn uncached_keeps_nothing() {
+        let m = Arc::new(HostMemory::uncached());
+        drop(m.alloc(100_000, false).unwrap());
+        assert_eq!((m.stats().reserved, m.stats().allocated), (0, 0));
+        drop(m.alloc(100_000, false).unwrap());
+        assert_eq!(m.stats().system_allocations, 2);
     }
 
     /// Idle blocks beyond the limit go back to the system; empty_cache returns the rest.
