@@ -19,6 +19,10 @@ each line read from stdin with one timing (seconds per call, best of its rounds)
 closes: the Rust bench alternates its own timing with the peer's several times per case, so a
 drift of the machine's memory bandwidth between the two (it moves by half on this shared VM)
 cannot favour either.
+`torch_peer.py --serve-step THREADS CASE FILE X_OFFSET` serves timings of one BatchNorm training
+step the same way (benches/cpu_step.rs): `y = bn(x); y.backward(dy)` with `bn =
+torch.nn.BatchNorm{1,2,3}d(C)` in training mode (f32 parameters, as torch makes them), on copies
+of the file's dy and x in the case's memory format (see `step`).
 Exits with status 3 when torch cannot be imported (the Rust bench then shows no peer column).
 """
 
@@ -108,21 +112,54 @@ def tensors(case, inputs=None):
     return call, 2 * dy.numel() * dy.element_size()
 
 
+def step(case, inputs):
+    """One training step of torch.nn.BatchNorm on copies (this process's own memory, in the
+    case's memory format) of the dy and x the file holds, and the bytes of one input."""
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    name, layout, dims = case.split(":")
+    shape = [int(d) for d in dims.split(",")]
+    dt = dtypes[name]
+    n = math.prod(shape)
+    path, x_offset = inputs
+    flat = torch.from_file(path, shared=False, size=x_offset // dt.itemsize + n, dtype=dt)
+    st = strides(shape, layout == "cl")
+    dy = torch.as_strided(flat, shape, st, 0).clone()
+    x = torch.as_strided(flat, shape, st, x_offset // dt.itemsize).clone().requires_grad_()
+    layer = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}
+    bn = layer[len(shape)](shape[1])
+    with torch.no_grad():
+        bn.weight.copy_(1.0 + 0.01 * torch.arange(shape[1], dtype=torch.float32))
+        bn.bias.copy_(0.1 * torch.arange(shape[1], dtype=torch.float32))
+    bn.train()
+
+    def call():
+        x.grad = None
+        bn.weight.grad = None
+        bn.bias.grad = None
+        y = bn(x)
+        y.backward(dy)
+
+    return call, n * dt.itemsize
+
+
 def header(threads):
     torch.set_num_threads(threads)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
 
 
-def serve(threads, case, inputs=None):
+def serve(threads, case, inputs=None, make=None):
     header(threads)
-    call, nbytes = tensors(case, inputs)
+    call, nbytes = (make or tensors)(case, inputs)
     print("# ready", flush=True)
     for _ in sys.stdin:
         print(f"{best_time(call, nbytes < (64 << 20)):.9g}", flush=True)
 
 
 def main():
+    if sys.argv[1] == "--serve-step":
+        serve(int(sys.argv[2]), sys.argv[3], (sys.argv[4], int(sys.argv[5])), step)
+        return
     if sys.argv[1] == "--serve":
         inputs = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else None
         serve(int(sys.argv[2]), sys.argv[3], inputs)

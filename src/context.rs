@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::cpu::memory::HostMemory;
 use crate::device::{report, Device, StreamInner};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -30,8 +31,10 @@ pub const BACKEND_ENV: &str = "ASCEND_BACKEND";
 /// so `reserved - allocated` is the cache plus rounding. With the environment variable
 /// `ASCEND_NO_MEMORY_CACHING=1` (read when the context is made) nothing is cached or rounded: a
 /// dropped tensor's memory is freed once the work that used it has completed, and `reserved`
-/// exceeds `allocated` only by memory waiting for that. On the CPU backend every field is 0
-/// (tensors are host memory).
+/// exceeds `allocated` only by memory waiting for that. On the CPU backend the fields count the
+/// host memory of its tensors, cached the same way (at most 1 GiB of idle blocks kept), and
+/// `device_allocations` counts the blocks asked of the system (the environment variable does not
+/// apply there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryStats {
     /// Bytes of device memory held by live tensors, workspaces and buffers now (as asked for).
@@ -49,6 +52,9 @@ pub struct MemoryStats {
 #[derive(Clone, Debug)]
 pub struct Context {
     pub(crate) kind: ContextKind,
+    /// Host memory for this context's host tensors (CPU backend: cached) and host copies
+    /// (Ascend: not cached).
+    pub(crate) host: Arc<HostMemory>,
 }
 
 #[derive(Clone, Debug)]
@@ -78,7 +84,7 @@ fn warn_if_toolkit_named(err: &Error) {
 impl Context {
     /// The CPU backend. Always works.
     pub fn cpu() -> Self {
-        Context { kind: ContextKind::Cpu }
+        Context { kind: ContextKind::Cpu, host: Arc::default() }
     }
 
     /// Ascend device `device`, from CANN found by the default search (`$ASCEND_TOOLKIT_HOME`,
@@ -87,14 +93,14 @@ impl Context {
     /// Without CANN or the device this returns an error; it never panics.
     pub fn ascend(device: i32) -> Result<Self> {
         let cann = ascend_sys::load()?;
-        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?) })
+        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?), host: Arc::new(HostMemory::uncached()) })
     }
 
     /// Like [`Context::ascend`], looking in `toolkit_dir` (a CANN root holding `lib64/`, or the
     /// library directory itself) before the default search.
     pub fn ascend_from(toolkit_dir: &Path, device: i32) -> Result<Self> {
         let cann = ascend_sys::load_from(toolkit_dir)?;
-        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?) })
+        Ok(Context { kind: ContextKind::Ascend(Device::open(cann, device)?), host: Arc::new(HostMemory::uncached()) })
     }
 
     /// Ascend device 0 when CANN loads and the device answers, else the CPU. The environment
@@ -184,7 +190,15 @@ impl Context {
     /// by separate `Context::ascend` calls count separately.
     pub fn memory_stats(&self) -> MemoryStats {
         match &self.kind {
-            ContextKind::Cpu => MemoryStats::default(),
+            ContextKind::Cpu => {
+                let m = self.host.stats();
+                MemoryStats {
+                    allocated: m.allocated,
+                    reserved: m.reserved,
+                    peak_allocated: m.peak_allocated,
+                    device_allocations: m.system_allocations,
+                }
+            }
             ContextKind::Ascend(d) => {
                 let m = d.memory.stats();
                 MemoryStats {
@@ -201,9 +215,10 @@ impl Context {
     /// of dropped tensors that the caching allocator keeps for reuse. It waits on the host for
     /// the work that last used them (`aclrtSynchronizeEvent` on their events), so call it
     /// outside a steady loop. Tensors alive now keep their memory. A block whose wait or
-    /// `aclrtFree` fails stays cached, and the first such error is returned. A no-op on the CPU
-    /// backend.
+    /// `aclrtFree` fails stays cached, and the first such error is returned. On the CPU backend
+    /// it returns the cached host memory of dropped tensors to the system.
     pub fn empty_cache(&self) -> Result<()> {
+        self.host.empty_cache();
         match &self.kind {
             ContextKind::Cpu => Ok(()),
             ContextKind::Ascend(d) => {

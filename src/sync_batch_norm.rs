@@ -5,10 +5,11 @@
 //! 1. this rank's `[mean | invstd | count]` (`[2C + 1]` f32) in one buffer: `batch_norm_stats_into`
 //!    on views of it, and the element count per channel (`N_r·H·W...`) uploaded through the
 //!    stream's pinned staging area (no host wait). For bf16 input, which `aclnnBatchNormStats`
-//!    rejects on Atlas A2/A3, two `batch_norm_reduce_backward` passes give Σx and Σx·(x − mean)
-//!    instead, and the host turns them into mean and invstd (host reads: two-pass statistics on
-//!    the CPU, while CANN's reduction kernel sums Σx² − mean·Σx in f32, which loses accuracy when
-//!    |mean| ≫ std). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
+//!    rejects on Atlas A2/A3: on the CPU backend the statistics kernel itself (it takes bf16;
+//!    one pass, no host read); on Ascend two `batch_norm_reduce_backward` passes give Σx and
+//!    Σx·(x − mean), and the host turns them into mean and invstd (two blocking host reads: none
+//!    of the bound operators takes a reciprocal square root of a device value, so the stall stays
+//!    until one does). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
 //!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
 //! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
 //! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
@@ -131,7 +132,8 @@ pub fn forward<'a>(
     // statistics are updated by the one gather.
     let (mut mean, mut invstd) =
         (Tensor::alloc(s, DType::F32, &[c], false)?, Tensor::alloc(s, DType::F32, &[c], false)?);
-    let mut out = Tensor::alloc(s, input.dtype(), input.shape(), false)?;
+    // In input's memory order (channels-last stays channels-last, as torch's layers keep it).
+    let mut out = Tensor::alloc_like(s, input)?;
     ops::batch_norm_gather_stats_with_counts_into(
         s,
         input,
@@ -170,14 +172,20 @@ fn local_packed(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Res
     if n == 0 {
         return host_packed(&vec![0.0; c], &vec![1.0; c]);
     }
-    if input.dtype() == DType::BF16 {
+    let bf16 = input.dtype() == DType::BF16;
+    if bf16 && s.ascend().is_some() {
         let (mean, invstd) = bf16_stats(s, input, c, n, eps)?;
         return host_packed(&mean, &invstd);
     }
     let mut packed = Tensor::alloc(s, DType::F32, &[2 * c + 1], false)?;
     let mut mean = packed.view(&[c], &[1], 0)?;
     let mut invstd = packed.view(&[c], &[1], c)?;
-    ops::batch_norm_stats_into(s, input, eps, &mut mean, &mut invstd)?;
+    if bf16 {
+        // The CPU backend: the statistics kernel takes bf16 itself (one pass, no host read).
+        ops::host_stats_into(input, eps, &mut mean, &mut invstd)?;
+    } else {
+        ops::batch_norm_stats_into(s, input, eps, &mut mean, &mut invstd)?;
+    }
     packed.absorb(&mean)?;
     packed.absorb(&invstd)?;
     packed.stage(s, 2 * c, &[n as f32])?;
@@ -226,7 +234,7 @@ fn validate_forward(
     )
 }
 
-/// The local mean and invstd of a bf16 `input` with `n` > 0 elements per channel, which
+/// The local mean and invstd of a bf16 `input` on Ascend with `n` > 0 elements per channel, which
 /// `aclnnBatchNormStats` rejects on Atlas A2/A3: two reduction passes and a host computation.
 fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Result<(Vec<f32>, Vec<f32>)> {
     let zeros = Tensor::zeros(s, DType::F32, &[c])?;
@@ -318,7 +326,8 @@ pub fn backward(
     comm.all_reduce(s, &mut sums, ReduceOp::Sum)?;
     // Views taken after the all-reduce (on the CPU a view holds a copy).
     let (sum_dy, sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
-    let grad_input = ops::batch_norm_elemt_backward(
+    let mut grad_input = Tensor::alloc_like(s, saved.input)?;
+    ops::batch_norm_elemt_backward_into(
         s,
         grad_out,
         saved.input,
@@ -328,6 +337,7 @@ pub fn backward(
         &sum_dy,
         &sum_dy_xmu,
         &saved.counts,
+        &mut grad_input,
     )?;
     Ok((Some(grad_input), grad_weight, grad_bias))
 }

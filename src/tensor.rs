@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::context::ContextKind;
+use crate::cpu::memory::{HostBlock, HostMemory};
 use crate::cpu::{View, ViewMut};
 use crate::device::{Device, DeviceBuffer, STAGING_MAX};
 use crate::dtype::{bf16, f16, DType, Element, SliceMut, SliceRef};
@@ -10,74 +11,75 @@ use crate::error::{Error, Result};
 use crate::layout;
 use crate::stream::{describe, Stream};
 
-/// Typed host storage.
-#[derive(Clone, Debug)]
-pub(crate) enum HostData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    I32(Vec<i32>),
+/// Typed host storage: `len` elements of `dtype` in a block of a context's host memory
+/// ([`HostMemory`]: cached and reused like device memory). Every element is initialised (zeros,
+/// written values, or an earlier tensor's values in a reused block: see [`crate::cpu::memory`]).
+#[derive(Debug)]
+pub(crate) struct HostData {
+    dtype: DType,
+    len: usize,
+    block: HostBlock,
 }
 
 impl HostData {
-    fn from_slice<T: Element>(data: &[T]) -> Result<Self> {
-        // T's own dtype: a byte copy (no conversion, NaN payloads kept).
-        let n = data.len();
-        Ok(match T::slice_ref(data) {
-            SliceRef::F32(s) => HostData::F32(try_collect(s.iter().copied(), n)?),
-            SliceRef::F16(s) => HostData::F16(try_collect(s.iter().copied(), n)?),
-            SliceRef::BF16(s) => HostData::BF16(try_collect(s.iter().copied(), n)?),
-            SliceRef::I32(s) => HostData::I32(try_collect(s.iter().copied(), n)?),
-        })
+    /// `n` elements of `dtype` from `memory`: zeros with `zeroed`, else whatever the block holds
+    /// (for outputs a kernel writes whole before anything reads them).
+    fn new(memory: &Arc<HostMemory>, dtype: DType, n: usize, zeroed: bool) -> Result<Self> {
+        let bytes = n
+            .checked_mul(dtype.size_in_bytes())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or(Error::HostAlloc { bytes: usize::MAX })?;
+        Ok(HostData { dtype, len: n, block: memory.alloc(bytes, zeroed)? })
     }
 
-    fn zeros(dtype: DType, n: usize) -> Result<Self> {
-        Ok(match dtype {
-            DType::F32 => HostData::F32(try_collect(std::iter::repeat_n(0.0, n), n)?),
-            DType::F16 => HostData::F16(try_collect(std::iter::repeat_n(f16::ZERO, n), n)?),
-            DType::BF16 => HostData::BF16(try_collect(std::iter::repeat_n(bf16::ZERO, n), n)?),
-            DType::I32 => HostData::I32(try_collect(std::iter::repeat_n(0, n), n)?),
-        })
+    fn from_slice<T: Element>(memory: &Arc<HostMemory>, data: &[T]) -> Result<Self> {
+        // T's own dtype: a byte copy (no conversion, NaN payloads kept).
+        let mut h = Self::new(memory, T::DTYPE, data.len(), false)?;
+        host_bytes_mut(&mut h).copy_from_slice(as_bytes(data));
+        Ok(h)
+    }
+
+    /// A copy in a new block of the same memory.
+    fn try_clone(&self) -> Result<Self> {
+        let mut h = match self.block.memory() {
+            Some(m) => Self::new(m, self.dtype, self.len, false)?,
+            None => return Ok(HostData { dtype: self.dtype, len: 0, block: HostBlock::empty() }),
+        };
+        host_bytes_mut(&mut h).copy_from_slice(self.bytes());
+        Ok(h)
+    }
+
+    /// The number of elements.
+    fn len(&self) -> usize {
+        self.len
     }
 
     /// The storage as a typed slice.
     pub(crate) fn as_slice_ref(&self) -> SliceRef<'_> {
-        match self {
-            HostData::F32(v) => SliceRef::F32(v),
-            HostData::F16(v) => SliceRef::F16(v),
-            HostData::BF16(v) => SliceRef::BF16(v),
-            HostData::I32(v) => SliceRef::I32(v),
+        let (b, n) = (&self.block, self.len);
+        match self.dtype {
+            DType::F32 => SliceRef::F32(b.as_slice(n)),
+            DType::F16 => SliceRef::F16(b.as_slice(n)),
+            DType::BF16 => SliceRef::BF16(b.as_slice(n)),
+            DType::I32 => SliceRef::I32(b.as_slice(n)),
         }
     }
 
     /// The storage as a mutable typed slice.
     pub(crate) fn as_slice_mut(&mut self) -> SliceMut<'_> {
-        match self {
-            HostData::F32(v) => SliceMut::F32(v),
-            HostData::F16(v) => SliceMut::F16(v),
-            HostData::BF16(v) => SliceMut::BF16(v),
-            HostData::I32(v) => SliceMut::I32(v),
+        let (b, n) = (&mut self.block, self.len);
+        match self.dtype {
+            DType::F32 => SliceMut::F32(b.as_mut_slice(n)),
+            DType::F16 => SliceMut::F16(b.as_mut_slice(n)),
+            DType::BF16 => SliceMut::BF16(b.as_mut_slice(n)),
+            DType::I32 => SliceMut::I32(b.as_mut_slice(n)),
         }
     }
 
     /// The raw little-endian bytes, for copying to the device.
     fn bytes(&self) -> &[u8] {
-        match self {
-            HostData::F32(v) => as_bytes(v),
-            HostData::F16(v) => as_bytes(v),
-            HostData::BF16(v) => as_bytes(v),
-            HostData::I32(v) => as_bytes(v),
-        }
+        self.block.as_slice(self.len * self.dtype.size_in_bytes())
     }
-}
-
-/// Collects `n` elements into a vector, reporting a failed host allocation as an error instead of
-/// aborting the process.
-fn try_collect<T: Element>(values: impl Iterator<Item = T>, n: usize) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::HostAlloc { bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
-    v.extend(values);
-    Ok(v)
 }
 
 fn as_bytes<T: Element>(v: &[T]) -> &[u8] {
@@ -191,6 +193,20 @@ impl Tensor {
         Self::alloc(stream, dtype, shape, true)
     }
 
+    /// An output for an operator whose output has `like`'s shape and dtype, in `like`'s memory
+    /// order when `like` is dense (its elements fill its span without gaps or overlap: contiguous,
+    /// channels-last, any permutation), as torch's `empty_like` keeps the memory format; else
+    /// contiguous. Its contents are undefined: the operator writes every element.
+    pub(crate) fn alloc_like(stream: &Stream, like: &Tensor) -> Result<Tensor> {
+        let mut t = Self::alloc(stream, like.dtype(), like.shape(), false)?;
+        if !like.is_contiguous() {
+            if let Some(strides) = dense_strides(like.shape(), like.strides()) {
+                t = Tensor::with_layout(t.dtype, t.shape, strides, 0, t.storage_len, t.storage);
+            }
+        }
+        Ok(t)
+    }
+
     /// A contiguous tensor; on Ascend its contents are undefined unless `zeroed`.
     pub(crate) fn alloc(stream: &Stream, dtype: DType, shape: &[usize], zeroed: bool) -> Result<Tensor> {
         let n = layout::numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows usize")))?;
@@ -201,7 +217,7 @@ impl Tensor {
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or_else(|| Error::invalid("shape", format!("{shape:?} of {dtype} exceeds the addressable size")))?;
         let storage = match stream.ascend() {
-            None => Storage::Host(HostData::zeros(dtype, n)?),
+            None => Storage::Host(HostData::new(&stream.context().host, dtype, n, zeroed)?),
             Some((_, device)) if zeroed => {
                 let buffer = DeviceBuffer::new(device.clone(), bytes)?;
                 if bytes > 0 {
@@ -233,8 +249,7 @@ impl Tensor {
         staged: bool,
     ) -> Result<Tensor> {
         layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
-        let host = HostData::from_slice(storage)?;
-        let storage = Self::place(stream, host, staged)?;
+        let storage = Self::place(stream, storage, staged)?;
         Ok(Tensor::with_layout(
             T::DTYPE,
             shape.to_vec(),
@@ -247,17 +262,16 @@ impl Tensor {
 
     /// The storage of `host` for `stream`'s backend; with `staged`, small data goes up through
     /// the stream's staging area.
-    fn place(stream: &Stream, host: HostData, staged: bool) -> Result<Storage> {
+    fn place<T: Element>(stream: &Stream, data: &[T], staged: bool) -> Result<Storage> {
+        let bytes = as_bytes(data);
         match stream.ascend() {
-            None => Ok(Storage::Host(host)),
-            Some((inner, _)) if staged && host.bytes().len() <= STAGING_MAX => {
-                let bytes = host.bytes();
+            None => Ok(Storage::Host(HostData::from_slice(&stream.context().host, data)?)),
+            Some((inner, _)) if staged && bytes.len() <= STAGING_MAX => {
                 let buffer = DeviceBuffer::on_stream(inner, bytes.len())?;
                 inner.upload(&buffer, 0, bytes)?;
                 Ok(Storage::Device(DeviceStorage { buffer: Arc::new(buffer) }))
             }
             Some((_, device)) => {
-                let bytes = host.bytes();
                 let buffer = DeviceBuffer::new(device.clone(), bytes.len())?;
                 device.bind()?;
                 // SAFETY: an idle block of at least `bytes.len()` bytes that no work uses.
@@ -398,7 +412,7 @@ impl Tensor {
             Storage::Device(d) => {
                 stream.synchronize()?;
                 d.buffer.synchronize()?;
-                let mut host = HostData::zeros(self.dtype, self.storage_len)?;
+                let mut host = HostData::new(&stream.context().host, self.dtype, self.storage_len, false)?;
                 let device = d.buffer.device();
                 if self.storage_len > 0 {
                     device.bind()?;
@@ -469,7 +483,7 @@ impl Tensor {
                     }
                     return Ok(());
                 }
-                let mut host = HostData::zeros(self.dtype, self.storage_len)?;
+                let mut host = HostData::new(&stream.context().host, self.dtype, self.storage_len, false)?;
                 if self.storage_len > 0 {
                     // SAFETY: the buffer holds `storage_len` elements of `dtype` and is idle.
                     unsafe { crate::acl::copy_to_host(device.cann, host_bytes_mut(&mut host), d.buffer.ptr())? };
@@ -489,7 +503,7 @@ impl Tensor {
         layout::check_view(shape, strides, offset, self.storage_len).map_err(|m| Error::invalid("strides", m))?;
         let storage = match &self.storage {
             Storage::Device(d) => Storage::Device(DeviceStorage { buffer: d.buffer.clone() }),
-            Storage::Host(h) => Storage::Host(h.clone()),
+            Storage::Host(h) => Storage::Host(h.try_clone()?),
         };
         Ok(Tensor::with_layout(self.dtype, shape.to_vec(), strides.to_vec(), offset, self.storage_len, storage))
     }
@@ -601,28 +615,36 @@ impl Tensor {
     }
 }
 
+/// The strides of a dense view of `shape` (its elements fill `numel` consecutive positions in
+/// some order of its dims) with the memory order of `strides`, or `None` when the view has gaps,
+/// overlaps or broadcasts. Size-1 dims get stride 1.
+fn dense_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    // Outermost first: larger strides first, size-1 dims where row-major puts them (ties in
+    // logical order).
+    order.sort_by_key(|&d| std::cmp::Reverse(if shape[d] == 1 { None } else { Some(strides[d]) }));
+    let mut out = vec![0; shape.len()];
+    let mut expected = 1usize;
+    for &d in order.iter().rev() {
+        if shape[d] != 1 && strides[d] != expected {
+            return None;
+        }
+        out[d] = expected;
+        expected = expected.checked_mul(shape[d])?;
+    }
+    Some(out)
+}
+
 fn storage_len_of(storage: &Storage, dtype: DType) -> usize {
     match storage {
-        Storage::Host(HostData::F32(v)) => v.len(),
-        Storage::Host(HostData::F16(v)) => v.len(),
-        Storage::Host(HostData::BF16(v)) => v.len(),
-        Storage::Host(HostData::I32(v)) => v.len(),
+        Storage::Host(h) => h.len(),
         Storage::Device(d) => d.buffer.bytes() / dtype.size_in_bytes(),
     }
 }
 
 fn host_bytes_mut(h: &mut HostData) -> &mut [u8] {
-    fn cast<T: Element>(v: &mut [T]) -> &mut [u8] {
-        // SAFETY: f32/f16/bf16/i32 are plain-old-data: every byte pattern is a valid value, there is no
-        // padding, and the byte slice covers exactly the same memory for the same lifetime.
-        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-    }
-    match h {
-        HostData::F32(v) => cast(v),
-        HostData::F16(v) => cast(v),
-        HostData::BF16(v) => cast(v),
-        HostData::I32(v) => cast(v),
-    }
+    let n = h.len * h.dtype.size_in_bytes();
+    h.block.as_mut_slice(n)
 }
 
 /// The elements of a host view in row-major order, converted to `T`. A view of more elements

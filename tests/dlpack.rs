@@ -171,7 +171,11 @@ fn an_unused_dlpack_frees_its_buffer_on_drop(ctx: &Context) -> Result<()> {
     let held = ctx.memory_stats().allocated;
     let d: DlPack = t.to_dlpack(&s)?;
     drop(t);
-    assert_eq!(ctx.memory_stats().allocated, held, "the capsule keeps the buffer");
+    // On the CPU backend the capsule holds a copy outside the context's memory cache (host
+    // memory another framework may write is never aliased by a tensor): the tensor's block is
+    // back in the cache at once.
+    let kept = if ctx.backend() == ascend::Backend::Cpu { base } else { held };
+    assert_eq!(ctx.memory_stats().allocated, kept, "the capsule keeps the buffer (the device's)");
     drop(d);
     assert_eq!(ctx.memory_stats().allocated, base, "dropping the capsule frees it");
     Ok(())

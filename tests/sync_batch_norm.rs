@@ -363,3 +363,33 @@ fn a_failure_after_the_gather_leaves_the_running_statistics_unchanged() {
     assert_close("running_mean after the retry", rm, &exp.running_mean, tolerance(DType::F32));
     assert_close("running_var after the retry", rv, &exp.running_var, tolerance(DType::F32));
 }
+
+/// bf16 input on one CPU rank: the local statistics come from the statistics kernel (one pass,
+/// no host read); the saved mean and invstd equal the f64 mean and 1/sqrt(var + eps) of the exact
+/// bf16 values to f32 accuracy, also when |mean| ≫ std (where Σx² − mean·Σx in f32 would lose
+/// every digit of the variance).
+#[test]
+fn bf16_statistics_on_one_cpu_rank_match_f64() {
+    let _mock = setup();
+    let ctx = Context::cpu();
+    let s = ctx.new_stream().unwrap();
+    let comm = Communicator::init_all(std::slice::from_ref(&ctx)).unwrap().remove(0);
+    let shape = [6, 3, 700];
+    let mut rng = Rng::new(77);
+    for (mu, sigma) in [(0.5, 1.5), (300.0, 6.0), (-2.0e4, 90.0)] {
+        let x = Data::normal(&mut rng, DType::BF16, &shape, mu, sigma);
+        let xt = x.tensor(&s).unwrap();
+        let (_, saved) = sync_batch_norm::forward(&comm, &s, &xt, None, None, None, None, MOMENTUM, EPS).unwrap();
+        let v = x.values();
+        let [n, c, k] = shape;
+        for ch in 0..c {
+            let vals: Vec<f64> = (0..n).flat_map(|i| (0..k).map(move |j| (i * c + ch) * k + j)).map(|j| v[j]).collect();
+            let m = vals.iter().sum::<f64>() / vals.len() as f64;
+            let var = vals.iter().map(|x| (x - m).powi(2)).sum::<f64>() / vals.len() as f64;
+            let invstd = 1.0 / (var + f64::from(EPS as f32)).sqrt();
+            let (gm, gi) = (read(&s, saved.mean())[ch], read(&s, saved.invstd())[ch]);
+            assert!((gm - m).abs() <= 2e-7 * m.abs().max(sigma), "mean[{ch}] of N({mu}, {sigma}): {gm} vs {m}");
+            assert!((gi - invstd).abs() <= 2e-6 * invstd, "invstd[{ch}] of N({mu}, {sigma}): {gi} vs {invstd}");
+        }
+    }
+}

@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+pub mod peer;
+
 use ascend::Element;
 
 /// xorshift64*: the benches' deterministic data.

@@ -19,8 +19,6 @@
 
 use std::sync::Mutex;
 
-use half::slice::HalfFloatSliceExt;
-
 use super::isa::Isa;
 use super::{dims, pool, widen};
 use crate::dtype::{SliceMut, SliceRef};
@@ -80,8 +78,24 @@ pub(crate) fn tile<T: Copy>(v: &[T]) -> crate::Result<Vec<T>> {
     super::host::try_collect(n, v.iter().cycle().take(n).copied())
 }
 
-/// The map function: `f(inputs, out, channels)` for one block (every slice of one length).
-pub(crate) type BlockFn<'f, const K: usize> = dyn Fn(&[&[f32]; K], &mut [f32], Channels) + Sync + 'f;
+/// The map function: `f(inputs, out, channels)` for one block (every slice of one length). A
+/// generic parameter, not a `dyn`: the walk is compiled once per instruction set with `f`
+/// inlined ([`run_range`]), so `f`'s loops vectorise with the widest vectors the CPU has (mark
+/// what it calls `#[inline(always)]`). Rust never fuses a multiply and an add, so every build
+/// gives the same bits.
+/// A kernel implements it on its per-channel constants with an `#[inline(always)]` method (a
+/// closure's body is not inlined reliably).
+pub(crate) trait BlockFn<const K: usize>: Sync {
+    /// Maps one block: `out = f(inputs)` with the block's `channels`.
+    fn block(&self, inputs: &[&[f32]; K], out: &mut [f32], channels: Channels);
+}
+
+impl<const K: usize, F: Fn(&[&[f32]; K], &mut [f32], Channels) + Sync> BlockFn<K> for F {
+    #[inline(always)]
+    fn block(&self, inputs: &[&[f32]; K], out: &mut [f32], channels: Channels) {
+        self(inputs, out, channels)
+    }
+}
 
 /// One dim of the walk (outermost first), with each tensor's stride along it.
 #[derive(Clone, Copy, Debug)]
@@ -99,11 +113,11 @@ struct Dim<const K: usize> {
 /// `threads` threads (0: every core) for large dense outputs. `f(inputs, out, channels)` gets
 /// blocks of equal length (at most [`BLOCK`]). [`Error::HostAlloc`](crate::Error::HostAlloc) when
 /// the host cannot hold the table of parallel chunks (one entry per [`CHUNK`] output elements).
-pub(crate) fn map<const K: usize>(
+pub(crate) fn map<const K: usize, F: BlockFn<K>>(
     srcs: [Src<'_>; K],
     dst: Dst<'_>,
     threads: usize,
-    f: &BlockFn<'_, K>,
+    f: &F,
 ) -> crate::Result<()> {
     let shape = dst.layout.shape;
     let numel: usize = shape.iter().product();
@@ -116,9 +130,10 @@ pub(crate) fn map<const K: usize>(
         srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
     let bytes = numel.saturating_mul(element_bytes);
     let dst_offset = dst.layout.offset;
+    let m = Map { dims: &dims, srcs: &srcs, dst_offset, f };
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
-        run_range(&dims, &srcs, dst_offset, &mut out, 0, numel, f);
+        run_range(&m, &mut out, 0, numel);
         return Ok(());
     }
     // Dense output: chunk k writes storage [offset + k·CHUNK, offset + (k+1)·CHUNK), its own slice.
@@ -130,7 +145,7 @@ pub(crate) fn map<const K: usize>(
         let hi = numel.min(lo + CHUNK);
         // Each chunk is claimed by exactly one thread, so its lock is never contended.
         let mut part = parts[k].lock().unwrap_or_else(|p| p.into_inner());
-        run_range(&dims, &srcs, dst_offset, &mut part, lo, hi, f);
+        run_range(&m, &mut part, lo, hi);
     });
     Ok(())
 }
@@ -195,6 +210,14 @@ fn is_dense<const K: usize>(dims: &[Dim<K>]) -> bool {
     true
 }
 
+/// One map's walk: its dims, inputs, the output's offset and the function.
+struct Map<'m, 'a, const K: usize, F> {
+    dims: &'m [Dim<K>],
+    srcs: &'m [Src<'a>; K],
+    dst_offset: usize,
+    f: &'m F,
+}
+
 /// Part of the output storage: `data` holds storage positions `base..base + len`.
 struct Part<'a> {
     data: SliceMut<'a>,
@@ -224,16 +247,43 @@ fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> crate::Result<Vec<P
     }
 }
 
-/// Maps the elements `lo..hi` of the walk (in walk order) into `out`.
-fn run_range<const K: usize>(
-    dims: &[Dim<K>],
-    srcs: &[Src<'_>; K],
-    dst_offset: usize,
-    out: &mut Part<'_>,
-    lo: usize,
-    hi: usize,
-    f: &BlockFn<'_, K>,
-) {
+/// Maps the elements `lo..hi` of the walk (in walk order) into `out`, with the code built for
+/// the process's instruction set ([`Isa::detect`]).
+fn run_range<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>, lo: usize, hi: usize) {
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::detect chose AVX-512 only because this CPU has AVX-512 F, BW, VL and AVX2.
+        Isa::Avx512 => unsafe { run_range_avx512(m, out, lo, hi) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::detect chose AVX2 only because this CPU has AVX2, FMA and F16C.
+        Isa::Avx2 => unsafe { run_range_avx2(m, out, lo, hi) },
+        _ => walk(m, out, lo, hi),
+    }
+}
+
+/// `$name`: [`walk`] built with the target features `$features`.
+macro_rules! walk_for {
+    ($name:ident, $features:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const K: usize, F: BlockFn<K>>(
+            m: &Map<'_, '_, K, F>,
+            out: &mut Part<'_>,
+            lo: usize,
+            hi: usize,
+        ) {
+            walk(m, out, lo, hi)
+        }
+    };
+}
+walk_for!(run_range_avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c", "[`walk`] built for AVX-512.");
+walk_for!(run_range_avx2, "avx2,fma,f16c", "[`walk`] built for AVX2.");
+
+/// The body of [`run_range`], inlined into each instruction set's build.
+#[inline(always)]
+fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>, lo: usize, hi: usize) {
+    let &Map { dims, srcs, dst_offset, f } = m;
     let rank = dims.len();
     let inner = dims[rank - 1];
     let channel_dim = dims.iter().position(|d| d.channel);
@@ -263,8 +313,11 @@ fn run_range<const K: usize>(
         let mut done = 0;
         while done < run {
             let n = BLOCK.min(run - done);
+            // Contiguous f32 inputs are read in place, the others widened into their buffer.
             for k in 0..K {
-                load(srcs[k].data, src_pos[k] + done * inner.src[k], inner.src[k], &mut bufs[k][..n]);
+                if direct(srcs[k].data, inner.src[k]).is_none() {
+                    load(srcs[k].data, src_pos[k] + done * inner.src[k], inner.src[k], &mut bufs[k][..n]);
+                }
             }
             let channels = match channel_dim {
                 Some(c) if c == rank - 1 && inner.period > 0 => {
@@ -274,9 +327,21 @@ fn run_range<const K: usize>(
                 Some(c) => Channels::Fixed(idx[c]),
                 None => Channels::Fixed(0),
             };
-            let inputs: [&[f32]; K] = std::array::from_fn(|k| &bufs[k][..n]);
-            f(&inputs, &mut result[..n], channels);
-            store(&result[..n], out, dst_pos + done * inner.dst, inner.dst);
+            let inputs: [&[f32]; K] = std::array::from_fn(|k| match direct(srcs[k].data, inner.src[k]) {
+                Some(s) => &s[src_pos[k] + done..src_pos[k] + done + n],
+                None => &bufs[k][..n],
+            });
+            let at = dst_pos + done * inner.dst;
+            match &mut out.data {
+                // A contiguous f32 output is written in place.
+                SliceMut::F32(s) if inner.dst == 1 => {
+                    f.block(&inputs, &mut s[at - out.base..at - out.base + n], channels)
+                }
+                _ => {
+                    f.block(&inputs, &mut result[..n], channels);
+                    store(&result[..n], out, at, inner.dst);
+                }
+            }
             done += n;
         }
         e += run;
@@ -292,7 +357,17 @@ fn run_range<const K: usize>(
     }
 }
 
+/// The f32 storage of an input whose innermost stride is 1 (read in place), else `None`.
+#[inline(always)]
+fn direct<'a>(src: SliceRef<'a>, stride: usize) -> Option<&'a [f32]> {
+    match src {
+        SliceRef::F32(s) if stride == 1 => Some(s),
+        _ => None,
+    }
+}
+
 /// Widens `out.len()` elements of `src` starting at `pos`, `stride` apart, into `out`.
+#[inline(always)]
 fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
     let n = out.len();
     match src {
@@ -307,12 +382,13 @@ fn load(src: SliceRef<'_>, pos: usize, stride: usize, out: &mut [f32]) {
 }
 
 /// Narrows `values` (round to nearest even) into `out` at storage positions `pos`, `pos + stride`, ...
+#[inline(always)]
 fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
     let n = values.len();
     let at = pos - out.base;
     match &mut out.data {
         SliceMut::F32(s) if stride == 1 => s[at..at + n].copy_from_slice(values),
-        SliceMut::F16(s) if stride == 1 => s[at..at + n].convert_from_f32_slice(values),
+        SliceMut::F16(s) if stride == 1 => widen::narrow_f16(Isa::detect(), values, &mut s[at..at + n]),
         SliceMut::BF16(s) if stride == 1 => {
             for (o, &v) in s[at..at + n].iter_mut().zip(values) {
                 *o = half::bf16::from_bits(bf16_bits(v));
@@ -327,7 +403,7 @@ fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
 
 /// `v` rounded to nearest even into bf16 bits (NaN stays NaN, quietened), as `bf16::from_f32`
 /// does but without branches, so that loops over it vectorise.
-#[inline]
+#[inline(always)]
 fn bf16_bits(v: f32) -> u16 {
     let x = v.to_bits();
     let rounded = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;
@@ -360,7 +436,7 @@ mod tests {
         let dst = Dst::new(SliceMut::F32(y), shape, ys, yo);
         let c = shape[1];
         let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
-        map([src], dst, threads, &|[x], out, ch| match ch.window() {
+        map([src], dst, threads, &|[x]: &[&[f32]; 1], out: &mut [f32], ch: Channels| match ch.window() {
             Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
             Window::From(start) => {
                 out.iter_mut().zip(*x).zip(&channel[start..]).for_each(|((o, &v), &c)| *o = 10.0 * v + c)
@@ -452,7 +528,10 @@ mod tests {
         let mut y = vec![bf16::ZERO; 3];
         let src = Src::new(SliceRef::F16(&x), &[1, 3], &[3, 1], 0);
         let dst = Dst::new(SliceMut::BF16(&mut y), &[1, 3], &[3, 1], 0);
-        map([src], dst, 1, &|[x], out, _| out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0)).unwrap();
+        map([src], dst, 1, &|[x]: &[&[f32]; 1], out: &mut [f32], _: Channels| {
+            out.iter_mut().zip(*x).for_each(|(o, &v)| *o = v / 3.0)
+        })
+        .unwrap();
         let want: Vec<bf16> = [1.0f32, 2.5, -3.0].iter().map(|&v| bf16::from_f32(v / 3.0)).collect();
         assert_eq!(y, want);
     }

@@ -15,6 +15,7 @@ pub(crate) mod channelwise;
 pub(crate) mod dims;
 pub(crate) mod host;
 pub(crate) mod isa;
+pub(crate) mod memory;
 pub(crate) mod pool;
 mod view;
 pub(crate) mod widen;

@@ -46,6 +46,18 @@ fn f16(isa: Isa, s: &[half::f16], d: &mut [f32]) {
     }
 }
 
+/// f32 → f16 rounded to nearest even (NaN stays NaN, quietened), `s.len() == d.len()`: the
+/// bits of `f16::from_f32`.
+#[inline]
+pub(crate) fn narrow_f16(isa: Isa, s: &[f32], d: &mut [half::f16]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only produced after checking AVX2 and F16C.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::narrow_f16c(s, d) },
+        _ => d.convert_from_f32_slice(s),
+    }
+}
+
 /// bf16 → f32 (the bits shifted up), `s.len() == d.len()`.
 #[inline]
 fn bf16(isa: Isa, s: &[half::bf16], d: &mut [f32]) {
@@ -73,7 +85,33 @@ fn bf16_any(s: &[half::bf16], d: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    use std::arch::x86_64::{
+        __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps, _mm_loadu_si128,
+        _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
+    };
+
+    /// f32 → f16 with F16C (round to nearest even), 8 values per step, then one by one.
+    ///
+    /// # Safety
+    /// The CPU must support AVX and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn narrow_f16c(s: &[f32], d: &mut [half::f16]) {
+        let n = s.len().min(d.len());
+        let (ps, pd) = (s.as_ptr(), d.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY: every access is at i + 8 ≤ n: 8 f32 readable from `s` and 8 f16 (16 bytes)
+        // writable in `d` there; unaligned loads and stores.
+        unsafe {
+            while i + 8 <= n {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(ps.add(i)));
+                _mm_storeu_si128(pd.add(i).cast::<__m128i>(), h);
+                i += 8;
+            }
+        }
+        for (d, &s) in d[i..n].iter_mut().zip(&s[i..n]) {
+            *d = half::f16::from_f32(s);
+        }
+    }
 
     /// f16 → f32 with F16C, 32 values per step, then 8, then one by one.
     ///
@@ -139,6 +177,31 @@ mod tests {
     }
     fn want_bf16(b: &[bf16]) -> Vec<f32> {
         b.iter().map(|v| f32::from_bits(u32::from(v.to_bits()) << 16)).collect()
+    }
+
+    /// f32 → f16 gives `f16::from_f32`'s bits on every instruction set and length (ties, the
+    /// overflow boundary, subnormals, NaN and random bit patterns).
+    #[test]
+    fn narrowing_to_f16_is_from_f32_on_every_isa() {
+        let mut x = 0x2545_F491u32;
+        let values: Vec<f32> = [0.0f32, -0.0, 1.0, 65504.0, 65520.0, 1e-8, -6e-8, f32::INFINITY, f32::NAN]
+            .into_iter()
+            .chain((0..5000).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                f32::from_bits(x)
+            }))
+            .collect();
+        let want: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        for isa in Isa::supported() {
+            for len in [0, 1, 7, 8, 9, 31, values.len()] {
+                let mut got = vec![f16::ZERO; len];
+                narrow_f16(isa, &values[..len], &mut got);
+                let got: Vec<u16> = got.iter().map(|h| h.to_bits()).collect();
+                assert_eq!(got, want[..len], "{isa:?}, {len} values");
+            }
+        }
     }
 
     /// Every instruction set widens every f16 and bf16 bit pattern exactly, at every length and

@@ -31,6 +31,7 @@ pub use batch_norm_reduce_backward::{
     batch_norm_reduce_backward, batch_norm_reduce_backward_into, prepare_batch_norm_reduce_backward, OutputMask,
     PreparedReduceBackward, ReduceBackward, ReduceBackwardOut,
 };
+pub(crate) use batch_norm_stats::host_stats_into;
 pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats};
 pub use launch::Workspace;
 pub use prepared::Prepared;

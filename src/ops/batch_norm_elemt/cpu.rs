@@ -5,7 +5,7 @@
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
 use super::Args;
-use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
+use crate::cpu::channelwise::{self, tile, BlockFn, Channels, Dst, Src, Window};
 use crate::cpu::host;
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -46,11 +46,19 @@ pub(super) fn run(args: &Args<'_>, output: &mut Tensor) -> Result<()> {
     let y = host::view_mut(output, "output")?;
     let src = Src::new(x.storage(), input.shape(), input.strides(), input.offset());
     let dst = Dst::new(y.into_storage(), &shape, &out_strides, out_offset);
-    channelwise::map([src], dst, 0, &|[x], out, channels| normalize(&p, x, out, channels))
+    channelwise::map([src], dst, 0, &p)
+}
+
+impl BlockFn<1> for Params {
+    #[inline(always)]
+    fn block(&self, [x]: &[&[f32]; 1], out: &mut [f32], channels: Channels) {
+        normalize(self, x, out, channels)
+    }
 }
 
 /// One block: `out = (x − mean)·scale + bias` with its channels' constants. The same f32
 /// operations for every element whatever the pattern, so any walk gives the same bits.
+#[inline(always)]
 fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
     match channels.window() {
         Window::Fixed(c) => {

@@ -5,7 +5,7 @@
 //! [`channelwise::map`].
 
 use super::Args;
-use crate::cpu::channelwise::{self, tile, Channels, Dst, Src, Window};
+use crate::cpu::channelwise::{self, tile, BlockFn, Channels, Dst, Src, Window};
 use crate::cpu::host;
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -52,7 +52,7 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
         Src::new(x.storage(), args.input.shape(), args.input.strides(), args.input.offset()),
     ];
     let dst = Dst::new(out.into_storage(), &shape, &out_strides, out_offset);
-    channelwise::map(srcs, dst, 0, &|[dy, x], out, channels| gradient(&co, dy, x, out, channels))
+    channelwise::map(srcs, dst, 0, &co)
 }
 
 /// N: every element of counter (validated to be `[W]` or `[W, 1]`), widened exactly and summed in
@@ -72,7 +72,15 @@ fn counter_sum(counter: &Tensor) -> Result<f64> {
     Ok(n)
 }
 
+impl BlockFn<2> for Coefficients {
+    #[inline(always)]
+    fn block(&self, [dy, x]: &[&[f32]; 2], out: &mut [f32], channels: Channels) {
+        gradient(self, dy, x, out, channels)
+    }
+}
+
 /// One block, the same f64 operations for every element whatever the pattern.
+#[inline(always)]
 fn gradient(co: &Coefficients, dy: &[f32], x: &[f32], out: &mut [f32], channels: Channels) {
     match channels.window() {
         Window::Fixed(c) => {

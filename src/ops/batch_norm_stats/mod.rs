@@ -75,6 +75,16 @@ entry_points! {
 }
 
 /// The arguments of a call but its outputs.
+/// The CPU kernel's mean and invstd of a host `input` of any float dtype, bf16 included (which the
+/// operator refuses, after CANN's rule on Atlas A2/A3): `sync_batch_norm`'s local statistics on
+/// the CPU backend, in one pass and without a host read. The caller validated `input` as an
+/// activation and `mean`/`invstd` as `[C]` f32 host tensors.
+pub(crate) fn host_stats_into(input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) -> Result<()> {
+    let op = Args { input, eps };
+    let c = validate::activation("input", &input.layout())?;
+    op.cpu(c, [mean, invstd])
+}
+
 struct Args<'a> {
     input: &'a Tensor,
     eps: f64,
