@@ -47,6 +47,7 @@ mod layout;
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock;
+pub mod nn;
 pub mod ops;
 mod stream;
 pub mod sync_batch_norm;
