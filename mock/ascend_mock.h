@@ -94,6 +94,8 @@ int ascend_mock_set_device_count(int count, int *busy_device);
  * (aclnn*GetWorkspaceSize, successful or not). Process-wide totals since load. */
 uint64_t ascend_mock_tensors_created(void);
 uint64_t ascend_mock_phase1_calls(void);
+/* libopapi.so: operator launches queued (phase-2 calls that enqueued their task). */
+uint64_t ascend_mock_launches(void);
 
 #ifdef __cplusplus
 }

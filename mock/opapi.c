@@ -310,6 +310,13 @@ __attribute__((visibility("default"))) uint64_t ascend_mock_phase1_calls(void) {
     return __atomic_load_n(&g_phase1_calls, __ATOMIC_RELAXED);
 }
 
+/* Operator launches queued (phase-2 calls that enqueued their task; ascend_mock_launches). */
+static uint64_t g_launches;
+
+__attribute__((visibility("default"))) uint64_t ascend_mock_launches(void) {
+    return __atomic_load_n(&g_launches, __ATOMIC_RELAXED);
+}
+
 aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *workspaceSize,
                            aclOpExecutor **executor) {
     __atomic_fetch_add(&g_phase1_calls, 1, __ATOMIC_RELAXED);
@@ -535,6 +542,7 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
         k->executor = e->base.handle;
     }
     ascend_mock_enqueue_locked(op->phase2, stream, ranges, nranges, op_task_run, op_task_drop, k);
+    __atomic_fetch_add(&g_launches, 1, __ATOMIC_RELAXED);
     if (e->base.repeatable) {
         e->base.launches++;
     }

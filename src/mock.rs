@@ -421,6 +421,8 @@ pub struct LaunchCounters {
     pub tensors_created: u64,
     /// Phase-1 calls (`aclnn*GetWorkspaceSize`, successful or not).
     pub phase1_calls: u64,
+    /// Operator launches queued on a stream (phase-2 calls that enqueued their work).
+    pub launches: u64,
 }
 
 /// The mock's [`LaunchCounters`] now (process-wide totals).
@@ -432,6 +434,7 @@ pub fn launch_counters() -> LaunchCounters {
     struct Counters {
         tensors_created: Counter,
         phase1_calls: Counter,
+        launches: Counter,
         _libraries: [libloading::Library; 2],
     }
     static COUNTERS: OnceLock<Counters> = OnceLock::new();
@@ -451,8 +454,18 @@ pub fn launch_counters() -> LaunchCounters {
         };
         let (tensors_created, nnopbase) = load(ascend_sys::loader::NNOPBASE, "ascend_mock_tensors_created\0");
         let (phase1_calls, opapi) = load(ascend_sys::loader::OPAPI, "ascend_mock_phase1_calls\0");
-        Counters { tensors_created, phase1_calls, _libraries: [nnopbase, opapi] }
+        // SAFETY: declared in mock/ascend_mock.h as `uint64_t f(void)`; `opapi` outlives the
+        // pointer (kept in `Counters`).
+        let launches: Counter = *unsafe { opapi.get(b"ascend_mock_launches\0") }
+            .unwrap_or_else(|e| panic!("the mock CANN build is broken: libopapi.so lacks ascend_mock_launches: {e}"));
+        Counters { tensors_created, phase1_calls, launches, _libraries: [nnopbase, opapi] }
     });
     // SAFETY: both take no arguments and only read an atomic counter.
-    unsafe { LaunchCounters { tensors_created: (counters.tensors_created)(), phase1_calls: (counters.phase1_calls)() } }
+    unsafe {
+        LaunchCounters {
+            tensors_created: (counters.tensors_created)(),
+            phase1_calls: (counters.phase1_calls)(),
+            launches: (counters.launches)(),
+        }
+    }
 }
