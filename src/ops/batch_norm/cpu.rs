@@ -35,7 +35,8 @@ pub(super) fn run(
         let input = args.input;
         let data = host::view(input, "input")?.storage();
         let moments = channel_moments(Input::new(data, input.shape(), input.strides(), input.offset()), 0)?;
-        let n = moments.first().map_or(0.0, |m| m.n);
+        // The elements per channel of the view (the moments may visit a broadcast dim once).
+        let n = (input.numel() / c) as f64;
         // A NaN or infinity in a channel: its mean is Σx/n and its variance NaN (as the stats op).
         let stats = |m: &crate::ops::batch_norm_stats::cpu::Moments| {
             if m.sum.is_finite() {
