@@ -282,3 +282,116 @@ fn rejected_calls_change_nothing() {
         assert_eq!((bn.momentum, bn.eps), (Some(0.1), 1e-5));
     }
 }
+
+/// The tests over ranks, one at a time (the mock's device count is process-wide).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The contexts of `ranks` (≤ 2) ranks on each backend: CPU contexts, and mock devices 0..ranks.
+fn rank_contexts(ranks: usize) -> Vec<Vec<Context>> {
+    #[allow(unused_mut)]
+    let mut v = vec![vec![Context::cpu(); ranks]];
+    #[cfg(feature = "mock")]
+    {
+        ascend::mock::set_device_count(2).unwrap();
+        v.push((0..ranks as i32).map(|d| ascend::mock::context(d).unwrap()).collect());
+    }
+    v
+}
+
+/// forward_sync/backward_sync over 2 ranks equal BatchNorm over the global batch (f64 reference):
+/// the output, the running statistics on every rank, grad_input; each rank's weight and bias
+/// gradients are its share (summed over ranks they give the global ones).
+#[test]
+fn sync_over_two_ranks_is_batch_norm_of_the_global_batch() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, rows) = (3usize, [3usize, 5]);
+    let shape = |r: usize| [rows[r], c, 4];
+    let mut rng = Rng::new(11);
+    let data: Vec<(Vec<f32>, Vec<f32>)> = (0..2)
+        .map(|r| {
+            let n = rows[r] * c * 4;
+            (rng.vec_f32(n, -3.0, 5.0), rng.vec_f32(n, -1.0, 1.0))
+        })
+        .collect();
+    // The global batch, row-major [8, C, 4]: rank 0's rows then rank 1's.
+    let x64: Vec<f64> = data.iter().flat_map(|(x, _)| x.iter().map(|&v| f64::from(v))).collect();
+    let dy64: Vec<f64> = data.iter().flat_map(|(_, d)| d.iter().map(|&v| f64::from(v))).collect();
+    let global = [8, c, 4];
+    let (w, b) = (vec![1.0; c], vec![0.0; c]);
+    let (want_y, mean, var) = reference(&x64, &global, &w, &b, None, 1e-5);
+    let (want_dx, want_dw, want_db) = reference_backward(&x64, &dy64, &global, &w, &mean, &var, 1e-5, true);
+    for ctxs in rank_contexts(2) {
+        let comms = ascend::hccl::Communicator::init_all(&ctxs).unwrap();
+        let results = common::on_ranks(comms, &ctxs, |r, comm, ctx| {
+            let r = r as usize;
+            let s = ctx.new_stream().unwrap();
+            let x = Tensor::from_slice(&s, &data[r].0, &shape(r)).unwrap();
+            let dy = Tensor::from_slice(&s, &data[r].1, &shape(r)).unwrap();
+            let mut bn = BatchNorm::new(&s, c).unwrap();
+            let (y, saved) = bn.forward_sync(comm, &s, &x).unwrap();
+            let g = bn.backward_sync(comm, &s, &dy, &saved).unwrap();
+            let rm = f32s(&s, bn.running_mean.as_ref().unwrap());
+            let rv = f32s(&s, bn.running_var.as_ref().unwrap());
+            assert_eq!(bn.num_batches_tracked, 1);
+            (
+                f32s(&s, &y),
+                f32s(&s, &g.input),
+                f32s(&s, g.weight.as_ref().unwrap()),
+                f32s(&s, g.bias.as_ref().unwrap()),
+                rm,
+                rv,
+            )
+        });
+        let split = 3 * c * 4;
+        let mut dw = vec![0.0; c];
+        let mut db = vec![0.0; c];
+        for (r, (y, dx, gw, gb, rm, rv)) in results.iter().enumerate() {
+            let range = if r == 0 { 0..split } else { split..want_y.len() };
+            close("sync y", y, &want_y[range.clone()], 1e-5);
+            close("sync dx", dx, &want_dx[range], 1e-4);
+            let want_rm: Vec<f64> = mean.iter().map(|m| 0.1 * m).collect();
+            let want_rv: Vec<f64> = var.iter().map(|v| 0.9 + 0.1 * v * 32.0 / 31.0).collect();
+            close("sync running_mean", rm, &want_rm, 1e-5);
+            close("sync running_var", rv, &want_rv, 1e-5);
+            dw.iter_mut().zip(gw).for_each(|(a, b)| *a += b);
+            db.iter_mut().zip(gb).for_each(|(a, b)| *a += b);
+        }
+        close("sync dw summed over ranks", &dw, &want_dw, 1e-4);
+        close("sync db summed over ranks", &db, &want_db, 1e-4);
+    }
+}
+
+/// With one rank, or in eval, forward_sync/backward_sync are exactly forward/backward: the same
+/// bits, and no collective.
+#[test]
+fn sync_with_one_rank_or_in_eval_is_the_single_device_path() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for ctxs in rank_contexts(1) {
+        let ctx = &ctxs[0];
+        let comm = ascend::hccl::Communicator::init_all(&ctxs).unwrap().pop().unwrap();
+        let s = ctx.new_stream().unwrap();
+        let mut rng = Rng::new(5);
+        let (x, _) = input(&s, &mut rng, &[4, 3, 5], ascend::DType::F32, false, 1.0);
+        let (dy, _) = input(&s, &mut rng, &[4, 3, 5], ascend::DType::F32, false, 0.0);
+        let (mut a, mut b) = (BatchNorm::new(&s, 3).unwrap(), BatchNorm::new(&s, 3).unwrap());
+        for eval in [false, true] {
+            if eval {
+                a.eval();
+                b.eval();
+            }
+            let (ya, sa) = a.forward(&s, &x).unwrap();
+            let (yb, sb) = b.forward_sync(&comm, &s, &x).unwrap();
+            let ga = a.backward(&s, &dy, &sa).unwrap();
+            let gb = b.backward_sync(&comm, &s, &dy, &sb).unwrap();
+            for (p, q) in
+                [(&ya, &yb), (&ga.input, &gb.input), (ga.weight.as_ref().unwrap(), gb.weight.as_ref().unwrap())]
+            {
+                assert_eq!(p.to_vec::<f32>(&s).unwrap(), q.to_vec::<f32>(&s).unwrap());
+            }
+            assert_eq!(
+                a.running_var.as_ref().unwrap().to_vec::<f32>(&s).unwrap(),
+                b.running_var.as_ref().unwrap().to_vec::<f32>(&s).unwrap()
+            );
+        }
+    }
+}

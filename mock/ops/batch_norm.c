@@ -230,9 +230,10 @@ aclnnStatus aclnnBatchNormGetWorkspaceSize(const aclTensor *input, const aclTens
     mock_op_call call = {.nargs = NT, .scalars = {momentum, eps}, .flags = {training}};
     for (int i = 0; i < NT; i++) {
         int required = i == T_INPUT || i == T_OUTPUT || (training && (i == T_SMEAN || i == T_SVAR));
-        /* written: output; in training the running statistics (in place) and the save tensors; an
-         * empty input writes the save tensors whatever `training` is */
-        int write = i == T_OUTPUT || i == T_SMEAN || i == T_SVAR || (training && (i == T_RMEAN || i == T_RVAR));
+        /* outputs: the output, the save tensors (an empty input writes them whatever `training`
+         * is) and the running statistics, updated in place in training and numbered among the
+         * outputs in eval too, as the Rust bindings list them (for aclSetOutputTensorAddr) */
+        int write = i >= T_RMEAN;
         call.args[i] = (mock_op_arg){.name = k_names[i], .handle = h[i], .required = required, .used = 1,
                                      .write = write};
     }
