@@ -402,7 +402,10 @@ aclnnStatus aclnnInit(const char *configPath) {
 /* aclCreateBoolArray: a handle onto a copy of `size` values (NULL values with size 0 is an empty
  * array); NULL for NULL values with a non-zero size. */
 aclBoolArray *aclCreateBoolArray(const bool *value, uint64_t size) {
-    MOCK_ENTER("aclCreateBoolArray", NULL);
+    int st;
+    if (ascend_mock_take_fault("aclCreateBoolArray", &st)) {
+        return NULL; /* a constructor's failure is a NULL handle */
+    }
     if ((!value && size) || size > (1u << 20)) {
         ascend_mock_set_error("aclCreateBoolArray failed. ERROR: %d. value is null or size %llu is too large.",
                               ACLNN_ERR_PARAM_NULLPTR, (unsigned long long)size);
