@@ -74,16 +74,18 @@ struct Fwd {
     eps: f64,
 }
 
+/// Per-channel mean and variance.
+type Stats = (Vec<f64>, Vec<f64>);
+
 /// Per channel: mean and biased variance of `x` (training), or the running ones (eval).
-fn statistics(x: &Data, stats: Option<(Vec<f64>, Vec<f64>)>) -> (Vec<f64>, Vec<f64>) {
+fn statistics(x: &Data, stats: Option<Stats>) -> Stats {
     if let Some(s) = stats {
         return s;
     }
     let c = x.shape[1];
-    let (mut sum, mut n) = (vec![0.0; c], 0.0);
+    let mut sum = vec![0.0; c];
     for_each_index(&x.shape, |i| sum[i[1]] += x.get(i));
-    for_each_index(&x.shape[..1], |_| {});
-    n += (x.numel() / c) as f64;
+    let n = (x.numel() / c) as f64;
     let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
     let mut m2 = vec![0.0; c];
     for_each_index(&x.shape, |i| m2[i[1]] += (x.get(i) - mean[i[1]]).powi(2));
@@ -107,7 +109,7 @@ impl Fwd {
     }
 
     /// y (row-major), and the running statistics after the call.
-    fn expected(&self) -> (Vec<f64>, Option<(Vec<f64>, Vec<f64>)>) {
+    fn expected(&self) -> (Vec<f64>, Option<Stats>) {
         let c = self.x.shape[1];
         let or = |d: &Option<Data>, v: f64| d.as_ref().map_or(vec![v; c], Data::values);
         let (rm, rv) = (or(&self.running_mean, 0.0), or(&self.running_var, 1.0));
