@@ -5,7 +5,9 @@
 //! launches of `batch_norm_reduce_backward` (allocating, `_into`, two-phase with and without a
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
 //! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
-//! communicator of the two mock devices (one thread per rank), and an injected fault
+//! communicator of the two mock devices (one thread per rank), `nn::BatchNorm` training or eval
+//! steps (`aclnnBatchNorm` and `aclnnBatchNormBackward`, results dropped before they ran, compared
+//! by outcome), and an injected fault
 //! before any step (at any CANN function the crate binds). The launch cache is on and off: each
 //! program gives every stream slot a capacity (0, i.e. off, 1, 2 or the environment's default,
 //! so CI's run with `ASCEND_NO_LAUNCH_CACHE=1` has slots with the cache on too), and steps change
@@ -191,6 +193,15 @@ enum Step {
     FlushLaunchCache {
         stream: usize,
     },
+    /// (Layer) `nn::BatchNorm` on the stream: a fresh layer (training, or eval), forward on slot
+    /// `x` and backward with slot `dy` (both (N, C, S)), every result dropped at once, before the
+    /// stream ran it. Compared with the twin by outcome (its values are not exact sums).
+    Layer {
+        stream: usize,
+        x: usize,
+        dy: usize,
+        eval: bool,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -257,6 +268,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(slot, stream, seed)| Step::AsyncUpload { slot, stream, seed }),
         2 => (slot.clone(), stream.clone()).prop_map(|(slot, stream)| Step::AsyncRead { slot, stream }),
         6 => launch().prop_map(Step::Launch),
+        2 => (stream.clone(), 0..BIG, 0..BIG, any::<bool>())
+            .prop_map(|(stream, x, dy, eval)| Step::Layer { stream, x, dy, eval }),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
         1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
             .prop_map(|(stream, capacity)| Step::CacheCapacity { stream, capacity }),
@@ -735,6 +748,7 @@ impl World {
                 }
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
+            Step::Layer { stream, x, dy, eval } => return self.layer(*stream, [*x, *dy], *eval, faulted),
             Step::Again => {
                 let Some(l) = self.last_launch.clone() else { return Ok(()) };
                 return self.launch_one(&l, faulted);
@@ -749,6 +763,34 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// A layer step (see [`Step::Layer`]) on the mock and on the twin.
+    fn layer(&mut self, stream: usize, [x, dy]: [usize; 2], eval: bool, faulted: bool) -> Outcome {
+        let (Some((s, sdev)), Some(xs), Some(ds)) = (&self.streams[stream], &self.slots[x], &self.slots[dy]) else {
+            return Ok(());
+        };
+        let run = |s: &Stream, x: &Tensor, dy: &Tensor| -> Result<()> {
+            let mut bn = ascend::nn::BatchNorm::new(s, x.shape()[1])?;
+            if eval {
+                bn.eval();
+            }
+            let (y, saved) = bn.forward(s, x)?;
+            let g = bn.backward(s, dy, &saved)?;
+            drop((y, g, saved, bn)); // before the stream ran them
+            Ok(())
+        };
+        let mock = run(s, &xs.mock, &ds.mock);
+        LAYERS.fetch_add(1, Relaxed);
+        if faulted && mock.is_err() {
+            fault_error();
+            return Ok(());
+        }
+        if xs.device != *sdev || ds.device != *sdev {
+            CROSSED.fetch_add(1, Relaxed);
+            return expect_invalid("layer across devices", &mock);
+        }
+        agree("layer", &mock, &run(&self.cpu, &xs.cpu, &ds.cpu))
     }
 
     /// Whether the launch can be written in safe Rust (an output is `&mut`: it can't also be an
@@ -1097,6 +1139,8 @@ static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
 static PARALLEL: AtomicUsize = AtomicUsize::new(0);
 /// All-reduce steps that ran on both ranks.
 static COLLECTIVES: AtomicUsize = AtomicUsize::new(0);
+/// Layer steps (`nn::BatchNorm` forward and backward).
+static LAYERS: AtomicUsize = AtomicUsize::new(0);
 /// Single launches (`Launch`, `Again`) that hit or missed the launch cache, or found it off.
 static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
@@ -1164,7 +1208,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
     println!(
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
-         {} all-reduces over two devices; {} reads compared bit for bit; single launches: \
+         {} all-reduces over two devices; {} layer steps; {} reads compared bit for bit; single launches: \
          {} launch cache hits, {} misses, {} with it off",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
@@ -1175,6 +1219,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         CROSSED.load(Relaxed),
         PARALLEL.load(Relaxed),
         COLLECTIVES.load(Relaxed),
+        LAYERS.load(Relaxed),
         COMPARED.load(Relaxed),
         CACHE_HITS.load(Relaxed),
         CACHE_MISSES.load(Relaxed),
