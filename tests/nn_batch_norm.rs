@@ -395,3 +395,56 @@ fn sync_with_one_rank_or_in_eval_is_the_single_device_path() {
         }
     }
 }
+
+/// The sync backward's accuracy at x = 1000 + N(0, 1) over 2 ranks, centered (the default) and
+/// not, against the f64 reference: printed, and the centered form within f32's 1e-4 on both
+/// backends. On the mock the uncentered form is CANN's Σdy·x − mean·Σdy (the CPU backend's
+/// reduction is centered either way).
+#[test]
+fn centered_sync_backward_keeps_f32_accuracy_at_a_large_mean() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, rows) = (2usize, 64usize);
+    let shape = [rows, c, 8];
+    let mut rng = Rng::new(77);
+    let n = rows * c * 8;
+    let data: Vec<(Vec<f32>, Vec<f32>)> = (0..2)
+        .map(|_| {
+            let x = (0..n).map(|_| (1000.0 + rng.normal()) as f32).collect();
+            (x, rng.vec_f32(n, -1.0, 1.0))
+        })
+        .collect();
+    let x64: Vec<f64> = data.iter().flat_map(|(x, _)| x.iter().map(|&v| f64::from(v))).collect();
+    let dy64: Vec<f64> = data.iter().flat_map(|(_, d)| d.iter().map(|&v| f64::from(v))).collect();
+    let global = [2 * rows, c, 8];
+    let (w, _) = (vec![1.0; c], ());
+    let (_, mean, var) = reference(&x64, &global, &w, &[0.0; 2], None, 1e-5);
+    let (want_dx, want_dw, _) = reference_backward(&x64, &dy64, &global, &w, &mean, &var, 1e-5, true);
+    let worst = |got: &[f64], want: &[f64]| {
+        let scale = want.iter().fold(1e-30f64, |a, v| a.max(v.abs()));
+        got.iter().zip(want).fold(0.0f64, |a, (g, w)| a.max((g - w).abs() / scale))
+    };
+    for ctxs in rank_contexts(2) {
+        let backend = ctxs[0].backend();
+        for centered in [true, false] {
+            let comms = ascend::hccl::Communicator::init_all(&ctxs).unwrap();
+            let results = common::on_ranks(comms, &ctxs, |r, comm, ctx| {
+                let s = ctx.new_stream().unwrap();
+                let x = Tensor::from_slice(&s, &data[r as usize].0, &shape).unwrap();
+                let dy = Tensor::from_slice(&s, &data[r as usize].1, &shape).unwrap();
+                let mut bn = BatchNorm::new(&s, c).unwrap();
+                bn.centered_sync = centered;
+                let (_, saved) = bn.forward_sync(comm, &s, &x).unwrap();
+                let g = bn.backward_sync(comm, &s, &dy, &saved).unwrap();
+                (f32s(&s, &g.input), f32s(&s, g.weight.as_ref().unwrap()))
+            });
+            let dx: Vec<f64> = results.iter().flat_map(|(dx, _)| dx.clone()).collect();
+            let mut dw = vec![0.0; c];
+            results.iter().for_each(|(_, gw)| dw.iter_mut().zip(gw).for_each(|(a, b)| *a += b));
+            let (ex, ew) = (worst(&dx, &want_dx), worst(&dw, &want_dw));
+            println!("{backend:?} centered_sync {centered}: grad_weight error {ew:.2e}, grad_input error {ex:.2e}");
+            if centered {
+                assert!(ew <= 1e-4 && ex <= 1e-4, "{backend:?}: centered errors {ew:e}, {ex:e}");
+            }
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! What a steady training step of `nn::BatchNorm` costs on the mock CANN, counted and printed
 //! (issue 29): on one device 2 operator launches (`aclnnBatchNorm`, `aclnnBatchNormBackward`),
 //! no blocking or allocating runtime call, no descriptor made and no phase 1 (the launch cache
-//! rebinds addresses); a SyncBatchNorm step over 2 ranks stays 5 launches and 2 collectives.
+//! rebinds addresses); a SyncBatchNorm step over 2 ranks stays 5 launches and 2 collectives (one
+//! all-gather, one all-reduce), 6 launches with the centered backward (the default of
+//! `BatchNorm::centered_sync`: one element-wise launch more).
 //! Launches are the phase-2 calls that queued work (`ascend::mock::launch_counters().launches`).
 #![cfg(feature = "mock")]
 
@@ -85,6 +87,12 @@ fn single_device_step_is_two_launches_and_nothing_else() {
 
 #[test]
 fn sync_step_is_unchanged() {
+    for centered in [false, true] {
+        sync_step(centered);
+    }
+}
+
+fn sync_step(centered: bool) {
     let _guard = common::mock::lock();
     ascend::mock::set_device_count(2).unwrap();
     let ctxs: Vec<_> = (0..2).map(|d| ascend::mock::context(d).unwrap()).collect();
@@ -101,6 +109,7 @@ fn sync_step_is_unchanged() {
                 let x = Tensor::from_slice(&s, &common::Rng::new(1 + r).vec_f32(n, -2.0, 2.0), &SHAPE).unwrap();
                 let dy = Tensor::from_slice(&s, &common::Rng::new(5 + r).vec_f32(n, -1.0, 1.0), &SHAPE).unwrap();
                 let mut bn = BatchNorm::new(&s, SHAPE[1]).unwrap();
+                bn.centered_sync = centered;
                 let step = |bn: &mut BatchNorm| {
                     let (y, saved) = bn.forward_sync(&comm, &s, &x).unwrap();
                     let g = bn.backward_sync(&comm, &s, &dy, &saved).unwrap();
@@ -128,8 +137,14 @@ fn sync_step_is_unchanged() {
         }
     });
     let snaps = snaps.into_inner().unwrap();
-    let counts = per_step("nn::BatchNorm forward_sync + backward_sync, per rank", &snaps[0], &snaps[1], 2 * STEPS);
-    assert_eq!(count(&counts, "operator launches"), 5);
+    let what = format!("nn::BatchNorm forward_sync + backward_sync (centered_sync {centered}), per rank");
+    let counts = per_step(&what, &snaps[0], &snaps[1], 2 * STEPS);
+    assert_eq!(count(&counts, "operator launches"), if centered { 6 } else { 5 });
+    for (name, v) in &counts {
+        if !["operator launches", "all-gathers", "all-reduces"].contains(&name.as_str()) {
+            assert_eq!(*v, 0, "{name} per step ({counts:?})");
+        }
+    }
     assert_eq!(count(&counts, "all-gathers"), 1);
     assert_eq!(count(&counts, "all-reduces"), 1);
 }

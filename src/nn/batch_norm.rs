@@ -29,6 +29,17 @@ pub struct BatchNorm {
     pub momentum: Option<f64>,
     /// Added to the variance before the square root.
     pub eps: f64,
+    /// How [`backward_sync`](Self::backward_sync) sums Σdy·(x − mean) (default `true`: centered).
+    ///
+    /// CANN's SyncBatchNorm reduction (`aclnnBatchNormReduceBackward`) forms Σdy·x − mean·Σdy,
+    /// which cancels when |mean| ≫ std (on the mock, 36× torch's f32 error on the weight gradient
+    /// at x = 1000 + N(0, 1)), while its single-device backward and torch's are centered. With
+    /// `true`, x − mean is formed on the device first (one more element-wise launch,
+    /// `aclnnBatchNormElemt` with invstd 1 and eps 0, exact for |x − mean| ≤ |mean|, and a
+    /// temporary of x's size) and reduced with mean 0: 6 launches a step instead of 5. `false`
+    /// runs `sync_batch_norm::backward` as it is. A setting, not an automatic choice: deciding
+    /// from |mean|/std would read the statistics on the host, a blocking call in every step.
+    pub centered_sync: bool,
     training: bool,
 }
 
@@ -84,6 +95,7 @@ impl BatchNorm {
             num_batches_tracked: 0,
             momentum: Some(0.1),
             eps: 1e-5,
+            centered_sync: true,
             training: true,
         })
     }
@@ -209,7 +221,8 @@ impl BatchNorm {
         Ok((y, BatchNormSaved { input: x, kind: Kind::Sync(saved) }))
     }
 
-    /// SyncBatchNorm's backward pass (one all-reduce) of the forward pass that gave `saved`; a
+    /// SyncBatchNorm's backward pass (one all-reduce; centered unless
+    /// [`centered_sync`](Self::centered_sync) is off) of the forward pass that gave `saved`; a
     /// single-device `saved` (one rank, or eval) runs [`backward`](Self::backward). The weight and
     /// bias gradients are this rank's share, as data-parallel training sums them.
     pub fn backward_sync(
@@ -223,7 +236,8 @@ impl BatchNorm {
             return self.backward(stream, dy, saved);
         };
         let mask = OutputMask { input_g: true, weight_g: self.weight.is_some(), bias_g: self.bias.is_some() };
-        let (gi, gw, gb) = sync_batch_norm::backward(comm, stream, dy, s, self.weight.as_ref(), mask)?;
+        let backward = if self.centered_sync { sync_batch_norm::backward_centered } else { sync_batch_norm::backward };
+        let (gi, gw, gb) = backward(comm, stream, dy, s, self.weight.as_ref(), mask)?;
         let to_f32 = |t: Option<Tensor>| -> Result<Option<Tensor>> {
             match t {
                 Some(t) if t.dtype() != DType::F32 => {
