@@ -49,15 +49,6 @@ fn tolerances(dtype: DType) -> (f64, f64) {
     }
 }
 
-#[track_caller]
-fn near(what: &str, got: &[f64], want: &[f64], rel: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(1e-30f64, |a, v| a.max(v.abs()));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= rel * scale, "{what}[{i}]: got {g}, want {w} (± {rel} of {scale})");
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Fixture and reference
 
@@ -203,7 +194,7 @@ impl Framework for Fwd {
 
     fn check(&self, _ctx: &Context, s: &Stream, what: &str, (y, _): &(Tensor, BatchNormSaved)) {
         let got = read_checked(s, what, y, &self.x.shape, self.x.dtype);
-        near(what, &got, &self.expected().0, tolerances(self.x.dtype).0);
+        assert_scaled(what, &got, &self.expected().0, tolerances(self.x.dtype).0);
     }
 
     fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &(Tensor, BatchNormSaved)) {
@@ -354,9 +345,14 @@ impl Framework for Bwd {
         let (dx, dw, db) = self.expected();
         let tol = tolerances(self.fwd.x.dtype).1;
         let c = self.fwd.x.shape[1];
-        near(&format!("{what}: grad input"), &read_checked(s, what, gi, &self.fwd.x.shape, self.fwd.x.dtype), &dx, tol);
-        near(&format!("{what}: grad weight"), &read_checked(s, what, gw, &[c], DType::F32), &dw, tol);
-        near(&format!("{what}: grad bias"), &read_checked(s, what, gb, &[c], DType::F32), &db, tol);
+        assert_scaled(
+            &format!("{what}: grad input"),
+            &read_checked(s, what, gi, &self.fwd.x.shape, self.fwd.x.dtype),
+            &dx,
+            tol,
+        );
+        assert_scaled(&format!("{what}: grad weight"), &read_checked(s, what, gw, &[c], DType::F32), &dw, tol);
+        assert_scaled(&format!("{what}: grad bias"), &read_checked(s, what, gb, &[c], DType::F32), &db, tol);
     }
 
     fn check_res(&self, ctx: &Context, s: &Stream, what: &str, res: &ascend::ops::BatchNormGrads) {
@@ -399,11 +395,21 @@ fn training_and_eval_values(ctx: &Context) -> R {
                 let mut up = case.upload(&s)?;
                 let (y, saved) = up.run(&s)?;
                 let what = format!("{shape:?} {dt} training {training} {what}");
-                near(&what, &read(&s, &y), &case.expected().0, tolerances(dt).0);
+                assert_scaled(&what, &read(&s, &y), &case.expected().0, tolerances(dt).0);
                 assert_eq!(saved.channels(), training.then_some(shape[1]), "{what}");
                 if let Some((rm, rv)) = case.expected().1 {
-                    near(&format!("{what}: running_mean"), &read(&s, up.running_mean.as_ref().unwrap()), &rm, 1e-5);
-                    near(&format!("{what}: running_var"), &read(&s, up.running_var.as_ref().unwrap()), &rv, 1e-5);
+                    assert_scaled(
+                        &format!("{what}: running_mean"),
+                        &read(&s, up.running_mean.as_ref().unwrap()),
+                        &rm,
+                        1e-5,
+                    );
+                    assert_scaled(
+                        &format!("{what}: running_var"),
+                        &read(&s, up.running_var.as_ref().unwrap()),
+                        &rv,
+                        1e-5,
+                    );
                 } else {
                     let rm = case.running_mean.as_ref().unwrap().values();
                     assert_eq!(read(&s, up.running_mean.as_ref().unwrap()), rm, "{what}: eval changes nothing");
@@ -420,7 +426,7 @@ fn training_and_eval_values(ctx: &Context) -> R {
         ..Fwd::random(9, &[4, 3, 5], DType::F32, true)
     };
     let (y, _) = bare.upload(&s)?.run(&s)?;
-    near("bare", &read(&s, &y), &bare.expected().0, 1e-5);
+    assert_scaled("bare", &read(&s, &y), &bare.expected().0, 1e-5);
     Ok(())
 }
 

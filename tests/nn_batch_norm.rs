@@ -8,7 +8,7 @@ mod common;
 
 use ascend::nn::BatchNorm;
 use ascend::{bf16, f16, Context, Stream, Tensor};
-use common::{backends, Rng};
+use common::{assert_scaled, backends, Rng};
 
 /// torch's BatchNorm in f64 over row-major `x` of `shape`: (y, mean, biased var) per channel.
 fn reference(
@@ -81,15 +81,6 @@ fn f32s(s: &Stream, t: &Tensor) -> Vec<f64> {
         ascend::DType::F16 => t.to_vec::<f16>(s).unwrap().iter().map(|v| f64::from(v.to_f32())).collect(),
         ascend::DType::BF16 => t.to_vec::<bf16>(s).unwrap().iter().map(|v| f64::from(v.to_f32())).collect(),
         _ => t.to_vec::<f32>(s).unwrap().iter().map(|&v| f64::from(v)).collect(),
-    }
-}
-
-#[track_caller]
-fn close(what: &str, got: &[f64], want: &[f64], rel: f64) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    let scale = want.iter().fold(0.0f64, |a, v| a.max(v.abs())).max(1e-30);
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= rel * scale, "{what}[{i}]: got {g}, want {w} (tolerance {rel} of {scale})");
     }
 }
 
@@ -171,7 +162,7 @@ fn train_then_eval(ctx: &Context, shape: &[usize], dtype: ascend::DType, strided
         let (x, xv) = input(&s, &mut rng, shape, dtype, strided, 3.0);
         let (y, saved) = bn.forward(&s, &x).unwrap();
         let (want_y, mean, var) = reference(&xv, shape, &w64, &b64, None, 1e-5);
-        close("y", &f32s(&s, &y), &want_y, tf);
+        assert_scaled("y", &f32s(&s, &y), &want_y, tf);
         assert_eq!(y.dtype(), dtype);
         let n = (xv.len() / c) as f64;
         let m = momentum.unwrap_or(1.0 / step as f64);
@@ -179,15 +170,15 @@ fn train_then_eval(ctx: &Context, shape: &[usize], dtype: ascend::DType, strided
             rm[k] = (1.0 - m) * rm[k] + m * mean[k];
             rv[k] = (1.0 - m) * rv[k] + m * var[k] * n / (n - 1.0);
         }
-        close("running_mean", &f32s(&s, bn.running_mean.as_ref().unwrap()), &rm, 1e-5);
-        close("running_var", &f32s(&s, bn.running_var.as_ref().unwrap()), &rv, tf.max(1e-5));
+        assert_scaled("running_mean", &f32s(&s, bn.running_mean.as_ref().unwrap()), &rm, 1e-5);
+        assert_scaled("running_var", &f32s(&s, bn.running_var.as_ref().unwrap()), &rv, tf.max(1e-5));
         assert_eq!(bn.num_batches_tracked, step);
         let (dy, dyv) = input(&s, &mut rng, shape, dtype, false, 0.0);
         let g = bn.backward(&s, &dy, &saved).unwrap();
         let (dx, dw, db) = reference_backward(&xv, &dyv, shape, &w64, &mean, &var, 1e-5, true);
-        close("grad input", &f32s(&s, &g.input), &dx, tb);
-        close("grad weight", &f32s(&s, g.weight.as_ref().unwrap()), &dw, tb);
-        close("grad bias", &f32s(&s, g.bias.as_ref().unwrap()), &db, tb);
+        assert_scaled("grad input", &f32s(&s, &g.input), &dx, tb);
+        assert_scaled("grad weight", &f32s(&s, g.weight.as_ref().unwrap()), &dw, tb);
+        assert_scaled("grad bias", &f32s(&s, g.bias.as_ref().unwrap()), &db, tb);
         assert_eq!(g.input.dtype(), dtype);
         assert_eq!(g.weight.as_ref().unwrap().dtype(), ascend::DType::F32);
     }
@@ -196,17 +187,17 @@ fn train_then_eval(ctx: &Context, shape: &[usize], dtype: ascend::DType, strided
     let (x, xv) = input(&s, &mut rng, shape, dtype, strided, 3.0);
     let (y, saved) = bn.forward(&s, &x).unwrap();
     let (want_y, _, _) = reference(&xv, shape, &w64, &b64, Some((&rm, &rv)), 1e-5);
-    close("eval y", &f32s(&s, &y), &want_y, tf);
-    close("eval running_mean", &f32s(&s, bn.running_mean.as_ref().unwrap()), &rm, 1e-5);
+    assert_scaled("eval y", &f32s(&s, &y), &want_y, tf);
+    assert_scaled("eval running_mean", &f32s(&s, bn.running_mean.as_ref().unwrap()), &rm, 1e-5);
     assert_eq!(bn.num_batches_tracked, 3);
     let (dy, dyv) = input(&s, &mut rng, shape, dtype, false, 0.0);
     let g = bn.backward(&s, &dy, &saved).unwrap();
     let rm32: Vec<f64> = f32s(&s, bn.running_mean.as_ref().unwrap());
     let rv32: Vec<f64> = f32s(&s, bn.running_var.as_ref().unwrap());
     let (dx, dw, db) = reference_backward(&xv, &dyv, shape, &w64, &rm32, &rv32, 1e-5, false);
-    close("eval grad input", &f32s(&s, &g.input), &dx, tb);
-    close("eval grad weight", &f32s(&s, g.weight.as_ref().unwrap()), &dw, tb);
-    close("eval grad bias", &f32s(&s, g.bias.as_ref().unwrap()), &db, tb);
+    assert_scaled("eval grad input", &f32s(&s, &g.input), &dx, tb);
+    assert_scaled("eval grad weight", &f32s(&s, g.weight.as_ref().unwrap()), &dw, tb);
+    assert_scaled("eval grad bias", &f32s(&s, g.bias.as_ref().unwrap()), &db, tb);
 }
 
 #[test]
@@ -253,12 +244,12 @@ fn affine_false_and_untracked() {
             let (x, xv) = input(&s, &mut rng, &shape, ascend::DType::F32, false, -1.0);
             let (y, saved) = bn.forward(&s, &x).unwrap();
             let (want, mean, var) = reference(&xv, &shape, &[1.0; 2], &[0.0; 2], None, 1e-5);
-            close("y", &f32s(&s, &y), &want, 1e-5);
+            assert_scaled("y", &f32s(&s, &y), &want, 1e-5);
             let (dy, dyv) = input(&s, &mut rng, &shape, ascend::DType::F32, false, 0.0);
             let g = bn.backward(&s, &dy, &saved).unwrap();
             assert!(g.weight.is_none() && g.bias.is_none());
             let (dx, _, _) = reference_backward(&xv, &dyv, &shape, &[1.0; 2], &mean, &var, 1e-5, true);
-            close("dx", &f32s(&s, &g.input), &dx, 1e-4);
+            assert_scaled("dx", &f32s(&s, &g.input), &dx, 1e-4);
             assert_eq!(bn.num_batches_tracked, 0);
         }
     }
@@ -347,17 +338,17 @@ fn sync_over_two_ranks_is_batch_norm_of_the_global_batch() {
         let mut db = vec![0.0; c];
         for (r, (y, dx, gw, gb, rm, rv)) in results.iter().enumerate() {
             let range = if r == 0 { 0..split } else { split..want_y.len() };
-            close("sync y", y, &want_y[range.clone()], 1e-5);
-            close("sync dx", dx, &want_dx[range], 1e-4);
+            assert_scaled("sync y", y, &want_y[range.clone()], 1e-5);
+            assert_scaled("sync dx", dx, &want_dx[range], 1e-4);
             let want_rm: Vec<f64> = mean.iter().map(|m| 0.1 * m).collect();
             let want_rv: Vec<f64> = var.iter().map(|v| 0.9 + 0.1 * v * 32.0 / 31.0).collect();
-            close("sync running_mean", rm, &want_rm, 1e-5);
-            close("sync running_var", rv, &want_rv, 1e-5);
+            assert_scaled("sync running_mean", rm, &want_rm, 1e-5);
+            assert_scaled("sync running_var", rv, &want_rv, 1e-5);
             dw.iter_mut().zip(gw).for_each(|(a, b)| *a += b);
             db.iter_mut().zip(gb).for_each(|(a, b)| *a += b);
         }
-        close("sync dw summed over ranks", &dw, &want_dw, 1e-4);
-        close("sync db summed over ranks", &db, &want_db, 1e-4);
+        assert_scaled("sync dw summed over ranks", &dw, &want_dw, 1e-4);
+        assert_scaled("sync db summed over ranks", &db, &want_db, 1e-4);
     }
 }
 

@@ -42,11 +42,6 @@ static const char *const k_names[NT] = {"input",  "weight", "bias",     "running
                                         "runningVar", "output", "saveMean", "saveInvstd"};
 /* scalars: momentum, eps; flags: training */
 
-/* Element c of an optional per-channel tensor, or `dflt` when it is absent. */
-static float channel_or(const mock_op_call *k, int i, int64_t c, float dflt) {
-    return k->args[i].used ? mock_load(&k->t[i], mock_channel_pos(&k->t[i], c)) : dflt;
-}
-
 /* Adds `v` to channel c's running block sum, folding the block into total[c] every BLOCK elements. */
 static void block_add(float *blk, float *total, uint32_t *cnt, int64_t c, float v) {
     blk[c] += v;
@@ -117,13 +112,13 @@ static int bn_run(const mock_op *op, mock_op_call *k) {
         }
     } else {
         for (int64_t c = 0; c < channels; c++) {
-            mean[c] = channel_or(k, T_RMEAN, c, 0.0f);
-            var[c] = channel_or(k, T_RVAR, c, 1.0f);
+            mean[c] = mock_channel_or(k, T_RMEAN, c, 0.0f);
+            var[c] = mock_channel_or(k, T_RVAR, c, 1.0f);
         }
     }
     for (int64_t c = 0; c < channels; c++) {
-        scale[c] = channel_or(k, T_WEIGHT, c, 1.0f) / mock_sqrt_f32(var[c] + eps);
-        shift[c] = channel_or(k, T_BIAS, c, 0.0f);
+        scale[c] = mock_channel_or(k, T_WEIGHT, c, 1.0f) / mock_sqrt_f32(var[c] + eps);
+        shift[c] = mock_channel_or(k, T_BIAS, c, 0.0f);
     }
     for (mock_walk_init(&it, views, 2); it.left; mock_walk_step(&it)) {
         int64_t c = it.idx[1];
@@ -151,32 +146,12 @@ static int bn_run(const mock_op *op, mock_op_call *k) {
     return 0;
 }
 
-/* ops-nn's dtype rule for tensor i (A2/A3: F32, F16, BF16). */
-static aclnnStatus dtype_ok(const mock_op *op, const mock_op_call *call, int i) {
-    const ascend_mock_tensor *t = &call->t[i];
-    if (call->args[i].used && !mock_dtype_float(t->dtype)) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                            "Tensor %s not implemented for %s, should be in dtype support list [DT_FLOAT, DT_FLOAT16, "
-                            "DT_BFLOAT16].",
-                            k_names[i], ascend_mock_dtype_name(t->dtype));
-    }
-    return ACLNN_SUCCESS;
-}
-
-/* The format rules of input or output `i` (A2/A3). */
+/* The format rules of input or output `t` (A2/A3): a 5-D one must be NCDHW (l.177-185). */
 static aclnnStatus format_ok(const mock_op *op, const ascend_mock_tensor *t, const char *name) {
     if (t->rank == 5 && t->format != ACL_FORMAT_NCDHW) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format of %s should be NCDHW, when input dim is 5.", name);
     }
-    if (t->format == ACL_FORMAT_NHWC || t->format == ACL_FORMAT_NDHWC) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                            "Format of %s is %s; Atlas A2/A3 support NC, NCL, NCHW, NCDHW and ND, not NHWC or NDHWC.",
-                            name, ascend_mock_format_name(t->format));
-    }
-    if (mock_format_private(t->format)) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format only support ND、NCL、NCHW、NCDHW.");
-    }
-    return ACLNN_SUCCESS;
+    return mock_check_format_a2(op, t, name);
 }
 
 static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
@@ -191,12 +166,12 @@ static aclnnStatus bn_check(const mock_op *op, mock_op_call *call) {
     static const int first[] = {T_INPUT, T_OUTPUT, T_SMEAN, T_SVAR};
     for (size_t i = 0; i < MOCK_LEN(first); i++) {
         if (first[i] < T_SMEAN || training) {
-            MOCK_TRY(dtype_ok(op, call, first[i]));
+            MOCK_TRY(mock_check_float_arg(op, call, first[i]));
         }
     }
     static const int others[] = {T_WEIGHT, T_BIAS, T_RMEAN, T_RVAR};
     for (size_t i = 0; i < MOCK_LEN(others); i++) {
-        MOCK_TRY(dtype_ok(op, call, others[i]));
+        MOCK_TRY(mock_check_float_arg(op, call, others[i]));
     }
     if (x->format != y->format) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,

@@ -75,10 +75,6 @@ static aclnnStatus read_mask(const char *api, const aclBoolArray *array, int *ma
     return r;
 }
 
-static float channel_or(const mock_op_call *k, int i, int64_t c, float dflt) {
-    return k->args[i].used ? mock_load(&k->t[i], mock_channel_pos(&k->t[i], c)) : dflt;
-}
-
 static int bnb_run(const mock_op *op, mock_op_call *k) {
     const ascend_mock_tensor *dy = &k->t[T_GRAD], *x = &k->t[T_INPUT];
     int training = k->flags[0];
@@ -98,9 +94,9 @@ static int bnb_run(const mock_op *op, mock_op_call *k) {
     uint32_t *cnt_w = cnt, *cnt_b = cnt + channels;
     for (int64_t c = 0; c < channels; c++) {
         int im = training ? T_SMEAN : T_RMEAN, iv = training ? T_SVAR : T_RVAR;
-        mean[c] = channel_or(k, im, c, 0.0f);
-        r[c] = 1.0f / mock_sqrt_f32(channel_or(k, iv, c, 1.0f) + eps);
-        w[c] = channel_or(k, T_WEIGHT, c, 1.0f);
+        mean[c] = mock_channel_or(k, im, c, 0.0f);
+        r[c] = 1.0f / mock_sqrt_f32(mock_channel_or(k, iv, c, 1.0f) + eps);
+        w[c] = mock_channel_or(k, T_WEIGHT, c, 1.0f);
     }
     const ascend_mock_tensor *views[] = {dy, x, &k->t[T_GIN]};
     mock_walk it;
@@ -153,29 +149,6 @@ static int bnb_run(const mock_op *op, mock_op_call *k) {
     return 0;
 }
 
-static aclnnStatus dtype_ok(const mock_op *op, const mock_op_call *call, int i) {
-    const ascend_mock_tensor *t = &call->t[i];
-    if (call->args[i].used && !mock_dtype_float(t->dtype)) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                            "Tensor %s not implemented for %s, should be in dtype support list [DT_FLOAT, DT_FLOAT16, "
-                            "DT_BFLOAT16].",
-                            k_names[i], ascend_mock_dtype_name(t->dtype));
-    }
-    return ACLNN_SUCCESS;
-}
-
-static aclnnStatus format_ok(const mock_op *op, const ascend_mock_tensor *t, const char *name) {
-    if (t->format == ACL_FORMAT_NHWC || t->format == ACL_FORMAT_NDHWC) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                            "Format of %s is %s; Atlas A2/A3 support NC, NCL, NCHW, NCDHW and ND, not NHWC or NDHWC.",
-                            name, ascend_mock_format_name(t->format));
-    }
-    if (mock_format_private(t->format)) {
-        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format only support NC, NCL, NCHW, NCDHW.");
-    }
-    return ACLNN_SUCCESS;
-}
-
 static aclnnStatus same_shape(const mock_op *op, const mock_op_call *call, int a, int b) {
     const ascend_mock_tensor *x = &call->t[a], *y = &call->t[b];
     char s[256], t[256];
@@ -194,15 +167,15 @@ static aclnnStatus bnb_check(const mock_op *op, mock_op_call *call) {
         call->empty = 1;
         return ACLNN_SUCCESS;
     }
-    MOCK_TRY(dtype_ok(op, call, T_GRAD));
-    MOCK_TRY(dtype_ok(op, call, T_INPUT));
+    MOCK_TRY(mock_check_float_arg(op, call, T_GRAD));
+    MOCK_TRY(mock_check_float_arg(op, call, T_INPUT));
     if (dy->dtype != x->dtype) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Tensor input dtype %s should be the same as tensor gradOut dtype %s.",
                             ascend_mock_dtype_name(x->dtype), ascend_mock_dtype_name(dy->dtype));
     }
     static const int rest[] = {T_GIN, T_GW, T_GB, T_WEIGHT, T_RMEAN, T_RVAR, T_SMEAN, T_SVAR};
     for (size_t i = 0; i < MOCK_LEN(rest); i++) {
-        MOCK_TRY(dtype_ok(op, call, rest[i]));
+        MOCK_TRY(mock_check_float_arg(op, call, rest[i]));
     }
     if (dy->format != x->format) {
         return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format of gradOut and input should be equal, gradOut [%s], input [%s].",
@@ -213,8 +186,8 @@ static aclnnStatus bnb_check(const mock_op *op, mock_op_call *call) {
                             "Format of gradOut and gradInput should be equal, gradOut [%s], gradInput [%s].",
                             ascend_mock_format_name(dy->format), ascend_mock_format_name(call->t[T_GIN].format));
     }
-    MOCK_TRY(format_ok(op, dy, "gradOut"));
-    MOCK_TRY(format_ok(op, x, "input"));
+    MOCK_TRY(mock_check_format_a2(op, dy, "gradOut"));
+    MOCK_TRY(mock_check_format_a2(op, x, "input"));
     MOCK_TRY(mock_check_rank_2_to_8(op, call, T_INPUT));
     MOCK_TRY(mock_check_rank_2_to_8(op, call, T_GRAD));
     MOCK_TRY(same_shape(op, call, T_GRAD, T_INPUT));

@@ -211,15 +211,7 @@ impl<'a> Operator<'a> for Args<'a> {
 
     fn check(&self, ([rm, rv], ([output], saved)): &Self::Outputs) -> Result<Plan> {
         let plan = self.check_inputs(rm.as_deref(), rv.as_deref())?;
-        let (input, out) = (self.input, output.layout());
-        if out.dtype != input.dtype() {
-            return Err(Error::invalid(
-                "output",
-                format!("dtype must equal input's ({}), got {}", input.dtype(), out.dtype),
-            ));
-        }
-        validate::same_shape("output", &out, "input", input.shape())?;
-        validate::in_storage("output", &out)?;
+        validate::like_input("output", &output.layout(), "input", &self.input.layout())?;
         for (t, name) in saved.iter().zip(["saveMean", "saveInvstd"]) {
             match t {
                 Some(t) => {

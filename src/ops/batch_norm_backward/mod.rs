@@ -238,15 +238,7 @@ impl<'a> Operator<'a> for Args<'a> {
         }
         let plan = self.check_inputs()?;
         if let Some(g) = gi {
-            let l = g.layout();
-            if l.dtype != self.input.dtype() {
-                return Err(Error::invalid(
-                    "gradInput",
-                    format!("dtype must equal input's ({}), got {}", self.input.dtype(), l.dtype),
-                ));
-            }
-            validate::same_shape("gradInput", &l, "input", self.input.shape())?;
-            validate::in_storage("gradInput", &l)?;
+            validate::like_input("gradInput", &g.layout(), "input", &self.input.layout())?;
         }
         for (t, name) in [(gw, "gradWeight"), (gb, "gradBias")] {
             if let Some(t) = t {
