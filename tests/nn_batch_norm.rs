@@ -266,6 +266,10 @@ fn rejected_calls_change_nothing() {
         assert_eq!(bn.forward(&s, &wrong_c).unwrap_err().status(), Some(161002));
         let single = Tensor::from_slice(&s, &[1.0f32, 2.0, 3.0], &[1, 3]).unwrap();
         assert!(bn.forward(&s, &single).is_err());
+        let running_var = bn.running_var.take();
+        let x = Tensor::from_slice(&s, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+        assert_eq!(bn.forward(&s, &x).unwrap_err().status(), Some(161002), "running_mean without running_var");
+        bn.running_var = running_var;
         assert_eq!(bn.num_batches_tracked, 0);
         let after = (f32s(&s, bn.running_mean.as_ref().unwrap()), f32s(&s, bn.running_var.as_ref().unwrap()));
         assert_eq!(before, after);
@@ -438,4 +442,34 @@ fn centered_sync_backward_keeps_f32_accuracy_at_a_large_mean() {
             }
         }
     }
+}
+
+/// The public API as `docs/DESIGN.md` "Next 3" writes it (compile-time shapes of the fields and
+/// methods), and its traits.
+#[test]
+fn the_layer_api_is_the_design_s() {
+    use ascend::nn::{BatchNormSaved, Grads};
+    fn debug_send_sync<T: std::fmt::Debug + Send + Sync>() {}
+    debug_send_sync::<BatchNorm>();
+    debug_send_sync::<Grads>();
+    debug_send_sync::<BatchNormSaved<'static>>();
+    let ctx = Context::cpu();
+    let stream = ctx.new_stream().unwrap();
+    let mut bn = BatchNorm::new(&stream, 2).unwrap();
+    let _: (&Option<Tensor>, &Option<Tensor>, &Option<Tensor>, &Option<Tensor>) =
+        (&bn.weight, &bn.bias, &bn.running_mean, &bn.running_var);
+    let _: (u64, Option<f64>, f64) = (bn.num_batches_tracked, bn.momentum, bn.eps);
+    assert_eq!((bn.num_batches_tracked, bn.momentum, bn.eps, bn.is_training()), (0, Some(0.1), 1e-5, true));
+    let defaults: Vec<Vec<f32>> = [&bn.weight, &bn.bias, &bn.running_mean, &bn.running_var]
+        .iter()
+        .map(|t| t.as_ref().unwrap().to_vec::<f32>(&stream).unwrap())
+        .collect();
+    assert_eq!(defaults, [vec![1.0; 2], vec![0.0; 2], vec![0.0; 2], vec![1.0; 2]]);
+    bn.eval();
+    assert!(!bn.is_training());
+    bn.train();
+    let x = Tensor::from_slice(&stream, &[1.0f32, 2.0, 3.0, 5.0], &[2, 2]).unwrap();
+    let (y, saved): (Tensor, BatchNormSaved) = bn.forward(&stream, &x).unwrap();
+    let g: Grads = bn.backward(&stream, &y, &saved).unwrap();
+    let _: (Tensor, Option<Tensor>, Option<Tensor>) = (g.input, g.weight, g.bias);
 }

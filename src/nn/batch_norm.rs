@@ -43,9 +43,10 @@ pub struct BatchNorm {
     training: bool,
 }
 
-/// What a forward pass keeps for its backward pass: the input (borrowed) and the statistics
-/// (opaque: on Atlas A2/A3 CANN saves the batch *variance* where its API says invstd, so the saved
-/// statistics go only to the backward pass of the same layer).
+/// What a forward pass keeps for its backward pass: the input (borrowed) and the statistics,
+/// [`ops::BatchNormSaved`] on one device or SyncBatchNorm's global ones over ranks (opaque: on
+/// Atlas A2/A3 CANN saves the batch *variance* where its API says invstd, so the saved statistics
+/// go only to the backward pass of the same layer).
 #[derive(Debug)]
 pub struct BatchNormSaved<'a> {
     input: &'a Tensor,
@@ -137,8 +138,18 @@ impl BatchNorm {
         Ok((self.momentum.unwrap_or(1.0 / n as f64), n))
     }
 
-    /// torch's check: batch statistics need more than one value per channel.
+    /// The layer's own rules before any call: the running statistics both or neither (as
+    /// torch's module holds them), and torch's check that batch statistics need more than one
+    /// value per channel.
     fn check_batch(&self, x: &Tensor, ranks: usize) -> Result<()> {
+        if self.running_mean.is_some() != self.running_var.is_some() {
+            let (given, missing) = if self.running_mean.is_some() {
+                ("running_mean", "running_var")
+            } else {
+                ("running_var", "running_mean")
+            };
+            return Err(Error::invalid(missing, format!("{given} is set without {missing}: set both or neither")));
+        }
         let shape = x.shape();
         if self.batch_stats() && shape.len() >= 2 && shape[1] > 0 && ranks == 1 && x.numel() / shape[1] == 1 {
             return Err(Error::invalid(
@@ -203,6 +214,7 @@ impl BatchNorm {
         if comm.size() < 2 || !self.batch_stats() {
             return self.forward(stream, x);
         }
+        self.check_batch(x, comm.size() as usize)?;
         let (factor, counter) = self.factor()?;
         let (rm, rv) =
             if self.updates_running() { (self.running_mean.as_mut(), self.running_var.as_mut()) } else { (None, None) };
