@@ -65,7 +65,7 @@ entry_points! {
     ///
     /// # Calling
     /// Arguments are validated first, on both backends alike; a rejected call returns
-    /// [`Error::InvalidArgument`] (161002) and allocates nothing. On Ascend the work is asynchronous on
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (161002) and allocates nothing. On Ascend the work is asynchronous on
     /// `stream`: read the result with [`Tensor::to_vec`].
     pub fn batch_norm_elemt(
         stream: &Stream,
