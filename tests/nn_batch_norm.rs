@@ -328,6 +328,15 @@ fn sync_over_two_ranks_is_batch_norm_of_the_global_batch() {
             let rm = f32s(&s, bn.running_mean.as_ref().unwrap());
             let rv = f32s(&s, bn.running_var.as_ref().unwrap());
             assert_eq!(bn.num_batches_tracked, 1);
+            // Eval over the ranks: the single-device path, bit for bit, and no collective.
+            bn.eval();
+            let (ye, se) = bn.forward_sync(comm, &s, &x).unwrap();
+            let ge = bn.backward_sync(comm, &s, &dy, &se).unwrap();
+            let (y1, s1) = bn.forward(&s, &x).unwrap();
+            let g1 = bn.backward(&s, &dy, &s1).unwrap();
+            assert_eq!(f32s(&s, &ye), f32s(&s, &y1));
+            assert_eq!(f32s(&s, &ge.input), f32s(&s, &g1.input));
+            assert_eq!(bn.num_batches_tracked, 1);
             (
                 f32s(&s, &y),
                 f32s(&s, &g.input),
