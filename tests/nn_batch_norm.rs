@@ -337,6 +337,13 @@ fn sync_over_two_ranks_is_batch_norm_of_the_global_batch() {
             assert_eq!(f32s(&s, &ye), f32s(&s, &y1));
             assert_eq!(f32s(&s, &ge.input), f32s(&s, &g1.input));
             assert_eq!(bn.num_batches_tracked, 1);
+            // Eval without running statistics: local batch statistics on each rank (torch's
+            // SyncBatchNorm syncs only in training).
+            let (rm_t, rv_t) = (bn.running_mean.take(), bn.running_var.take());
+            let (ye, _) = bn.forward_sync(comm, &s, &x).unwrap();
+            let (y1, _) = bn.forward(&s, &x).unwrap();
+            assert_eq!(f32s(&s, &ye), f32s(&s, &y1));
+            (bn.running_mean, bn.running_var) = (rm_t, rv_t);
             (
                 f32s(&s, &y),
                 f32s(&s, &g.input),

@@ -203,15 +203,17 @@ impl BatchNorm {
     }
 
     /// SyncBatchNorm's forward pass over `comm`'s ranks (today's `sync_batch_norm` chain: one
-    /// all-gather); with one rank, or when the running statistics are used (eval), exactly
-    /// [`forward`](Self::forward), no collective.
+    /// all-gather); with one rank, or in eval (even without running statistics, as torch's
+    /// SyncBatchNorm), exactly [`forward`](Self::forward), no collective.
     pub fn forward_sync<'a>(
         &mut self,
         comm: &Communicator,
         stream: &Stream,
         x: &'a Tensor,
     ) -> Result<(Tensor, BatchNormSaved<'a>)> {
-        if comm.size() < 2 || !self.batch_stats() {
+        // torch's SyncBatchNorm syncs only in training (`need_sync = bn_training and
+        // self.training`): in eval, even without running statistics, each rank normalises locally.
+        if comm.size() < 2 || !self.training {
             return self.forward(stream, x);
         }
         self.check_batch(x, comm.size() as usize)?;
