@@ -94,8 +94,24 @@ int ascend_mock_set_device_count(int count, int *busy_device);
  * (aclnn*GetWorkspaceSize, successful or not). Process-wide totals since load. */
 uint64_t ascend_mock_tensors_created(void);
 uint64_t ascend_mock_phase1_calls(void);
-/* libopapi.so: operator launches queued (phase-2 calls that enqueued their task). */
-uint64_t ascend_mock_launches(void);
+
+/* libopapi.so: phase-2 calls that queued a kernel (*launches); of them, those whose executor phase
+ * 1 made with ACL_OPT_DETERMINISTIC != 0 on its device (*deterministic), and those whose executor
+ * phase 1 made under another ACL_OPT_DETERMINISTIC value than the device has at the launch
+ * (*stale_deterministic: on CANN such a launch runs the kernel and tiling chosen under the old
+ * setting). Process-wide totals since load. */
+void ascend_mock_launches(uint64_t *launches, uint64_t *deterministic, uint64_t *stale_deterministic);
+
+/* libnnopbase.so: executors CANN will not repeat. From now on aclSetAclOpExecutorRepeatable
+ * refuses (on != 0) or accepts again (on == 0) the executors of operator `op` (its phase-2 name,
+ * e.g. "aclnnBatchNormStats", or "*" for every operator) with ACLNN_ERR_INNER (561000), as
+ * nnopbase refuses executors whose phase 1 used an AI CPU kernel, a DSA task or a synchronous
+ * copy. Not a violation. The environment variable ASCEND_MOCK_REFUSE_REPEATABLE (a
+ * comma-separated list of such names) is read at the first call of either function. Returns 0, or
+ * -1 when op is NULL, empty, 64 bytes or longer, or the list (32 names) is full. */
+int ascend_mock_refuse_repeatable(const char *op, int on);
+/* Failed aclSetAclOpExecutorRepeatable calls so far (refusals and injected faults). */
+uint64_t ascend_mock_repeatable_refusals(void);
 
 #ifdef __cplusplus
 }

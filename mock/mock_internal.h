@@ -49,6 +49,7 @@ enum {
     ACLNN_ERR_PARAM_NULLPTR = 161001,
     ACLNN_ERR_PARAM_INVALID = 161002,
     ACLNN_ERR_RUNTIME_ERROR = 361001,
+    ACLNN_ERR_INNER = 561000,
     ACLNN_ERR_INNER_NULLPTR = 561103
 };
 
@@ -84,6 +85,13 @@ struct ascend_mock_executor {
     uint64_t handle;
     const char *op;
     int repeatable;
+    /* aclSetAclOpExecutorRepeatable was called on it and failed (refused, or an injected fault):
+     * nnopbase's RepeatMode::Unrepeatable. Phase 2 consumes it; aclDestroyAclOpExecutor frees an
+     * unlaunched one (nnopbase deletes any executor it is given). */
+    int repeat_refused;
+    /* ACL_OPT_DETERMINISTIC of the device when phase 1 made it (nnopbase reads the option in
+     * phase 1 and hands it to the tiling; the executor keeps that choice). */
+    int64_t deterministic;
     uint64_t launches;
     /* A repeatable executor's launches queued and not yet run or skipped (their tasks look the
      * executor up by handle when they are dropped, and decrement this). */
@@ -158,6 +166,10 @@ int ascend_mock_mem_live_locked(uint64_t alloc_id);
 /* The device the allocation with this id was made on (the current device of the aclrtMalloc
  * call), or -1 when it is not alive. */
 int ascend_mock_mem_device_locked(uint64_t alloc_id);
+
+/* ACL_OPT_DETERMINISTIC of the calling thread's current device (0 without one, as nnopbase reads
+ * a failed query): what phase 1 hands to an executor. */
+int64_t ascend_mock_deterministic_locked(void);
 
 /* Runtime preconditions of a call that uses the device: aclInit done and a device set on the
  * calling thread. Returns 0, or the ACL error (after counting a violation and setting the

@@ -216,10 +216,124 @@ static ascend_mock_executor *executor_get(const char *api, aclOpExecutor *execut
     int r = ACLNN_SUCCESS;                                                                                          \
     ascend_mock_executor *e = executor_get((api), (executor), &r)
 
+/* ---- executors CANN will not repeat ------------------------------------------------------------------- */
+/* nnopbase's SetRepeatable returns ACLNN_ERR_INNER (561000) for an executor whose phase 1 used an
+ * AI CPU kernel, a DSA task, a synchronous copy to the device or output-shape arguments, or a
+ * huge-page pool (hicann/opbase op_executor.cpp SetRepeatable and its AbandonCache(true) calls). The
+ * mock refuses persistently for the operators named here (phase-2 names, e.g.
+ * "aclnnBatchNormStats", or "*" for every operator): set with ascend_mock_refuse_repeatable, or at
+ * the first aclSetAclOpExecutorRepeatable of the process from ASCEND_MOCK_REFUSE_REPEATABLE (a
+ * comma-separated list of such names). Guarded by the mock's global lock. */
+#define REFUSE_MAX 32
+#define REFUSE_NAME_MAX 64
+static char g_refused[REFUSE_MAX][REFUSE_NAME_MAX];
+static int g_refused_env_read;
+/* Failed aclSetAclOpExecutorRepeatable calls: refusals and injected faults
+ * (ascend_mock_repeatable_refusals). */
+static uint64_t g_refusals;
+
+__attribute__((visibility("default"))) uint64_t ascend_mock_repeatable_refusals(void) {
+    return __atomic_load_n(&g_refusals, __ATOMIC_RELAXED);
+}
+
+/* Adds (on) or removes (!on) `name` (len bytes) from the refused list; -1 when it does not fit. */
+static int refuse_locked(const char *name, size_t len, int on) {
+    int free_slot = -1;
+    for (int i = 0; i < REFUSE_MAX; i++) {
+        if (!g_refused[i][0]) {
+            free_slot = free_slot < 0 ? i : free_slot;
+        } else if (strlen(g_refused[i]) == len && memcmp(g_refused[i], name, len) == 0) {
+            if (!on) {
+                g_refused[i][0] = '\0';
+            }
+            return 0;
+        }
+    }
+    if (!on) {
+        return 0;
+    }
+    if (len == 0 || len >= REFUSE_NAME_MAX || free_slot < 0) {
+        return -1;
+    }
+    memcpy(g_refused[free_slot], name, len);
+    g_refused[free_slot][len] = '\0';
+    return 0;
+}
+
+static void refuse_read_env_locked(void) {
+    if (g_refused_env_read) {
+        return;
+    }
+    g_refused_env_read = 1;
+    const char *env = getenv("ASCEND_MOCK_REFUSE_REPEATABLE");
+    while (env && *env) {
+        size_t len = strcspn(env, ",");
+        size_t start = 0;
+        while (start < len && env[start] == ' ') {
+            start++;
+        }
+        size_t end = len;
+        while (end > start && env[end - 1] == ' ') {
+            end--;
+        }
+        if (end > start && refuse_locked(env + start, end - start, 1) != 0) {
+            fprintf(stderr, "ascend mock CANN: ASCEND_MOCK_REFUSE_REPEATABLE: cannot hold the name %.*s (at most %d "
+                            "names of fewer than %d bytes)\n",
+                    (int)(end - start), env + start, REFUSE_MAX, REFUSE_NAME_MAX);
+        }
+        env += len + (env[len] == ',');
+    }
+}
+
+__attribute__((visibility("default"))) int ascend_mock_refuse_repeatable(const char *op, int on) {
+    if (!op) {
+        return -1;
+    }
+    ascend_mock_lock();
+    refuse_read_env_locked(); /* the variable first, so that a later call overrides it */
+    int r = refuse_locked(op, strlen(op), on);
+    ascend_mock_unlock();
+    return r;
+}
+
+static int refused_locked(const char *op) {
+    refuse_read_env_locked();
+    for (int i = 0; i < REFUSE_MAX; i++) {
+        if (g_refused[i][0] && (strcmp(g_refused[i], "*") == 0 || strcmp(g_refused[i], op) == 0)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* aclSetAclOpExecutorRepeatable. Refused with ACLNN_ERR_INNER (no violation: CANN does this for
+ * executors it cannot repeat) for an operator on the refused list, and for an executor refused
+ * before (nnopbase's Unrepeatable mode is final). A refused executor (an injected fault counts as
+ * a refusal) stays what phase 1 made: phase 2 consumes it, or aclDestroyAclOpExecutor frees it. */
 aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor) {
     static const char api[] = "aclSetAclOpExecutorRepeatable";
-    EXECUTOR_ENTER(api, executor, ACLNN_ERR_PARAM_NULLPTR, executor ? NULL : "executor");
-    if (e) {
+    int fault;
+    if (ascend_mock_take_fault(api, &fault)) {
+        ascend_mock_lock();
+        int state;
+        ascend_mock_executor *e =
+            ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_EXECUTOR, (uint64_t)(uintptr_t)executor, &state);
+        if (e && !e->repeatable) {
+            e->repeat_refused = 1;
+        }
+        g_refusals++;
+        ascend_mock_unlock();
+        return fault;
+    }
+    EXECUTOR_ENTER(api, executor, ACLNN_ERR_INNER_NULLPTR, executor ? NULL : "executor");
+    if (e && !e->repeatable && (e->repeat_refused || refused_locked(e->op))) {
+        e->repeat_refused = 1;
+        g_refusals++;
+        ascend_mock_set_error("%s failed. ERROR: %d. unrepeatable executor %p of %s (an AI CPU kernel, a DSA task "
+                              "or a synchronous copy in its phase 1), find keyword MarkOpCacheInvalid in log.",
+                              api, ACLNN_ERR_INNER, (void *)executor, e->op);
+        r = ACLNN_ERR_INNER;
+    } else if (e) {
         e->repeatable = 1;
     }
     ascend_mock_unlock();
@@ -363,7 +477,11 @@ aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, 
  * freed (a violation, 161002): the caller must synchronise the stream first. (The queued tasks hold
  * copies of the call and look the executor up by handle only when they are dropped, so they would
  * survive a destroyed one; refusing keeps the mistake visible and the caller's handle valid for
- * the destroy it must retry.) */
+ * the destroy it must retry.) An unlaunched executor that aclSetAclOpExecutorRepeatable refused is
+ * freed without complaint: nnopbase's aclDestroyAclOpExecutor deletes any executor it is given
+ * (hicann/opbase src/nnopbase/common/api/acl_op_api.cpp), and the documented pairing was tried.
+ * One on which aclSetAclOpExecutorRepeatable was never called is freed too, but counts a
+ * violation: the documentation pairs the destroy with that call. */
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
     static const char api[] = "aclDestroyAclOpExecutor";
     EXECUTOR_ENTER(api, executor, ACLNN_ERR_INNER_NULLPTR, executor ? NULL : "executor");
@@ -375,9 +493,10 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor) {
                               ACLNN_ERR_PARAM_INVALID, (void *)executor, (unsigned long long)e->inflight);
         r = ACLNN_ERR_PARAM_INVALID;
     } else if (e) {
-        if (!e->repeatable) {
+        if (!e->repeatable && !e->repeat_refused) {
             ascend_mock_violation("%s: executor %p of %s is not repeatable: CANN frees it in the phase-2 call, and "
-                                  "destroying it yourself is undocumented (freed anyway)",
+                                  "destroying it without calling aclSetAclOpExecutorRepeatable first is undocumented "
+                                  "(freed anyway)",
                                   api, (void *)executor, e->op);
         }
         ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_EXECUTOR, e->handle);

@@ -326,18 +326,24 @@ static void op_task_drop(void *payload) {
 }
 
 /* ---- phase 1 ------------------------------------------------------------------------------------------- */
-/* Phase-1 calls of every operator, successful or not (ascend_mock_phase1_calls). */
+/* Phase-1 calls of every operator, successful or not (ascend_mock_phase1_calls); phase-2 calls that
+ * queued a kernel, of which those whose executor phase 1 made under ACL_OPT_DETERMINISTIC != 0,
+ * and those whose executor phase 1 made under another ACL_OPT_DETERMINISTIC than the device has at
+ * the launch (ascend_mock_launches). */
 static uint64_t g_phase1_calls;
+static uint64_t g_launches, g_deterministic_launches, g_stale_deterministic_launches;
 
 __attribute__((visibility("default"))) uint64_t ascend_mock_phase1_calls(void) {
     return __atomic_load_n(&g_phase1_calls, __ATOMIC_RELAXED);
 }
 
-/* Operator launches queued (phase-2 calls that enqueued their task; ascend_mock_launches). */
-static uint64_t g_launches;
-
-__attribute__((visibility("default"))) uint64_t ascend_mock_launches(void) {
-    return __atomic_load_n(&g_launches, __ATOMIC_RELAXED);
+__attribute__((visibility("default"))) void ascend_mock_launches(uint64_t *launches, uint64_t *deterministic,
+                                                                 uint64_t *stale_deterministic) {
+    ascend_mock_lock();
+    *launches = g_launches;
+    *deterministic = g_deterministic_launches;
+    *stale_deterministic = g_stale_deterministic_launches;
+    ascend_mock_unlock();
 }
 
 aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *workspaceSize,
@@ -398,6 +404,8 @@ aclnnStatus mock_op_phase1(const mock_op *op, const mock_op_call *in, uint64_t *
         e->base.op = op->phase2;
         e->base.destroy = op_executor_destroy;
         e->base.arg_at = op_executor_arg_at;
+        /* nnopbase's InitL2Phase1Context reads the option here; the executor keeps it */
+        e->base.deterministic = ascend_mock_deterministic_locked();
         e->base.handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_EXECUTOR, e);
         *workspaceSize = c->ws_size;
         *executor = (aclOpExecutor *)(uintptr_t)e->base.handle;
@@ -565,7 +573,9 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
         k->executor = e->base.handle;
     }
     ascend_mock_enqueue_locked(op->phase2, stream, ranges, nranges, op_task_run, op_task_drop, k);
-    __atomic_fetch_add(&g_launches, 1, __ATOMIC_RELAXED);
+    g_launches++;
+    g_deterministic_launches += e->base.deterministic != 0;
+    g_stale_deterministic_launches += e->base.deterministic != ascend_mock_deterministic_locked();
     if (e->base.repeatable) {
         e->base.launches++;
     }

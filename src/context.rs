@@ -160,14 +160,22 @@ impl Context {
     /// `aclnnBatchNormReduceBackward` are deterministic by default (docs/cann/SYNCBN.md 3,
     /// ASYNC.md 3). Collectives are not affected: HCCL reads the environment variable
     /// `HCCL_DETERMINISTIC` (`true`/`strict`) when a communicator is made. Deterministic kernels
-    /// may be slower. On the CPU backend this is a no-op: it is always deterministic (fixed
-    /// reduction order, f64 accumulation), with or without this call.
+    /// may be slower. It applies to every call prepared after it: the launch cache prepares a
+    /// cached call again (phase 1) at its first launch after the change, while a call prepared
+    /// with `prepare_*` before it keeps the setting it was prepared under. On the CPU backend
+    /// this is a no-op: it is always deterministic (fixed reduction order, f64 accumulation),
+    /// with or without this call.
     pub fn set_deterministic(&self, on: bool) -> Result<()> {
         match &self.kind {
             ContextKind::Cpu => Ok(()),
             ContextKind::Ascend(d) => {
                 d.bind()?;
-                crate::acl::ctx_set_sys_param(d.cann, ascend_sys::aclSysParamOpt::ACL_OPT_DETERMINISTIC, i64::from(on))
+                let opt = ascend_sys::aclSysParamOpt::ACL_OPT_DETERMINISTIC;
+                let result = crate::acl::ctx_set_sys_param(d.cann, opt, i64::from(on));
+                // Phase 1 reads the option: executors cached by any stream of the device are
+                // stale now (even after a failure, whose effect is unknown).
+                crate::device::launch_cache::config_changed(d);
+                result
             }
         }
     }

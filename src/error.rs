@@ -57,8 +57,9 @@ pub enum Error {
         /// `HcclGetErrorString`'s text, or the CPU engine's explanation.
         message: Option<String>,
     },
-    /// The CANN libraries (or one operator, or HCCL) could not be loaded.
-    #[error("CANN is not available: {0}")]
+    /// The CANN libraries, one operator, HCCL or one of its optional functions could not be
+    /// loaded: the [`LoadError`](ascend_sys::LoadError) variant says which, and what was tried.
+    #[error("loading CANN: {0}")]
     Load(#[from] ascend_sys::LoadError),
     /// CANN loaded but the requested device does not exist.
     #[error("Ascend device {device} not found: {count} device(s) present")]

@@ -28,6 +28,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Tensor::to_dlpack`] and [`Tensor::from_dlpack`] exchange tensors with torch_npu and other
+//! frameworks through DLPack (device memory shared, not copied); with the `ndarray` feature,
+//! `Tensor::from_array` and `Tensor::to_array` copy host arrays in and out.
+//!
 //! Layers (cudarc's split): [`ascend_sys`] (raw FFI and loader) → `acl` (one checked wrapper per
 //! C call) → the safe types here ([`Context`], [`Stream`], [`Tensor`], [`ops`]) → the [`cpu`]
 //! backend beside them. With the `mock` feature, `mock` runs the Ascend path on a fake CANN.
@@ -37,9 +41,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;
+#[cfg(feature = "ndarray")]
+mod array;
 mod context;
 pub mod cpu;
 mod device;
+mod dlpack;
 pub mod dtype;
 mod error;
 mod event;
@@ -57,6 +64,7 @@ mod tensor;
 
 pub use context::{Backend, Context, MemoryStats, BACKEND_ENV};
 pub use device::launch_cache::LaunchCacheStats;
+pub use dlpack::{DlDevice, DlPack};
 pub use dtype::{bf16, f16, DType, Element};
 pub use error::{Error, Result, STATUS_INVALID, STATUS_NULLPTR};
 pub use event::Event;

@@ -14,10 +14,20 @@
 //! [`stats`] (and [`violations_since`] for the messages). What a skipped task should have written
 //! is poisoned (see [`MockStats::poisoned_bytes`]): reading it is an error, never stale bytes.
 //!
-//! As on hardware, `aclrtFree` waits for the work queued on every stream of the allocation's
-//! device before the memory goes (the device-wide stall that keeps `aclrtFree` out of steady
-//! loops); a premature free, one that queued work still uses, is a violation and does not wait:
-//! the tasks that use the memory are skipped and poison what they should have written.
+//! As on CANN, `aclrtFree` neither synchronises nor waits (`aclrtFreeWithDevSync` is CANN's
+//! waiting variant): a free of memory that queued work still uses is a violation, and the tasks
+//! that use the memory are skipped and poison what they should have written. An
+//! `aclrtMemcpyAsync` between two host buffers fails with `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`
+//! (207000), and one whose host side is pageable (not from `aclrtMallocHost`) runs synchronously,
+//! as on CANN: the host waits for the stream's queued work and the copy (counted in
+//! [`MockStats::blocking_copies`]).
+//!
+//! Executors CANN will not repeat: [`refuse_repeatable`] (or the environment variable
+//! `ASCEND_MOCK_REFUSE_REPEATABLE`) makes `aclSetAclOpExecutorRepeatable` refuse an operator's
+//! executors, as CANN refuses those whose phase 1 used an AI CPU kernel, a DSA task or a
+//! synchronous copy. Phase 1 records the device's `ACL_OPT_DETERMINISTIC`, and
+//! [`launch_counters`] counts the launches of executors prepared under another value than the
+//! device has at the launch.
 //!
 //! The functions here read the mock's process-wide state through extra C functions of its
 //! `libascendcl.so` (`ascend_mock_*`, see `mock/ascend_mock.h`), loaded from the same file as the
@@ -99,9 +109,11 @@ pub struct MockStats {
     pub event_synchronizes: u64,
     /// Total `aclrtSynchronizeDevice` calls (host waits for every stream of a device).
     pub device_synchronizes: u64,
-    /// Total successful `aclrtFree` calls (each a possible device-wide stall on hardware).
+    /// Total successful `aclrtFree` calls (`aclrtFree` itself does not wait; a steady loop
+    /// makes none: the allocator caches its blocks).
     pub device_frees: u64,
-    /// Total blocking `aclrtMemcpy` calls (the host waits for the copy).
+    /// Total blocking copies: `aclrtMemcpy` calls, and `aclrtMemcpyAsync` calls from or to
+    /// pageable host memory, which CANN runs synchronously (the host waits for the copy).
     pub blocking_copies: u64,
     /// Total successful `aclrtMallocHost` calls (pinned host memory).
     pub host_mallocs: u64,
@@ -421,8 +433,64 @@ pub struct LaunchCounters {
     pub tensors_created: u64,
     /// Phase-1 calls (`aclnn*GetWorkspaceSize`, successful or not).
     pub phase1_calls: u64,
-    /// Operator launches queued on a stream (phase-2 calls that enqueued their work).
+    /// Phase-2 calls that queued a kernel (an empty call queues none).
     pub launches: u64,
+    /// Of `launches`, those of executors that phase 1 made while the device's
+    /// `ACL_OPT_DETERMINISTIC` was on.
+    pub deterministic_launches: u64,
+    /// Of `launches`, those of executors that phase 1 made under another `ACL_OPT_DETERMINISTIC`
+    /// than the device had at the launch: on CANN they run the kernel and tiling chosen under
+    /// the old setting.
+    pub stale_deterministic_launches: u64,
+    /// Failed `aclSetAclOpExecutorRepeatable` calls: refusals ([`refuse_repeatable`]) and
+    /// injected faults.
+    pub repeatable_refusals: u64,
+}
+
+type Counter = unsafe extern "C" fn() -> u64;
+
+/// The launch-path functions of the mock's `libnnopbase.so` and `libopapi.so`.
+struct LaunchApi {
+    tensors_created: Counter,
+    phase1_calls: Counter,
+    launches: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64),
+    repeatable_refusals: Counter,
+    refuse_repeatable: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
+    _libraries: [libloading::Library; 2],
+}
+
+fn launch_api() -> &'static LaunchApi {
+    static API: OnceLock<LaunchApi> = OnceLock::new();
+    API.get_or_init(|| {
+        let open = |name: &str| {
+            let path = toolkit_dir().join("lib64").join(name);
+            // SAFETY: the mock's own library, built by this crate's build script; its initialisers
+            // only set up static state, and loading the path `ascend_sys::load_from` loads yields
+            // the same (reference-counted) instance.
+            let library = unsafe { libloading::Library::new(&path) }
+                .unwrap_or_else(|e| panic!("the mock CANN build is broken: cannot load {}: {e}", path.display()));
+            (library, path)
+        };
+        let ((nnopbase, nnopbase_path), (opapi, opapi_path)) =
+            (open(ascend_sys::loader::NNOPBASE), open(ascend_sys::loader::OPAPI));
+        macro_rules! sym {
+            ($library:ident, $path:ident, $name:literal) => {
+                // SAFETY: declared in mock/ascend_mock.h with exactly the signature of the field
+                // it is stored in; the library outlives the pointer (kept in `LaunchApi`).
+                *unsafe { $library.get(concat!($name, "\0").as_bytes()) }.unwrap_or_else(|e| {
+                    panic!("the mock CANN build is broken: {} lacks {}: {e}", $path.display(), $name)
+                })
+            };
+        }
+        LaunchApi {
+            tensors_created: sym!(nnopbase, nnopbase_path, "ascend_mock_tensors_created"),
+            repeatable_refusals: sym!(nnopbase, nnopbase_path, "ascend_mock_repeatable_refusals"),
+            refuse_repeatable: sym!(nnopbase, nnopbase_path, "ascend_mock_refuse_repeatable"),
+            phase1_calls: sym!(opapi, opapi_path, "ascend_mock_phase1_calls"),
+            launches: sym!(opapi, opapi_path, "ascend_mock_launches"),
+            _libraries: [nnopbase, opapi],
+        }
+    })
 }
 
 /// The mock's [`LaunchCounters`] now (process-wide totals).
@@ -430,42 +498,40 @@ pub struct LaunchCounters {
 /// # Panics
 /// Only if the mock toolkit that this crate's build script produced cannot be loaded (a broken build).
 pub fn launch_counters() -> LaunchCounters {
-    type Counter = unsafe extern "C" fn() -> u64;
-    struct Counters {
-        tensors_created: Counter,
-        phase1_calls: Counter,
-        launches: Counter,
-        _libraries: [libloading::Library; 2],
-    }
-    static COUNTERS: OnceLock<Counters> = OnceLock::new();
-    let counters = COUNTERS.get_or_init(|| {
-        let load = |name: &str, symbol: &str| {
-            let path = toolkit_dir().join("lib64").join(name);
-            // SAFETY: the mock's own library, built by this crate's build script; its initialisers
-            // only set up static state, and loading the path `ascend_sys::load_from` loads yields
-            // the same (reference-counted) instance.
-            let library = unsafe { libloading::Library::new(&path) }
-                .unwrap_or_else(|e| panic!("the mock CANN build is broken: cannot load {}: {e}", path.display()));
-            // SAFETY: declared in mock/ascend_mock.h as `uint64_t f(void)`; the library outlives
-            // the pointer (kept in `Counters`).
-            let f: Counter = *unsafe { library.get(symbol.as_bytes()) }
-                .unwrap_or_else(|e| panic!("the mock CANN build is broken: {} lacks {symbol}: {e}", path.display()));
-            (f, library)
-        };
-        let (tensors_created, nnopbase) = load(ascend_sys::loader::NNOPBASE, "ascend_mock_tensors_created\0");
-        let (phase1_calls, opapi) = load(ascend_sys::loader::OPAPI, "ascend_mock_phase1_calls\0");
-        // SAFETY: declared in mock/ascend_mock.h as `uint64_t f(void)`; `opapi` outlives the
-        // pointer (kept in `Counters`).
-        let launches: Counter = *unsafe { opapi.get(b"ascend_mock_launches\0") }
-            .unwrap_or_else(|e| panic!("the mock CANN build is broken: libopapi.so lacks ascend_mock_launches: {e}"));
-        Counters { tensors_created, phase1_calls, launches, _libraries: [nnopbase, opapi] }
-    });
-    // SAFETY: both take no arguments and only read an atomic counter.
+    let api = launch_api();
+    let (mut launches, mut deterministic_launches, mut stale_deterministic_launches) = (0, 0, 0);
+    // SAFETY: the counters take no arguments and only read counters; `ascend_mock_launches`
+    // writes three u64 through the valid pointers given.
     unsafe {
+        (api.launches)(&mut launches, &mut deterministic_launches, &mut stale_deterministic_launches);
         LaunchCounters {
-            tensors_created: (counters.tensors_created)(),
-            phase1_calls: (counters.phase1_calls)(),
-            launches: (counters.launches)(),
+            tensors_created: (api.tensors_created)(),
+            phase1_calls: (api.phase1_calls)(),
+            launches,
+            deterministic_launches,
+            stale_deterministic_launches,
+            repeatable_refusals: (api.repeatable_refusals)(),
         }
     }
+}
+
+/// From now on, `aclSetAclOpExecutorRepeatable` refuses (`on`) or accepts again (`!on`) the
+/// executors of operator `op` with `ACLNN_ERR_INNER` (561000), as CANN refuses executors it cannot
+/// repeat (phase 1 used an AI CPU kernel, a DSA task or a synchronous copy; not a violation).
+///
+/// `op` is the operator's phase-2 name (e.g. `"aclnnBatchNormStats"`), or `"*"` for every
+/// operator. Process-wide. The environment variable `ASCEND_MOCK_REFUSE_REPEATABLE` (a
+/// comma-separated list of such names, read once by the mock at its first use of the list) sets
+/// the list a process starts with, e.g. to run a whole test binary under refusal.
+///
+/// # Panics
+/// If `op` is neither `"*"` nor the phase-2 name of an operator in
+/// [`ascend_sys::symbols::OPERATORS`], or if the mock toolkit cannot be loaded (a broken build).
+pub fn refuse_repeatable(op: &str, on: bool) {
+    let known = op == "*" || ascend_sys::symbols::OPERATORS.iter().any(|o| o.name == op);
+    assert!(known, "ascend::mock::refuse_repeatable: `{op}` is not an operator of the mock CANN (nor \"*\")");
+    let name = CString::new(op).expect("an operator name has no NUL");
+    // SAFETY: `name` is a NUL-terminated string that outlives the call; the mock copies it.
+    let status = unsafe { (launch_api().refuse_repeatable)(name.as_ptr(), c_int::from(on)) };
+    assert_eq!(status, 0, "ascend::mock::refuse_repeatable({op:?}): the mock's list of refused operators is full");
 }

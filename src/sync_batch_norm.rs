@@ -9,11 +9,22 @@
 //!    instead, and the host turns them into mean and invstd (host reads: two-pass statistics on
 //!    the CPU, while CANN's reduction kernel sums Σx² − mean·Σx in f32, which loses accuracy when
 //!    |mean| ≫ std). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
-//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2), so no rank reads the counts;
+//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
 //! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
 //! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
 //!    invstd, and the running statistics updated in place;
 //! 4. `batch_norm_elemt`: the normalised output.
+//!
+//! Every output is allocated before step 3, so a forward that fails in validation, allocation,
+//! the local statistics or the all-gather changes nothing; only a runtime failure of step 4's
+//! launch (validated arguments: on hardware such faults surface asynchronously anyway) leaves the
+//! running statistics updated, as torch's. Committing them after step 4 would cost a second
+//! gather launch every step (tried: 3 → 4 launches per forward).
+//!
+//! When no rank has an element (every rank's N is 0) the global statistics would be 0/0: the
+//! running statistics are left as they were and the saved statistics are mean 0, invstd 1. A rank
+//! with elements knows that N > 0 without reading anything; only an empty rank reads the gathered
+//! counts (a host wait in that degenerate step alone), so every rank decides the same.
 //!
 //! Backward:
 //! 1. `batch_norm_reduce_backward_into`: the local Σdy and Σdy·(x − mean) into the two halves of
@@ -23,8 +34,9 @@
 //! 3. `batch_norm_elemt_backward` with the gathered counts: the input gradient, equal (to f32
 //!    accuracy) to BatchNorm's over the whole global batch.
 //!
-//! On Ascend a steady step (f32 or f16 input) makes no host wait and, with the caching
-//! allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and one all-reduce.
+//! On Ascend a steady step (f32 or f16 input) makes no host wait (unless this rank's input is
+//! empty) and, with the caching allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and
+//! one all-reduce.
 //!
 //! Both validate every argument first, with the rules of the operators they chain, before the
 //! first collective and the first write: a bad argument fails on its own rank before any peer
@@ -53,12 +65,12 @@ pub struct Saved<'a> {
 }
 
 impl Saved<'_> {
-    /// The global mean per channel (f32).
+    /// The global mean per channel (f32; 0 when no rank had an element).
     pub fn mean(&self) -> &Tensor {
         &self.mean
     }
 
-    /// The global invstd per channel (f32).
+    /// The global invstd per channel (f32; 1 when no rank had an element).
     pub fn invstd(&self) -> &Tensor {
         &self.invstd
     }
@@ -66,7 +78,9 @@ impl Saved<'_> {
 
 /// SyncBatchNorm's forward pass on this rank (see the [module](self) docs): returns the
 /// normalised output (shape and dtype of `input`) and what [`backward`] needs. `running_mean` and
-/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`.
+/// `running_var` (both or neither, `[C]`) are updated in place with `momentum`; a step in which no
+/// rank has an element leaves them as they were, and so does an `Err` from anything but a runtime
+/// failure of the normalisation's launch (see the [module](self) docs).
 #[allow(clippy::too_many_arguments)]
 pub fn forward<'a>(
     comm: &Communicator,
@@ -101,7 +115,24 @@ pub fn forward<'a>(
     let mean_all = gathered.view(&[world, c], &[row, 1], 0)?;
     let invstd_all = gathered.view(&[world, c], &[row, 1], c)?;
     let counts = gathered.view(&[world], &[row], 2 * c)?;
-    let (mean, invstd) = ops::batch_norm_gather_stats_with_counts(
+    // With no element on any rank the global statistics are 0/0: nothing to normalise with and
+    // nothing to update the running statistics with. A rank with elements knows that N > 0
+    // without reading; only an empty rank reads the gathered counts, so every rank decides the same.
+    if per_channel == 0 && no_rank_has_elements(s, &counts)? {
+        // Every row is then an empty rank's: mean 0, invstd 1 (row 0 serves).
+        let (mean, invstd) = (gathered.view(&[c], &[1], 0)?, gathered.view(&[c], &[1], c)?);
+        let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
+        return Ok((out, Saved { input, mean, invstd, counts }));
+    }
+    // Every output is allocated before the running statistics change, so a failed allocation
+    // changes nothing; after the gather only the normalisation's launch can still fail (its
+    // arguments are validated: a runtime failure of the enqueue, which on hardware is also how a
+    // device fault surfaces, asynchronously). torch's order and launch count: the running
+    // statistics are updated by the one gather.
+    let (mut mean, mut invstd) =
+        (Tensor::alloc(s, DType::F32, &[c], false)?, Tensor::alloc(s, DType::F32, &[c], false)?);
+    let mut out = Tensor::alloc(s, input.dtype(), input.shape(), false)?;
+    ops::batch_norm_gather_stats_with_counts_into(
         s,
         input,
         &mean_all,
@@ -111,9 +142,16 @@ pub fn forward<'a>(
         momentum,
         eps,
         &counts,
+        &mut mean,
+        &mut invstd,
     )?;
-    let out = ops::batch_norm_elemt(s, input, weight, bias, &mean, &invstd, eps)?;
+    ops::batch_norm_elemt_into(s, input, weight, bias, &mean, &invstd, eps, &mut out)?;
     Ok((out, Saved { input, mean, invstd, counts }))
+}
+
+/// Whether the gathered `counts` (`[W]` f32) are all 0: a host read, made only by an empty rank.
+fn no_rank_has_elements(s: &Stream, counts: &Tensor) -> Result<bool> {
+    Ok(counts.to_vec::<f32>(s)?.iter().all(|&n| n == 0.0))
 }
 
 /// This rank's `[mean | invstd | count]` (`[2C + 1]` f32), written on the stream without a host
@@ -196,7 +234,7 @@ fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Resul
         let mask = OutputMask { input_g: true, weight_g: false, bias_g: false };
         let r = ops::batch_norm_reduce_backward(s, input, input, mean, &zeros, None, mask)?;
         let Some(t) = r.sum_dy_xmu else {
-            return Err(Error::invalid("input", "the reduction gave no sumDyXmu"));
+            return Err(Error::internal("bf16 stats: the reduction returned no sumDyXmu though asked"));
         };
         Ok(t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect())
     };
@@ -205,7 +243,7 @@ fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Resul
     let r = ops::batch_norm_reduce_backward(s, input, input, &zeros, &zeros, None, mask)?;
     let sum: Vec<f64> = match r.grad_bias {
         Some(t) => t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect(),
-        None => return Err(Error::invalid("input", "no channel")),
+        None => return Err(Error::internal("bf16 stats: the reduction returned no gradBias though asked")),
     };
     let mean: Vec<f32> = sum.iter().map(|&v| (v / n as f64) as f32).collect();
     let mean_t = Tensor::from_slice(s, &mean, &[c])?;

@@ -106,9 +106,9 @@ impl std::fmt::Debug for DeviceStorage {
     }
 }
 
-/// A strided view of `f32`, [`struct@f16`] or [`struct@bf16`] elements over storage it owns: host memory on
-/// the CPU backend, device memory (`aclrtMalloc`) on Ascend. Shapes, strides and offsets count
-/// elements. `Send + Sync`.
+/// A strided view of `f32`, [`struct@f16`], [`struct@bf16`] or `i32` elements (see [`DType`]) over
+/// storage it owns: host memory on the CPU backend, device memory (`aclrtMalloc`) on Ascend.
+/// Shapes, strides and offsets count elements. `Send + Sync`.
 ///
 /// Device memory comes from the context's stream-ordered caching allocator and goes back to it
 /// only after every stream that enqueued work on it has passed that work (events, no host wait),
@@ -134,7 +134,7 @@ pub(crate) const TENSOR_DATA_ALIGN: usize = 32;
 
 impl Tensor {
     /// A tensor over `storage` with this layout (checked by the caller).
-    fn with_layout(
+    pub(crate) fn with_layout(
         dtype: DType,
         shape: Vec<usize>,
         strides: Vec<usize>,

@@ -296,7 +296,8 @@ impl Framework for Bwd {
 
     fn upload(&self, s: &Stream) -> Result<BwdUp> {
         let mut f = Fwd { momentum: 0.0, ..self.fwd.clone() }.upload(s)?;
-        let (_, saved) = f.run(s)?;
+        // On a stream of its own, so that `s`'s launch cache holds only the backward's entries.
+        let (_, saved) = f.run(&s.context().new_stream()?)?;
         Ok(BwdUp { f, dy: self.dy.tensor(s)?, saved, mask: self.mask })
     }
 

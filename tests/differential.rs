@@ -13,7 +13,9 @@
 //! inputs (N = 0), ranks without elements, optional arguments present or not, output dtypes the
 //! operator refuses, and scalar arguments at their edges (0, NaN, ±inf, beyond f32, subnormal,
 //! negative). Each program runs with the mock streams' launch cache off (capacity 0), small (1
-//! or 2 entries, so entries are retired with launches queued) or at the environment's default.
+//! or 2 entries, so entries are retired with launches queued) or at the environment's default,
+//! and one program in five with every operator's repeatable executor refused by the mock (as CANN
+//! refuses those it cannot repeat: the calls are launched uncached).
 //! A failure shrinks to a minimal program. `DIFFERENTIAL_CASES` sets the number of
 //! programs (default 300), `DIFFERENTIAL_SEED` the seed (default: fixed).
 #![cfg(feature = "mock")]
@@ -303,13 +305,16 @@ struct Program {
     /// The launch cache capacity of every mock stream during this program (`None`: the
     /// environment's default; 0: off).
     capacity: Option<usize>,
+    /// Whether the mock refuses every repeatable executor during this program.
+    refuse: bool,
     steps: Vec<Step>,
 }
 
 fn program() -> impl Strategy<Value = Program> {
     let capacity = prop_oneof![Just(None), Just(Some(0)), Just(Some(1)), Just(Some(2))];
-    (0usize..4, 1usize..5, 1usize..4, 1usize..4, capacity, proptest::collection::vec(step(), 1..12))
-        .prop_map(|(n, c, s, w, capacity, steps)| Program { n, c, s, w, capacity, steps })
+    let refuse = prop_oneof![4 => Just(false), 1 => Just(true)];
+    (0usize..4, 1usize..5, 1usize..4, 1usize..4, capacity, refuse, proptest::collection::vec(step(), 1..12))
+        .prop_map(|(n, c, s, w, capacity, refuse, steps)| Program { n, c, s, w, capacity, refuse, steps })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -808,6 +813,14 @@ fn check(what: &str, mock: Result<Outputs>, cpu: Result<Outputs>) -> Outcome {
 }
 
 fn run_program(world: &mut World, p: &Program) -> Outcome {
+    ascend::mock::refuse_repeatable("*", p.refuse);
+    let outcome = run_steps(world, p);
+    ascend::mock::refuse_repeatable("*", false);
+    REFUSING_PROGRAMS.fetch_add(usize::from(p.refuse), Relaxed);
+    outcome
+}
+
+fn run_steps(world: &mut World, p: &Program) -> Outcome {
     PROGRAMS.fetch_add(1, Relaxed);
     // The launch cache on or off (entries beyond a smaller capacity are retired, with their
     // launches possibly still queued).
@@ -856,6 +869,8 @@ static COMPARED: AtomicUsize = AtomicUsize::new(0);
 static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
 static UNCACHED_PROGRAMS: AtomicUsize = AtomicUsize::new(0);
+/// Programs run with every repeatable executor refused.
+static REFUSING_PROGRAMS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn every_operator_collective_and_sync_batch_norm_agrees_with_the_cpu_twin() {
@@ -881,7 +896,8 @@ fn differential() {
     };
     println!(
         "differential: seed {seed}, {} programs, {} steps: {} ran on both backends, {} rejected alike, \
-         {} outputs compared; launch cache: {} hits, {} misses, {} programs with it off",
+         {} outputs compared; launch cache: {} hits, {} misses, {} programs with it off, {} with executors \
+         refused",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         RAN.load(Relaxed),
@@ -890,6 +906,7 @@ fn differential() {
         CACHE_HITS.load(Relaxed),
         CACHE_MISSES.load(Relaxed),
         UNCACHED_PROGRAMS.load(Relaxed),
+        REFUSING_PROGRAMS.load(Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ascend::hccl::{Communicator, ReduceOp};
 use ascend::{Context, Error, Tensor};
-use self_exec::{expect_success, spawn_self};
+use self_exec::{expect_success, run_as_child, spawn_self};
 
 const ROLE: &str = "ASCEND_TEST_CLUSTER_ROLE";
 const TABLE: &str = "ASCEND_TEST_CLUSTER_TABLE";
@@ -173,6 +173,11 @@ fn bad_rank_tables_are_errors_naming_the_file() {
     let good = dir.join("good.json");
     std::fs::write(&good, table_v1(2)).unwrap();
     rejected(&ctx, &good, 2, "rank", &["rank 2 is not a rank_id", "good.json", "0..1"]);
+    // The table places rank 1 on device_id 1; ctx is device 0 (audit 4 G05).
+    rejected(&ctx, &good, 1, "ctx", &["good.json", "rank 1 on device_id 1", "ctx is device 0"]);
+    let v2 = dir.join("good_v2.json");
+    std::fs::write(&v2, table_v2(2)).unwrap();
+    rejected(&ascend::mock::context(1).unwrap(), &v2, 0, "ctx", &["good_v2.json", "rank 0 on device_id 0", "device 1"]);
     let e = Communicator::from_rank_table(&Context::cpu(), &good, 0).unwrap_err();
     assert!(e.to_string().contains("CPU engine joins ranks in one process only"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -277,11 +282,7 @@ fn from_env_over_2_and_4_processes() {
 #[test]
 fn from_env_errors_name_the_variable_or_the_peer() {
     let _g = setup();
-    if env::var(ROLE).as_deref() != Ok("errors") {
-        let out = spawn_self("from_env_errors_name_the_variable_or_the_peer", &[(ROLE, "errors".into())])
-            .wait_with_output()
-            .unwrap();
-        expect_success("the error cases", &out);
+    if !run_as_child("from_env_errors_name_the_variable_or_the_peer", ROLE, "errors") {
         return;
     }
     // In a child: the environment is this process's own.
@@ -377,7 +378,9 @@ fn a_rank_0_of_job_a() {
     let ctx = ascend::mock::context(0).unwrap();
     let e = Communicator::from_env(&ctx).unwrap_err().to_string();
     assert!(
-        e.contains("rank(s) 1 of WORLD_SIZE=2") && e.contains("never connected") && e.contains("refused: 127.0.0.1:"),
+        e.contains("rank(s) 1 of WORLD_SIZE=2")
+            && e.contains("did not join")
+            && e.contains("unfinished connections: 127.0.0.1:"),
         "{e}"
     );
 }

@@ -665,6 +665,67 @@ fn a_failed_launch_evicts_its_entry(ctx: &Context) {
     case.check("after the failure", &s, &r, EPS);
 }
 
+/// Turns the device's deterministic mode off again when dropped (it is process-wide device state).
+struct DeterministicOff<'c>(&'c Context);
+
+impl Drop for DeterministicOff<'_> {
+    fn drop(&mut self) {
+        self.0.set_deterministic(false).expect("set_deterministic(false)");
+    }
+}
+
+/// (launches, of executors prepared deterministic, of executors prepared under another setting
+/// than the device's at the launch) since `before`.
+fn deterministic_launches(before: LaunchCounters) -> (u64, u64, u64) {
+    let now = counters();
+    (
+        now.launches - before.launches,
+        now.deterministic_launches - before.deterministic_launches,
+        now.stale_deterministic_launches - before.stale_deterministic_launches,
+    )
+}
+
+/// Audit 4, G03: `Context::set_deterministic` reaches signatures already cached, on every stream
+/// of the device and of another context of it: the first launch after each change runs phase 1
+/// again (a miss that replaces the entry), later ones hit; the mock, which records the setting at
+/// phase 1, runs no executor prepared under another setting than the device's. A call prepared
+/// with `prepare_*` before the change keeps its setting (the mock counts its launch as stale).
+fn set_deterministic_reaches_cached_launches(ctx: &Context) {
+    let s = stream(ctx, 8);
+    let other_ctx = ascend::mock::context(0).expect("a second context of device 0");
+    let t = stream(&other_ctx, 8);
+    let case = Elemt::new(1100, DType::F32, SHAPE);
+    let (up, up_t) = (case.upload(&s), case.upload(&t));
+    for _ in 0..2 {
+        case.check("before", &s, &case.run_into(&s, &up, true, true, EPS), true, true);
+        case.check("before, other context", &t, &case.run_into(&t, &up_t, true, true, EPS), true, true);
+    }
+    assert_eq!(s.launch_cache_stats(), stats(1, 1, 0, 1, 8));
+    let _off = DeterministicOff(ctx);
+    for (round, on) in [(1u64, true), (2, false), (3, true)] {
+        ctx.set_deterministic(on).expect("set_deterministic");
+        let before = counters();
+        for (what, st, up) in [("this context", &s, &up), ("other context", &t, &up_t)] {
+            let y = case.run_into(st, up, true, true, EPS);
+            case.check(&format!("round {round}, {what}, first"), st, &y, true, true);
+            let y = case.run_into(st, up, true, true, EPS);
+            case.check(&format!("round {round}, {what}, second"), st, &y, true, true);
+            assert_eq!(st.launch_cache_stats(), stats(1 + round, 1 + round, round, 1, 8), "round {round}, {what}");
+        }
+        assert_eq!(cost(before).1, 2, "round {round}: one phase 1 per stream after the change");
+        assert_eq!(deterministic_launches(before), (4, if on { 4 } else { 0 }, 0), "round {round}: launches");
+    }
+    let [x, w, b, mean, invstd] = &up;
+    let mut y = sentinel(&s, DType::F32, &SHAPE);
+    let prepared =
+        ascend::ops::prepare_batch_norm_elemt(&s, x, Some(w), Some(b), mean, invstd, EPS, &mut y).expect("prepare");
+    ctx.set_deterministic(false).expect("set_deterministic(false)");
+    let before = counters();
+    prepared.launch(&s, None).expect("launch");
+    assert_eq!(deterministic_launches(before), (1, 1, 1), "a call prepared before the change keeps its setting");
+    case.check("prepared before the change", &s, &y, true, true);
+}
+
 /// A new stream's capacity comes from the environment: 0 with `ASCEND_NO_LAUNCH_CACHE=1`, else
 /// `ASCEND_LAUNCH_CACHE_SIZE` or 256; with the cache off by the environment, a new stream's
 /// launches are uncached until a capacity is set.
@@ -696,8 +757,9 @@ const RANKS: usize = 2;
 const STEPS: usize = 3;
 
 /// Each rank's outputs of the last step (y, dx, dw, db as bits) and the launch counters'
-/// increase over the steps after the first (all ranks).
-type SyncRun = (Vec<[Vec<u32>; 4]>, (u64, u64));
+/// increase over the steps after the first (all ranks): (descriptors made, phase-1 calls,
+/// launches, refused `aclSetAclOpExecutorRepeatable` calls).
+type SyncRun = (Vec<[Vec<u32>; 4]>, (u64, u64, u64, u64));
 
 /// `STEPS` SyncBatchNorm forward+backward steps on two mock devices (one thread per rank, the
 /// same data each step), with each rank's stream keeping `capacity` entries.
@@ -746,7 +808,13 @@ fn sync_steps(ctxs: &[Context], capacity: usize) -> SyncRun {
     });
     let after = counters();
     let first = *first.lock().unwrap();
-    (results, (after.tensors_created - first.tensors_created, after.phase1_calls - first.phase1_calls))
+    let cost = (
+        after.tensors_created - first.tensors_created,
+        after.phase1_calls - first.phase1_calls,
+        after.launches - first.launches,
+        after.repeatable_refusals - first.repeatable_refusals,
+    );
+    (results, cost)
 }
 
 /// A steady SyncBatchNorm step (forward + backward over two mock devices, one thread per rank)
@@ -757,10 +825,39 @@ fn a_steady_sync_batch_norm_step_skips_phase_1(ctx0: &Context) {
     ascend::mock::set_device_count(RANKS as u32).expect("two mock devices");
     let ctxs = [ctx0.clone(), ascend::mock::context(1).expect("device 1")];
     let (on, on_cost) = sync_steps(&ctxs, 64);
-    assert_eq!(on_cost, (0, 0), "steps after the first: (aclCreateTensor, phase-1 calls)");
+    assert_eq!((on_cost.0, on_cost.1), (0, 0), "steps after the first: (aclCreateTensor, phase-1 calls)");
     let (off, off_cost) = sync_steps(&ctxs, 0);
     assert!(off_cost.0 > 0 && off_cost.1 > 0, "the cache off describes and runs phase 1 each step: {off_cost:?}");
     assert_eq!(on, off, "the cached steps' bits equal the uncached ones'");
+}
+
+/// The SyncBatchNorm step with every operator's executors refused repeatability, as CANN refuses
+/// those it cannot repeat: each step is right (bit for bit the cached steps'), every launch runs
+/// phase 1 (uncached) and, after the first step, no call tries `aclSetAclOpExecutorRepeatable`
+/// again; nothing leaks and no violation (checked by `isolated`).
+fn a_sync_batch_norm_step_survives_refused_executors(ctx0: &Context) {
+    ascend::mock::set_device_count(RANKS as u32).expect("two mock devices");
+    let ctxs = [ctx0.clone(), ascend::mock::context(1).expect("device 1")];
+    let (cached, cached_cost) = sync_steps(&ctxs, 64);
+    let refused = {
+        let _refuse = common::framework::RefuseRepeatable::new("*");
+        sync_steps(&ctxs, 64)
+    };
+    let (refused, (tensors, phase1, launches, refusals)) = refused;
+    assert_eq!(refused, cached, "the refused steps' bits equal the cached ones'");
+    let steps = (RANKS * (STEPS - 1)) as u64;
+    assert_eq!(launches, cached_cost.2, "as many launches as with the cache");
+    assert_eq!(phase1, launches, "every launch runs its phase 1");
+    assert!(tensors > 0, "the refused calls describe their tensors");
+    assert_eq!(refusals, 0, "a refused signature is not tried again");
+    println!(
+        "SyncBatchNorm step under refusal, per rank and step: {} launches, {} phase-1 calls, {} descriptors \
+         (cached: {} phase-1 calls)",
+        launches / steps,
+        phase1 / steps,
+        tensors / steps,
+        cached_cost.1 / steps
+    );
 }
 
 /// Each case as `mock::<name>`, inside `common::mock::isolated`.
@@ -783,5 +880,7 @@ on_the_mock!(
     capacity_zero_is_off_and_shrinking_retires,
     a_failed_launch_evicts_its_entry,
     new_streams_follow_the_environment,
+    set_deterministic_reaches_cached_launches,
     a_steady_sync_batch_norm_step_skips_phase_1,
+    a_sync_batch_norm_step_survives_refused_executors,
 );

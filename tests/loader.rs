@@ -26,6 +26,7 @@ use ascend_sys::loader::{ASCENDCL, NNOPBASE, OPAPI};
 use ascend_sys::symbols::{
     ASCENDCL_SYMBOLS as ACL_SYMBOLS, BATCH_NORM_REDUCE_BACKWARD, BATCH_NORM_STATS, NNOPBASE_SYMBOLS, OPERATORS,
 };
+use ascend_sys::LoadError;
 
 /// Every operator function (both phases of each).
 fn op_symbols() -> Vec<&'static str> {
@@ -93,29 +94,31 @@ fn empty_directory_lists_every_path_tried() {
             return;
         }
     };
-    assert_eq!(err.library, ASCENDCL);
-    assert_eq!(err.symbol, None);
-    assert_eq!(err.tried[0], (path_text(dir.join("lib64").join(ASCENDCL)), "not found".to_string()));
-    assert_eq!(err.tried[1], (path_text(dir.join(ASCENDCL)), "not found".to_string()));
-    let paths: Vec<&str> = err.tried.iter().map(|(p, _)| p.as_str()).collect();
+    let LoadError::Library { library, tried, .. } = &err else { panic!("expected LoadError::Library: {err:?}") };
+    assert_eq!(library, ASCENDCL);
+    assert_eq!(err.symbol(), None);
+    assert_eq!(tried[0], (path_text(dir.join("lib64").join(ASCENDCL)), "not found".to_string()));
+    assert_eq!(tried[1], (path_text(dir.join(ASCENDCL)), "not found".to_string()));
+    let paths: Vec<&str> = tried.iter().map(|(p, _)| p.as_str()).collect();
     assert!(paths.contains(&"/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so"), "{paths:?}");
     assert!(paths.contains(&"/usr/local/Ascend/cann/lib64/libascendcl.so"), "{paths:?}");
-    let (last, why) = err.tried.last().unwrap();
+    let (last, why) = tried.last().unwrap();
     assert_eq!(last, ASCENDCL, "the system search path comes last, by bare name");
     assert!(!why.is_empty());
     let text = err.to_string();
     assert!(text.contains("could not load libascendcl.so") && text.contains(&path_text(dir)), "{text}");
+    assert!(text.contains("set ASCEND_TOOLKIT_HOME"), "says what to do: {text}");
     // the same answer again, from the cache
-    assert_eq!(ascend_sys::load_from(&scratch("empty")).unwrap_err().library, ASCENDCL);
+    assert_eq!(ascend_sys::load_from(&scratch("empty")).unwrap_err(), err);
 }
 
 #[test]
 fn missing_nnopbase_names_it() {
     let root = toolkit("no-nnopbase", OPAPI, NNOPBASE);
     let err = ascend_sys::load_from(&root).unwrap_err();
-    assert_eq!(err.library, NNOPBASE);
-    assert_eq!((err.symbol, err.operator), (None, None));
-    assert_eq!(err.tried, vec![(path_text(root.join("lib64").join(NNOPBASE)), "not found".into())]);
+    let LoadError::Library { library, tried, .. } = &err else { panic!("expected LoadError::Library: {err:?}") };
+    assert_eq!(library, NNOPBASE);
+    assert_eq!(tried, &vec![(path_text(root.join("lib64").join(NNOPBASE)), "not found".to_string())]);
 }
 
 #[test]
@@ -123,12 +126,13 @@ fn missing_op_library_fails_only_the_operator_listing_both_names() {
     let root = toolkit("no-opapi", OPAPI, OPAPI);
     let cann = ascend_sys::load_from(&root).expect("a toolkit without op libraries still loads");
     let err = cann.operator(&BATCH_NORM_REDUCE_BACKWARD).unwrap_err();
-    assert_eq!(err.library, "libopapi.so|libopapi_nn.so");
-    assert_eq!(err.operator.as_deref(), Some("aclnnBatchNormReduceBackward"));
+    assert_eq!(err.library(), "libopapi.so|libopapi_nn.so");
+    let LoadError::Operator { operator, tried, .. } = &err else { panic!("expected LoadError::Operator: {err:?}") };
+    assert_eq!(operator, "aclnnBatchNormReduceBackward");
     let lib64 = root.join("lib64");
     assert_eq!(
-        err.tried,
-        vec![
+        tried,
+        &vec![
             (path_text(lib64.join("libopapi.so")), "not found".to_string()),
             (path_text(lib64.join("libopapi_nn.so")), "not found".to_string()),
         ]
@@ -137,8 +141,8 @@ fn missing_op_library_fails_only_the_operator_listing_both_names() {
     assert!(text.contains("aclnnBatchNormReduceBackward is not in this CANN toolkit"), "{text}");
     // aclnnBatchNormStats is in the math package.
     let err = cann.operator(&BATCH_NORM_STATS).unwrap_err();
-    assert_eq!(err.library, "libopapi.so|libopapi_math.so");
-    assert_eq!(err.tried[1].0, path_text(lib64.join("libopapi_math.so")));
+    assert_eq!(err.library(), "libopapi.so|libopapi_math.so");
+    assert_eq!(err.tried()[1].0, path_text(lib64.join("libopapi_math.so")));
 }
 
 #[test]
@@ -147,11 +151,12 @@ fn missing_symbol_names_library_and_symbol() {
         let root = toolkit(&format!("no-{symbol}"), OPAPI, symbol);
         let err = ascend_sys::load_from(&root).unwrap_err();
         let path = path_text(root.join("lib64").join(lib));
-        assert_eq!(err.library, path);
-        assert_eq!(err.symbol.as_deref(), Some(symbol), "{err}");
-        assert_eq!(err.tried.len(), 1);
-        assert_eq!(err.tried[0].0, path);
-        assert!(err.tried[0].1.contains(symbol), "{err:?}");
+        let LoadError::Symbol { library, symbol: missing, reason, .. } = &err else {
+            panic!("expected LoadError::Symbol: {err:?}")
+        };
+        assert_eq!((library.as_str(), missing.as_str()), (path.as_str(), symbol), "{err}");
+        assert!(reason.contains(symbol), "{err:?}");
+        assert_eq!(err.tried(), vec![(path.clone(), reason.clone())]);
         assert!(err.to_string().contains(&format!("lacks the symbol `{symbol}`")), "{err}");
     }
 }
@@ -163,10 +168,10 @@ fn an_operator_missing_from_the_op_library_fails_alone() {
     let root = toolkit("no-stats", OPAPI, BATCH_NORM_STATS.name);
     let cann = ascend_sys::load_from(&root).expect("loads");
     let err = cann.operator(&BATCH_NORM_STATS).unwrap_err();
-    assert_eq!(err.operator.as_deref(), Some("aclnnBatchNormStats"));
+    assert_eq!(err.operator(), Some("aclnnBatchNormStats"));
     let lib64 = root.join("lib64");
     assert_eq!(
-        err.tried[0],
+        err.tried()[0],
         (path_text(lib64.join(OPAPI)), format!("lacks {} or {}", BATCH_NORM_STATS.phase1, BATCH_NORM_STATS.name))
     );
     for op in OPERATORS.iter().filter(|o| o.name != BATCH_NORM_STATS.name) {
@@ -194,8 +199,10 @@ fn hccl_is_loaded_on_demand_with_optional_functions() {
     let root = toolkit("no-hccl", OPAPI, "");
     let cann = ascend_sys::load_from(&root).expect("a toolkit without HCCL loads");
     let err = cann.hccl().unwrap_err();
-    assert_eq!((err.library.as_str(), err.symbol.as_deref()), (HCCL, None));
-    assert_eq!(err.tried, vec![(path_text(root.join("lib64").join(HCCL)), "not found".to_string())]);
+    let LoadError::Library { library, tried, .. } = &err else { panic!("expected LoadError::Library: {err:?}") };
+    assert_eq!(library, HCCL);
+    assert_eq!(tried, &vec![(path_text(root.join("lib64").join(HCCL)), "not found".to_string())]);
+    assert!(err.to_string().contains("collectives need CANN's HCCL"), "{err}");
 
     let root = toolkit("hccl-8x", OPAPI, "");
     stub_library(&root.join("lib64"), HCCL, HCCL_SYMBOLS); // no HcclGetErrorString, as in some 8.x
@@ -207,7 +214,7 @@ fn hccl_is_loaded_on_demand_with_optional_functions() {
     symbols.retain(|s| *s != "HcclAllGather");
     stub_library(&root.join("lib64"), HCCL, &symbols);
     let err = ascend_sys::load_from(&root).unwrap().hccl().unwrap_err();
-    assert_eq!(err.symbol.as_deref(), Some("HcclAllGather"), "{err}");
+    assert!(matches!(&err, LoadError::Symbol { symbol, .. } if symbol == "HcclAllGather"), "{err:?}");
     assert!(err.to_string().contains("lacks the symbol `HcclAllGather`"), "{err}");
 }
 
@@ -218,8 +225,9 @@ fn a_file_that_is_not_a_library_is_reported_with_the_reason() {
     fs::write(root.join("lib64").join(ASCENDCL), "not an ELF file").unwrap();
     match ascend_sys::load_from(&root) {
         Err(err) => {
-            assert_eq!(err.library, ASCENDCL);
-            let (path, why) = &err.tried[0];
+            assert_eq!(err.library(), ASCENDCL);
+            let tried = err.tried();
+            let (path, why) = &tried[0];
             assert_eq!(path, &path_text(root.join("lib64").join(ASCENDCL)));
             assert_ne!(why, "not found", "dlopen's reason is kept: {err:?}");
         }

@@ -5,13 +5,16 @@
 //! launches of `batch_norm_reduce_backward` (allocating, `_into`, two-phase with and without a
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
 //! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
-//! communicator of the two mock devices (one thread per rank), `nn::BatchNorm` training or eval
-//! steps (`aclnnBatchNorm` and `aclnnBatchNormBackward`, results dropped before they ran, compared
-//! by outcome), and an injected fault
+//! communicator of the two mock devices (one thread per rank), DLPack exchanges (a tensor
+//! exported and imported back in its place), `nn::BatchNorm` training or eval steps
+//! (`aclnnBatchNorm` and `aclnnBatchNormBackward`, results dropped before they ran, compared by
+//! outcome), and an injected fault
 //! before any step (at any CANN function the crate binds). The launch cache is on and off: each
 //! program gives every stream slot a capacity (0, i.e. off, 1, 2 or the environment's default,
 //! so CI's run with `ASCEND_NO_LAUNCH_CACHE=1` has slots with the cache on too), and steps change
-//! a stream's capacity or flush its cache (entries retired with their launches still queued). Every step runs on the mock and on a
+//! a stream's capacity or flush its cache (entries retired with their launches still queued), and
+//! steps make the mock refuse or accept again the operator's repeatable executors (as CANN refuses
+//! those it cannot repeat; a refused call is launched uncached). Every step runs on the mock and on a
 //! CPU twin of the same program, and after every step:
 //! - the mock counted no violation (no memory freed, raced or misused);
 //! - both backends agreed: the same success, or the same aclnn status (a step that crosses
@@ -49,6 +52,9 @@ const DEVICES: u8 = 2;
 /// The status injected faults return (ACL_ERROR_RT_INTERNAL_ERROR).
 const FAULT_STATUS: i32 = 507899;
 const INVALID: i32 = 161002;
+
+/// The operator the programs launch (its phase-2 name).
+const OPERATOR: &str = "aclnnBatchNormReduceBackward";
 
 /// Every CANN function the crate binds, but the one that reads error texts.
 fn fault_apis() -> Vec<&'static str> {
@@ -193,6 +199,18 @@ enum Step {
     FlushLaunchCache {
         stream: usize,
     },
+    /// (Launch cache) From now on the mock refuses (`on`) or accepts again
+    /// `aclSetAclOpExecutorRepeatable` for the operator's executors (until the program ends).
+    RefuseRepeatable {
+        on: bool,
+    },
+    /// (DLPack) The slot's tensor exported on the stream (versioned or legacy) and imported back
+    /// in its place: the same memory on the mock, a copy on the CPU twin.
+    Exchange {
+        slot: usize,
+        stream: usize,
+        legacy: bool,
+    },
     /// (Layer) `nn::BatchNorm` on the stream: a fresh layer (training, or eval), forward on slot
     /// `x` and backward with slot `dy` (both (N, C, S)), every result dropped at once, before the
     /// stream ran it. Compared with the twin by outcome (its values are not exact sums).
@@ -274,7 +292,10 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
             .prop_map(|(stream, capacity)| Step::CacheCapacity { stream, capacity }),
         1 => stream.clone().prop_map(|stream| Step::FlushLaunchCache { stream }),
+        1 => any::<bool>().prop_map(|on| Step::RefuseRepeatable { on }),
         6 => Just(Step::Again),
+        2 => (slot.clone(), stream.clone(), any::<bool>())
+            .prop_map(|(slot, stream, legacy)| Step::Exchange { slot, stream, legacy }),
         // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
         2 => (any::<bool>(), 0..3usize, any::<bool>()).prop_map(|(big, i, max)| {
             let (a, b) = if big { (i, 3) } else { (BIG + i, 8) };
@@ -595,6 +616,10 @@ impl World {
             }
             Step::SharedStream { .. } | Step::EmptyCache => return self.run_cache_step(step, faulted),
             Step::CacheCapacity { .. } | Step::FlushLaunchCache { .. } => return self.run_launch_cache_step(step),
+            Step::RefuseRepeatable { on } => {
+                REFUSALS.fetch_add(usize::from(*on), Relaxed);
+                ascend::mock::refuse_repeatable(OPERATOR, *on);
+            }
             Step::DropStream { slot } => self.streams[*slot] = None,
             Step::DropTensor { slot } => self.slots[*slot] = None,
             Step::Upload { slot, stream, dt, layout, seed } => {
@@ -749,6 +774,43 @@ impl World {
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
             Step::Layer { stream, x, dy, eval } => return self.layer(*stream, [*x, *dy], *eval, faulted),
+            Step::Exchange { slot, stream, legacy } => {
+                let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
+                    return Ok(());
+                };
+                let exported = t.mock.to_dlpack(s);
+                if *sdev != t.device {
+                    return expect_invalid("exchange across devices", &exported);
+                }
+                let d = match exported {
+                    Ok(d) => d,
+                    Err(e) if !faulted => return Err(fail(format!("to_dlpack: {e:?}"))),
+                    Err(_) => {
+                        fault_error();
+                        return Ok(());
+                    }
+                };
+                let exchange = |d: ascend::DlPack, s: &Stream| {
+                    // SAFETY: made by to_dlpack, handed over once.
+                    unsafe {
+                        if *legacy {
+                            Tensor::from_dlpack_legacy(s, d.into_raw_legacy())
+                        } else {
+                            Tensor::from_dlpack(s, d.into_raw())
+                        }
+                    }
+                };
+                let back = exchange(d, s).map_err(|e| fail(format!("from_dlpack: {e:?}")))?;
+                if (back.device_ptr(), back.shape(), back.strides())
+                    != (t.mock.device_ptr(), t.mock.shape(), t.mock.strides())
+                {
+                    return Err(fail(format!("exchange changed the tensor: {:?} -> {back:?}", t.mock)));
+                }
+                t.mock = back; // the exported tensor goes: the buffer lives on in `back`
+                let twin = t.cpu.to_dlpack(&self.cpu).and_then(|d| exchange(d, &self.cpu));
+                t.cpu = twin.map_err(|e| fail(format!("cpu exchange: {e:?}")))?;
+                EXCHANGED.fetch_add(1, Relaxed);
+            }
             Step::Again => {
                 let Some(l) = self.last_launch.clone() else { return Ok(()) };
                 return self.launch_one(&l, faulted);
@@ -1133,6 +1195,8 @@ static REJECTED: AtomicUsize = AtomicUsize::new(0);
 static CROSSED: AtomicUsize = AtomicUsize::new(0);
 /// Reads compared bit for bit with the twin.
 static COMPARED: AtomicUsize = AtomicUsize::new(0);
+/// DLPack exchanges made (the tensor replaced by its re-import on both backends).
+static EXCHANGED: AtomicUsize = AtomicUsize::new(0);
 /// Steps (of any kind) that failed on the mock because of an injected fault.
 static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
 /// Parallel steps that ran both launches on two threads.
@@ -1145,6 +1209,10 @@ static LAYERS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
 static UNCACHED: AtomicUsize = AtomicUsize::new(0);
+/// Steps that made the mock refuse repeatable executors, and the refused
+/// `aclSetAclOpExecutorRepeatable` calls.
+static REFUSALS: AtomicUsize = AtomicUsize::new(0);
+static REFUSED_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 fn fault_error() {
     FAULT_ERRORS.fetch_add(1, Relaxed);
@@ -1154,6 +1222,8 @@ fn run_program(p: &Program) -> Outcome {
     PROGRAMS.fetch_add(1, Relaxed);
     let before = held();
     let violations = ascend::mock::stats().violations;
+    ascend::mock::refuse_repeatable(OPERATOR, false); // a failed program may have left it on
+    let refusals = ascend::mock::launch_counters().repeatable_refusals;
     {
         let mut world = World::new(p);
         for (slot, &device) in p.devices.iter().enumerate() {
@@ -1184,6 +1254,8 @@ fn run_program(p: &Program) -> Outcome {
         }
         world.final_check()?;
     }
+    ascend::mock::refuse_repeatable(OPERATOR, false);
+    REFUSED_CALLS.fetch_add((ascend::mock::launch_counters().repeatable_refusals - refusals) as usize, Relaxed);
     let after = held();
     if after != before {
         return Err(fail(format!("live objects (allocations, tensors, executors, streams) {before:?} -> {after:?}")));
@@ -1208,8 +1280,8 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
     println!(
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
-         {} all-reduces over two devices; {} layer steps; {} reads compared bit for bit; single launches: \
-         {} launch cache hits, {} misses, {} with it off",
+         {} all-reduces over two devices; {} DLPack exchanges; {} layer steps; {} reads compared bit for bit; \
+         single launches: {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         FAULTED.load(Relaxed),
@@ -1219,11 +1291,14 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         CROSSED.load(Relaxed),
         PARALLEL.load(Relaxed),
         COLLECTIVES.load(Relaxed),
+        EXCHANGED.load(Relaxed),
         LAYERS.load(Relaxed),
         COMPARED.load(Relaxed),
         CACHE_HITS.load(Relaxed),
         CACHE_MISSES.load(Relaxed),
         UNCACHED.load(Relaxed),
+        REFUSALS.load(Relaxed),
+        REFUSED_CALLS.load(Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");

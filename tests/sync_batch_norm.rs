@@ -258,3 +258,108 @@ fn sync_batch_norm_on_mock_devices_equals_batch_norm_over_the_global_batch() {
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
     assert_eq!((after.live_comms, after.live_allocations), (before.live_comms, before.live_allocations));
 }
+
+/// The contexts of a two-rank SyncBatchNorm test: CPU contexts, and with the mock feature mock
+/// devices 0 and 1.
+fn two_rank_engines() -> Vec<Vec<Context>> {
+    #[allow(unused_mut)]
+    let mut v = vec![vec![Context::cpu(); 2]];
+    #[cfg(feature = "mock")]
+    v.push((0..2).map(|d| ascend::mock::context(d).unwrap()).collect());
+    v
+}
+
+/// Every rank empty (N = 0 on each, audit 4 G01): the step is `Ok`, the running statistics keep
+/// their values (bit for bit), the saved statistics are finite, and backward gives empty input
+/// gradients and zero weight and bias gradients (not NaN), on both engines.
+#[test]
+fn an_all_empty_step_leaves_the_running_statistics_unchanged() {
+    let _mock = setup();
+    for ctxs in two_rank_engines() {
+        let case = Case::new(300, DType::F32, [0, 3, 4]);
+        let comms = Communicator::init_all(&ctxs).unwrap();
+        let what = format!("{:?}", ctxs[0].backend());
+        let results = on_ranks(comms, &ctxs, |_, comm, ctx| {
+            let s = ctx.new_stream().unwrap();
+            let x = case.rows(&s, &case.x, 0..0);
+            let dy = case.rows(&s, &case.dy, 0..0);
+            let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
+            let (y, saved) =
+                sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), Some(&mut rm), Some(&mut rv), MOMENTUM, EPS)
+                    .unwrap();
+            let (mean, invstd) = (read(&s, saved.mean()), read(&s, saved.invstd()));
+            let (dx, dw, db) = sync_batch_norm::backward(comm, &s, &dy, &saved, Some(&w), OutputMask::ALL).unwrap();
+            let dx = dx.unwrap();
+            (y.shape().to_vec(), dx.shape().to_vec(), read(&s, &rm), read(&s, &rv), mean, invstd, dw, db, s)
+        });
+        for (y, dx, rm, rv, mean, invstd, dw, db, s) in results {
+            assert_eq!((y.as_slice(), dx.as_slice()), (&[0, 3, 4][..], &[0, 3, 4][..]), "{what}: shapes");
+            assert_eq!(rm, case.rm.values(), "{what}: running_mean changed by an empty step");
+            assert_eq!(rv, case.rv.values(), "{what}: running_var changed by an empty step");
+            assert!(mean.iter().chain(&invstd).all(|v| v.is_finite()), "{what}: saved mean {mean:?} invstd {invstd:?}");
+            let (dw, db) = (read(&s, &dw.unwrap()), read(&s, &db.unwrap()));
+            assert_eq!((dw, db), (vec![0.0; 3], vec![0.0; 3]), "{what}: gradients of an empty batch");
+        }
+    }
+}
+
+/// One rank empty and one not, each way round, on both engines: the values equal BatchNorm over
+/// the non-empty rank's rows (f64 reference), on the empty rank too.
+#[test]
+fn one_empty_rank_of_two_equals_batch_norm_over_the_other() {
+    let _mock = setup();
+    for ctxs in two_rank_engines() {
+        for (i, split) in [[0usize, 0, 5], [0, 5, 5]].into_iter().enumerate() {
+            for dtype in [DType::F32, DType::F16] {
+                sync_case(&ctxs, dtype, &split, 400 + i as u64);
+            }
+        }
+    }
+}
+
+/// A failure after the all-gather, before the running statistics are updated (the output's
+/// `aclrtMalloc` fails on rank 0): `forward` returns `Err` and rank 0's running statistics are
+/// unchanged, since every output is allocated before the gather updates them; the retried step
+/// then updates them once (equal to the f64 reference of one step). A warm-up step of a smaller
+/// batch, whose output stays alive, leaves its per-channel blocks in the cache for the tested
+/// step, so the output's is the step's only `aclrtMalloc`, with nothing cached for the allocator
+/// to return and retry with.
+#[cfg(feature = "mock")]
+#[test]
+fn a_failure_after_the_gather_leaves_the_running_statistics_unchanged() {
+    let _mock = setup();
+    let ctxs: Vec<Context> = (0..2).map(|d| ascend::mock::context(d).unwrap()).collect();
+    let case = Case::new(500, DType::F32, [6, 3, 5]);
+    let exp = case.reference();
+    let comms = Communicator::init_all(&ctxs).unwrap();
+    let results = on_ranks(comms, &ctxs, |r, comm, ctx| {
+        let s = ctx.new_stream().unwrap();
+        let rows = if r == 0 { 0..3 } else { 3..6 };
+        let x = case.rows(&s, &case.x, rows.clone());
+        let x_warm = case.rows(&s, &case.x, rows.start..rows.start + 1);
+        let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
+        let (warm_y, _) =
+            sync_batch_norm::forward(comm, &s, &x_warm, Some(&w), Some(&b), None, None, MOMENTUM, EPS).unwrap();
+        let step = |rm: &mut Tensor, rv: &mut Tensor| {
+            sync_batch_norm::forward(comm, &s, &x, Some(&w), Some(&b), Some(rm), Some(rv), MOMENTUM, EPS).map(|_| ())
+        };
+        if r == 0 {
+            ascend::mock::fail_next_on_this_thread("aclrtMalloc", 207_001);
+            let e = step(&mut rm, &mut rv).expect_err("the output's allocation was made to fail");
+            assert!(e.to_string().contains("aclrtMalloc"), "{e}");
+            assert_eq!(read(&s, &rm), case.rm.values(), "running_mean changed by a failed step");
+            assert_eq!(read(&s, &rv), case.rv.values(), "running_var changed by a failed step");
+            step(&mut rm, &mut rv).unwrap();
+        } else {
+            step(&mut rm, &mut rv).unwrap();
+            // Rank 0's retry: a second step here (its running statistics are not checked).
+            let (mut rm2, mut rv2) = (case.rm.tensor(&s).unwrap(), case.rv.tensor(&s).unwrap());
+            step(&mut rm2, &mut rv2).unwrap();
+        }
+        drop(warm_y);
+        (read(&s, &rm), read(&s, &rv))
+    });
+    let (rm, rv) = &results[0];
+    assert_close("running_mean after the retry", rm, &exp.running_mean, tolerance(DType::F32));
+    assert_close("running_var after the retry", rv, &exp.running_var, tolerance(DType::F32));
+}

@@ -8,6 +8,7 @@
 //!   reports which paths were tried; each operator ([`Cann::operator`]) and HCCL ([`Cann::hccl`])
 //!   are resolved from the same install when first used.
 //! * [`status`]: the aclnn and ACL status codes by name.
+//! * [`dlpack`]: the DLPack ABI (`dlpack.h`), for exchanging tensors with other frameworks.
 //!
 //! Everything here is `unsafe` to call; the safe API is the `ascend` crate.
 
@@ -15,6 +16,7 @@
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 pub mod bindings;
+pub mod dlpack;
 pub mod loader;
 pub mod status;
 /// The functions bound from each library (the bindings' allowlists; every one must be exported).

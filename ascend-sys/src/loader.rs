@@ -89,8 +89,7 @@ impl Cann {
                 Err(why) => tried.push((candidate(&self.dir, file).display().to_string(), why)),
             }
         }
-        let library = std::iter::once(OPAPI).chain(package).collect::<Vec<_>>().join("|");
-        Err(LoadError { library, symbol: Some(op.phase1.to_string()), operator: Some(op.name.to_string()), tried })
+        Err(LoadError::Operator { operator: op.name.to_string(), tried })
     }
 
     /// Opens an op library of this toolkit (once; the outcome is kept).
@@ -133,23 +132,20 @@ impl Cann {
 
     fn load_hccl(&self) -> Result<&'static Hccl, LoadError> {
         let path = candidate(&self.dir, HCCL);
-        let fail = |symbol: Option<String>, why: String| LoadError {
+        let lib = open(&self.dir, HCCL).map_err(|why| LoadError::Library {
             library: HCCL.into(),
-            symbol,
-            operator: None,
             tried: vec![(path.display().to_string(), why)],
-        };
-        let lib = open(&self.dir, HCCL).map_err(|why| fail(None, why))?;
+        })?;
         for name in crate::symbols::HCCL_SYMBOLS {
             // SAFETY: only looks the symbol up (its address is never used as this type).
             if let Err(e) = unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) } {
-                return Err(fail(Some((*name).to_string()), e.to_string()));
+                return Err(LoadError::missing_symbol(path.display().to_string(), *name, e.to_string()));
             }
         }
         // SAFETY: the functions are resolved with the signatures bindgen derived from wrapper.h,
         // whose declarations are checked against HCCL's public headers (docs/cann/HCCL.md section 2); every
         // required one was just found, the optional ones are `Err` fields when absent.
-        let hccl = unsafe { Hccl::from_library(lib) }.map_err(|e| fail(None, e.to_string()))?;
+        let hccl = unsafe { Hccl::from_library(lib) }.map_err(|e| missing(&path, e))?;
         Ok(Box::leak(Box::new(hccl)))
     }
 
@@ -172,35 +168,137 @@ impl fmt::Debug for OpApi {
     }
 }
 
-/// Why the CANN libraries, or one operator, could not be loaded.
+/// Why the CANN libraries, one operator, or HCCL could not be loaded: one variant per cause, as
+/// a caller matches them (ort's `LoadError`, rusqlite's `Error`). Each `Display` says what was
+/// tried and what to do about it.
+///
+/// Earlier versions had a struct whose `Option` fields encoded the cause (`operator: Some`
+/// for [`LoadError::Operator`], `symbol: Some` for [`LoadError::Symbol`], neither for
+/// [`LoadError::Library`]). [`library`](LoadError::library), [`tried`](LoadError::tried),
+/// [`symbol`](LoadError::symbol) and [`operator`](LoadError::operator) read the same facts from
+/// any variant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct LoadError {
-    /// The library that failed (e.g. `libascendcl.so`, or `libopapi.so|libopapi_nn.so`).
-    pub library: String,
-    /// The operator that is not available, when loading one failed (e.g. `aclnnBatchNormStats`).
-    pub operator: Option<String>,
-    /// The missing symbol, when the library loaded but lacks one the bindings require.
-    pub symbol: Option<String>,
-    /// Every path (or bare name) tried, each with why it failed.
-    pub tried: Vec<(String, String)>,
+pub enum LoadError {
+    /// No place tried holds a loadable `library`.
+    #[non_exhaustive]
+    Library {
+        /// The file name (e.g. `libascendcl.so`, `libnnopbase.so`, `libhccl.so`).
+        library: String,
+        /// Every path (or bare name) tried, in order, each with why it failed (`not found`, or
+        /// `dlopen`'s reason).
+        tried: Vec<(String, String)>,
+    },
+    /// `library` loaded but does not export `symbol`, which this crate calls: the toolkit is older
+    /// (or newer) than the declarations bound here.
+    #[non_exhaustive]
+    Symbol {
+        /// The library, as loaded (its path, or its file name when the system search path found it).
+        library: String,
+        /// The function it lacks (e.g. `aclrtStreamWaitEvent`, `HcclGetCommAsyncError`).
+        symbol: String,
+        /// The loader's words (`dlsym`'s error).
+        reason: String,
+    },
+    /// No op library of this toolkit exports the operator's two functions; other operators may
+    /// still load.
+    #[non_exhaustive]
+    Operator {
+        /// The operator (e.g. `aclnnBatchNormStats`).
+        operator: String,
+        /// Every op library tried (`libopapi.so`, then its package's), each with why it failed
+        /// (`not found`, `dlopen`'s reason, or the functions it lacks).
+        tried: Vec<(String, String)>,
+    },
+}
+
+impl LoadError {
+    /// A library that loaded without `symbol` (for a function resolved after loading, such as one
+    /// of [`HCCL_OPTIONAL_SYMBOLS`](crate::symbols::HCCL_OPTIONAL_SYMBOLS), when it is called).
+    pub fn missing_symbol(
+        library: impl Into<String>,
+        symbol: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> LoadError {
+        LoadError::Symbol { library: library.into(), symbol: symbol.into(), reason: reason.into() }
+    }
+
+    /// The library that failed: its file name, its path when it loaded but lacked a symbol, or
+    /// the op libraries tried for an operator (`libopapi.so|libopapi_nn.so`).
+    pub fn library(&self) -> String {
+        match self {
+            LoadError::Library { library, .. } | LoadError::Symbol { library, .. } => library.clone(),
+            LoadError::Operator { tried, .. } => {
+                let files = tried.iter().map(|(path, _)| path.rsplit('/').next().unwrap_or(path));
+                files.collect::<Vec<_>>().join("|")
+            }
+        }
+    }
+
+    /// Every path tried, each with why it failed (for [`LoadError::Symbol`], the one library).
+    pub fn tried(&self) -> Vec<(String, String)> {
+        match self {
+            LoadError::Library { tried, .. } | LoadError::Operator { tried, .. } => tried.clone(),
+            LoadError::Symbol { library, reason, .. } => vec![(library.clone(), reason.clone())],
+        }
+    }
+
+    /// The missing symbol ([`LoadError::Symbol`]).
+    pub fn symbol(&self) -> Option<&str> {
+        match self {
+            LoadError::Symbol { symbol, .. } => Some(symbol),
+            _ => None,
+        }
+    }
+
+    /// The operator that is not available ([`LoadError::Operator`]).
+    pub fn operator(&self) -> Option<&str> {
+        match self {
+            LoadError::Operator { operator, .. } => Some(operator),
+            _ => None,
+        }
+    }
+}
+
+/// Writes `; tried: PATH (WHY); ...;` (or `;` for an empty list), before the advice.
+fn write_tried(f: &mut fmt::Formatter<'_>, tried: &[(String, String)]) -> fmt::Result {
+    if tried.is_empty() {
+        return write!(f, ";");
+    }
+    write!(f, "; tried:")?;
+    for (path, why) in tried {
+        write!(f, " {path} ({why});")?;
+    }
+    Ok(())
 }
 
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.operator, &self.symbol) {
-            (Some(op), _) => write!(f, "the operator {op} is not in this CANN toolkit ({})", self.library)?,
-            (None, Some(sym)) => write!(f, "{} lacks the symbol `{sym}`", self.library)?,
-            (None, None) => write!(f, "could not load {}", self.library)?,
+        match self {
+            LoadError::Library { library, tried } => {
+                write!(f, "could not load {library}")?;
+                write_tried(f, tried)?;
+                if library == HCCL {
+                    write!(f, " collectives need CANN's HCCL: install it with the toolkit, or use CPU contexts")
+                } else {
+                    write!(
+                        f,
+                        " set ASCEND_TOOLKIT_HOME to a complete CANN install (source its set_env.sh) or pass its \
+                         directory explicitly"
+                    )
+                }
+            }
+            LoadError::Symbol { library, symbol, reason } => write!(
+                f,
+                "{library} lacks the symbol `{symbol}` ({reason}): this CANN is older or newer than the \
+                 declarations this crate binds; use a CANN 8.x or later toolkit, or one that exports `{symbol}`"
+            ),
+            LoadError::Operator { operator, tried } => {
+                write!(f, "the operator {operator} is not in this CANN toolkit")?;
+                write_tried(f, tried)?;
+                write!(f, " install the CANN operator package that provides it, or run it on a CPU context")
+            }
         }
-        if self.tried.is_empty() {
-            return Ok(());
-        }
-        write!(f, "; tried:")?;
-        for (path, why) in &self.tried {
-            write!(f, " {path} ({why});")?;
-        }
-        write!(f, " set ASCEND_TOOLKIT_HOME to a CANN install (source its set_env.sh) or pass a directory explicitly")
     }
 }
 
@@ -285,10 +383,8 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
         };
         // This root has the runtime: libnnopbase.so must come from the same root.
         let nn_path = candidate(dir, NNOPBASE);
-        let nn_lib = open(dir, NNOPBASE).map_err(|why| LoadError {
+        let nn_lib = open(dir, NNOPBASE).map_err(|why| LoadError::Library {
             library: NNOPBASE.into(),
-            symbol: None,
-            operator: None,
             tried: vec![(nn_path.display().to_string(), why)],
         })?;
         // SAFETY: each struct's symbols are resolved with the signatures bindgen derived from
@@ -307,7 +403,7 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
         LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(cann);
         return Ok(cann);
     }
-    Err(LoadError { library: ASCENDCL.into(), symbol: None, operator: None, tried })
+    Err(LoadError::Library { library: ASCENDCL.into(), tried })
 }
 
 /// Every toolkit loaded so far.
@@ -324,12 +420,8 @@ fn already_loaded(acl_path: &Path) -> Option<&'static Cann> {
 fn missing(path: &Path, err: libloading::Error) -> LoadError {
     let text = err.to_string();
     let symbol = text.rsplit("undefined symbol: ").next().filter(|_| text.contains("undefined symbol: "));
-    LoadError {
-        library: path.display().to_string(),
-        symbol: Some(symbol.map(|s| s.trim().to_string()).unwrap_or(text.clone())),
-        operator: None,
-        tried: vec![(path.display().to_string(), text)],
-    }
+    let symbol = symbol.map(|s| s.trim().to_string()).unwrap_or(text.clone());
+    LoadError::missing_symbol(path.display().to_string(), symbol, text)
 }
 
 #[cfg(test)]
@@ -349,13 +441,39 @@ mod tests {
 
     #[test]
     fn display_names_library_and_paths() {
-        let e = LoadError {
+        let e = LoadError::Library {
             library: ASCENDCL.into(),
-            symbol: None,
-            operator: None,
             tried: vec![("/a/lib64/libascendcl.so".into(), "not found".into())],
         };
         let s = e.to_string();
         assert!(s.contains("libascendcl.so") && s.contains("/a/lib64/libascendcl.so (not found)"), "{s}");
+        assert!(s.contains("set ASCEND_TOOLKIT_HOME"), "what to do: {s}");
+        assert_eq!((e.library(), e.symbol(), e.operator()), (ASCENDCL.to_string(), None, None));
+    }
+
+    #[test]
+    fn each_variant_says_what_failed_and_what_to_do() {
+        let hccl = LoadError::Library {
+            library: HCCL.into(),
+            tried: vec![("/t/lib64/libhccl.so".into(), "not found".into())],
+        };
+        assert!(hccl.to_string().contains("install it with the toolkit, or use CPU contexts"), "{hccl}");
+        let sym = LoadError::missing_symbol("/t/lib64/libhccl.so", "HcclGetCommAsyncError", "undefined symbol");
+        let text = sym.to_string();
+        assert!(text.contains("/t/lib64/libhccl.so lacks the symbol `HcclGetCommAsyncError`"), "{text}");
+        assert_eq!(sym.tried(), vec![("/t/lib64/libhccl.so".to_string(), "undefined symbol".to_string())]);
+        let op = LoadError::Operator {
+            operator: "aclnnBatchNormStats".into(),
+            tried: vec![
+                ("/t/lib64/libopapi.so".into(), "not found".into()),
+                ("/t/lib64/libopapi_math.so".into(), "not found".into()),
+            ],
+        };
+        assert_eq!(op.library(), "libopapi.so|libopapi_math.so");
+        assert_eq!(op.operator(), Some("aclnnBatchNormStats"));
+        assert!(
+            op.to_string().starts_with("the operator aclnnBatchNormStats is not in this CANN toolkit; tried:"),
+            "{op}"
+        );
     }
 }

@@ -194,10 +194,11 @@ fn missing_toolkit_is_a_typed_error_not_a_panic() {
     std::fs::create_dir_all(&dir).unwrap();
     // With no CANN on this machine the whole search fails; with one, the explicit dir is skipped.
     match ascend_sys::load_from(&dir) {
-        Err(e) => {
-            assert!(e.tried.iter().any(|(p, _)| p.starts_with(dir.to_str().unwrap())), "{e}");
+        Err(e @ ascend_sys::LoadError::Library { .. }) => {
+            assert!(e.tried().iter().any(|(p, _)| p.starts_with(dir.to_str().unwrap())), "{e}");
             assert!(e.to_string().contains("libascendcl.so"), "{e}");
         }
+        Err(other) => panic!("a missing toolkit is LoadError::Library, got {other:?}"),
         Ok(cann) => assert!(!cann.paths[0].starts_with(&dir)),
     }
 }

@@ -276,25 +276,10 @@ aclError aclrtFree(void *devPtr) {
                     }
                 }
             }
-            if (!reported) {
-                /* As on hardware (aclrtFree synchronizes the device, docs/cann/API.md): a free that
-                 * no queued task depends on waits for the work queued on every stream of the
-                 * allocation's device. A premature free (reported above) keeps the strict model
-                 * instead: no wait, and the tasks that use the memory are skipped and poison what
-                 * they should have written. A task failing here poisons its writes as in any drain. */
-                int dev = a->device;
-                uint64_t id = a->id;
-                for (stream *s = g_streams; s; s = s->next) {
-                    if (s->device == dev) {
-                        drain(s, NULL, 0);
-                    }
-                }
-                a = alloc_at(p); /* g_lock may have been released while a task waited for its peers */
-                if (!a || a->id != id) {
-                    r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
-                                "%p was freed by another thread while this aclrtFree waited for the device", devPtr);
-                }
-            }
+            /* As on CANN, aclrtFree neither synchronises nor waits (aclrtFreeWithDevSync is the
+             * waiting variant; runtime docs 11-01 device memory): the memory goes at once. A free
+             * that queued work still uses (reported above) leaves those tasks to be skipped,
+             * poisoning what they should have written. */
             if (!r) {
                 g_device_frees++;
                 alloc_remove(a);
@@ -369,36 +354,60 @@ static int copy_check(const char *api, void *dst, size_t destMax, const void *sr
     return r;
 }
 
+/* A copy done now, on the host's time (ranges as copy_check filled them): checked against the work
+ * queued on every stream, refused when it reads poisoned bytes; counted as a blocking copy. */
+static int copy_now(const char *api, void *dst, const void *src, size_t count, ascend_mock_range *ranges, int n) {
+    g_blocking_copies++;
+    if (!count) {
+        return 0;
+    }
+    hazard_check(api, NULL, ranges, (size_t)n);
+    char detail[MESSAGE_MAX - 64];
+    for (int i = 0; i < n; i++) {
+        if (!ranges[i].write && range_poisoned(&ranges[i], detail, sizeof detail)) {
+            /* not a new violation: the misuse was counted when the task was skipped */
+            detail[0] = (char)toupper((unsigned char)detail[0]);
+            return fail(ACL_ERROR_RT_DEVICE_MEM_ERROR, api, "%s. Nothing was copied.", detail);
+        }
+    }
+    memmove(dst, src, count);
+    for (int i = 0; i < n; i++) {
+        if (ranges[i].write) {
+            range_written(&ranges[i]);
+        }
+    }
+    return 0;
+}
+
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind) {
     ACL_ENTER("aclrtMemcpy", NULL, needs_device);
     ascend_mock_range ranges[2];
     int n = 0;
     ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
-    if (!r) {
-        g_blocking_copies++;
-    }
-    if (!r && count) {
-        hazard_check(api, NULL, ranges, (size_t)n);
-        char detail[MESSAGE_MAX - 64];
-        for (int i = 0; i < n && !r; i++) {
-            if (!ranges[i].write && range_poisoned(&ranges[i], detail, sizeof detail)) {
-                /* not a new violation: the misuse was counted when the task was skipped */
-                detail[0] = (char)toupper((unsigned char)detail[0]);
-                r = fail(ACL_ERROR_RT_DEVICE_MEM_ERROR, api, "%s. Nothing was copied.", detail);
-            }
-        }
-        if (!r) {
-            memmove(dst, src, count);
-            for (int i = 0; i < n; i++) {
-                if (ranges[i].write) {
-                    range_written(&ranges[i]);
-                }
-            }
-        }
-    }
+    ACL_STEP(copy_now(api, dst, src, count, ranges, n));
     ACL_LEAVE();
 }
 
+static htab g_host_allocs; /* base address -> size (boxed) of aclrtMallocHost blocks */
+
+/* Whether [p, p+count) lies inside one live aclrtMallocHost block. */
+static int host_pinned(const void *p, size_t count) {
+    uintptr_t lo = (uintptr_t)p;
+    for (size_t i = 0; i < g_host_allocs.cap; i++) {
+        uintptr_t base = (uintptr_t)g_host_allocs.keys[i];
+        if (base && lo >= base && lo - base <= *(size_t *)g_host_allocs.vals[i] &&
+            count <= *(size_t *)g_host_allocs.vals[i] - (lo - base)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* aclrtMemcpyAsync. As on CANN (runtime docs 11-03, aclrtMemcpyAsync): a copy between two host
+ * buffers is not supported (ACL_ERROR_RT_FEATURE_NOT_SUPPORT, a violation), and a copy whose host
+ * side is pageable memory (not from aclrtMallocHost) is synchronous: the host waits for the work
+ * queued on the stream, then copies (a blocking copy). A copy from or to pinned memory, or between
+ * device buffers, is queued. */
 aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
                           aclrtStream h) {
     ACL_ENTER("aclrtMemcpyAsync", NULL, needs_device);
@@ -407,7 +416,21 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
     ascend_mock_range ranges[2];
     int n = 0;
     ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
-    if (!r && count) {
+    int dst_host = 1, src_host = 1;
+    for (int i = 0; i < n; i++) {
+        *(ranges[i].write ? &dst_host : &src_host) = 0;
+    }
+    if (!r && (kind == ACL_MEMCPY_HOST_TO_HOST || (count && dst_host && src_host))) {
+        r = violate(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                    "a copy from host memory %p to host memory %p is not supported (%s)", src, dst,
+                    copy_kind_name((int)kind));
+    }
+    if (!r && count && ((dst_host && !host_pinned(dst, count)) || (src_host && !host_pinned(src, count)))) {
+        r = drain_reported(api, s);
+        /* the queue may have released the lock: check the copy again */
+        ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
+        ACL_STEP(copy_now(api, dst, src, count, ranges, n));
+    } else if (!r && count) {
         hazard_check(api, s, ranges, (size_t)n);
         task *t = xcalloc(1, sizeof *t);
         t->kind = TASK_COPY;
@@ -593,7 +616,6 @@ aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
 }
 
 /* ---- pinned host memory ----------------------------------------------------------------------------- */
-static htab g_host_allocs; /* base address -> size (boxed) of aclrtMallocHost blocks */
 static uint64_t g_host_mallocs, g_live_host_allocs;
 
 aclError aclrtMallocHost(void **hostPtr, size_t size) {

@@ -87,3 +87,8 @@ aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value) {
     ascend_mock_unlock();
     return st;
 }
+
+int64_t ascend_mock_deterministic_locked(void) {
+    int dev = ascend_mock_current_device_locked();
+    return dev >= 0 && dev < SYSPARAM_DEVICES ? g_sysparams[dev][ACL_OPT_DETERMINISTIC] : 0;
+}

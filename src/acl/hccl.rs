@@ -4,7 +4,7 @@
 
 use std::ffi::{c_void, CStr};
 
-use ascend_sys::{aclrtStream, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
+use ascend_sys::{aclrtStream, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo, LoadError};
 
 use super::op_fn;
 use crate::error::{Error, Result};
@@ -22,6 +22,14 @@ pub(crate) fn check(hccl: &Hccl, call: &'static str, r: HcclResult) -> Result<()
         (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     });
     Err(Error::hccl(call, r.0, text.unwrap_or_default()))
+}
+
+/// A function of [`HCCL_OPTIONAL_SYMBOLS`](ascend_sys::symbols::HCCL_OPTIONAL_SYMBOLS), which
+/// `libhccl.so` may lack: absent, it is a load error ([`LoadError::Symbol`]) naming the library,
+/// the function and `why` it may be missing, as a missing required function is when HCCL loads.
+fn optional<'f, F>(f: &'f std::result::Result<F, libloading::Error>, call: &'static str, why: &str) -> Result<&'f F> {
+    f.as_ref()
+        .map_err(|e| Error::Load(LoadError::missing_symbol(ascend_sys::loader::HCCL, call, format!("{e}; {why}"))))
 }
 
 /// `HcclGetRootInfo`.
@@ -78,16 +86,12 @@ pub(crate) unsafe fn rank_and_size(hccl: &Hccl, comm: HcclComm) -> Result<(u32, 
 }
 
 /// `HcclGetCommAsyncError`: the communicator's asynchronous error (`HCCL_SUCCESS` when healthy).
-/// An HCCL without the function (before 2023, and Ascend 950) is [`Error::Config`].
+/// An HCCL without the function (before 2023, and Ascend 950) is an [`Error::Load`] naming it.
 ///
 /// # Safety
 /// `comm` is a live communicator.
 pub(crate) unsafe fn comm_async_error(hccl: &Hccl, comm: HcclComm) -> Result<HcclResult> {
-    let f = hccl.HcclGetCommAsyncError.as_ref().map_err(|e| {
-        Error::Config(format!(
-            "HcclGetCommAsyncError is not exported by this HCCL (HCCL before 2023 and Ascend 950 lack it): {e}"
-        ))
-    })?;
+    let f = *optional(&hccl.HcclGetCommAsyncError, "HcclGetCommAsyncError", "HCCL before 2023 and Ascend 950 lack it")?;
     let mut code = HcclResult::HCCL_SUCCESS;
     // SAFETY: `comm` is live (this function's contract) and `code` a writable HcclResult.
     check(hccl, "HcclGetCommAsyncError", unsafe { f(comm, &mut code) })?;
@@ -145,4 +149,28 @@ status_calls! {
     fn broadcast(
         buf: *mut c_void, count: u64, dtype: HcclDataType, root: u32, comm: HcclComm, stream: aclrtStream,
     ) => HcclBroadcast(buf, count, dtype, root, comm, stream);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A missing optional HCCL function is a load error naming the library and the function (it
+    /// was `Error::Config`, which says the caller configured something wrong).
+    #[test]
+    fn a_missing_optional_function_is_a_load_error_naming_it() {
+        let absent: std::result::Result<unsafe extern "C" fn(), libloading::Error> =
+            Err(libloading::Error::DlSymUnknown);
+        let err = optional(&absent, "HcclGetCommAsyncError", "HCCL before 2023 lacks it").unwrap_err();
+        match &err {
+            Error::Load(LoadError::Symbol { library, symbol, reason, .. }) => {
+                assert_eq!((library.as_str(), symbol.as_str()), (ascend_sys::loader::HCCL, "HcclGetCommAsyncError"));
+                assert!(reason.contains("HCCL before 2023 lacks it"), "{reason}");
+            }
+            other => panic!("expected Error::Load(LoadError::Symbol), got {other:?}"),
+        }
+        assert_eq!(err.status(), None);
+        let present: std::result::Result<u8, libloading::Error> = Ok(7);
+        assert_eq!(optional(&present, "HcclGetCommAsyncError", "").ok(), Some(&7));
+    }
 }

@@ -210,16 +210,41 @@ pub(crate) unsafe fn destroy_tensor(cann: &Cann, t: *mut aclTensor) -> Result<()
     check(cann, "aclDestroyTensor", unsafe { cann.nnopbase.aclDestroyTensor(t) })
 }
 
-/// Destroys an executor that phase 2 never consumed: `aclSetAclOpExecutorRepeatable` hands its
-/// ownership to the caller (documented), then `aclDestroyAclOpExecutor` frees it.
+/// `aclSetAclOpExecutorRepeatable`: phase 2 no longer consumes the executor, the caller destroys
+/// it. CANN refuses (`ACLNN_ERR_INNER`, 561000) an executor it cannot repeat (phase 1 used an AI
+/// CPU kernel, a DSA task or a synchronous copy, ASYNC.md §5); the executor is then unchanged.
+///
+/// # Safety
+/// `e` is a live executor from phase 1, not launched yet.
+pub(crate) unsafe fn set_repeatable(cann: &Cann, e: *mut aclOpExecutor) -> Result<()> {
+    // SAFETY: `e` is a live, unlaunched executor (this function's contract).
+    check(cann, "aclSetAclOpExecutorRepeatable", unsafe { cann.nnopbase.aclSetAclOpExecutorRepeatable(e) })
+}
+
+/// `aclDestroyAclOpExecutor`.
+///
+/// # Safety
+/// `e` is a live executor that no queued launch uses and phase 2 has not consumed (repeatable, or
+/// never launched after [`set_repeatable`] was tried on it), not used afterwards.
+pub(crate) unsafe fn destroy_executor(cann: &Cann, e: *mut aclOpExecutor) -> Result<()> {
+    // SAFETY: this function's contract.
+    check(cann, "aclDestroyAclOpExecutor", unsafe { cann.nnopbase.aclDestroyAclOpExecutor(e) })
+}
+
+/// Destroys an executor that phase 2 never consumed and that was never made repeatable: the
+/// documented pairing first (`aclSetAclOpExecutorRepeatable` hands its ownership to the caller),
+/// then `aclDestroyAclOpExecutor`, which frees it whether or not CANN accepted the first call
+/// (nnopbase's `aclDestroyAclOpExecutor` deletes any executor it is given, hicann/opbase
+/// `src/nnopbase/common/api/acl_op_api.cpp`); so an executor CANN will not repeat is not leaked.
 ///
 /// # Safety
 /// `e` is a live executor from phase 1 that was never launched, not used afterwards.
 pub(crate) unsafe fn destroy_unlaunched_executor(cann: &Cann, e: *mut aclOpExecutor) -> Result<()> {
-    // SAFETY: `e` is a live executor that phase 2 never consumed (this function's contract).
-    check(cann, "aclSetAclOpExecutorRepeatable", unsafe { cann.nnopbase.aclSetAclOpExecutorRepeatable(e) })?;
-    // SAFETY: `e` is live and now owned by the caller (made repeatable), never used again.
-    check(cann, "aclDestroyAclOpExecutor", unsafe { cann.nnopbase.aclDestroyAclOpExecutor(e) })
+    // SAFETY: `e` is a live executor that phase 2 never consumed (this function's contract). A
+    // refusal changes nothing: the destroy below frees it either way.
+    let _refused = unsafe { set_repeatable(cann, e) };
+    // SAFETY: `e` is live and never used again (this function's contract).
+    unsafe { destroy_executor(cann, e) }
 }
 
 /// Phase 1 of operator `call` (its `GetWorkspaceSize`): `f` makes the call with the

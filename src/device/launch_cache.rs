@@ -14,6 +14,15 @@
 //! * **Bounded**: at most `capacity` entries, the least recently used evicted. The capacity of a
 //!   new stream is `ASCEND_LAUNCH_CACHE_SIZE` (default [`DEFAULT_CAPACITY`]);
 //!   `ASCEND_NO_LAUNCH_CACHE=1` makes it 0 (off); `Stream::set_launch_cache_capacity` changes it.
+//! * **Current settings.** Phase 1 reads settings that are not arguments: the device's
+//!   `ACL_OPT_DETERMINISTIC` (nnopbase hands it to the executor's tiling). Each entry keeps the
+//!   device's configuration epoch ([`config_epoch`]) of its phase 1, which
+//!   `Context::set_deterministic` bumps: an entry of an older epoch is not a hit, so the first
+//!   launch after a change runs phase 1 again and replaces (retires) it.
+//! * **Not repeatable: not cached.** CANN refuses to make some executors repeatable (AI CPU
+//!   kernels, DSA tasks, synchronous copies in phase 1: ASYNC.md §5). Such a call is launched
+//!   uncached (phase 2 consumes its executor) and its signature remembered (the last
+//!   [`REFUSED_SLOTS`] per stream and configuration epoch), so that later calls skip the attempt.
 //! * **Locked while launching**: the cache's lock is the stream's enqueue lock, so a hit rebinds
 //!   and launches its entry with no other launch in between; it is never held across phase 1.
 //! * **Destroyed after its work.** A removed entry (evicted, replaced, or whose rebind or launch
@@ -31,7 +40,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
@@ -50,6 +59,30 @@ pub(crate) const DEFAULT_CAPACITY: usize = 256;
 pub(crate) const OFF_ENV: &str = "ASCEND_NO_LAUNCH_CACHE";
 /// The number of entries per stream.
 pub(crate) const SIZE_ENV: &str = "ASCEND_LAUNCH_CACHE_SIZE";
+
+/// Signatures per stream remembered as not repeatable (the oldest forgotten first: it is tried
+/// once more).
+pub(crate) const REFUSED_SLOTS: usize = 64;
+
+/// Configuration epochs, one per device id (modulo the length; devices that share a slot, or the
+/// same id of two toolkits, only re-run phase 1 more often).
+static CONFIG_EPOCHS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+fn epoch_slot(device: &Device) -> &'static AtomicU64 {
+    &CONFIG_EPOCHS[device.id.unsigned_abs() as usize % CONFIG_EPOCHS.len()]
+}
+
+/// The configuration epoch of `device`: changes whenever a setting phase 1 reads does.
+#[inline]
+pub(crate) fn config_epoch(device: &Device) -> u64 {
+    epoch_slot(device).load(Ordering::Acquire)
+}
+
+/// Records that a setting phase 1 reads has changed on `device` (after the change): every
+/// cached executor of the device is stale from now on.
+pub(crate) fn config_changed(device: &Device) {
+    epoch_slot(device).fetch_add(1, Ordering::AcqRel);
+}
 
 /// The capacity of a new stream's cache, from the environment (read once; an unreadable size is
 /// reported and the default used).
@@ -188,6 +221,8 @@ pub(crate) struct Entry {
     executor: *mut aclOpExecutor,
     workspace_size: u64,
     phase2: Phase2,
+    /// The device's [`config_epoch`] before its phase 1.
+    epoch: u64,
 }
 
 // SAFETY: the executor and descriptors are host objects of the device's default context, used
@@ -198,11 +233,12 @@ unsafe impl Send for Entry {}
 impl Entry {
     /// An entry over `executor` (made repeatable) and `descriptors` (one per argument of `sig`,
     /// null for an absent one, bound to `buffers`, `None` where absent), which it owns from now
-    /// on.
+    /// on; `epoch` is the device's [`config_epoch`] read before its phase 1.
     ///
     /// # Safety
     /// `executor` is a live repeatable executor from phase 1 of `sig.op` over `descriptors`,
     /// which are live; neither is used by anyone else afterwards.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn new(
         device: Arc<Device>,
         sig: &Signature<'_>,
@@ -211,6 +247,7 @@ impl Entry {
         executor: *mut aclOpExecutor,
         workspace_size: u64,
         phase2: Phase2,
+        epoch: u64,
     ) -> Self {
         // bounded: a few words per argument of one operator (at most 16, rank at most 8), a
         // miss only.
@@ -240,13 +277,16 @@ impl Entry {
             executor,
             workspace_size,
             phase2,
+            epoch,
         }
     }
 
-    /// Whether `sig` is this entry's call: the operator, the scalars, and every tensor's layout,
-    /// compared word by word unless the tensor is one matched there before (same layout id).
-    fn matches(&mut self, sig: &Signature<'_>) -> bool {
-        if !std::ptr::eq(self.op, sig.op)
+    /// Whether `sig` is this entry's call under the device's settings now (configuration epoch
+    /// `epoch`): the epoch, the operator, the scalars, and every tensor's layout, compared word by
+    /// word unless the tensor is one matched there before (same layout id).
+    fn matches(&mut self, sig: &Signature<'_>, epoch: u64) -> bool {
+        if self.epoch != epoch
+            || !std::ptr::eq(self.op, sig.op)
             || self.scalars != sig.scalars
             || self.inputs != sig.inputs
             || self.seen.len() != sig.tensors.len()
@@ -391,10 +431,44 @@ pub(crate) struct CacheState {
     index: HashMap<u64, usize, BuildHasherDefault<Identity>>,
     clock: u64,
     retired: Vec<Retired>,
+    refused: Refused,
     stats: LaunchCacheStats,
     /// The workspace reused by operator launches on the stream (grown, never shrunk): see
     /// [`StreamInner::with_workspace`].
     pub(crate) workspace: Option<DeviceAlloc>,
+}
+
+/// The signatures whose executors CANN would not make repeatable, by hash mixed with the
+/// configuration epoch; the oldest of [`REFUSED_SLOTS`] overwritten first.
+struct Refused {
+    keys: [u64; REFUSED_SLOTS],
+    len: usize,
+    next: usize,
+}
+
+impl Default for Refused {
+    fn default() -> Self {
+        Refused { keys: [0; REFUSED_SLOTS], len: 0, next: 0 }
+    }
+}
+
+impl Refused {
+    fn key(hash: u64, epoch: u64) -> u64 {
+        mix(hash, epoch)
+    }
+
+    fn contains(&self, key: u64) -> bool {
+        self.keys[..self.len].contains(&key)
+    }
+
+    fn insert(&mut self, key: u64) {
+        if self.contains(key) {
+            return;
+        }
+        self.keys[self.next] = key;
+        self.next = (self.next + 1) % REFUSED_SLOTS;
+        self.len = (self.len + 1).min(REFUSED_SLOTS);
+    }
 }
 
 /// Counters of a stream's launch cache ([`Stream::launch_cache_stats`](crate::Stream::launch_cache_stats)).
@@ -426,7 +500,7 @@ impl CacheState {
         launch: impl FnOnce(&mut Entry, &mut Option<DeviceAlloc>) -> Result<()>,
     ) -> Option<Result<()>> {
         let &i = self.index.get(&hash)?;
-        if !self.slots[i].entry.matches(sig) {
+        if !self.slots[i].entry.matches(sig, config_epoch(&stream.device)) {
             return None;
         }
         self.clock += 1;
@@ -536,6 +610,18 @@ impl LaunchCache {
         }
         drop(st);
         self.reap(stream);
+    }
+
+    /// Remembers that CANN refused to make the executor of the call whose hash is `hash`
+    /// repeatable under the settings of configuration epoch `epoch` (see the module docs).
+    pub(crate) fn refuse(&self, hash: u64, epoch: u64) {
+        self.lock().refused.insert(Refused::key(hash, epoch));
+    }
+
+    /// Whether the call whose hash is `hash` was refused under the device's settings now
+    /// (configuration epoch `epoch`).
+    pub(crate) fn refused(&self, hash: u64, epoch: u64) -> bool {
+        self.lock().refused.contains(Refused::key(hash, epoch))
     }
 
     /// Destroys `entries` once the work queued on `stream` so far (their launches among it) has

@@ -121,6 +121,9 @@ pub(crate) struct DeviceBuffer {
     /// Unique in the process, never reused: tells this buffer from a later one at the same
     /// address (the launch cache skips rebinding a descriptor already bound to this buffer).
     id: u64,
+    /// What keeps the caller's memory allocated (e.g. a DLPack producer's capsule): dropped once
+    /// every stream that used the memory has finished, or leaked if a wait failed.
+    owner: Option<Box<dyn Send + Sync>>,
 }
 
 /// The next buffer id.
@@ -139,6 +142,7 @@ impl DeviceBuffer {
             users: Mutex::new(Vec::new()),
             sole: AtomicUsize::new(0),
             id: next_buffer_id(),
+            owner: None,
         })
     }
 
@@ -149,7 +153,7 @@ impl DeviceBuffer {
         let (alloc, pending) = DeviceAlloc::with_state(stream.device.clone(), bytes, Order::Stream(stream.id))?;
         let users = if pending { vec![stream.clone()] } else { Vec::new() };
         let sole = AtomicUsize::new(sole_of(&users));
-        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users), sole, id: next_buffer_id() })
+        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users), sole, id: next_buffer_id(), owner: None })
     }
 
     /// A buffer over the caller's device memory (see [`DeviceAlloc::foreign`]): recorded on
@@ -165,7 +169,25 @@ impl DeviceBuffer {
             users: Mutex::new(Vec::new()),
             sole: AtomicUsize::new(0),
             id: next_buffer_id(),
+            owner: None,
         }
+    }
+
+    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated: `owner` is dropped after
+    /// the buffer's drop has waited for every stream that used the memory.
+    ///
+    /// # Safety
+    /// As [`DeviceAlloc::foreign`], while `owner` lives.
+    pub(crate) unsafe fn foreign_owned(
+        device: Arc<Device>,
+        ptr: *mut c_void,
+        bytes: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> Self {
+        // SAFETY: the caller's guarantee, passed on.
+        let mut buffer = unsafe { Self::foreign(device, ptr, bytes) };
+        buffer.owner = Some(owner);
+        buffer
     }
 
     #[inline]
@@ -405,10 +427,21 @@ impl Drop for DeviceBuffer {
             alloc.release(&users);
             return;
         }
+        let mut waited = true;
         for s in &users {
             if let Err(e) = s.synchronize() {
                 report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
+                waited = false;
             }
+        }
+        match self.owner.take() {
+            Some(owner) if waited => drop(owner),
+            Some(owner) => {
+                // Queued work may still use the memory: its owner must not free it.
+                std::mem::forget(owner);
+                leaked(Leak::Allocation);
+            }
+            None => {}
         }
     }
 }

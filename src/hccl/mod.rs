@@ -288,8 +288,12 @@ impl Communicator {
     /// servers. Before HCCL sees it the path and the table are checked (at most 4095 bytes, a
     /// readable file, JSON of version 1.0/1.2 `server_list[].device[]` or 2.0 `rank_list[]`,
     /// `"status": "completed"`, rank ids exactly `0..n`, `rank` among them): every problem is an
-    /// error naming the path and what is wrong. The table's `device_id` of `rank` is the physical
-    /// id of `ctx`'s device. Blocks until every rank has joined (`HCCL_CONNECT_TIMEOUT`).
+    /// error naming the path and what is wrong. The table's `device_id` of `rank` must be `ctx`'s
+    /// device: its id mapped through `ASCEND_RT_VISIBLE_DEVICES` when that is set (the id indexes
+    /// the list), the id itself otherwise; a mismatch is an error naming the table, the rank and
+    /// both ids. (The table holds physical ids: in a container that renumbers the devices it
+    /// exposes, which no variable shows, this check compares the container's ids with them.)
+    /// Blocks until every rank has joined (`HCCL_CONNECT_TIMEOUT`).
     /// CPU contexts: an error (the CPU engine joins ranks in one process only).
     pub fn from_rank_table(ctx: &Context, path: impl AsRef<Path>, rank: u32) -> Result<Communicator> {
         let path = path.as_ref();
@@ -311,6 +315,7 @@ impl Communicator {
                 ),
             ));
         }
+        table.check_device(path, rank, device.id)?;
         let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::invalid("path", format!("rank-table path {} contains a NUL byte", path.display())))?;
         let comm = ascend::init_cluster(device, &c_path, rank)?;
@@ -325,9 +330,9 @@ impl Communicator {
     ///   serves it over TCP on `MASTER_ADDR:MASTER_PORT` (`ASCEND_RENDEZVOUS_PORT` overrides the
     ///   port; under torchrun, whose agent holds `MASTER_PORT` when `TORCHELASTIC_USE_AGENT_STORE`
     ///   is true, the default is `MASTER_PORT + 1`), the other ranks fetch it, then all call
-    ///   [`init_rank`](Self::init_rank). Each wait is bounded by `ASCEND_RENDEZVOUS_TIMEOUT`
-    ///   seconds (default 120); a job id (`MASTER_PORT`, `WORLD_SIZE`, and `ASCEND_JOB_ID` or
-    ///   `TORCHELASTIC_RUN_ID`) keeps jobs that reuse an address apart.
+    ///   [`init_rank`](Self::init_rank). One deadline of `ASCEND_RENDEZVOUS_TIMEOUT` seconds
+    ///   (default 120) bounds each rank's whole exchange; a job id (`MASTER_PORT`, `WORLD_SIZE`,
+    ///   and `ASCEND_JOB_ID` or `TORCHELASTIC_RUN_ID`) keeps jobs that reuse an address apart.
     ///
     /// `ctx` is this rank's device: pick it from `LOCAL_RANK` (torchrun) or `DEVICE_ID`. Every
     /// failure names the variable or the peer: [`Error::Config`] for a missing or bad variable,

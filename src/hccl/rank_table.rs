@@ -6,6 +6,10 @@
 //! (A3 super-node mode) list `server_list[].device[]` entries with `"rank_id"` and `"device_id"`
 //! (decimal strings); version `"2.0"` (Ascend 950) lists `rank_list[]` entries with numeric
 //! `rank_id` and `device_id`. `"status"` must be `"completed"`.
+//!
+//! The parse keeps only what is read (the version, status and rank count, and each rank's
+//! `rank_id` and `device_id`), checks the rest to be JSON and drops it, and stops at the first
+//! server or rank beyond HCCL's 65536: memory stays near the file's size whatever a file holds.
 
 use std::path::Path;
 
@@ -16,6 +20,9 @@ pub(crate) const PATH_MAX_BYTES: usize = 4096;
 
 /// The largest table read (far above any real cluster's).
 const FILE_MAX_BYTES: u64 = 64 << 20;
+
+/// The most ranks a table may list: HCCL's limit (`rank_count` 1..=65536).
+pub(crate) const MAX_RANKS: u32 = 65_536;
 
 /// One rank of a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,10 +124,58 @@ impl RankTable {
     pub(crate) fn size(&self) -> u32 {
         self.entries.len() as u32
     }
+
+    /// Checks that the table places `rank` (one of its ranks) on the device that
+    /// `aclrtSetDevice(device)` binds, as far as the environment tells (see [`expected_device_id`]);
+    /// the error names the table, the rank and both ids.
+    pub(crate) fn check_device(&self, path: &Path, rank: u32, device: i32) -> Result<()> {
+        let visible = std::env::var("ASCEND_RT_VISIBLE_DEVICES").ok();
+        let Some(expected) = expected_device_id(device, visible.as_deref()) else {
+            return Ok(());
+        };
+        let listed = self.entries[rank as usize].device;
+        if listed == expected {
+            return Ok(());
+        }
+        let ours = match visible.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+            Some(v) => format!("device {device}, which ASCEND_RT_VISIBLE_DEVICES=`{v}` makes device_id {expected}"),
+            None => format!("device {device} (device_id {expected}, ASCEND_RT_VISIBLE_DEVICES being unset)"),
+        };
+        Err(Error::invalid(
+            "ctx",
+            format!(
+                "rank table {} places rank {rank} on device_id {listed}, but ctx is {ours}: HCCL requires a rank's \
+                 device_id to be the device of the thread that joins it (pick the context or the rank to match)",
+                path.display()
+            ),
+        ))
+    }
+}
+
+/// The `device_id` a rank table holds for the device that `aclrtSetDevice(device)` binds, given
+/// `ASCEND_RT_VISIBLE_DEVICES` (`visible`), or `None` when the environment does not say.
+///
+/// CANN has three ids (runtime API docs of `aclrtGetPhyDevIdByLogicDevId`): the user id given to
+/// `aclrtSetDevice`; the logical id, which is the user id when `ASCEND_RT_VISIBLE_DEVICES` is
+/// unset and otherwise that comma-separated list's entry at index user id; and the physical id, which
+/// a rank table holds and which equals the logical id outside containers. So: the list's entry
+/// when the variable is set (`None` when it has no such entry or it is not a number: HCCL
+/// decides), the id itself otherwise.
+///
+/// Limit: in a container that exposes only some devices, the runtime renumbers them once more
+/// (logical 0 may be physical 4), which no variable shows; there this rule compares the logical
+/// id with the table's physical one. The exact mapping is `aclrtGetPhyDevIdByLogicDevId`
+/// (`acl_rt.h`), not bound yet.
+fn expected_device_id(device: i32, visible: Option<&str>) -> Option<u32> {
+    let user = usize::try_from(device).ok()?;
+    match visible.map(str::trim).filter(|v| !v.is_empty()) {
+        None => u32::try_from(device).ok(),
+        Some(list) => list.split(',').nth(user)?.trim().parse().ok(),
+    }
 }
 
 /// A JSON value (just what a rank table needs: numbers are kept as text).
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 enum Json {
     Null,
     Bool,
@@ -132,8 +187,8 @@ enum Json {
 
 impl Json {
     fn parse(text: &str) -> std::result::Result<Json, String> {
-        let mut p = Parser { s: text.as_bytes(), i: 0 };
-        let v = p.value(0)?;
+        let mut p = Parser { s: text.as_bytes(), i: 0, servers: 0, ranks: 0 };
+        let v = p.value(0, At::Root)?;
         p.ws();
         if p.i != p.s.len() {
             return Err(format!("it is not valid JSON: text after the value at byte {}", p.i));
@@ -178,6 +233,9 @@ impl Json {
 struct Parser<'a> {
     s: &'a [u8],
     i: usize,
+    /// Servers and ranks kept so far (each at most [`MAX_RANKS`]).
+    servers: u32,
+    ranks: u32,
 }
 
 impl Parser<'_> {
@@ -191,14 +249,29 @@ impl Parser<'_> {
         Err(format!("it is not valid JSON: {what} at byte {} (comments are not allowed)", self.i))
     }
 
-    fn value(&mut self, depth: usize) -> std::result::Result<Json, String> {
+    fn value(&mut self, depth: usize, at: At) -> std::result::Result<Json, String> {
         self.ws();
         if depth > 64 {
             return self.fail("nested too deeply");
         }
+        let count = match at {
+            At::Server => Some((&mut self.servers, "servers")),
+            At::Entry => Some((&mut self.ranks, "ranks")),
+            _ => None,
+        };
+        if let Some((n, what)) = count {
+            *n += 1;
+            if *n > MAX_RANKS {
+                return Err(format!("it lists more than {MAX_RANKS} {what} (HCCL's limit is {MAX_RANKS} ranks)"));
+            }
+        }
+        let keep = at != At::Skip;
         match self.s.get(self.i) {
             None => self.fail("the text ended where a value was expected"),
-            Some(b'"') => Ok(Json::Str(self.string()?)),
+            Some(b'"') => {
+                let s = self.string(keep)?;
+                Ok(if keep { Json::Str(s) } else { Json::Null })
+            }
             Some(b'{') | Some(b'[') => {
                 let object = self.s[self.i] == b'{';
                 let close = if object { b'}' } else { b']' };
@@ -211,15 +284,23 @@ impl Parser<'_> {
                     loop {
                         if object {
                             self.ws();
-                            let key = self.string()?;
+                            let key = self.string(keep)?;
                             self.ws();
                             if self.s.get(self.i) != Some(&b':') {
                                 return self.fail("':' expected");
                             }
                             self.i += 1;
-                            members.push((key, self.value(depth + 1)?));
+                            let child = at.member(&key);
+                            let v = self.value(depth + 1, child)?;
+                            if child != At::Skip {
+                                members.push((key, v));
+                            }
                         } else {
-                            items.push(self.value(depth + 1)?);
+                            let child = at.item();
+                            let v = self.value(depth + 1, child)?;
+                            if child != At::Skip {
+                                items.push(v);
+                            }
                         }
                         self.ws();
                         match self.s.get(self.i) {
@@ -240,7 +321,11 @@ impl Parser<'_> {
                 {
                     self.i += 1;
                 }
-                Ok(Json::Number(String::from_utf8_lossy(&self.s[start..self.i]).into_owned()))
+                Ok(if keep {
+                    Json::Number(String::from_utf8_lossy(&self.s[start..self.i]).into_owned())
+                } else {
+                    Json::Null
+                })
             }
             _ => {
                 for (word, v) in [("true", Json::Bool), ("false", Json::Bool), ("null", Json::Null)] {
@@ -254,12 +339,18 @@ impl Parser<'_> {
         }
     }
 
-    fn string(&mut self) -> std::result::Result<String, String> {
+    /// A string's text (escapes simplified), or nothing when `keep` is false (only checked).
+    fn string(&mut self, keep: bool) -> std::result::Result<String, String> {
         if self.s.get(self.i) != Some(&b'"') {
             return self.fail("a string expected");
         }
         self.i += 1;
         let mut out = Vec::new();
+        let mut push = |b: u8| {
+            if keep {
+                out.push(b);
+            }
+        };
         while let Some(&c) = self.s.get(self.i) {
             self.i += 1;
             match c {
@@ -268,28 +359,83 @@ impl Parser<'_> {
                     let e = self.s.get(self.i).copied();
                     self.i += 1;
                     match e {
-                        Some(b'"') => out.push(b'"'),
-                        Some(b'\\') => out.push(b'\\'),
-                        Some(b'/') => out.push(b'/'),
-                        Some(b'n' | b't' | b'r' | b'b' | b'f') => out.push(b' '),
+                        Some(b'"') => push(b'"'),
+                        Some(b'\\') => push(b'\\'),
+                        Some(b'/') => push(b'/'),
+                        Some(b'n' | b't' | b'r' | b'b' | b'f') => push(b' '),
                         Some(b'u') if self.i + 4 <= self.s.len() => {
                             self.i += 4;
-                            out.push(b'?');
+                            push(b'?');
                         }
                         _ => return self.fail("a bad escape"),
                     }
                 }
                 c if c < 0x20 => return self.fail("a control character in a string"),
-                c => out.push(c),
+                c => push(c),
             }
         }
         self.fail("an unterminated string")
     }
 }
 
+/// Where a value sits in a rank table, which says what of it the parse keeps: only what
+/// [`RankTable::parse`] reads, so that the tree stays small whatever else a (large) file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// The top-level value.
+    Root,
+    /// `server_list`.
+    Servers,
+    /// One server of `server_list` (at most [`MAX_RANKS`]).
+    Server,
+    /// A list of ranks: `server_list[].device` or `rank_list`.
+    Ranks,
+    /// One rank of such a list (at most [`MAX_RANKS`] in the whole table).
+    Entry,
+    /// A value read by name: `version`, `status`, `rank_count`, `rank_id`, `device_id`.
+    Field,
+    /// Anything else: checked to be JSON, then dropped.
+    Skip,
+}
+
+impl At {
+    /// Where the member `key` of an object here sits.
+    fn member(self, key: &str) -> At {
+        match (self, key) {
+            (At::Root, "server_list") => At::Servers,
+            (At::Root, "rank_list") => At::Ranks,
+            (At::Root, "version" | "status" | "rank_count") => At::Field,
+            (At::Server, "device") => At::Ranks,
+            (At::Entry, "rank_id" | "device_id") => At::Field,
+            _ => At::Skip,
+        }
+    }
+
+    /// Where the items of an array here sit.
+    fn item(self) -> At {
+        match self {
+            At::Servers => At::Server,
+            At::Ranks => At::Entry,
+            _ => At::Skip,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The user id indexes ASCEND_RT_VISIBLE_DEVICES when it is set; otherwise it is the id.
+    #[test]
+    fn the_expected_device_id_follows_ascend_rt_visible_devices() {
+        assert_eq!(expected_device_id(3, None), Some(3));
+        assert_eq!(expected_device_id(3, Some(" ")), Some(3));
+        assert_eq!(expected_device_id(0, Some("4,6")), Some(4));
+        assert_eq!(expected_device_id(1, Some(" 4 , 6 ")), Some(6));
+        assert_eq!(expected_device_id(2, Some("4,6")), None);
+        assert_eq!(expected_device_id(0, Some("x,6")), None);
+        assert_eq!(expected_device_id(-1, None), None);
+    }
 
     #[test]
     fn reads_the_documented_formats_and_rejects_bad_tables() {
@@ -325,5 +471,38 @@ mod tests {
             let e = RankTable::parse(text).unwrap_err();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    /// Only what the table's reading uses is kept (measured before: a 63 MiB file of numbers
+    /// took 2 GB), and what is dropped is still checked to be JSON.
+    #[test]
+    fn the_tree_keeps_only_what_a_rank_table_reads() {
+        let text = r#"{"version":"1.0","junk":[1,{"a":"b"},[2]],"server_list":[{"server_id":"x","device":[
+            {"rank_id":"0","device_ip":"1.2.3.4","device_id":"3","more":{"rank_id":"9"}}]}],"status":"completed"}"#;
+        let s = |v: &str| Json::Str(v.to_string());
+        let entry = Json::Object(vec![("rank_id".into(), s("0")), ("device_id".into(), s("3"))]);
+        let server = Json::Object(vec![("device".into(), Json::Array(vec![entry]))]);
+        let root = Json::Object(vec![
+            ("version".into(), s("1.0")),
+            ("server_list".into(), Json::Array(vec![server])),
+            ("status".into(), s("completed")),
+        ]);
+        assert_eq!(Json::parse(text).unwrap(), root);
+        let bad = r#"{"version":"1.0","junk":[1,{"a":tru}],"status":"completed","server_list":[]}"#;
+        assert!(Json::parse(bad).unwrap_err().contains("not valid JSON"));
+    }
+
+    /// More ranks (or servers) than HCCL allows stop the parse at the first one too many.
+    #[test]
+    fn more_ranks_than_hccl_allows_are_refused_while_parsing() {
+        let entries: Vec<String> = (0..=MAX_RANKS).map(|r| format!(r#"{{"rank_id":{r},"device_id":0}}"#)).collect();
+        let v2 = format!(r#"{{"version":"2.0","rank_count":{},"rank_list":[{}]}}"#, MAX_RANKS + 1, entries.join(","));
+        assert!(RankTable::parse(&v2).unwrap_err().contains("more than 65536 ranks"));
+        let servers = vec![r#"{"device":[]}"#; MAX_RANKS as usize + 1].join(",");
+        let v1 = format!(r#"{{"version":"1.0","status":"completed","server_list":[{servers}]}}"#);
+        assert!(RankTable::parse(&v1).unwrap_err().contains("more than 65536 servers"));
+        let fits = &entries[..MAX_RANKS as usize].join(",");
+        let v2 = format!(r#"{{"version":"2.0","rank_count":{MAX_RANKS},"rank_list":[{fits}]}}"#);
+        assert_eq!(RankTable::parse(&v2).unwrap().size(), MAX_RANKS);
     }
 }

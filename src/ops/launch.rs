@@ -13,7 +13,8 @@
 //! [`run`] (what the `_into` and allocating entries take) first asks the stream's
 //! [`LaunchCache`](crate::device::launch_cache): on a hit, every tensor's address is rebound and
 //! phase 2 runs, its buffers recorded through the same [`enqueue_using`]; on a miss, the call
-//! above runs with its executor made repeatable and is kept. The two-phase `prepare_*` API
+//! above runs with its executor made repeatable and is kept, or, when CANN refuses to make it
+//! repeatable, is launched uncached (and its signature not tried again). The two-phase `prepare_*` API
 //! always runs phase 1 (its call may be launched on any stream of the device).
 
 use std::ffi::c_void;
@@ -25,7 +26,7 @@ use ascend_sys::symbols;
 use super::operator::{Handles, Operator, Outputs, ScalarBits};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
-use crate::device::launch_cache::{CacheState, Entry, Signature, MAX_RANK};
+use crate::device::launch_cache::{config_epoch, CacheState, Entry, Signature, MAX_RANK};
 use crate::device::{enqueue_if_sole_user, enqueue_using, Device, DeviceAlloc, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -324,9 +325,19 @@ pub(crate) fn run<'a, O: Operator<'a>>(
     }
     // A miss (the slow path): first destroy the retired entries whose launches have run.
     inner.launches.reap(inner);
+    // Read before phase 1: a setting changed meanwhile leaves the entry stale, never the reverse.
+    let epoch = config_epoch(device);
     let mut prepared = phase1::<O>(device, scalars, args, false)?;
-    prepared.executor.as_mut().map_or(Ok(()), Executor::make_repeatable)?;
-    prepared.launch_and_keep(inner, &bound.signature(O::OP, scalars), &bound.buffers[..bound.len], hash)
+    // CANN refuses executors it cannot repeat (ASYNC.md §5): such a call is launched uncached,
+    // phase 2 consuming its executor, and its signature is not tried again.
+    let refused = inner.launches.refused(hash, epoch);
+    if refused || !prepared.executor.as_mut().map_or(Ok(false), Executor::try_make_repeatable)? {
+        if !refused {
+            inner.launches.refuse(hash, epoch);
+        }
+        return prepared.launch_on(inner, None);
+    }
+    prepared.launch_and_keep(inner, &bound.signature(O::OP, scalars), &bound.buffers[..bound.len], hash, epoch)
 }
 
 /// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
@@ -424,14 +435,15 @@ impl DevicePrepared<'_> {
 
     /// Phase 2 of a call whose executor was made repeatable, on `inner` with its workspace;
     /// then the executor and the descriptors go to the stream's launch cache for `sig` (whose
-    /// hash is `hash`; `buffers` are its tensors' buffers, in its order), or are retired if the
-    /// launch failed.
+    /// hash is `hash`; `buffers` are its tensors' buffers, in its order; `epoch` the device's
+    /// configuration epoch before phase 1), or are retired if the launch failed.
     fn launch_and_keep(
         mut self,
         inner: &Arc<StreamInner>,
         sig: &Signature<'_>,
         buffers: &[Option<&DeviceBuffer>],
         hash: u64,
+        epoch: u64,
     ) -> Result<()> {
         let Some(executor) = self.executor.take() else {
             return Err(Error::internal("a prepared call's executor was launched twice"));
@@ -457,6 +469,7 @@ impl DevicePrepared<'_> {
                 raw,
                 self.workspace_size,
                 self.launch,
+                epoch,
             )
         };
         match result {

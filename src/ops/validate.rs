@@ -145,9 +145,8 @@ pub(crate) fn f32_scalar(name: &'static str, v: f64) -> Result<()> {
     Err(Error::invalid(name, format!("must be finite in f32 (CANN computes with it in f32), got {v}")))
 }
 
-/// Checks that argument `name`'s dtype is a floating-point one (f32, f16, bf16): every DType
-/// today. The match is exhaustive on purpose, so that a new DType (e.g. an integer one) must be
-/// decided on here: `DType::I32 => Err(Error::invalid(name, "..."))`.
+/// Checks that argument `name`'s dtype is a floating-point one (f32, f16, bf16); any other
+/// (`DType::I32`, the counts' dtype) is rejected with what was given.
 pub(crate) fn float_dtype(name: &'static str, dtype: DType) -> Result<()> {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),

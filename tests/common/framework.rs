@@ -14,7 +14,10 @@
 //!   after which the call works again;
 //! * (mock) on each path, a fault at any CANN function the crate binds (but those that destroy or
 //!   free, whose failure is a reported leak by design): each call either succeeds with the right
-//!   values or fails writing nothing, and the path's own calls do fail.
+//!   values or fails writing nothing, and the path's own calls do fail;
+//! * (mock) executors CANN will not make repeatable: a refusal injected once, and the operator
+//!   refused persistently (`ascend::mock::refuse_repeatable`), in every form: the calls are
+//!   right, launched uncached, the signature not tried again, nothing leaked.
 //!
 //! The mock runs are inside `common::mock::isolated` (serialised, then checked for no leaked
 //! allocation, descriptor, executor or stream and no violation).
@@ -187,7 +190,9 @@ fn live(ctx: &Context, s: &Stream) -> [u64; 4] {
 enum Path {
     /// The cache is off: descriptors, phase 1, phase 2 (which consumes the executor).
     Uncached,
-    /// An empty cache: descriptors, phase 1, `aclSetAclOpExecutorRepeatable`, phase 2.
+    /// An empty cache: descriptors, phase 1, `aclSetAclOpExecutorRepeatable`, phase 2. (A
+    /// failure of `aclSetAclOpExecutorRepeatable` does not fail the call: see
+    /// [`repeatable_refused`].)
     Miss,
     /// The call's executor is cached, bound to other buffers: rebind every tensor, phase 2.
     Hit,
@@ -196,6 +201,17 @@ enum Path {
 #[cfg(feature = "mock")]
 impl Path {
     const ALL: [Path; 3] = [Path::Uncached, Path::Miss, Path::Hit];
+
+    /// Whether `s` can take this path for `case`: not [`Path::Hit`] when the mock refuses the
+    /// operator's repeatable executors (`ASCEND_MOCK_REFUSE_REPEATABLE`), since nothing is cached
+    /// then.
+    fn reachable<F: Framework>(self, s: &Stream, case: &F) -> Result<bool> {
+        if !matches!(self, Path::Hit) {
+            return Ok(true);
+        }
+        self.arrange(s, case)?;
+        Ok(s.launch_cache_stats().entries > 0)
+    }
 
     /// Readies `s` so that the next call of `case` takes this path.
     fn arrange<F: Framework>(self, s: &Stream, case: &F) -> Result<()> {
@@ -220,7 +236,7 @@ impl Path {
         let p2 = (aclnn.to_string(), 361001, Some(361001));
         match self {
             Path::Uncached => vec![create, p1, p2],
-            Path::Miss => vec![create, p1, ("aclSetAclOpExecutorRepeatable".into(), 561103, Some(561103)), p2],
+            Path::Miss => vec![create, p1, p2],
             Path::Hit => vec![
                 ("aclSetInputTensorAddr".into(), 161002, Some(161002)),
                 ("aclSetOutputTensorAddr".into(), 161002, Some(161002)),
@@ -245,6 +261,9 @@ pub fn faults_at_each_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
         let mut out = case.outputs(&s)?;
         case.run_into(&mut up, &s, &mut out)?; // the stream's workspace cache exists from here on
         let mut out = case.outputs(&s)?;
+        if !path.reachable(&s, &case)? {
+            continue;
+        }
         let base = live(ctx, &s);
         for (api, code, status) in path.calls(&phase1, F::ACLNN) {
             let api = api.as_str();
@@ -299,6 +318,9 @@ pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
         let s = ctx.new_stream()?;
         let case = F::small(122);
         let mut up = case.upload(&s)?;
+        if !path.reachable(&s, &case)? {
+            continue;
+        }
         let mut failed = Vec::new();
         for &api in &apis {
             let mut out = case.outputs(&s)?;
@@ -329,6 +351,78 @@ pub fn a_fault_at_any_cann_call<F: Framework>(ctx: &Context) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Refuses (or accepts again) the repeatable executors of `op` in the mock until dropped.
+#[cfg(feature = "mock")]
+pub struct RefuseRepeatable(&'static str);
+
+#[cfg(feature = "mock")]
+impl RefuseRepeatable {
+    pub fn new(op: &'static str) -> Self {
+        ascend::mock::refuse_repeatable(op, true);
+        RefuseRepeatable(op)
+    }
+}
+
+#[cfg(feature = "mock")]
+impl Drop for RefuseRepeatable {
+    fn drop(&mut self) {
+        ascend::mock::refuse_repeatable(self.0, false);
+    }
+}
+
+/// Executors CANN will not make repeatable (ASYNC.md §5). A refusal injected once (561000, as
+/// CANN's) does not fail the call: it is right, launched uncached, and its signature is not tried
+/// again on that stream. With the operator refused persistently, every form (`_into`, allocating,
+/// prepared, prepared and dropped unlaunched) is right, three times over, with one phase 1 and one
+/// launch per call, no cache entry, no further attempt after the first per signature, and (checked
+/// by `isolated`) no leaked executor and no violation.
+#[cfg(feature = "mock")]
+pub fn repeatable_refused<F: Framework>(ctx: &Context) -> Result<()> {
+    use ascend::mock::{fail_next_on_this_thread, launch_counters};
+    let s = ctx.new_stream()?;
+    let case = F::small(123);
+    let mut up = case.upload(&s)?;
+    fail_next_on_this_thread("aclSetAclOpExecutorRepeatable", 561000);
+    let mut out = case.outputs(&s)?;
+    let before = launch_counters();
+    case.run_into(&mut up, &s, &mut out)?;
+    case.check(ctx, &s, "a refusal injected once", &out);
+    assert_eq!(launch_counters().repeatable_refusals - before.repeatable_refusals, 1, "the fault fired");
+    let before = launch_counters();
+    case.run_into(&mut up, &s, &mut out)?;
+    case.check(ctx, &s, "after a refusal", &out);
+    let after = launch_counters();
+    assert_eq!(after.repeatable_refusals, before.repeatable_refusals, "a refused signature is tried again");
+    assert_eq!(after.phase1_calls - before.phase1_calls, 1, "a refused signature runs phase 1");
+    assert_eq!(s.launch_cache_stats().entries, 0, "a refused executor was cached");
+
+    let _refuse = RefuseRepeatable::new(F::ACLNN);
+    let s = ctx.new_stream()?;
+    for round in 0..3 {
+        let before = launch_counters();
+        let mut out = case.outputs(&s)?;
+        case.run_into(&mut up, &s, &mut out)?;
+        case.check(ctx, &s, &format!("refused, _into, round {round}"), &out);
+        let res = case.run(&mut up, &s)?;
+        case.check_res(ctx, &s, &format!("refused, allocating, round {round}"), &res);
+        let mut out = case.outputs(&s)?;
+        case.prepare(&mut up, &s, &mut out)?.launch(&s, None)?;
+        case.check(ctx, &s, &format!("refused, prepared, round {round}"), &out);
+        let mut unlaunched = case.outputs(&s)?;
+        drop(case.prepare(&mut up, &s, &mut unlaunched)?);
+        let after = launch_counters();
+        assert_eq!(after.phase1_calls - before.phase1_calls, 4, "round {round}: one phase 1 per call");
+        assert_eq!(after.launches - before.launches, 3, "round {round}: one launch per launched call");
+        if round > 0 {
+            // the prepared call dropped unlaunched tries (its destroy's documented pairing)
+            assert_eq!(after.repeatable_refusals - before.repeatable_refusals, 1, "round {round}: tried again");
+        }
+    }
+    let st = s.launch_cache_stats();
+    assert_eq!((st.entries, st.hits, st.misses), (0, 0, 0), "refused executors were cached: {st:?}");
     Ok(())
 }
 
@@ -444,10 +538,14 @@ macro_rules! framework_tests {
             fn a_fault_at_any_cann_call(ctx: &ascend::Context) -> ascend::Result<()> {
                 f::a_fault_at_any_cann_call::<Op>(ctx)
             }
+            #[cfg(feature = "mock")]
+            fn repeatable_refused(ctx: &ascend::Context) -> ascend::Result<()> {
+                f::repeatable_refused::<Op>(ctx)
+            }
             crate::common::on_both_backends!(
                 local: [two_phase, prepared_dropped_unlaunched, arguments_dropped_right_after_the_launch],
                 cross: [],
-                mock_only: [faults_at_each_cann_call, a_fault_at_any_cann_call],
+                mock_only: [faults_at_each_cann_call, a_fault_at_any_cann_call, repeatable_refused],
             );
         }
     };

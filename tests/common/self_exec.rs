@@ -45,3 +45,15 @@ pub fn expect_success(what: &str, out: &std::process::Output) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The parent side of a test that runs in a child process (for its own environment): unless the
+/// variable `role` already holds `value`, re-runs this binary's test `test` with it set, asserts
+/// that it succeeded, and returns `false`; in the child it returns `true` (go on with the test).
+pub fn run_as_child(test: &str, role: &str, value: &str) -> bool {
+    if std::env::var(role).as_deref() == Ok(value) {
+        return true;
+    }
+    let out = spawn_self(test, &[(role, value.to_string())]).wait_with_output().expect("wait for the child");
+    expect_success(&format!("{test} in a child process"), &out);
+    false
+}

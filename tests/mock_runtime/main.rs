@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod poison_and_events;
+mod strict;
 
 use std::ffi::c_void;
 use std::ptr;
@@ -21,6 +22,48 @@ use ascend_sys::{
 
 use common::raw_mock::*;
 use common::{self_exec, Rng};
+
+/// Page-locked host memory (`aclrtMallocHost`) holding a copy of some bytes: an
+/// `aclrtMemcpyAsync` from or to it is queued (one from pageable memory runs synchronously, as on
+/// CANN). Freed on drop, which must come after the copies that use it have run.
+pub struct Pinned {
+    c: &'static Cann,
+    p: *mut c_void,
+    len: usize,
+}
+
+impl Pinned {
+    pub fn new(c: &'static Cann, bytes: &[u8]) -> Pinned {
+        let mut p = ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer; the block holds `bytes.len()` bytes, written once.
+        unsafe {
+            assert_eq!(c.acl.aclrtMallocHost(&mut p, bytes.len()), 0);
+            ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), bytes.len());
+        }
+        Pinned { c, p, len: bytes.len() }
+    }
+
+    pub fn ptr(&self) -> *mut c_void {
+        self.p
+    }
+
+    /// Its bytes now (read once the copies writing it have run).
+    pub fn bytes(&self) -> Vec<u8> {
+        // SAFETY: the block holds `len` initialised bytes; no copy writes it meanwhile (the
+        // caller synchronised).
+        unsafe { std::slice::from_raw_parts(self.p.cast::<u8>(), self.len).to_vec() }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: a live aclrtMallocHost block, freed once.
+        let status = unsafe { self.c.acl.aclrtFreeHost(self.p) };
+        if !std::thread::panicking() {
+            assert_eq!(status, 0, "aclrtFreeHost");
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Violations
@@ -48,9 +91,9 @@ fn violation_free_of_unknown_or_freed_pointer() {
 fn violation_free_while_queued_copy_uses_it() {
     let (m, s) = Mock::with_stream();
     let p = m.malloc(64);
-    let host = [1u8; 64];
+    let host = Pinned::new(m.c, &[1u8; 64]);
     // SAFETY: `host` outlives the stream synchronization below.
-    assert_eq!(unsafe { m.c.acl.aclrtMemcpyAsync(p, 64, host.as_ptr().cast(), 64, H2D, s) }, 0);
+    assert_eq!(unsafe { m.c.acl.aclrtMemcpyAsync(p, 64, host.ptr(), 64, H2D, s) }, 0);
     assert_eq!(m.free(p), 0, "the free itself succeeds");
     m.expect_violations(1, "still uses this memory");
     assert_eq!(m.sync(s), 507053, "the queued copy finds its memory gone");
@@ -347,30 +390,31 @@ fn violation_unsynchronized_access_to_queued_work() {
     let a = m.stream();
     let b = m.stream();
     let d = m.malloc(64);
-    let src = vec![3u8; 64];
+    let src = Pinned::new(m.c, &[3u8; 64]);
     let mut dst = vec![0u8; 64];
+    let pinned_dst = Pinned::new(m.c, &[0u8; 64]);
     let c = m.c;
     // SAFETY: host buffers outlive the synchronizations below.
     unsafe {
-        assert_eq!(c.acl.aclrtMemcpyAsync(d, 64, src.as_ptr().cast(), 64, H2D, a), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 64, src.ptr(), 64, H2D, a), 0);
         // a synchronous read of memory that queued work will write: reads garbage
         assert_eq!(c.acl.aclrtMemcpy(dst.as_mut_ptr().cast(), 64, d, 64, D2H), 0);
         m.expect_violations(1, "with no synchronization in between");
         assert_eq!(dst, vec![mock::GARBAGE_BYTE; 64], "fresh device memory is garbage, not zeros");
         // another stream reading it without an event
-        assert_eq!(c.acl.aclrtMemcpyAsync(dst.as_mut_ptr().cast(), 64, d, 64, D2H, b), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(pinned_dst.ptr(), 64, d, 64, D2H, b), 0);
         m.expect_violations(2, "queued on stream");
         assert_eq!(m.sync(b), 0);
         // ordered through an event: no violation, and the data arrives
-        assert_eq!(c.acl.aclrtMemcpyAsync(d, 64, src.as_ptr().cast(), 64, H2D, a), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 64, src.ptr(), 64, H2D, a), 0);
         let mut ev: aclrtEvent = ptr::null_mut();
         assert_eq!(c.acl.aclrtCreateEvent(&mut ev), 0);
         assert_eq!(c.acl.aclrtRecordEvent(ev, a), 0);
         assert_eq!(c.acl.aclrtStreamWaitEvent(b, ev), 0);
-        assert_eq!(c.acl.aclrtMemcpyAsync(dst.as_mut_ptr().cast(), 64, d, 64, D2H, b), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(pinned_dst.ptr(), 64, d, 64, D2H, b), 0);
         assert_eq!(c.acl.aclrtSynchronizeEvent(ev), 0);
         assert_eq!(m.sync(b), 0);
-        assert_eq!(dst, src);
+        assert_eq!(pinned_dst.bytes(), src.bytes());
         assert_eq!(c.acl.aclrtDestroyEvent(ev), 0);
         assert_eq!(c.acl.aclrtSynchronizeEvent(ev), 107017);
         m.expect_violations(3, "event");
@@ -549,22 +593,22 @@ fn runtime_device_count_and_stream_of_another_device() {
 fn runtime_streams_run_at_synchronize() {
     let (m, s) = Mock::with_stream();
     let d = m.malloc(16);
-    let src = [9u8; 16];
-    let mut dst = [0u8; 16];
+    let src = Pinned::new(m.c, &[9u8; 16]);
+    let dst = Pinned::new(m.c, &[0u8; 16]);
     // SAFETY: host buffers outlive the synchronization.
     unsafe {
-        assert_eq!(m.c.acl.aclrtMemcpyAsync(d, 16, src.as_ptr().cast(), 16, H2D, s), 0);
-        assert_eq!(m.c.acl.aclrtMemcpyAsync(dst.as_mut_ptr().cast(), 16, d, 16, D2H, s), 0);
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(d, 16, src.ptr(), 16, H2D, s), 0);
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(dst.ptr(), 16, d, 16, D2H, s), 0);
     }
-    assert_eq!(dst, [0u8; 16], "nothing runs before the stream is synchronized");
+    assert_eq!(dst.bytes(), [0u8; 16], "nothing runs before the stream is synchronized");
     assert_eq!(mock::live_events_and_queued_tasks().1, 2);
     // SAFETY: plain runtime call.
     assert_eq!(unsafe { m.c.acl.aclrtSynchronizeDevice() }, 0);
-    assert_eq!(dst, src);
+    assert_eq!(dst.bytes(), src.bytes());
     // destroy drains first
-    let ones = [1u8; 16];
+    let ones = Pinned::new(m.c, &[1u8; 16]);
     // SAFETY: `ones` outlives the stream's destruction, which runs the copy.
-    unsafe { assert_eq!(m.c.acl.aclrtMemcpyAsync(d, 16, ones.as_ptr().cast(), 16, H2D, s), 0) };
+    unsafe { assert_eq!(m.c.acl.aclrtMemcpyAsync(d, 16, ones.ptr(), 16, H2D, s), 0) };
     assert_eq!(m.destroy_stream(s), 0);
     assert_eq!(m.d2h(d, 16), vec![1u8; 16]);
     assert_eq!(mock::live_events_and_queued_tasks().1, 0);

@@ -144,11 +144,11 @@ fn poison_propagates_through_kernels_and_async_copies() {
     assert_eq!(m.free(ws_b), 0);
     // queued copies reading poison are skipped; a device destination is poisoned in turn
     let dst = m.upload(&[0u8; 12]);
-    let mut host = [0x11u8; 12];
+    let host = super::Pinned::new(m.c, &[0x11u8; 12]);
     // SAFETY: `host` outlives the synchronization; the mock checks the device ranges.
     unsafe {
         assert_eq!(m.c.acl.aclrtMemcpyAsync(dst, 12, a.devs[8].mem, 12, D2D, s), 0);
-        assert_eq!(m.c.acl.aclrtMemcpyAsync(host.as_mut_ptr().cast(), 12, a.devs[8].mem, 12, D2H, s), 0);
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(host.ptr(), 12, a.devs[8].mem, 12, D2H, s), 0);
     }
     assert_eq!(m.sync(s), 507053);
     m.expect_err(&[
@@ -156,7 +156,7 @@ fn poison_propagates_through_kernels_and_async_copies() {
         "(aclrtMemcpyAsync) was skipped: the copy's source [",
         "they are bytes of gradBias that task #",
     ]);
-    assert_eq!(host, [0x11u8; 12], "the skipped copy wrote nothing");
+    assert_eq!(host.bytes(), [0x11u8; 12], "the skipped copy wrote nothing");
     assert_eq!(m.poisoned_bytes(), 96 + 12);
     m.expect_poisoned(
         dst,
@@ -176,11 +176,11 @@ fn poison_propagates_through_kernels_and_async_copies() {
     assert_eq!(m.poisoned_bytes(), 96 + 12);
     m.expect_violations(2, "");
     // queued copies that run clear what they wrote: dst, and A's sumDy (B's mean)
-    let ones = encode(F32, &[1.0; 3]);
+    let ones = super::Pinned::new(m.c, &encode(F32, &[1.0; 3]));
     // SAFETY: `ones` outlives the synchronization.
     unsafe {
         assert_eq!(m.c.acl.aclrtMemcpyAsync(dst, 12, clean, 12, D2D, s), 0);
-        assert_eq!(m.c.acl.aclrtMemcpyAsync(a.devs[5].mem, 12, ones.as_ptr().cast(), 12, H2D, s), 0);
+        assert_eq!(m.c.acl.aclrtMemcpyAsync(a.devs[5].mem, 12, ones.ptr(), 12, H2D, s), 0);
     }
     assert_eq!(m.sync(s), 0, "{}", m.err());
     assert_eq!(m.d2h(dst, 12), [5u8; 12]);
@@ -194,6 +194,7 @@ fn poison_propagates_through_kernels_and_async_copies() {
     m.expect_ok(&reference.args());
     assert_eq!(b.outputs(&m), reference.outputs(&m));
     m.expect_violations(2, "");
+    drop((host, ones));
     finish(&m, [a, b, reference], &[dst, clean], s, 2);
 }
 
@@ -318,21 +319,22 @@ fn hazard_detector_catches_an_unordered_pair_and_accepts_an_event_ordered_one() 
     let d = m.malloc(256);
     let first: Vec<u8> = (0..256u32).map(|i| (i % 13) as u8 + 1).collect();
     let second: Vec<u8> = (0..256u32).map(|i| (i % 17) as u8 + 100).collect();
+    let (first_pinned, second_pinned) = (super::Pinned::new(c, &first), super::Pinned::new(c, &second));
     // SAFETY: handles from the mock; host buffers outlive the synchronisations below.
     unsafe {
-        assert_eq!(c.acl.aclrtMemcpyAsync(d, 256, first.as_ptr().cast(), 256, H2D, a), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 256, first_pinned.ptr(), 256, H2D, a), 0);
         // overlapping bytes [128, 256), both writing, nothing in between
-        assert_eq!(c.acl.aclrtMemcpyAsync(at(d, 128), 128, second.as_ptr().cast(), 128, H2D, b), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(at(d, 128), 128, second_pinned.ptr(), 128, H2D, b), 0);
         m.expect_violations(1, "with no synchronization in between");
         assert_eq!(m.sync(a), 0);
         assert_eq!(m.sync(b), 0);
         // ordered by an event: accepted
         let mut ev: aclrtEvent = ptr::null_mut();
         assert_eq!(c.acl.aclrtCreateEvent(&mut ev), 0);
-        assert_eq!(c.acl.aclrtMemcpyAsync(d, 256, first.as_ptr().cast(), 256, H2D, a), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(d, 256, first_pinned.ptr(), 256, H2D, a), 0);
         assert_eq!(c.acl.aclrtRecordEvent(ev, a), 0);
         assert_eq!(c.acl.aclrtStreamWaitEvent(b, ev), 0);
-        assert_eq!(c.acl.aclrtMemcpyAsync(at(d, 128), 128, second.as_ptr().cast(), 128, H2D, b), 0);
+        assert_eq!(c.acl.aclrtMemcpyAsync(at(d, 128), 128, second_pinned.ptr(), 128, H2D, b), 0);
         m.expect_violations(1, "");
         assert_eq!(m.sync(b), 0);
         assert_eq!(m.sync(a), 0);

@@ -344,14 +344,12 @@ mod avx2 {
         }
     }
 
-    /// Folds 4 accumulators (32 lanes) to f64 in the order of `super::fold32`.
-    ///
-    /// # Safety
-    /// AVX2 available.
+    /// Folds 4 accumulators (32 lanes) to f64 in the order of `super::fold32`. Register arithmetic
+    /// only, so a safe `target_feature` function (Rust 1.86+; the MSRV is 1.89): the AVX2 kernels,
+    /// compiled with the same features, call it without `unsafe`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn fold(v: [__m256; 4]) -> f64 {
-        // Register arithmetic only (an unsafe context on Rust < 1.86, safe calls after).
+    fn fold(v: [__m256; 4]) -> f64 {
         let mut p = [_mm256_setzero_pd(); 4];
         for (p, &a) in p.iter_mut().zip(&v) {
             let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(a));

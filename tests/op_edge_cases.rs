@@ -1,7 +1,7 @@
-//! Regression tests of audit 3's operator findings (`shared/reviews/audit-3.md`), one per finding:
-//! exact element conversions (F10), host allocations sized by a huge zero-stride view (F11-F14),
-//! the scalar rule of eps/momentum (F15) and the sign of an empty counter's sum (F16); then the
-//! three rules read in CANN's ops-nn sources that the mock had wrong.
+//! The operators' edges: exact element conversions, host allocations sized by a huge zero-stride
+//! view, the scalar rule of eps/momentum and the sign of an empty counter's sum; then three rules
+//! read in CANN's ops-nn sources that the mock once had wrong. Each began as a regression test of
+//! a finding of audit 3 (`shared/reviews/audit-3.md`, F10-F16; the test names keep the number).
 //!
 //! Each runs on both backends where the call is cheap on both (the huge broadcast views run on the
 //! CPU only: the mock, like CANN, would walk every one of their 2^40..2^50 elements).
