@@ -48,6 +48,7 @@ mod generate {
         "aclrtContext",
         "aclOpExecutor",
         "aclTensor",
+        "aclBoolArray",
         "aclnnStatus",
         "aclDataType",
         "aclFormat",

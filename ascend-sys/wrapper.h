@@ -25,6 +25,8 @@
 #include "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h"
 #include "aclnnop/aclnn_batch_norm_elemt.h"
 #include "aclnnop/aclnn_batch_norm_elemt_backward.h"
+#include "aclnnop/aclnn_batch_norm.h"
+#include "aclnnop/aclnn_batch_norm_backward.h"
 #include "hccl/hccl.h"
 
 #else /* the crate's own declarations */
@@ -49,6 +51,7 @@ typedef void *aclrtContext;
 /* ---- aclnn/acl_meta.h: opaque aclnn objects and status --------------------------------- */
 typedef struct aclOpExecutor aclOpExecutor;
 typedef struct aclTensor aclTensor;
+typedef struct aclBoolArray aclBoolArray;
 typedef int32_t aclnnStatus;
 
 /* ---- enums (values: docs/cann/API.md section 2.2, 2.3, 3) ------------------------------------------ */
@@ -198,6 +201,9 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor);
 aclnnStatus aclSetInputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr);
 aclnnStatus aclSetOutputTensorAddr(aclOpExecutor *executor, const size_t index, aclTensor *tensor, void *addr);
 aclnnStatus aclnnInit(const char *configPath);
+/* aclnn/acl_meta.h (hicann/opbase include/nnopbase/aclnn/acl_meta.h:44,52) */
+aclBoolArray *aclCreateBoolArray(const bool *value, uint64_t size);
+aclnnStatus aclDestroyBoolArray(const aclBoolArray *array);
 
 /* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_backward_reduce.h --------------- */
 aclnnStatus aclnnBatchNormReduceBackwardGetWorkspaceSize(
@@ -239,6 +245,26 @@ aclnnStatus aclnnBatchNormElemtBackwardGetWorkspaceSize(const aclTensor *gradOut
                                                         aclOpExecutor **executor);
 aclnnStatus aclnnBatchNormElemtBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
                                         const aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm.h (hicann/ops-nn @ e5c3fa93,
+ * norm/batch_norm_v3/op_host/op_api/aclnn_batch_norm.h:24,33) ----------------------------------- */
+aclnnStatus aclnnBatchNormGetWorkspaceSize(const aclTensor *input, const aclTensor *weight, const aclTensor *bias,
+                                           aclTensor *runningMean, aclTensor *runningVar, bool training,
+                                           double momentum, double eps, aclTensor *output, aclTensor *saveMean,
+                                           aclTensor *saveInvstd, uint64_t *workspaceSize, aclOpExecutor **executor);
+aclnnStatus aclnnBatchNorm(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_nn.so: aclnnop/aclnn_batch_norm_backward.h (hicann/ops-nn @ e5c3fa93,
+ * norm/batch_norm_grad_v3/op_host/op_api/aclnn_batch_norm_backward.h:25,36) ------------------------ */
+aclnnStatus aclnnBatchNormBackwardGetWorkspaceSize(const aclTensor *gradOut, const aclTensor *input,
+                                                   const aclTensor *weight, const aclTensor *runningMean,
+                                                   const aclTensor *runningVar, const aclTensor *saveMean,
+                                                   const aclTensor *saveInvstd, bool training, double eps,
+                                                   const aclBoolArray *outputMask, aclTensor *gradInput,
+                                                   aclTensor *gradWeight, aclTensor *gradBias, uint64_t *workspaceSize,
+                                                   aclOpExecutor **executor);
+aclnnStatus aclnnBatchNormBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                   const aclrtStream stream);
 
 /* ---- libhccl.so (+ libhcomm.so on CANN 9.x): hccl/hccl_types.h, hccl/hccl.h, hccl/hccl_comm.h ------
  * (docs/cann/HCCL.md 2-3). hccl_types.h declares the root-info size as a C++ `const uint32_t`; C needs a

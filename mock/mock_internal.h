@@ -32,8 +32,16 @@ enum {
     ASCEND_MOCK_KIND_EVENT = 2,
     ASCEND_MOCK_KIND_TENSOR = 3,
     ASCEND_MOCK_KIND_EXECUTOR = 4,
-    ASCEND_MOCK_KIND_COUNT = 5
+    ASCEND_MOCK_KIND_BOOL_ARRAY = 5,
+    ASCEND_MOCK_KIND_COUNT = 6
 };
+
+/* An aclBoolArray (aclCreateBoolArray): a copy of the values it was given. */
+typedef struct ascend_mock_bool_array {
+    uint64_t handle;
+    uint64_t size;
+    unsigned char values[];
+} ascend_mock_bool_array;
 
 /* The aclnn status codes of nnopbase and the operator library (docs/cann/API.md). */
 enum {

@@ -517,3 +517,55 @@ aclnnStatus aclnnInit(const char *configPath) {
     ascend_mock_unlock();
     return ACLNN_SUCCESS;
 }
+
+/* aclCreateBoolArray: a handle onto a copy of `size` values (NULL values with size 0 is an empty
+ * array); NULL for NULL values with a non-zero size. */
+aclBoolArray *aclCreateBoolArray(const bool *value, uint64_t size) {
+    int st;
+    if (ascend_mock_take_fault("aclCreateBoolArray", &st)) {
+        return NULL; /* a constructor's failure is a NULL handle */
+    }
+    if ((!value && size) || size > (1u << 20)) {
+        ascend_mock_set_error("aclCreateBoolArray failed. ERROR: %d. value is null or size %llu is too large.",
+                              ACLNN_ERR_PARAM_NULLPTR, (unsigned long long)size);
+        return NULL;
+    }
+    ascend_mock_bool_array *a = malloc(sizeof *a + size);
+    if (!a) {
+        return NULL;
+    }
+    a->size = size;
+    for (uint64_t i = 0; i < size; i++) {
+        a->values[i] = value[i] ? 1 : 0;
+    }
+    ascend_mock_lock();
+    a->handle = ascend_mock_handle_new_locked(ASCEND_MOCK_KIND_BOOL_ARRAY, a);
+    ascend_mock_unlock();
+    return (aclBoolArray *)(uintptr_t)a->handle;
+}
+
+aclnnStatus aclDestroyBoolArray(const aclBoolArray *array) {
+    static const char api[] = "aclDestroyBoolArray";
+    MOCK_ENTER(api, NULL);
+    if (!array) {
+        ascend_mock_set_error("%s failed. ERROR: %d. array is null.", api, ACLNN_ERR_PARAM_NULLPTR);
+        return ACLNN_ERR_PARAM_NULLPTR;
+    }
+    ascend_mock_lock();
+    int state;
+    uint64_t h = (uint64_t)(uintptr_t)array;
+    ascend_mock_bool_array *a = ascend_mock_handle_get_locked(ASCEND_MOCK_KIND_BOOL_ARRAY, h, &state);
+    int r = ACLNN_SUCCESS;
+    if (!a) {
+        ascend_mock_violation("%s: array %p is %s (double destroy?)", api, (const void *)array,
+                              ascend_mock_state_text(state));
+        ascend_mock_set_error("%s failed. ERROR: %d. array %p is %s.", api, ACLNN_ERR_PARAM_INVALID,
+                              (const void *)array, ascend_mock_state_text(state));
+        r = ACLNN_ERR_PARAM_INVALID;
+    } else {
+        ascend_mock_handle_remove_locked(ASCEND_MOCK_KIND_BOOL_ARRAY, h);
+        free(a);
+    }
+    ascend_mock_unlock();
+    return r;
+}

@@ -166,16 +166,39 @@ int mock_dtype_float(aclDataType dt) {
     return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_BF16;
 }
 
+aclnnStatus mock_check_float_arg(const mock_op *op, const mock_op_call *call, int i) {
+    if (call->args[i].used && !mock_dtype_float(call->t[i].dtype)) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                            "Tensor %s not implemented for %s, should be in dtype support list %s.",
+                            call->args[i].name, ascend_mock_dtype_name(call->t[i].dtype),
+                            "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]");
+    }
+    return ACLNN_SUCCESS;
+}
+
 aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, int skip) {
     for (int i = 0; i < call->nargs; i++) {
-        if (i != skip && call->args[i].used && !mock_dtype_float(call->t[i].dtype)) {
-            return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
-                                "Tensor %s not implemented for %s, should be in dtype support list %s.",
-                                call->args[i].name, ascend_mock_dtype_name(call->t[i].dtype),
-                                "[DT_FLOAT, DT_FLOAT16, DT_BFLOAT16]");
+        if (i != skip) {
+            MOCK_TRY(mock_check_float_arg(op, call, i));
         }
     }
     return ACLNN_SUCCESS;
+}
+
+aclnnStatus mock_check_format_a2(const mock_op *op, const ascend_mock_tensor *t, const char *name) {
+    if (t->format == ACL_FORMAT_NHWC || t->format == ACL_FORMAT_NDHWC) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID,
+                            "Format of %s is %s; Atlas A2/A3 support NC, NCL, NCHW, NCDHW and ND, not NHWC or NDHWC.",
+                            name, ascend_mock_format_name(t->format));
+    }
+    if (mock_format_private(t->format)) {
+        return mock_op_fail(op, ACLNN_ERR_PARAM_INVALID, "Format only support NC, NCL, NCHW, NCDHW.");
+    }
+    return ACLNN_SUCCESS;
+}
+
+float mock_channel_or(const mock_op_call *call, int i, int64_t c, float dflt) {
+    return call->args[i].used ? mock_load(&call->t[i], mock_channel_pos(&call->t[i], c)) : dflt;
 }
 
 aclnnStatus mock_check_rank_2_to_8(const mock_op *op, const mock_op_call *call, int i) {

@@ -96,6 +96,13 @@ int mock_dtype_float(aclDataType dt);         /* F32, F16 or BF16 */
 /* ops-nn's dtype check of every used tensor argument but `skip` (-1: none): F32, F16 or BF16, in
  * argument order. Returns 0 or mock_op_fail(...). */
 aclnnStatus mock_check_float_args(const mock_op *op, const mock_op_call *call, int skip);
+/* The same check of argument `i` alone (when ops-nn checks the arguments in another order). */
+aclnnStatus mock_check_float_arg(const mock_op *op, const mock_op_call *call, int i);
+/* Atlas A2/A3's format rule for an activation `t` (argument `name`) of the BatchNorm operators:
+ * not NHWC or NDHWC (aclnnBatchNorm.md:228, aclnnBatchNormBackward.md:274), not a private format. */
+aclnnStatus mock_check_format_a2(const mock_op *op, const ascend_mock_tensor *t, const char *name);
+/* In a kernel: element c of the per-channel argument i, or `dflt` when it is absent (CANN's fills). */
+float mock_channel_or(const mock_op_call *call, int i, int64_t c, float dflt);
 /* ops-nn's shared shape rules, each returning 0 or mock_op_fail(...) with ops-nn's words:
  * argument `i` has rank 2 to 8; argument `i`'s dim 1 (its channels, stored in *channels) is not 0;
  * each used argument of `which` (n of them) is [channels]. */

@@ -3,7 +3,9 @@
 //! of (`aclnnBatchNormReduceBackward`, `aclnnBatchNormStats`,
 //! `aclnnBatchNormGatherStatsWithCounts`, `aclnnBatchNormElemt`, `aclnnBatchNormElemtBackward`),
 //! [`hccl`] the collectives across devices and servers, and [`sync_batch_norm`] chains them in
-//! torch's order.
+//! torch's order. [`nn::BatchNorm`] is the layer users run, torch's `BatchNorm{1,2,3}d` and
+//! `SyncBatchNorm` in one type, over `aclnnBatchNorm`/`aclnnBatchNormBackward` on one device
+//! ([`ops::batch_norm`], [`ops::batch_norm_backward`]) and that chain over ranks.
 //!
 //! The package is `ascend-aclnn` on the crate registry (`cargo add ascend-aclnn`); the library
 //! is named `ascend`, so code writes `use ascend::...`.
@@ -54,6 +56,7 @@ mod layout;
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock;
+pub mod nn;
 pub mod ops;
 mod stream;
 pub mod sync_batch_norm;

@@ -277,16 +277,54 @@ pub fn backward(
     saved: &Saved<'_>,
     weight: Option<&Tensor>,
     mask: OutputMask,
-) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+) -> Result<Grads> {
+    backward_over(comm, s, grad_out, [saved.input, &saved.mean], saved, weight, mask)
+}
+
+/// The input and weight gradients.
+type Grads = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+/// [`backward`] with Σdy·(x − mean) summed from `x − mean` formed on the device first (one more
+/// element-wise launch, `batch_norm_elemt` with invstd 1 and eps 0, which CANN computes exactly
+/// as `x − mean` rounded once; and a temporary of the input's size), then reduced with mean 0:
+/// CANN's reduction forms Σdy·x − mean·Σdy, which cancels when |mean| ≫ std
+/// (`docs/cann/LAYER.md` §6). The values are the same formulas; the input gradient too is
+/// formed from the centered input.
+pub(crate) fn backward_centered(
+    comm: &Communicator,
+    s: &Stream,
+    grad_out: &Tensor,
+    saved: &Saved<'_>,
+    weight: Option<&Tensor>,
+    mask: OutputMask,
+) -> Result<Grads> {
+    let c = saved.mean.numel();
+    let one = Tensor::uploaded(s, &[1f32], &[c], &[0], 0, true)?;
+    let centered = ops::batch_norm_elemt(s, saved.input, None, None, &saved.mean, &one, 0.0)?;
+    let zero = Tensor::uploaded(s, &[0f32], &[c], &[0], 0, true)?;
+    backward_over(comm, s, grad_out, [&centered, &zero], saved, weight, mask)
+}
+
+/// [`backward`] over `input` and `mean` (the saved ones, or the centered input and 0) with the
+/// saved invstd and counts.
+fn backward_over(
+    comm: &Communicator,
+    s: &Stream,
+    grad_out: &Tensor,
+    [input, mean]: [&Tensor; 2],
+    saved: &Saved<'_>,
+    weight: Option<&Tensor>,
+    mask: OutputMask,
+) -> Result<Grads> {
     if mask.input_g {
         // batch_norm_elemt_backward runs after the all-reduce: check its arguments before it
         // (batch_norm_reduce_backward checks its own before it runs).
-        let sums = per_channel_stand_in(s, saved.mean.numel())?;
+        let sums = per_channel_stand_in(s, mean.numel())?;
         checks::batch_norm_elemt_backward(
             s,
             grad_out,
-            saved.input,
-            &saved.mean,
+            input,
+            mean,
             &saved.invstd,
             weight,
             &sums,
@@ -295,13 +333,12 @@ pub fn backward(
         )?;
     }
     if !mask.input_g {
-        let r = ops::batch_norm_reduce_backward(s, grad_out, saved.input, &saved.mean, &saved.invstd, weight, mask)?;
+        let r = ops::batch_norm_reduce_backward(s, grad_out, input, mean, &saved.invstd, weight, mask)?;
         return Ok((None, r.grad_weight, r.grad_bias));
     }
     // [sumDy | sumDyXmu] in one buffer, written through views, reduced by one all-reduce.
-    let c = saved.mean.numel();
-    let dtype =
-        if saved.input.dtype() == DType::F16 && saved.mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+    let c = mean.numel();
+    let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
     let mut sums = Tensor::alloc(s, dtype, &[2 * c], false)?;
     let (mut sum_dy, mut sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
     let per_channel = |on: bool| on.then(|| Tensor::alloc(s, dtype, &[c], false)).transpose();
@@ -309,8 +346,8 @@ pub fn backward(
     ops::batch_norm_reduce_backward_into(
         s,
         grad_out,
-        saved.input,
-        &saved.mean,
+        input,
+        mean,
         &saved.invstd,
         weight,
         mask,
@@ -330,8 +367,8 @@ pub fn backward(
     ops::batch_norm_elemt_backward_into(
         s,
         grad_out,
-        saved.input,
-        &saved.mean,
+        input,
+        mean,
         &saved.invstd,
         weight,
         &sum_dy,

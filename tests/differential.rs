@@ -1,5 +1,5 @@
-//! Differential random test of every operator (every entry form), every collective and
-//! `sync_batch_norm`: each random program runs on the mock CANN and on a CPU twin, and after every
+//! Differential random test of every operator (every entry form; `batch_norm` and
+//! `batch_norm_backward` included), every collective and `sync_batch_norm`: each random program runs on the mock CANN and on a CPU twin, and after every
 //! step
 //! - the mock counted no violation;
 //! - both backends agreed: the same success, or the same aclnn/HCCL status;
@@ -182,6 +182,30 @@ enum Step {
         entry: Entry,
         out: DType,
     },
+    /// `ops::batch_norm` (training or eval) through `entry`.
+    BatchNorm {
+        x: Arg,
+        weight: Option<Arg>,
+        bias: Option<Arg>,
+        running: Option<(Arg, Arg)>,
+        training: bool,
+        momentum: f64,
+        eps: f64,
+        entry: Entry,
+        out: DType,
+    },
+    /// `ops::batch_norm` (allocating) then `ops::batch_norm_backward` through `entry`.
+    BatchNormBackward {
+        dy: Arg,
+        x: Arg,
+        weight: Option<Arg>,
+        running: Option<(Arg, Arg)>,
+        training: bool,
+        eps: f64,
+        mask: [bool; 3],
+        entry: Entry,
+        out: DType,
+    },
     /// One collective over two ranks (one thread each), `len` elements per rank.
     Collective {
         kind: Collective,
@@ -238,6 +262,22 @@ fn step() -> impl Strategy<Value = Step> {
         )
             .prop_map(|((dy, x, mean, invstd, weight), (sum_dy, sum_dy_xmu, counter, entry, out))| {
                 Step::ElemtBackward { dy, x, mean, invstd, weight, sums: (sum_dy, sum_dy_xmu), counter, entry, out }
+            }),
+        3 => (
+            (arg(dt()), proptest::option::of(arg(dt())), proptest::option::of(arg(dt()))),
+            proptest::option::weighted(0.6, (arg(dt()), arg(dt()))),
+            (any::<bool>(), scalar(0.1, false), scalar(1e-5, true), entry(), out())
+        )
+            .prop_map(|((x, weight, bias), running, (training, momentum, eps, entry, out))| Step::BatchNorm {
+                x, weight, bias, running, training, momentum, eps, entry, out
+            }),
+        3 => (
+            (arg(dt()), arg(dt()), proptest::option::of(arg(dt()))),
+            proptest::option::weighted(0.6, (arg(dt()), arg(dt()))),
+            (any::<bool>(), scalar(1e-5, false), proptest::array::uniform3(any::<bool>()), entry(), out())
+        )
+            .prop_map(|((dy, x, weight), running, (training, eps, mask, entry, out))| Step::BatchNormBackward {
+                dy, x, weight, running, training, eps, mask, entry, out
             }),
         3 => (kind, dt(), values, 0usize..6, any::<[u64; 2]>())
             .prop_map(|(kind, dt, values, len, seeds)| Step::Collective { kind, dt, values, len, seeds }),
@@ -612,6 +652,82 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 [dx = Tensor::zeros(s, out, &big)?]
             );
             outputs(s, &[("gradInput", &dx)], false)
+        }
+        Step::BatchNorm { x, weight, bias, running, training, momentum, eps, entry, out } => {
+            let x = up(x, &big, Values::Small)?;
+            let weight = weight.map(|a| up(a, &chan, Values::Small)).transpose()?;
+            let bias = bias.map(|a| up(a, &chan, Values::Small)).transpose()?;
+            let mut rm = running.map(|(a, _)| up(a, &chan, Values::Small)).transpose()?;
+            let mut rv = running.map(|(_, b)| up(b, &chan, Values::Scale)).transpose()?;
+            let (wt, bt) = (weight.as_ref(), bias.as_ref());
+            let (y, _saved) = by_entry!(
+                entry,
+                s,
+                (s, &x, wt, bt, rm.as_mut(), rv.as_mut(), training, momentum, eps),
+                ops::batch_norm,
+                ops::prepare_batch_norm,
+                ops::batch_norm_into,
+                [y = Tensor::zeros(s, out, &big)?, saved = ops::BatchNormSaved::new(s, c)?]
+            );
+            let mut named = vec![("output", &y)];
+            if let Some(rm) = &rm {
+                named.push(("runningMean", rm));
+            }
+            if let Some(rv) = &rv {
+                named.push(("runningVar", rv));
+            }
+            outputs(s, &named, false)
+        }
+        Step::BatchNormBackward { dy, x, weight, running, training, eps, mask, entry, out } => {
+            let dy = up(dy, &big, Values::Small)?;
+            let x = up(x, &big, Values::Small)?;
+            let weight = weight.map(|a| up(a, &chan, Values::Small)).transpose()?;
+            let rm = running.map(|(a, _)| up(a, &chan, Values::Small)).transpose()?;
+            let rv = running.map(|(_, b)| up(b, &chan, Values::Scale)).transpose()?;
+            let wt = weight.as_ref();
+            // The forward's saved statistics (its running statistics are left alone: no momentum).
+            let (_, saved) = ops::batch_norm(s, &x, wt, None, None, None, training, 0.1, eps)?;
+            let mask = OutputMask { input_g: mask[0], weight_g: mask[1], bias_g: mask[2] };
+            let args = (rm.as_ref(), rv.as_ref());
+            let g = match entry {
+                Entry::Alloc => ops::batch_norm_backward(s, &dy, &x, wt, args.0, args.1, &saved, training, eps, mask)?,
+                _ => {
+                    let mut gi = Tensor::zeros(s, out, &big)?;
+                    let mut gw = Tensor::zeros(s, DType::F32, &chan)?;
+                    let mut gb = Tensor::zeros(s, out, &chan)?;
+                    let outs = ops::BatchNormGradsOut {
+                        grad_input: Some(&mut gi),
+                        grad_weight: Some(&mut gw),
+                        grad_bias: Some(&mut gb),
+                    };
+                    match entry {
+                        Entry::TwoPhase { caller_workspace } => launch(
+                            s,
+                            ops::prepare_batch_norm_backward(
+                                s, &dy, &x, wt, args.0, args.1, &saved, training, eps, mask, outs,
+                            )?,
+                            caller_workspace,
+                        )?,
+                        _ => ops::batch_norm_backward_into(
+                            s, &dy, &x, wt, args.0, args.1, &saved, training, eps, mask, outs,
+                        )?,
+                    }
+                    let on = |t: Tensor, on: bool| on.then_some(t);
+                    ops::BatchNormGrads {
+                        grad_input: on(gi, mask.input_g),
+                        grad_weight: on(gw, mask.weight_g),
+                        grad_bias: on(gb, mask.bias_g),
+                    }
+                }
+            };
+            let mut named = Vec::new();
+            for (name, t) in [("gradInput", &g.grad_input), ("gradWeight", &g.grad_weight), ("gradBias", &g.grad_bias)]
+            {
+                if let Some(t) = t {
+                    named.push((name, t));
+                }
+            }
+            outputs(s, &named, false)
         }
         Step::Collective { .. } | Step::SyncBatchNorm { .. } => unreachable!("run on ranks"),
     }

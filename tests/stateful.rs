@@ -6,7 +6,9 @@
 //! caller workspace, with weight or not, any mask, any argument slots, valid or not), two
 //! launches at once on two threads sharing their inputs (and a workspace), all-reduces over a
 //! communicator of the two mock devices (one thread per rank), DLPack exchanges (a tensor
-//! exported and imported back in its place), pinned host buffers shared by
+//! exported and imported back in its place), `nn::BatchNorm` training or eval steps
+//! (`aclnnBatchNorm` and `aclnnBatchNormBackward`, results dropped before they ran, compared by
+//! outcome), pinned host buffers shared by
 //! every stream across steps (refused on another device's stream), long bursts of launches
 //! alternating between two streams without a host synchronise (live events checked against the
 //! crate's bound), and an injected fault
@@ -229,6 +231,15 @@ enum Step {
         other: usize,
         times: usize,
     },
+    /// (Layer) `nn::BatchNorm` on the stream: a fresh layer (training, or eval), forward on slot
+    /// `x` and backward with slot `dy` (both (N, C, S)), every result dropped at once, before the
+    /// stream ran it. Compared with the twin by outcome (its values are not exact sums).
+    Layer {
+        stream: usize,
+        x: usize,
+        dy: usize,
+        eval: bool,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -299,6 +310,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (launch(), stream.clone(), 8..80usize)
             .prop_map(|(launch, other, times)| Step::Burst { launch, other, times }),
         6 => launch().prop_map(Step::Launch),
+        2 => (stream.clone(), 0..BIG, 0..BIG, any::<bool>())
+            .prop_map(|(stream, x, dy, eval)| Step::Layer { stream, x, dy, eval }),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
         1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
             .prop_map(|(stream, capacity)| Step::CacheCapacity { stream, capacity }),
@@ -832,6 +845,7 @@ impl World {
                 }
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
+            Step::Layer { stream, x, dy, eval } => return self.layer(*stream, [*x, *dy], *eval, faulted),
             Step::Exchange { slot, stream, legacy } => {
                 let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
                     return Ok(());
@@ -905,6 +919,34 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// A layer step (see [`Step::Layer`]) on the mock and on the twin.
+    fn layer(&mut self, stream: usize, [x, dy]: [usize; 2], eval: bool, faulted: bool) -> Outcome {
+        let (Some((s, sdev)), Some(xs), Some(ds)) = (&self.streams[stream], &self.slots[x], &self.slots[dy]) else {
+            return Ok(());
+        };
+        let run = |s: &Stream, x: &Tensor, dy: &Tensor| -> Result<()> {
+            let mut bn = ascend::nn::BatchNorm::new(s, x.shape()[1])?;
+            if eval {
+                bn.eval();
+            }
+            let (y, saved) = bn.forward(s, x)?;
+            let g = bn.backward(s, dy, &saved)?;
+            drop((y, g, saved, bn)); // before the stream ran them
+            Ok(())
+        };
+        let mock = run(s, &xs.mock, &ds.mock);
+        LAYERS.fetch_add(1, Relaxed);
+        if faulted && mock.is_err() {
+            fault_error();
+            return Ok(());
+        }
+        if xs.device != *sdev || ds.device != *sdev {
+            CROSSED.fetch_add(1, Relaxed);
+            return expect_invalid("layer across devices", &mock);
+        }
+        agree("layer", &mock, &run(&self.cpu, &xs.cpu, &ds.cpu))
     }
 
     /// Whether the launch can be written in safe Rust (an output is `&mut`: it can't also be an
@@ -1255,6 +1297,8 @@ static FAULT_ERRORS: AtomicUsize = AtomicUsize::new(0);
 static PARALLEL: AtomicUsize = AtomicUsize::new(0);
 /// All-reduce steps that ran on both ranks.
 static COLLECTIVES: AtomicUsize = AtomicUsize::new(0);
+/// Layer steps (`nn::BatchNorm` forward and backward).
+static LAYERS: AtomicUsize = AtomicUsize::new(0);
 /// Single launches (`Launch`, `Again`) that hit or missed the launch cache, or found it off.
 static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
@@ -1330,8 +1374,8 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
     println!(
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
-         {} all-reduces over two devices; {} DLPack exchanges; {} reads compared bit for bit; single launches: \
-         {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors",
+         {} all-reduces over two devices; {} DLPack exchanges; {} layer steps; {} reads compared bit for bit; \
+         single launches: {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         FAULTED.load(Relaxed),
@@ -1342,6 +1386,7 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         PARALLEL.load(Relaxed),
         COLLECTIVES.load(Relaxed),
         EXCHANGED.load(Relaxed),
+        LAYERS.load(Relaxed),
         COMPARED.load(Relaxed),
         CACHE_HITS.load(Relaxed),
         CACHE_MISSES.load(Relaxed),

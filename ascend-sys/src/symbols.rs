@@ -44,6 +44,8 @@ pub const NNOPBASE_SYMBOLS: &[&str] = &[
     "aclSetInputTensorAddr",
     "aclSetOutputTensorAddr",
     "aclnnInit",
+    "aclCreateBoolArray",
+    "aclDestroyBoolArray",
 ];
 
 /// An aclnn operator: the two functions of its two-phase API, the toolkit header declaring them,
@@ -94,6 +96,8 @@ operators! {
         "aclnnBatchNormGatherStatsWithCounts", "nn", "aclnnop/aclnn_batch_norm_gather_stats_with_counts.h";
     BATCH_NORM_ELEMT = "aclnnBatchNormElemt", "nn", "aclnnop/aclnn_batch_norm_elemt.h";
     BATCH_NORM_ELEMT_BACKWARD = "aclnnBatchNormElemtBackward", "nn", "aclnnop/aclnn_batch_norm_elemt_backward.h";
+    BATCH_NORM = "aclnnBatchNorm", "nn", "aclnnop/aclnn_batch_norm.h";
+    BATCH_NORM_BACKWARD = "aclnnBatchNormBackward", "nn", "aclnnop/aclnn_batch_norm_backward.h";
 }
 
 /// `libhccl.so` (and, through it, `libhcomm.so` on CANN 9.x): collectives across devices, loaded

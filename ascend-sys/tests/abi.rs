@@ -263,3 +263,33 @@ fn event_function_types(acl: &AscendCl) {
     let _: unsafe extern "C" fn(aclrtEvent, aclrtStream) -> aclError = acl.aclrtResetEvent;
     let _: unsafe extern "C" fn(aclrtEvent, aclrtStream) -> aclError = acl.aclrtRecordEvent;
 }
+
+/// The BatchNorm pair and the bool-array handles have ops-nn's and nnopbase's prototypes
+/// (hicann/ops-nn @ e5c3fa93 `aclnn_batch_norm.h:24,33`, `aclnn_batch_norm_backward.h:25,36`;
+/// hicann/opbase `include/nnopbase/aclnn/acl_meta.h:44,52`): each binding coerces to the
+/// prototype written out here, argument by argument (a differing type, order or count fails to
+/// compile).
+#[test]
+fn batch_norm_prototypes_match_the_public_headers() {
+    type T = *const aclTensor;
+    type M = *mut aclTensor;
+    type Ex = *mut *mut aclOpExecutor;
+    type Launch = unsafe extern "C" fn(*mut std::ffi::c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
+    type Forward = unsafe extern "C" fn(T, T, T, M, M, bool, f64, f64, M, M, M, *mut u64, Ex) -> aclnnStatus;
+    type Backward =
+        unsafe extern "C" fn(T, T, T, T, T, T, T, bool, f64, *const aclBoolArray, M, M, M, *mut u64, Ex) -> aclnnStatus;
+    fn check(api: &OpApi, nn: &NnOpBase) {
+        let _: Option<Forward> = api.aclnnBatchNormGetWorkspaceSize.as_ref().ok().copied();
+        let _: Option<Launch> = api.aclnnBatchNorm.as_ref().ok().copied();
+        let _: Option<Backward> = api.aclnnBatchNormBackwardGetWorkspaceSize.as_ref().ok().copied();
+        let _: Option<Launch> = api.aclnnBatchNormBackward.as_ref().ok().copied();
+        let _: unsafe extern "C" fn(*const bool, u64) -> *mut aclBoolArray = nn.aclCreateBoolArray;
+        let _: unsafe extern "C" fn(*const aclBoolArray) -> aclnnStatus = nn.aclDestroyBoolArray;
+    }
+    let _ = check;
+    assert_eq!(size_of::<aclBoolArray>(), 0, "an opaque handle, only ever behind a pointer");
+    let names: Vec<&str> = symbols::OPERATORS.iter().map(|o| o.name).collect();
+    assert!(names.contains(&"aclnnBatchNorm") && names.contains(&"aclnnBatchNormBackward"), "{names:?}");
+    assert!(symbols::NNOPBASE_SYMBOLS.contains(&"aclCreateBoolArray"));
+    assert!(symbols::NNOPBASE_SYMBOLS.contains(&"aclDestroyBoolArray"));
+}

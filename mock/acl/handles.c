@@ -110,7 +110,7 @@ void *htab_del(htab *h, uint64_t key) {
 
 /* ---- handles ---------------------------------------------------------------------------------- */
 static htab g_handles;
-static uint64_t g_next_id[ASCEND_MOCK_KIND_COUNT] = {1, 1, 1, 1, 1};
+static uint64_t g_next_id[ASCEND_MOCK_KIND_COUNT] = {1, 1, 1, 1, 1, 1};
 uint64_t g_live[ASCEND_MOCK_KIND_COUNT];
 
 uint64_t ascend_mock_handle_new_locked(int kind, void *obj) {

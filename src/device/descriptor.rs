@@ -73,7 +73,7 @@ impl<'a> AclTensor<'a> {
                 strides,
                 to_i64(offset, "offset")?,
                 acl_dtype(dtype),
-                aclFormat::ACL_FORMAT_ND,
+                format_of(shape.len()),
                 to_i64(storage_len, "storage")?,
                 buffer.ptr(),
             )?
@@ -107,5 +107,17 @@ impl Drop for AclTensor<'_> {
             report_drop_error("aclDestroyTensor", &e);
             leaked(Leak::Tensor);
         }
+    }
+}
+
+/// The storage format a tensor of `rank` dims is described with, torch_npu's rule for base
+/// formats (and what aclnnBatchNorm requires: a 5-D input must be NCDHW on Atlas A2/A3, and ND
+/// for a 4-D one fails at run time on 910B): 3 → NCL, 4 → NCHW, 5 → NCDHW, any other ND.
+fn format_of(rank: usize) -> aclFormat {
+    match rank {
+        3 => aclFormat::ACL_FORMAT_NCL,
+        4 => aclFormat::ACL_FORMAT_NCHW,
+        5 => aclFormat::ACL_FORMAT_NCDHW,
+        _ => aclFormat::ACL_FORMAT_ND,
     }
 }

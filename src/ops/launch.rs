@@ -166,7 +166,7 @@ fn phase1<'a, O: Operator<'a>>(
     device.bind()?;
     let (inputs, outputs) = handles[..args.len].split_at(args.inputs);
     let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
-        let h = Handles { inputs, outputs, size, executor };
+        let h = Handles { inputs, outputs, size, executor, cann: Some(device.cann) };
         // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
         // (null for an absent one), kept alive by `call`, which moves into the prepared call and
         // outlives the executor, and phase1's valid out-pointers.

@@ -5,10 +5,13 @@
 //! [`batch_norm_gather_stats_with_counts`] (`aclnnBatchNormGatherStatsWithCounts`: the global
 //! statistics from every rank's, and the running statistics), [`batch_norm_elemt`]
 //! (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`] (`aclnnBatchNormElemtBackward`),
-//! SyncBatchNorm's element-wise steps (see their docs).
+//! SyncBatchNorm's element-wise steps (see their docs); and single-device BatchNorm,
+//! [`batch_norm`] (`aclnnBatchNorm`) and [`batch_norm_backward`] (`aclnnBatchNormBackward`).
 // Host allocations sized by a caller's count are fallible here (.ci/alloc-lint/clippy.toml).
 #![deny(clippy::disallowed_methods)]
 
+pub(crate) mod batch_norm;
+mod batch_norm_backward;
 mod batch_norm_elemt;
 mod batch_norm_elemt_backward;
 mod batch_norm_gather_stats_with_counts;
@@ -19,6 +22,10 @@ mod operator;
 mod prepared;
 pub(crate) mod validate;
 
+pub use batch_norm::{batch_norm, batch_norm_into, prepare_batch_norm, BatchNormSaved};
+pub use batch_norm_backward::{
+    batch_norm_backward, batch_norm_backward_into, prepare_batch_norm_backward, BatchNormGrads, BatchNormGradsOut,
+};
 pub use batch_norm_elemt::{batch_norm_elemt, batch_norm_elemt_into, prepare_batch_norm_elemt};
 pub use batch_norm_elemt_backward::{
     batch_norm_elemt_backward, batch_norm_elemt_backward_into, prepare_batch_norm_elemt_backward,

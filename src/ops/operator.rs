@@ -99,6 +99,9 @@ pub(crate) struct Handles<'h> {
     pub(crate) size: *mut u64,
     /// Receives the executor.
     pub(crate) executor: *mut *mut aclOpExecutor,
+    /// The toolkit the call runs on, for phase-1 arguments that are not tensors but nnopbase
+    /// objects (`aclBoolArray`); `None` only in unit tests.
+    pub(crate) cann: Option<&'h ascend_sys::Cann>,
 }
 
 impl Handles<'_> {
@@ -242,7 +245,13 @@ mod tests {
         assert_eq!(shared.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true, true]);
 
         let (ins, outs) = ([7usize as *mut aclTensor], [std::ptr::null_mut(), 9usize as *mut aclTensor]);
-        let h = Handles { inputs: &ins, outputs: &outs, size: std::ptr::null_mut(), executor: std::ptr::null_mut() };
+        let h = Handles {
+            inputs: &ins,
+            outputs: &outs,
+            size: std::ptr::null_mut(),
+            executor: std::ptr::null_mut(),
+            cann: None,
+        };
         assert_eq!((h.input(0) as usize, h.input(1) as usize), (7, 0));
         assert_eq!((h.output(0) as usize, h.output(1) as usize, h.output(2) as usize), (0, 9, 0));
     }

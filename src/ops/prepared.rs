@@ -80,7 +80,8 @@ impl<'a> Prepared<'a> {
 /// - optionally `pub(crate) fn validate_args(..) -> Result<()> { .. }`, the same arguments with
 ///   the body given.
 ///
-/// An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor`, `Option<&mut Tensor>`,
+/// An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor` (or `&` / `&mut` another type
+/// that holds tensors), `Option<&mut Tensor>`,
 /// `Type<'_>` (a struct of tensors) or a value type; the allocating entry's each followed by a
 /// comma.
 macro_rules! entry_points {
@@ -137,6 +138,12 @@ macro_rules! entry_points {
     };
     (@borrow $f:tt [$($done:tt)*] $n:ident: Option<&mut Tensor>, $($rest:tt)*) => {
         $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: Option<&'a mut Tensor>,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: &$t:ident, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: &'a $t,] $($rest)* }
+    };
+    (@borrow $f:tt [$($done:tt)*] $n:ident: &mut $t:ident, $($rest:tt)*) => {
+        $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: &'a mut $t,] $($rest)* }
     };
     (@borrow $f:tt [$($done:tt)*] $n:ident: $t:ident<'_>, $($rest:tt)*) => {
         $crate::ops::prepared::entry_points! { @borrow $f [$($done)* $n: $t<'a>,] $($rest)* }

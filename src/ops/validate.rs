@@ -117,6 +117,16 @@ pub(crate) fn distinct_elements(name: &'static str, m: &Layout<'_>) -> Result<()
     Ok(())
 }
 
+/// Checks an output written in the shape and dtype of input `of` (`input`): the same dtype
+/// (op-plugin's rule), the same shape, inside its storage.
+pub(crate) fn like_input(name: &'static str, m: &Layout<'_>, of: &str, input: &Layout<'_>) -> Result<()> {
+    if m.dtype != input.dtype {
+        return Err(Error::invalid(name, format!("dtype must equal {of}'s ({}), got {}", input.dtype, m.dtype)));
+    }
+    same_shape(name, m, of, input.shape)?;
+    in_storage(name, m).map(|_| ())
+}
+
 /// Checks that `m` has the shape `expected` (that of argument `of`).
 pub(crate) fn same_shape(name: &'static str, m: &Layout<'_>, of: &str, expected: &[usize]) -> Result<()> {
     if m.shape != expected {

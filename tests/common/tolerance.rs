@@ -124,3 +124,14 @@ pub fn assert_elements(what: &str, dtype: DType, got: &[f64], exp: &[f64], tol: 
         );
     }
 }
+
+/// Asserts `|got − want| ≤ rel·max|want|` element by element: an error relative to the largest
+/// expected magnitude (for results whose small elements are differences of large terms).
+#[track_caller]
+pub fn assert_scaled(what: &str, got: &[f64], want: &[f64], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1e-30f64, |a, v| a.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= rel * scale, "{what}[{i}]: got {g}, want {w} (± {rel} of {scale})");
+    }
+}

@@ -29,6 +29,8 @@ pub struct NnOpBase {
         addr: *mut ::std::os::raw::c_void,
     ) -> aclnnStatus,
     pub aclnnInit: unsafe extern "C" fn(configPath: *const ::std::os::raw::c_char) -> aclnnStatus,
+    pub aclCreateBoolArray: unsafe extern "C" fn(value: *const bool, size: u64) -> *mut aclBoolArray,
+    pub aclDestroyBoolArray: unsafe extern "C" fn(array: *const aclBoolArray) -> aclnnStatus,
 }
 impl NnOpBase {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -50,6 +52,8 @@ impl NnOpBase {
         let aclSetInputTensorAddr = __library.get(b"aclSetInputTensorAddr\0").map(|sym| *sym)?;
         let aclSetOutputTensorAddr = __library.get(b"aclSetOutputTensorAddr\0").map(|sym| *sym)?;
         let aclnnInit = __library.get(b"aclnnInit\0").map(|sym| *sym)?;
+        let aclCreateBoolArray = __library.get(b"aclCreateBoolArray\0").map(|sym| *sym)?;
+        let aclDestroyBoolArray = __library.get(b"aclDestroyBoolArray\0").map(|sym| *sym)?;
         Ok(NnOpBase {
             __library,
             aclCreateTensor,
@@ -59,6 +63,8 @@ impl NnOpBase {
             aclSetInputTensorAddr,
             aclSetOutputTensorAddr,
             aclnnInit,
+            aclCreateBoolArray,
+            aclDestroyBoolArray,
         })
     }
     pub unsafe fn aclCreateTensor(
@@ -114,5 +120,11 @@ impl NnOpBase {
     }
     pub unsafe fn aclnnInit(&self, configPath: *const ::std::os::raw::c_char) -> aclnnStatus {
         (self.aclnnInit)(configPath)
+    }
+    pub unsafe fn aclCreateBoolArray(&self, value: *const bool, size: u64) -> *mut aclBoolArray {
+        (self.aclCreateBoolArray)(value, size)
+    }
+    pub unsafe fn aclDestroyBoolArray(&self, array: *const aclBoolArray) -> aclnnStatus {
+        (self.aclDestroyBoolArray)(array)
     }
 }

@@ -124,6 +124,62 @@ pub struct OpApi {
         ) -> aclnnStatus,
         ::libloading::Error,
     >,
+    pub aclnnBatchNormGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            input: *const aclTensor,
+            weight: *const aclTensor,
+            bias: *const aclTensor,
+            runningMean: *mut aclTensor,
+            runningVar: *mut aclTensor,
+            training: bool,
+            momentum: f64,
+            eps: f64,
+            output: *mut aclTensor,
+            saveMean: *mut aclTensor,
+            saveInvstd: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNorm: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormBackwardGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            gradOut: *const aclTensor,
+            input: *const aclTensor,
+            weight: *const aclTensor,
+            runningMean: *const aclTensor,
+            runningVar: *const aclTensor,
+            saveMean: *const aclTensor,
+            saveInvstd: *const aclTensor,
+            training: bool,
+            eps: f64,
+            outputMask: *const aclBoolArray,
+            gradInput: *mut aclTensor,
+            gradWeight: *mut aclTensor,
+            gradBias: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnBatchNormBackward: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
 }
 impl OpApi {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -154,6 +210,11 @@ impl OpApi {
         let aclnnBatchNormElemtBackwardGetWorkspaceSize =
             __library.get(b"aclnnBatchNormElemtBackwardGetWorkspaceSize\0").map(|sym| *sym);
         let aclnnBatchNormElemtBackward = __library.get(b"aclnnBatchNormElemtBackward\0").map(|sym| *sym);
+        let aclnnBatchNormGetWorkspaceSize = __library.get(b"aclnnBatchNormGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNorm = __library.get(b"aclnnBatchNorm\0").map(|sym| *sym);
+        let aclnnBatchNormBackwardGetWorkspaceSize =
+            __library.get(b"aclnnBatchNormBackwardGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnBatchNormBackward = __library.get(b"aclnnBatchNormBackward\0").map(|sym| *sym);
         Ok(OpApi {
             __library,
             aclnnBatchNormReduceBackwardGetWorkspaceSize,
@@ -166,6 +227,10 @@ impl OpApi {
             aclnnBatchNormElemt,
             aclnnBatchNormElemtBackwardGetWorkspaceSize,
             aclnnBatchNormElemtBackward,
+            aclnnBatchNormGetWorkspaceSize,
+            aclnnBatchNorm,
+            aclnnBatchNormBackwardGetWorkspaceSize,
+            aclnnBatchNormBackward,
         })
     }
     pub unsafe fn aclnnBatchNormReduceBackwardGetWorkspaceSize(
@@ -366,6 +431,102 @@ impl OpApi {
         stream: aclrtStream,
     ) -> aclnnStatus {
         (self.aclnnBatchNormElemtBackward.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
+    }
+    pub unsafe fn aclnnBatchNormGetWorkspaceSize(
+        &self,
+        input: *const aclTensor,
+        weight: *const aclTensor,
+        bias: *const aclTensor,
+        runningMean: *mut aclTensor,
+        runningVar: *mut aclTensor,
+        training: bool,
+        momentum: f64,
+        eps: f64,
+        output: *mut aclTensor,
+        saveMean: *mut aclTensor,
+        saveInvstd: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            input,
+            weight,
+            bias,
+            runningMean,
+            runningVar,
+            training,
+            momentum,
+            eps,
+            output,
+            saveMean,
+            saveInvstd,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnBatchNorm(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNorm.as_ref().expect("Expected function, got error."))(
+            workspace,
+            workspaceSize,
+            executor,
+            stream,
+        )
+    }
+    pub unsafe fn aclnnBatchNormBackwardGetWorkspaceSize(
+        &self,
+        gradOut: *const aclTensor,
+        input: *const aclTensor,
+        weight: *const aclTensor,
+        runningMean: *const aclTensor,
+        runningVar: *const aclTensor,
+        saveMean: *const aclTensor,
+        saveInvstd: *const aclTensor,
+        training: bool,
+        eps: f64,
+        outputMask: *const aclBoolArray,
+        gradInput: *mut aclTensor,
+        gradWeight: *mut aclTensor,
+        gradBias: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormBackwardGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            gradOut,
+            input,
+            weight,
+            runningMean,
+            runningVar,
+            saveMean,
+            saveInvstd,
+            training,
+            eps,
+            outputMask,
+            gradInput,
+            gradWeight,
+            gradBias,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnBatchNormBackward(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnBatchNormBackward.as_ref().expect("Expected function, got error."))(
             workspace,
             workspaceSize,
             executor,

@@ -15,6 +15,11 @@ pub struct aclOpExecutor {
 pub struct aclTensor {
     _unused: [u8; 0],
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct aclBoolArray {
+    _unused: [u8; 0],
+}
 pub type aclnnStatus = i32;
 impl aclDataType {
     pub const ACL_DT_UNDEFINED: aclDataType = aclDataType(-1);

@@ -40,7 +40,19 @@ pub(super) fn run(args: &Args<'_>, output: &mut Tensor) -> Result<()> {
         }
         None => host::try_collect(c, invstd.iter().map(|&i| factor(i)))?,
     };
-    let p = Params { mean: tile(&mean)?, scale: tile(&scale)?, bias: tile(&bias)? };
+    normalize_into(input, &mean, &scale, &bias, output)
+}
+
+/// `output = (input − mean[c])·scale[c] + bias[c]` per element in f32, rounded once into the
+/// output's dtype, over any strides (also `aclnnBatchNorm`'s CPU kernel).
+pub(in crate::ops) fn normalize_into(
+    input: &Tensor,
+    mean: &[f32],
+    scale: &[f32],
+    bias: &[f32],
+    output: &mut Tensor,
+) -> Result<()> {
+    let p = Params { mean: tile(mean)?, scale: tile(scale)?, bias: tile(bias)? };
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
     let x = host::view(input, "input")?;
     let y = host::view_mut(output, "output")?;

@@ -11,7 +11,7 @@ use super::launch::Phase2;
 use super::operator::{check_streams, run_into_new_like, Arg, Handles, Operator};
 use super::prepared::{entry_points, Prepared};
 use super::validate;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -65,7 +65,7 @@ entry_points! {
     ///
     /// # Calling
     /// Arguments are validated first, on both backends alike; a rejected call returns
-    /// [`Error::InvalidArgument`] (161002) and allocates nothing. On Ascend the work is asynchronous on
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (161002) and allocates nothing. On Ascend the work is asynchronous on
     /// `stream`: read the result with [`Tensor::to_vec`].
     pub fn batch_norm_elemt(
         stream: &Stream,
@@ -163,15 +163,7 @@ impl<'a> Operator<'a> for Args<'a> {
     /// The inputs, then the output against them.
     fn check(&self, [output]: &Self::Outputs) -> Result<bool> {
         let empty = self.check_inputs()?;
-        let (input, out) = (self.input, output.layout());
-        if out.dtype != input.dtype() {
-            return Err(Error::invalid(
-                "output",
-                format!("dtype must equal input's ({}), got {}", input.dtype(), out.dtype),
-            ));
-        }
-        validate::same_shape("output", &out, "input", input.shape())?;
-        validate::in_storage("output", &out)?;
+        validate::like_input("output", &output.layout(), "input", &self.input.layout())?;
         Ok(empty)
     }
 

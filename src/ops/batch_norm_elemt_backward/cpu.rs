@@ -42,14 +42,26 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     };
     let a: Vec<f64> = host::try_collect(c, sum_dy.iter().map(|s| s / n))?;
     let b: Vec<f64> = host::try_collect(c, invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n))?;
-    let co = Coefficients { mean: tile(&mean)?, a: tile(&a)?, b: tile(&b)?, k: tile(&k)? };
+    grad_input_into(args.grad_out, args.input, [&mean, &a, &b, &k], grad_input)
+}
+
+/// `gradInput = ((dy − a[c]) − (x − mean[c])·b[c])·k[c]` per element in f64 from the widened
+/// inputs, rounded to f32 then into gradInput's dtype, over any strides (also
+/// `aclnnBatchNormBackward`'s CPU kernel). `[mean, a, b, k]` are per channel.
+pub(in crate::ops) fn grad_input_into(
+    grad_out: &Tensor,
+    input: &Tensor,
+    [mean, a, b, k]: [&[f64]; 4],
+    grad_input: &mut Tensor,
+) -> Result<()> {
+    let co = Coefficients { mean: tile(mean)?, a: tile(a)?, b: tile(b)?, k: tile(k)? };
     let (shape, out_strides, out_offset) =
         (grad_input.shape().to_vec(), grad_input.strides().to_vec(), grad_input.offset());
-    let (dy, x) = (host::view(args.grad_out, "gradOut")?, host::view(args.input, "input")?);
+    let (dy, x) = (host::view(grad_out, "gradOut")?, host::view(input, "input")?);
     let out = host::view_mut(grad_input, "gradInput")?;
     let srcs = [
-        Src::new(dy.storage(), args.grad_out.shape(), args.grad_out.strides(), args.grad_out.offset()),
-        Src::new(x.storage(), args.input.shape(), args.input.strides(), args.input.offset()),
+        Src::new(dy.storage(), grad_out.shape(), grad_out.strides(), grad_out.offset()),
+        Src::new(x.storage(), input.shape(), input.strides(), input.offset()),
     ];
     let dst = Dst::new(out.into_storage(), &shape, &out_strides, out_offset);
     channelwise::map(srcs, dst, 0, &co)

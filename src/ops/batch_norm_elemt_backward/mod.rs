@@ -3,7 +3,7 @@
 //!
 //! The public docs are on [`batch_norm_elemt_backward`].
 
-mod cpu;
+pub(in crate::ops) mod cpu;
 
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 

@@ -12,6 +12,7 @@ use super::OutputMask;
 use crate::cpu::{host, max_threads, View, ViewMut};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
+use crate::tensor::Tensor;
 
 /// Output views for [`batch_norm_reduce_backward`]; those the mask turns on are required.
 #[derive(Debug, Default)]
@@ -108,6 +109,25 @@ pub(crate) fn run(
         o.write(sums.sum_dy.iter().copied());
     }
     Ok(())
+}
+
+/// Σ dy and Σ dy·(x − mean) per channel of host tensors `grad_out` and `input` (validated: same
+/// shape, one dtype), summed as this operator sums them (also `aclnnBatchNormBackward`'s CPU
+/// kernel).
+pub(in crate::ops) fn centered_sums(grad_out: &Tensor, input: &Tensor, mean: &[f32]) -> Result<kernel::ChannelSums> {
+    let (dy, x) = (host::view(grad_out, "gradOut")?, host::view(input, "input")?);
+    match (dy.storage(), x.storage()) {
+        (SliceRef::F32(d), SliceRef::F32(v)) => {
+            kernel::channel_sums(kernel_view(&dy, d), kernel_view(&x, v), mean, true, max_threads())
+        }
+        (SliceRef::F16(d), SliceRef::F16(v)) => {
+            kernel::channel_sums(kernel_view(&dy, d), kernel_view(&x, v), mean, true, max_threads())
+        }
+        (SliceRef::BF16(d), SliceRef::BF16(v)) => {
+            kernel::channel_sums(kernel_view(&dy, d), kernel_view(&x, v), mean, true, max_threads())
+        }
+        _ => Err(crate::error::Error::internal("gradOut and input reached the CPU kernel with different dtypes")),
+    }
 }
 
 /// The kernel's view of `v`'s elements `data` (its storage, of the matching dtype).

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
-mod cpu;
+pub(in crate::ops) mod cpu;
 
 /// The dtypes `input` may have. CANN takes bf16 input only on Ascend 950; Atlas A2/A3 and the
 /// training series reject it, so both backends do.

@@ -1,0 +1,100 @@
+//! The CPU kernel of [`batch_norm`](super::batch_norm), built from its siblings': the per-channel
+//! moments of `batch_norm_stats` (training), then the normalisation of `batch_norm_elemt` with
+//! `scale = weight/sqrt(var + eps)` rounded once to f32; the running statistics in f64, rounded
+//! once. The saved second statistic is the biased batch variance, as Atlas A2/A3 store it.
+
+use super::{Args, Plan};
+use crate::cpu::host;
+use crate::error::Result;
+use crate::ops::batch_norm_elemt::cpu::{channel_values, normalize_into};
+use crate::ops::batch_norm_stats::cpu::{channel_moments, Input};
+use crate::tensor::Tensor;
+
+/// Runs the validated call.
+pub(super) fn run(
+    args: &Args<'_>,
+    plan: Plan,
+    [running_mean, running_var]: [Option<&mut Tensor>; 2],
+    output: &mut Tensor,
+    [save_mean, save_var]: [Option<&mut Tensor>; 2],
+) -> Result<()> {
+    let c = plan.channels;
+    // CANN computes with eps and momentum in f32: so does the CPU.
+    let (eps, momentum) = (f64::from(args.eps as f32), f64::from(args.momentum as f32));
+    if plan.empty {
+        // CANN's empty-input rule: saved mean 0, second statistic NaN, nothing else.
+        if let Some(m) = save_mean {
+            host::write_vector(m, "saveMean", std::iter::repeat_n(0.0, c))?;
+        }
+        if let Some(v) = save_var {
+            host::write_vector(v, "saveInvstd", std::iter::repeat_n(f64::NAN, c))?;
+        }
+        return Ok(());
+    }
+    let (mean, var, n) = if args.training {
+        let input = args.input;
+        let data = host::view(input, "input")?.storage();
+        let moments = channel_moments(Input::new(data, input.shape(), input.strides(), input.offset()), 0)?;
+        // The elements per channel of the view (the moments may visit a broadcast dim once).
+        let n = (input.numel() / c) as f64;
+        // A NaN or infinity in a channel: its mean is Σx/n and its variance NaN (as the stats op).
+        let stats = |m: &crate::ops::batch_norm_stats::cpu::Moments| {
+            if m.sum.is_finite() {
+                (m.mean, m.m2 / m.n)
+            } else {
+                (m.sum / m.n, f64::NAN)
+            }
+        };
+        let mean = host::try_collect(c, moments.iter().map(|m| stats(m).0))?;
+        let var = host::try_collect(c, moments.iter().map(|m| stats(m).1))?;
+        (mean, var, n)
+    } else {
+        let or = |t: &Option<&mut Tensor>, v: f64| match t {
+            Some(t) => host::values(t),
+            None => host::try_vec(c, v),
+        };
+        (or(&running_mean, 0.0)?, or(&running_var, 1.0)?, 0.0)
+    };
+    let weight = args.weight.map(|w| channel_values(w, "weight")).transpose()?;
+    let bias = match args.bias {
+        Some(b) => channel_values(b, "bias")?,
+        None => host::try_vec(c, 0.0)?,
+    };
+    let scale: Vec<f32> = host::try_collect(
+        c,
+        var.iter()
+            .enumerate()
+            .map(|(i, v)| (weight.as_ref().map_or(1.0, |w| f64::from(w[i])) / (v + eps).sqrt()) as f32),
+    )?;
+    let mean_f32: Vec<f32> = host::try_collect(c, mean.iter().map(|&m| m as f32))?;
+    // Everything that may fail before the first write but the writes themselves.
+    let old = if args.training {
+        let old_m = running_mean.as_deref().map(host::values).transpose()?;
+        let old_v = running_var.as_deref().map(host::values).transpose()?;
+        Some((old_m, old_v))
+    } else {
+        None
+    };
+    normalize_into(args.input, &mean_f32, &scale, &bias, output)?;
+    if let Some((old_m, old_v)) = old {
+        let keep = 1.0 - momentum;
+        if let (Some(rm), Some(old)) = (running_mean, old_m) {
+            host::write_vector(rm, "runningMean", old.iter().zip(&mean).map(|(r, m)| keep * r + momentum * m))?;
+        }
+        let unbias = n / (n - 1.0);
+        if let (Some(rv), Some(old)) = (running_var, old_v) {
+            host::write_vector(
+                rv,
+                "runningVar",
+                old.iter().zip(&var).map(|(r, v)| keep * r + momentum * (v * unbias)),
+            )?;
+        }
+        if let Some(m) = save_mean {
+            host::write_vector(m, "saveMean", mean.iter().copied())?;
+        }
+        if let Some(v) = save_var {
+            host::write_vector(v, "saveInvstd", var.iter().copied())?;
+        }
+    }
+    Ok(())
+}
