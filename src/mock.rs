@@ -202,6 +202,7 @@ struct Api {
     set_device_count: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
     device_live_events: unsafe extern "C" fn(c_int) -> u64,
     set_query_progress: unsafe extern "C" fn(c_int) -> c_int,
+    capture_stats: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64),
     /// Keeps the library mapped for the life of the process.
     _library: libloading::Library,
 }
@@ -236,6 +237,7 @@ fn api() -> &'static Api {
             set_device_count: sym!("ascend_mock_set_device_count"),
             device_live_events: sym!("ascend_mock_device_live_events"),
             set_query_progress: sym!("ascend_mock_set_query_progress"),
+            capture_stats: sym!("ascend_mock_capture_stats"),
             _library: library,
         }
     })
@@ -273,6 +275,28 @@ pub fn stats() -> MockStats {
         events_destroyed: raw.events_destroyed,
         queued_tasks: raw.queued_tasks,
     }
+}
+
+/// The mock's graph capture counters (`mock/acl/capture.c`), process-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CaptureStats {
+    /// Captures begun (`aclmdlRICaptureBegin` calls that succeeded).
+    pub captures: u64,
+    /// Replays queued (`aclmdlRIExecuteAsync` calls that succeeded).
+    pub replays: u64,
+    /// Model run instances alive (captured, or being captured, and not destroyed).
+    pub live_models: u64,
+}
+
+/// The mock's graph capture counters now.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn capture_stats() -> CaptureStats {
+    let mut s = CaptureStats::default();
+    // SAFETY: three valid, writable counters; the function only reads under the mock's lock.
+    unsafe { (api().capture_stats)(&mut s.captures, &mut s.replays, &mut s.live_models) };
+    s
 }
 
 /// Sets whether `aclrtQueryEventStatus` lets the mock device progress, and returns the previous
