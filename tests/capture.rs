@@ -139,3 +139,184 @@ fn replayed_sync_batch_norm_steps_equal_eager_steps_bit_for_bit() {
     assert_eq!((after.live_comms, after.live_allocations), (before.live_comms, before.live_allocations));
     assert_eq!(ascend::mock::capture_stats().live_models, 0);
 }
+
+/// `Err` with `status`, naming `call` in the error.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(r: Result<T>, status: i32, call: &str) {
+    let e = r.expect_err("refused inside a capture");
+    assert_eq!(e.status(), Some(status), "{e}");
+    assert!(e.to_string().contains(call), "`{call}` not named in: {e}");
+}
+
+fn input(s: &Stream, rng: &mut Rng) -> Tensor {
+    Data::uniform(rng, DType::F32, &SHAPE, -2.0, 2.0).tensor(s).unwrap()
+}
+
+/// Every call CANN forbids during a capture is an error naming it, made before CANN is reached
+/// (the mock counts no violation); the capture still ends and its graph replays; the calls work
+/// again after it. A relaxed capture allows the blocking memory calls CANN allows.
+#[test]
+fn forbidden_calls_inside_a_capture_are_errors() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let other = ctx.new_stream().unwrap();
+    let mut rng = Rng::new(7);
+    let mut x = input(&s, &mut rng);
+    let on_other = input(&other, &mut rng);
+    let big: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let host = ascend::HostBuffer::<f32>::new(&ctx, SHAPE.iter().product()).unwrap();
+    let mut other_out = [0, 1].map(|_| Tensor::zeros(&other, DType::F32, &SHAPE[1..2]).unwrap());
+    {
+        // Work queued on `other` that the capture would have to wait for.
+        let [m, v] = &mut other_out;
+        ascend::ops::batch_norm_stats_into(&other, &on_other, EPS, m, v).unwrap();
+    }
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap()); // warm-up
+    let mut stats = None;
+    let graph = s
+        .capture(CaptureMode::Global, |s| {
+            stats = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            refused(x.to_vec::<f32>(s), 107041, "aclrtSynchronizeStream");
+            refused(s.synchronize(), 107041, "aclrtSynchronizeStream");
+            refused(x.copy_from_slice(s, &big[..x.numel()]), 107041, "aclrtSynchronizeStream");
+            refused(Tensor::from_slice(s, &big, &[4096]), 107041, "aclrt");
+            refused(Tensor::zeros(s, DType::F32, &[1 << 20]), 107041, "aclrtMalloc");
+            refused(s.record_event(), 107024, "aclrtRecordEvent");
+            let e = other.record_event().unwrap();
+            refused(s.wait_event(&e), 107024, "aclrtStreamWaitEvent");
+            refused(e.synchronize(), 107041, "aclrtSynchronizeEvent");
+            let [m, v] = &mut other_out;
+            refused(ascend::ops::batch_norm_stats_into(s, &on_other, EPS, m, v), 107024, "aclrtStreamWaitEvent");
+            let mut d = Tensor::zeros(s, DType::F32, &SHAPE);
+            if let Ok(d) = &mut d {
+                refused(d.copy_from_host_async(s, &host), 107024, "HostBuffer");
+            }
+            assert!(s.capture(CaptureMode::Global, |_| Ok(())).is_err(), "a nested capture");
+            Ok(())
+        })
+        .unwrap();
+    let (mean, _) = stats.unwrap();
+    graph.replay(&s).unwrap();
+    let want = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap().0;
+    assert_eq!(bits(&s, &mean), bits(&s, &want));
+    // After the capture every call works again.
+    s.synchronize().unwrap();
+    x.copy_from_slice(&s, &big[..x.numel()]).unwrap();
+    drop((graph, mean, want, x, on_other, other_out, host, s, other, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!(after.live_allocations, before.live_allocations);
+}
+
+/// A relaxed capture allows the blocking memory calls CANN allows (an upload of a new tensor),
+/// never a synchronisation.
+#[test]
+fn a_relaxed_capture_allows_blocking_copies_but_not_synchronisation() {
+    let _mock = setup();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let big: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let graph = s
+        .capture(CaptureMode::Relaxed, |s| {
+            let t = Tensor::from_slice(s, &big, &[4096])?;
+            refused(s.synchronize(), 107041, "aclrtSynchronizeStream");
+            drop(t);
+            Ok(())
+        })
+        .unwrap();
+    graph.replay(&s).unwrap();
+}
+
+/// The graph keeps what its work uses: inputs, outputs, the stream, the context and the
+/// communicators may be dropped in any order before or after it; no violation, nothing leaked.
+#[test]
+fn dropping_inputs_stream_or_context_in_any_order_is_safe() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let leaks = ascend::mock::leaks();
+    for order in 0..6 {
+        let ctx = ascend::mock::context(0).unwrap();
+        let s = ctx.new_stream().unwrap();
+        let mut rng = Rng::new(11 + order);
+        let x = input(&s, &mut rng);
+        drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+        let mut out = None;
+        let graph = s.capture(CaptureMode::Global, |s| {
+            out = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            Ok(())
+        });
+        let graph = graph.unwrap();
+        let (mean, invstd) = out.unwrap();
+        let want = mean.to_vec::<f32>(&s).unwrap();
+        let _ = want;
+        let replay_on = ctx.new_stream().unwrap();
+        graph.replay(&replay_on).unwrap();
+        // The replay on another stream is ordered before a read on the first.
+        let expect = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap().0.to_vec::<f32>(&s).unwrap();
+        match order {
+            0 => {
+                drop((x, mean, invstd));
+                graph.replay(&replay_on).unwrap();
+                drop((s, ctx));
+                drop(graph);
+            }
+            1 => {
+                drop((s, ctx));
+                graph.replay(&replay_on).unwrap();
+                assert_eq!(mean.to_vec::<f32>(&replay_on).unwrap(), expect);
+                drop((x, graph, mean, invstd));
+            }
+            2 => {
+                drop(graph);
+                drop((x, mean, invstd, s, ctx));
+            }
+            3 => {
+                drop(x);
+                assert_eq!(mean.to_vec::<f32>(&s).unwrap(), expect);
+                drop((graph, s, ctx, mean, invstd));
+            }
+            4 => {
+                drop((ctx, s));
+                drop((mean, invstd));
+                graph.replay(&replay_on).unwrap();
+                drop((graph, x));
+            }
+            _ => {
+                drop((replay_on, mean, s));
+                drop((graph, ctx, invstd, x));
+                continue;
+            }
+        }
+        drop(replay_on);
+    }
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!((after.live_allocations, after.live_streams), (before.live_allocations, before.live_streams));
+    assert_eq!(ascend::mock::leaks(), leaks);
+    assert_eq!(ascend::mock::capture_stats().live_models, 0);
+}
+
+/// A panic inside the closure ends the capture (its model destroyed): the stream and the
+/// process are usable afterwards.
+#[test]
+fn a_panic_inside_the_capture_ends_it() {
+    let _mock = setup();
+    let models = ascend::mock::capture_stats().live_models;
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let x = input(&s, &mut Rng::new(5));
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = s.capture(CaptureMode::Global, |s| {
+            drop(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            panic!("inside the capture");
+        });
+    }));
+    assert!(r.is_err());
+    assert_eq!(ascend::mock::capture_stats().live_models, models);
+    assert_eq!(x.to_vec::<f32>(&s).unwrap().len(), x.numel());
+    let mut y = Tensor::zeros(&s, DType::F32, &SHAPE).unwrap();
+    y.copy_from_slice(&s, &vec![1f32; y.numel()]).unwrap();
+}

@@ -232,7 +232,13 @@ impl StreamInner {
     /// `released`, read or write).
     fn synchronize_live(&self) -> Result<()> {
         if self.capturing() {
-            return Err(Self::capture_refusal("aclrtSynchronizeStream"));
+            return Err(crate::Error::Cann {
+                call: "aclrtSynchronizeStream",
+                status: ascend_sys::status::ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC,
+                message: Some(
+                    "refused by this crate: the stream is being captured (synchronise it after the capture)".into(),
+                ),
+            });
         }
         self.device.bind()?;
         // Only what was queued before the wait is known done: the waits queued so far, and the
