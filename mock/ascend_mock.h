@@ -69,6 +69,8 @@ void ascend_mock_get_stats(ascend_mock_stats *out);
  * synchronize call on this thread ran), and successful aclrtMalloc calls made on it. */
 uint64_t ascend_mock_thread_violations(void);
 uint64_t ascend_mock_thread_device_mallocs(void);
+/* Entry points of the toolkit's libraries (acl*, aclnn*, Hccl*) called on the calling thread. */
+uint64_t ascend_mock_thread_api_calls(void);
 
 /* The next call of `api` (a function name of wrapper.h, e.g. "aclrtMalloc") on any thread returns
  * `status` without doing anything else (functions returning a pointer return NULL and ignore

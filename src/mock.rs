@@ -160,6 +160,9 @@ pub struct ThreadStats {
     /// Violations detected in calls made on this thread (including queued tasks that a
     /// synchronizing call on this thread ran).
     pub violations: u64,
+    /// Runtime calls made on this thread: every entry point of the toolkit's libraries (`acl*`,
+    /// `aclnn*`, `Hccl*`), successful or not.
+    pub api_calls: u64,
 }
 
 /// `ascend_mock_stats` of `mock/ascend_mock.h`.
@@ -194,6 +197,7 @@ struct Api {
     get_stats: unsafe extern "C" fn(*mut RawStats),
     thread_violations: unsafe extern "C" fn() -> u64,
     thread_device_mallocs: unsafe extern "C" fn() -> u64,
+    thread_api_calls: unsafe extern "C" fn() -> u64,
     fail_next: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
     fail_next_thread: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
     clear_faults: unsafe extern "C" fn(),
@@ -229,6 +233,7 @@ fn api() -> &'static Api {
             get_stats: sym!("ascend_mock_get_stats"),
             thread_violations: sym!("ascend_mock_thread_violations"),
             thread_device_mallocs: sym!("ascend_mock_thread_device_mallocs"),
+            thread_api_calls: sym!("ascend_mock_thread_api_calls"),
             fail_next: sym!("ascend_mock_fail_next"),
             fail_next_thread: sym!("ascend_mock_fail_next_thread"),
             clear_faults: sym!("ascend_mock_clear_faults"),
@@ -330,8 +335,14 @@ pub fn live_events_on(device: i32) -> u64 {
 /// Only if the mock toolkit cannot be loaded (a broken build).
 pub fn thread_stats() -> ThreadStats {
     let api = api();
-    // SAFETY: both functions take no arguments and only read thread-local counters.
-    unsafe { ThreadStats { device_mallocs: (api.thread_device_mallocs)(), violations: (api.thread_violations)() } }
+    // SAFETY: the functions take no arguments and only read thread-local counters.
+    unsafe {
+        ThreadStats {
+            device_mallocs: (api.thread_device_mallocs)(),
+            violations: (api.thread_violations)(),
+            api_calls: (api.thread_api_calls)(),
+        }
+    }
 }
 
 /// Number of live events (of every kind, not yet destroyed) and of tasks queued on streams

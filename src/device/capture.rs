@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{DeviceAlloc, EventInner, StreamInner};
+use super::{DeviceAlloc, StreamInner};
 use crate::error::Result;
 
 /// The resources a captured graph's tasks use, kept until the graph is dropped (after its model
@@ -27,8 +27,9 @@ struct KeepState {
     /// Cleared when the graph's model run instance is destroyed: nothing is kept any more.
     closed: bool,
     items: Vec<Box<dyn Any + Send>>,
-    /// An event recorded after the last replay, and the stream it ran on.
-    last: Option<(Arc<StreamInner>, Arc<EventInner>)>,
+    /// The stream of the last replay: work ordered after it (an event recorded on it when needed,
+    /// or a host synchronise of it) is after the replay; nothing is recorded per replay.
+    last: Option<Arc<StreamInner>>,
     /// Streams that queued work on pinned buffers since the last replay (each once).
     touched: Vec<Arc<StreamInner>>,
     /// The graph's private pool while it is captured: blocks of buffers that only the captured
@@ -103,9 +104,10 @@ impl Keep {
         }
         hooked?;
         let mut st = self.lock();
-        if let Some((last, event)) = &st.last {
-            if !Arc::ptr_eq(last, stream) {
-                stream.wait(event.clone())?;
+        if let Some(last) = st.last.clone() {
+            if !Arc::ptr_eq(&last, stream) {
+                let _launches = last.launches.lock();
+                stream.order_after(&last)?;
             }
         }
         for s in std::mem::take(&mut st.touched) {
@@ -118,8 +120,7 @@ impl Keep {
             let _launches = stream.launches.lock();
             replay()?;
         }
-        let event = stream.marker()?;
-        st.last = Some((stream.clone(), event));
+        st.last = Some(stream.clone());
         Ok(())
     }
 
@@ -130,9 +131,10 @@ impl Keep {
         if st.closed {
             return Ok(());
         }
-        if let Some((last, event)) = &st.last {
-            if !Arc::ptr_eq(last, stream) {
-                stream.wait(event.clone())?;
+        if let Some(last) = st.last.clone() {
+            if !Arc::ptr_eq(&last, stream) {
+                let _launches = last.launches.lock();
+                stream.order_after(&last)?;
             }
         }
         if !st.touched.iter().any(|s| Arc::ptr_eq(s, stream)) {
@@ -143,9 +145,9 @@ impl Keep {
 
     /// Blocks the host until the last replay has run (a host access to a pinned buffer).
     pub(crate) fn wait_replays(&self) -> Result<()> {
-        let event = self.lock().last.as_ref().map(|(_, e)| e.clone());
-        match event {
-            Some(e) => e.synchronize(),
+        let last = self.lock().last.clone();
+        match last {
+            Some(s) => s.synchronize(),
             None => Ok(()),
         }
     }
