@@ -75,7 +75,7 @@ impl Graph {
     /// since; work queued on them later, and host reads, come after it. The host does not wait.
     pub fn replay(&self, stream: &Stream) -> Result<()> {
         let inner = match (&stream.inner, &stream.context().kind) {
-            (Some(s), ContextKind::Ascend(d)) if Arc::ptr_eq(d, &self.device) => s,
+            (Some(s), ContextKind::Ascend(d)) if d.same(&self.device) => s,
             _ => return Err(stream.mismatch("stream", &format!("the graph is on Ascend device {}", self.device.id))),
         };
         if inner.capturing() {
