@@ -236,13 +236,7 @@ fn event_declarations_and_flags_match_acl_rt_h() {
         "aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);",
         "aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus* status);",
     ];
-    let normalise =
-        |s: &str| s.replace(" *", "* ").replace("* *", "**").split_whitespace().collect::<Vec<_>>().join(" ");
-    let wrapper: Vec<String> = ascend_sys::WRAPPER_H.lines().map(normalise).collect();
-    for decl in ACL_RT_H {
-        let decl = normalise(decl);
-        assert!(wrapper.contains(&decl), "wrapper.h lacks `{decl}` as acl_rt.h declares it");
-    }
+    assert_declared(ACL_RT_H);
     use ascend_sys::event_flag::*;
     let flags = [
         ("ACL_EVENT_SYNC", ACL_EVENT_SYNC, 0x1),
@@ -284,13 +278,7 @@ fn capture_declarations_match_acl_rt_h() {
         "aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream);",
         "aclError aclmdlRIDestroy(aclmdlRI modelRI);",
     ];
-    let normalise =
-        |s: &str| s.replace(" *", "* ").replace("* *", "**").split_whitespace().collect::<Vec<_>>().join(" ");
-    let wrapper: Vec<String> = ascend_sys::WRAPPER_H.lines().map(normalise).collect();
-    for decl in ACL_RT_H {
-        let decl = normalise(decl);
-        assert!(wrapper.contains(&decl), "wrapper.h lacks `{decl}` as acl_rt.h declares it");
-    }
+    assert_declared(ACL_RT_H);
     assert_eq!(size_of::<aclmdlRI>(), size_of::<*mut ()>());
     assert_eq!((size_of::<aclmdlRICaptureMode>(), size_of::<aclmdlRICaptureStatus>()), (4, 4));
     assert_values("aclmdlRICaptureMode");
@@ -319,4 +307,15 @@ fn capture_function_types(capture: &AclCapture) {
     let _: &Result<unsafe extern "C" fn(aclrtStream, *mut aclmdlRI) -> aclError, _> = &capture.aclmdlRICaptureEnd;
     let _: &Result<unsafe extern "C" fn(aclmdlRI, aclrtStream) -> aclError, _> = &capture.aclmdlRIExecuteAsync;
     let _: &Result<unsafe extern "C" fn(aclmdlRI) -> aclError, _> = &capture.aclmdlRIDestroy;
+}
+
+/// Each of `decls` (as acl_rt.h declares it) is in wrapper.h, spacing normalised.
+fn assert_declared(decls: &[&str]) {
+    let normalise =
+        |s: &str| s.replace(" *", "* ").replace("* *", "**").split_whitespace().collect::<Vec<_>>().join(" ");
+    let wrapper: Vec<String> = ascend_sys::WRAPPER_H.lines().map(normalise).collect();
+    for decl in decls {
+        let decl = normalise(decl);
+        assert!(wrapper.contains(&decl), "wrapper.h lacks `{decl}` as acl_rt.h declares it");
+    }
 }

@@ -516,18 +516,8 @@ impl Drop for StreamInner {
                 // Guards recorded here have completed: the waits handed to the pool with them
                 // are let go now (they may hold the device).
                 self.device.events.reclaim_all(self.device.cann);
-                for c in staging.chunks {
-                    if let Some(e) = c.event {
-                        self.device.events.give_back(self.device.cann, e);
-                    }
-                    let result = self.device.bind().and_then(|()| {
-                        // SAFETY: from aclrtMallocHost; every copy from it has run.
-                        unsafe { acl::free_host(self.device.cann, c.ptr as *mut std::ffi::c_void) }
-                    });
-                    if let Err(e) = result {
-                        report_drop_error("aclrtFreeHost", &e);
-                    }
-                }
+                // SAFETY: every copy from the chunks has run (the stream drained).
+                unsafe { free_chunks(&self.device, staging.chunks) };
             }
             Err(e) => {
                 report_drop_error("aclrtSynchronizeStream", &e);
@@ -571,17 +561,26 @@ unsafe impl Send for CapturedStaging {}
 
 impl Drop for CapturedStaging {
     fn drop(&mut self) {
-        for c in self.chunks.drain(..) {
-            if let Some(e) = c.event {
-                self.device.events.give_back(self.device.cann, e);
-            }
-            let result = self.device.bind().and_then(|()| {
-                // SAFETY: from aclrtMallocHost; the graph whose replays read it is destroyed.
-                unsafe { acl::free_host(self.device.cann, c.ptr as *mut std::ffi::c_void) }
-            });
-            if let Err(e) = result {
-                report_drop_error("aclrtFreeHost", &e);
-            }
+        // SAFETY: the graph whose replays read the chunks is destroyed (it drops this after).
+        unsafe { free_chunks(&self.device, std::mem::take(&mut self.chunks)) };
+    }
+}
+
+/// Frees staging chunks (`aclrtFreeHost`), their events back to the pool.
+///
+/// # Safety
+/// No queued copy (nor a replay of a captured one) still reads the chunks.
+unsafe fn free_chunks(device: &Device, chunks: Vec<Chunk>) {
+    for c in chunks {
+        if let Some(e) = c.event {
+            device.events.give_back(device.cann, e);
+        }
+        let result = device.bind().and_then(|()| {
+            // SAFETY: from aclrtMallocHost; nothing reads it any more (this function's contract).
+            unsafe { acl::free_host(device.cann, c.ptr as *mut std::ffi::c_void) }
+        });
+        if let Err(e) = result {
+            report_drop_error("aclrtFreeHost", &e);
         }
     }
 }
