@@ -320,3 +320,39 @@ fn a_panic_inside_the_capture_ends_it() {
     let mut y = Tensor::zeros(&s, DType::F32, &SHAPE).unwrap();
     y.copy_from_slice(&s, &vec![1f32; y.numel()]).unwrap();
 }
+
+/// Replays on alternating streams, and eager work on a third stream reading the captured
+/// outputs, are ordered on the device (the mock counts a violation for any unordered access):
+/// every read sees the replay's values.
+#[test]
+fn replays_on_other_streams_are_ordered_with_eager_work() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let (s, a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(21);
+    let mut x = input(&s, &mut rng);
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+    let mut out = None;
+    let graph = s
+        .capture(CaptureMode::ThreadLocal, |s| {
+            out = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            Ok(())
+        })
+        .unwrap();
+    let (mean, invstd) = out.unwrap();
+    for step in 0..4 {
+        let data: Vec<f32> = (0..x.numel()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+        x.copy_from_slice(&s, &data).unwrap();
+        graph.replay(if step % 2 == 0 { &a } else { &b }).unwrap();
+        // Eager work on another stream reading the replay's outputs.
+        let y = ascend::ops::batch_norm_elemt(&b, &x, None, None, &mean, &invstd, EPS).unwrap();
+        let (m, v) = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap();
+        let want = ascend::ops::batch_norm_elemt(&s, &x, None, None, &m, &v, EPS).unwrap();
+        assert_eq!(bits(&a, &mean), bits(&s, &m), "step {step}");
+        assert_eq!(bits(&b, &y), bits(&s, &want), "step {step}");
+    }
+    drop((graph, mean, invstd, x, s, a, b, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}
