@@ -123,3 +123,38 @@ pub(crate) unsafe fn destroy(cann: &Cann, model: aclmdlRI) -> Result<()> {
     // SAFETY: `model` is live and idle, never used again (this function's contract).
     check(cann, "aclmdlRIDestroy", unsafe { f(model) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A toolkit without a capture function (before CANN 8.2) is a typed load error naming it.
+    #[test]
+    fn a_missing_capture_function_is_a_load_error_naming_it() {
+        let absent: std::result::Result<unsafe extern "C" fn(), libloading::Error> =
+            Err(libloading::Error::DlSymUnknown);
+        match function(&absent, "aclmdlRICaptureBegin").unwrap_err() {
+            Error::Load(LoadError::Symbol { library, symbol, reason, .. }) => {
+                assert_eq!((library.as_str(), symbol.as_str()), (ASCENDCL, "aclmdlRICaptureBegin"));
+                assert!(reason.contains("CANN 8.2"), "{reason}");
+            }
+            other => panic!("expected Error::Load(LoadError::Symbol), got {other:?}"),
+        }
+    }
+
+    /// Inside a capture the forbidden calls are refused (relaxed mode lifts only the blocking
+    /// memory calls); outside, and after the guard drops, nothing is.
+    #[test]
+    fn refusals_follow_the_thread_capture_mode() {
+        assert!(refuse("aclrtSynchronizeStream", false).is_ok());
+        let guard = enter(aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_RELAXED).unwrap();
+        assert!(enter(aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_GLOBAL).is_err(), "captures do not nest");
+        assert!(refuse("aclrtMemcpy", true).is_ok());
+        let e = refuse("aclrtSynchronizeStream", false).unwrap_err();
+        assert_eq!(e.status(), Some(ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC));
+        assert!(e.to_string().contains("aclrtSynchronizeStream"), "{e}");
+        drop(guard);
+        let _global = enter(aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_GLOBAL).unwrap();
+        assert!(refuse("aclrtMemcpy", true).is_err());
+    }
+}
