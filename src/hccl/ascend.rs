@@ -242,6 +242,13 @@ impl Comm {
         let Some((inner, _)) = stream.ascend() else {
             return Err(stream.mismatch("stream", "collectives on Ascend need an Ascend stream"));
         };
+        if inner.capturing() && self.handle.borrowed {
+            // Its owner may destroy it once the Communicator is gone, while a graph would replay it.
+            return Err(Error::invalid(
+                "comm",
+                "a borrowed communicator's collectives cannot be captured (a graph may outlive it)",
+            ));
+        }
         let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         Self::switch_to(&mut order, inner)?;
         if let Some(keep) = inner.capture_keep() {
