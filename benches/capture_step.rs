@@ -93,7 +93,7 @@ fn main() -> ascend::Result<()> {
                         rank.step(&comm, &s)?;
                     }
                     s.synchronize()?;
-                    let graph = s.capture(CaptureMode::Global, |s| rank.step(&comm, s))?;
+                    let graph = s.capture(CaptureMode::ThreadLocal, |s| rank.step(&comm, s))?;
                     // A fence: every rank drained, rank 0 snapshots the process-wide counters.
                     let fence_here = || -> ascend::Result<()> {
                         s.synchronize()?;

@@ -107,8 +107,10 @@ fn replayed_sync_batch_norm_steps_equal_eager_steps_bit_for_bit() {
         let mut warm = eager.twin(&s);
         drop(warm.run(comm, &s).unwrap());
         let mut outputs = None;
+        // Thread-local: in global mode CANN refuses the other rank's blocking copies while this
+        // rank captures.
         let graph: Graph = s
-            .capture(CaptureMode::Global, |s| {
+            .capture(CaptureMode::ThreadLocal, |s| {
                 outputs = Some(graph_step.run(comm, s)?);
                 Ok(())
             })

@@ -322,6 +322,14 @@ fn order_with_graphs(stream: &Arc<StreamInner>, buffers: &[&DeviceBuffer]) -> Re
     let capture = stream.capture_keep();
     for b in buffers {
         if let Some(keep) = &capture {
+            if !b.alloc().owned() && b.owner.is_none() {
+                // The caller frees it once the buffer is gone, but a graph would replay on it.
+                return Err(crate::Error::invalid(
+                    "tensor",
+                    "a view of the caller's device memory (without an owner this crate keeps) cannot be used \
+                     inside a capture: a graph may outlive it",
+                ));
+            }
             b.pin(keep);
         }
         for keep in b.live_pins() {
