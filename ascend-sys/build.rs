@@ -34,6 +34,7 @@ mod generate {
         let ops = OPERATORS.iter().flat_map(|o| [o.phase1, o.name]).collect();
         vec![
             ("ascendcl.rs", "AscendCl", ASCENDCL_SYMBOLS.to_vec(), true),
+            ("capture.rs", "AclCapture", ASCENDCL_CAPTURE_SYMBOLS.to_vec(), false),
             ("nnopbase.rs", "NnOpBase", NNOPBASE_SYMBOLS.to_vec(), true),
             ("opapi.rs", "OpApi", ops, false),
             ("hccl.rs", "Hccl", HCCL_SYMBOLS.iter().chain(HCCL_OPTIONAL_SYMBOLS).copied().collect(), false),
@@ -56,6 +57,9 @@ mod generate {
         "aclrtMemMallocPolicy",
         "aclSysParamOpt",
         "aclrtEventRecordedStatus",
+        "aclmdlRI",
+        "aclmdlRICaptureMode",
+        "aclmdlRICaptureStatus",
         "HcclComm",
         "HcclRootInfo",
         "HcclResult",

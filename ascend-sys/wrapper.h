@@ -151,6 +151,18 @@ typedef enum aclrtEventRecordedStatus {
     ACL_EVENT_RECORDED_STATUS_NOT_READY = 0,
     ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
 } aclrtEventRecordedStatus;
+/* acl_rt.h:405-417 (hicann/runtime @ 681ef761, docs/cann/CAPTURE.md 1.1): graph capture into a model run instance */
+typedef void *aclmdlRI;
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0,
+    ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL,
+    ACL_MODEL_RI_CAPTURE_MODE_RELAXED,
+} aclmdlRICaptureMode;
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_STATUS_NONE = 0,
+    ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE,
+    ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED,
+} aclmdlRICaptureStatus;
 
 /* ---- libascendcl.so: ACL runtime (acl.h, acl_rt.h) ---------------------------------------- */
 aclError aclInit(const char *configPath);
@@ -190,6 +202,15 @@ aclError aclrtFreeHost(void *hostPtr);
 
 aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value);
 aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value);
+
+/* libascendcl.so, optional (CANN 8.2+, not on Atlas training series 910, docs/cann/CAPTURE.md 1.2):
+   acl_rt.h:4710-4795 */
+aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode);
+aclError aclmdlRICaptureGetInfo(aclrtStream stream, aclmdlRICaptureStatus *status, aclmdlRI *modelRI);
+aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI);
+aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode);
+aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream);
+aclError aclmdlRIDestroy(aclmdlRI modelRI);
 
 /* ---- libnnopbase.so: aclnn tensors and executors (aclnn/acl_meta.h, aclnn_base.h) -------- */
 aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,

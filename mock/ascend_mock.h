@@ -58,6 +58,10 @@ int ascend_mock_set_query_progress(int on);
 /* Live events of device `device` (0 for a device out of range); at most 65536, as on Atlas A2/A3. */
 uint64_t ascend_mock_device_live_events(int device);
 
+/* Graph capture (mock/acl/capture.c): captures begun, replays queued (aclmdlRIExecuteAsync), and
+ * model run instances alive. */
+void ascend_mock_capture_stats(uint64_t *captures, uint64_t *replays, uint64_t *live_models);
+
 /* Fills *out with the current counters. */
 void ascend_mock_get_stats(ascend_mock_stats *out);
 
@@ -65,6 +69,8 @@ void ascend_mock_get_stats(ascend_mock_stats *out);
  * synchronize call on this thread ran), and successful aclrtMalloc calls made on it. */
 uint64_t ascend_mock_thread_violations(void);
 uint64_t ascend_mock_thread_device_mallocs(void);
+/* Entry points of the toolkit's libraries (acl*, aclnn*, Hccl*) called on the calling thread. */
+uint64_t ascend_mock_thread_api_calls(void);
 
 /* The next call of `api` (a function name of wrapper.h, e.g. "aclrtMalloc") on any thread returns
  * `status` without doing anything else (functions returning a pointer return NULL and ignore

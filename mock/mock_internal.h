@@ -134,6 +134,9 @@ typedef void (*ascend_mock_drop_fn)(void *payload);
  * keeps the task at the head of its stream meanwhile (see "waiting tasks" in acl/queue.c). Returns 0,
  * or the status the synchronizing call reports, with the reason in why (its write ranges then
  * become poisoned). Every wait must be bounded. */
+/* The payload of a replay of a captured task (a copy of `payload` the replay's drop releases),
+ * called with the lock held when aclmdlRIExecuteAsync queues the replay. */
+typedef void *(*ascend_mock_clone_fn)(void *payload);
 typedef int (*ascend_mock_wait_fn)(void *payload, int skip_status, const char *skip_reason, char *why, size_t cap);
 
 void ascend_mock_lock(void);
@@ -185,14 +188,18 @@ int ascend_mock_stream_check_locked(const char *api, aclrtStream stream);
 /* Enqueues a task on a stream already accepted by ascend_mock_stream_check_locked. Ranges that
  * overlap work queued on another stream (one of them writing) count a violation. The queue
  * owns payload from here on: drop(payload) is called after the task ran or was skipped. */
+/* Whether `stream` is being captured (its tasks are recorded into a model, not queued). */
+int ascend_mock_stream_capturing_locked(aclrtStream stream);
+
 void ascend_mock_enqueue_locked(const char *what, aclrtStream stream, const ascend_mock_range *ranges, size_t nranges,
-                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, void *payload);
+                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, ascend_mock_clone_fn clone,
+                                void *payload);
 
 /* As ascend_mock_enqueue_locked, for a task whose body may release the lock (see
  * ascend_mock_wait_fn). */
 void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream stream, const ascend_mock_range *ranges,
                                         size_t nranges, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop,
-                                        void *payload);
+                                        ascend_mock_clone_fn clone, void *payload);
 
 /* Live HCCL communicators (kept by libhccl.so, reported in ascend_mock_stats.live_comms). */
 void ascend_mock_count_comms_locked(int delta);

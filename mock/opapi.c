@@ -325,6 +325,27 @@ static void op_task_drop(void *payload) {
     free(payload);
 }
 
+/* A replay of a captured launch: the same kernel, arguments and executor (held in flight by the
+ * replay as by the launch). */
+static void *op_task_clone(void *payload) {
+    op_task *k = malloc(sizeof *k);
+    if (!k) {
+        fprintf(stderr, "ascend mock CANN: out of host memory\n");
+        abort();
+    }
+    *k = *(op_task *)payload;
+    if (k->executor) {
+        int state;
+        op_executor *e = op_executor_get(k->op, (aclOpExecutor *)(uintptr_t)k->executor, &state);
+        if (e) {
+            e->base.inflight++;
+        } else {
+            k->executor = 0;
+        }
+    }
+    return k;
+}
+
 /* ---- phase 1 ------------------------------------------------------------------------------------------- */
 /* Phase-1 calls of every operator, successful or not (ascend_mock_phase1_calls); phase-2 calls that
  * queued a kernel, of which those whose executor phase 1 made under ACL_OPT_DETERMINISTIC != 0,
@@ -572,7 +593,7 @@ aclnnStatus mock_op_phase2(const mock_op *op, void *workspace, uint64_t workspac
         e->stream = stream;
         k->executor = e->base.handle;
     }
-    ascend_mock_enqueue_locked(op->phase2, stream, ranges, nranges, op_task_run, op_task_drop, k);
+    ascend_mock_enqueue_locked(op->phase2, stream, ranges, nranges, op_task_run, op_task_drop, op_task_clone, k);
     g_launches++;
     g_deterministic_launches += e->base.deterministic != 0;
     g_stale_deterministic_launches += e->base.deterministic != ascend_mock_deterministic_locked();

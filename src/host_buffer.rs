@@ -241,6 +241,10 @@ impl Tensor {
     /// the pinned `h`, in the direction `kind`, recorded on `stream` for both.
     fn enqueue_host_copy<T: Element>(&self, stream: &Stream, h: &HostBuffer<T>, kind: aclrtMemcpyKind) -> Result<()> {
         let inner = pinned_stream(stream, h)?;
+        if inner.capturing() {
+            // (A replay would read or write the pinned memory after the HostBuffer may be gone.)
+            return Err(StreamInner::capture_refusal("aclrtMemcpyAsync (a HostBuffer copy)"));
+        }
         let Some((buffer, device)) = self.device_buffer() else {
             return Err(Error::internal("tensor: a host tensor reached the Ascend backend"));
         };

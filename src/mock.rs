@@ -160,6 +160,9 @@ pub struct ThreadStats {
     /// Violations detected in calls made on this thread (including queued tasks that a
     /// synchronizing call on this thread ran).
     pub violations: u64,
+    /// Runtime calls made on this thread: every entry point of the toolkit's libraries (`acl*`,
+    /// `aclnn*`, `Hccl*`), successful or not.
+    pub api_calls: u64,
 }
 
 /// `ascend_mock_stats` of `mock/ascend_mock.h`.
@@ -194,6 +197,7 @@ struct Api {
     get_stats: unsafe extern "C" fn(*mut RawStats),
     thread_violations: unsafe extern "C" fn() -> u64,
     thread_device_mallocs: unsafe extern "C" fn() -> u64,
+    thread_api_calls: unsafe extern "C" fn() -> u64,
     fail_next: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
     fail_next_thread: unsafe extern "C" fn(*const c_char, c_int) -> c_int,
     clear_faults: unsafe extern "C" fn(),
@@ -202,6 +206,7 @@ struct Api {
     set_device_count: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
     device_live_events: unsafe extern "C" fn(c_int) -> u64,
     set_query_progress: unsafe extern "C" fn(c_int) -> c_int,
+    capture_stats: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64),
     /// Keeps the library mapped for the life of the process.
     _library: libloading::Library,
 }
@@ -228,6 +233,7 @@ fn api() -> &'static Api {
             get_stats: sym!("ascend_mock_get_stats"),
             thread_violations: sym!("ascend_mock_thread_violations"),
             thread_device_mallocs: sym!("ascend_mock_thread_device_mallocs"),
+            thread_api_calls: sym!("ascend_mock_thread_api_calls"),
             fail_next: sym!("ascend_mock_fail_next"),
             fail_next_thread: sym!("ascend_mock_fail_next_thread"),
             clear_faults: sym!("ascend_mock_clear_faults"),
@@ -236,6 +242,7 @@ fn api() -> &'static Api {
             set_device_count: sym!("ascend_mock_set_device_count"),
             device_live_events: sym!("ascend_mock_device_live_events"),
             set_query_progress: sym!("ascend_mock_set_query_progress"),
+            capture_stats: sym!("ascend_mock_capture_stats"),
             _library: library,
         }
     })
@@ -275,6 +282,28 @@ pub fn stats() -> MockStats {
     }
 }
 
+/// The mock's graph capture counters (`mock/acl/capture.c`), process-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CaptureStats {
+    /// Captures begun (`aclmdlRICaptureBegin` calls that succeeded).
+    pub captures: u64,
+    /// Replays queued (`aclmdlRIExecuteAsync` calls that succeeded).
+    pub replays: u64,
+    /// Model run instances alive (captured, or being captured, and not destroyed).
+    pub live_models: u64,
+}
+
+/// The mock's graph capture counters now.
+///
+/// # Panics
+/// Only if the mock toolkit cannot be loaded (a broken build).
+pub fn capture_stats() -> CaptureStats {
+    let mut s = CaptureStats::default();
+    // SAFETY: three valid, writable counters; the function only reads under the mock's lock.
+    unsafe { (api().capture_stats)(&mut s.captures, &mut s.replays, &mut s.live_models) };
+    s
+}
+
 /// Sets whether `aclrtQueryEventStatus` lets the mock device progress, and returns the previous
 /// setting (process-wide; on by default). On, a query runs the tasks of the event's stream up to
 /// the queried record (as hardware runs while the host works), so the event completes while
@@ -306,8 +335,14 @@ pub fn live_events_on(device: i32) -> u64 {
 /// Only if the mock toolkit cannot be loaded (a broken build).
 pub fn thread_stats() -> ThreadStats {
     let api = api();
-    // SAFETY: both functions take no arguments and only read thread-local counters.
-    unsafe { ThreadStats { device_mallocs: (api.thread_device_mallocs)(), violations: (api.thread_violations)() } }
+    // SAFETY: the functions take no arguments and only read thread-local counters.
+    unsafe {
+        ThreadStats {
+            device_mallocs: (api.thread_device_mallocs)(),
+            violations: (api.thread_violations)(),
+            api_calls: (api.thread_api_calls)(),
+        }
+    }
 }
 
 /// Number of live events (of every kind, not yet destroyed) and of tasks queued on streams

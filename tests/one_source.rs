@@ -57,12 +57,15 @@ fn exported(lib: &Path) -> Vec<String> {
 
 #[test]
 fn mock_libraries_export_exactly_the_bound_functions() {
-    use ascend_sys::symbols::{ASCENDCL_SYMBOLS, HCCL_OPTIONAL_SYMBOLS, HCCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS};
+    use ascend_sys::symbols::{
+        ASCENDCL_CAPTURE_SYMBOLS, ASCENDCL_SYMBOLS, HCCL_OPTIONAL_SYMBOLS, HCCL_SYMBOLS, NNOPBASE_SYMBOLS, OPERATORS,
+    };
     let lib64 = ascend::mock::toolkit_dir().join("lib64");
     let ops: Vec<&str> = OPERATORS.iter().flat_map(|o| [o.phase1, o.name]).collect();
     let hccl: Vec<&str> = HCCL_SYMBOLS.iter().chain(HCCL_OPTIONAL_SYMBOLS).copied().collect();
+    let acl: Vec<&str> = ASCENDCL_SYMBOLS.iter().chain(ASCENDCL_CAPTURE_SYMBOLS).copied().collect();
     for (lib, bound) in [
-        ("libascendcl.so", ASCENDCL_SYMBOLS),
+        ("libascendcl.so", &acl[..]),
         ("libnnopbase.so", NNOPBASE_SYMBOLS),
         ("libopapi.so", &ops[..]),
         ("libhccl.so", &hccl[..]),

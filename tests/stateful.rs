@@ -240,6 +240,15 @@ enum Step {
         dy: usize,
         eval: bool,
     },
+    /// (Graph capture) The launch run eagerly, then captured on its stream (`Stream::capture`)
+    /// and replayed `times` times alternating with stream `other` (on its device); the graph is
+    /// kept by the world (so later steps drop and refill its tensors while it lives). A capture
+    /// refused (memory it would allocate, a dependency on another stream) changes nothing.
+    Captured {
+        launch: Launch,
+        other: usize,
+        times: usize,
+    },
     /// Arms a fault at `FAULT_APIS[api]` for this thread, runs the step, disarms.
     Fault {
         api: usize,
@@ -312,6 +321,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => launch().prop_map(Step::Launch),
         2 => (stream.clone(), 0..BIG, 0..BIG, any::<bool>())
             .prop_map(|(stream, x, dy, eval)| Step::Layer { stream, x, dy, eval }),
+        2 => (launch(), stream.clone(), 1..4usize)
+            .prop_map(|(launch, other, times)| Step::Captured { launch, other, times }),
         2 => (launch(), launch()).prop_map(|(a, b)| Step::Parallel(a, b)),
         1 => (stream.clone(), prop_oneof![0..3usize, Just(256)])
             .prop_map(|(stream, capacity)| Step::CacheCapacity { stream, capacity }),
@@ -410,6 +421,8 @@ struct World {
     last_launch: Option<Launch>,
     /// `SharedHostUpload`'s pinned buffers, of the big and the [C] slots' sizes, with their device.
     hosts: [Option<(ascend::HostBuffer<f32>, u8)>; 2],
+    /// The graphs `Captured` made, alive until the program ends.
+    graphs: Vec<ascend::Graph>,
 }
 
 type Outcome = std::result::Result<(), TestCaseError>;
@@ -535,6 +548,7 @@ impl World {
             capacities: p.capacities,
             last_launch: None,
             hosts: Default::default(),
+            graphs: Vec::new(),
         }
     }
 
@@ -910,6 +924,7 @@ impl World {
                 return self.launch_one(&l, faulted);
             }
             Step::Parallel(a, b) => return self.launch_parallel(a, b, faulted),
+            Step::Captured { launch, other, times } => return self.captured(launch, *other, *times, faulted),
             Step::AllReduce { a, b, max } => return self.all_reduce(*a, *b, *max, faulted),
             Step::Fault { api, step } => {
                 ascend::mock::fail_next_on_this_thread(self.apis[*api], FAULT_STATUS);
@@ -947,6 +962,54 @@ impl World {
             return expect_invalid("layer across devices", &mock);
         }
         agree("layer", &mock, &run(&self.cpu, &xs.cpu, &ds.cpu))
+    }
+
+    /// `Step::Captured`: the launch eagerly (the twin runs it, the allocator is warmed), then
+    /// captured and replayed; a launch writing none of its inputs writes the same on each replay.
+    fn captured(&mut self, l: &Launch, other: usize, times: usize, faulted: bool) -> Outcome {
+        let ins = l.input_slots();
+        if !self.expressible(l) || l.output_slots().iter().any(|o| ins.contains(o)) {
+            return Ok(());
+        }
+        self.launch_one(l, faulted)?;
+        if !self.expressible(l) {
+            return Ok(());
+        }
+        let mut taken = self.take_outputs(l);
+        if self.crosses_devices(l, &taken) {
+            self.put_back(l, taken);
+            return Ok(());
+        }
+        let (slots, streams) = (&self.slots, &self.streams);
+        let Some((s, device)) = &streams[l.stream] else { return Ok(()) };
+        let captured = s.capture(ascend::CaptureMode::Global, |s| mock_launch(slots, l, &mut taken, s, None).map(drop));
+        let mut outcome = Ok(());
+        let graph = match captured {
+            Err(_) => {
+                CAPTURES_REFUSED.fetch_add(1, Relaxed);
+                None
+            }
+            Ok(graph) => {
+                for i in 0..times {
+                    let on = match &streams[other] {
+                        Some((o, d)) if i % 2 == 1 && d == device => o,
+                        _ => s,
+                    };
+                    if let Err(e) = graph.replay(on) {
+                        if !faulted {
+                            outcome = Err(fail(format!("replay {i}: {e:?}")));
+                        }
+                        taken.outs.iter_mut().flatten().for_each(|t| t.known = false);
+                        break;
+                    }
+                    REPLAYS.fetch_add(1, Relaxed);
+                }
+                Some(graph)
+            }
+        };
+        self.graphs.extend(graph);
+        self.put_back(l, taken);
+        outcome
     }
 
     /// Whether the launch can be written in safe Rust (an output is `&mut`: it can't also be an
@@ -1303,6 +1366,9 @@ static LAYERS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_HITS: AtomicUsize = AtomicUsize::new(0);
 static CACHE_MISSES: AtomicUsize = AtomicUsize::new(0);
 static UNCACHED: AtomicUsize = AtomicUsize::new(0);
+/// Captured launches refused (allocation, dependency) and replays run.
+static CAPTURES_REFUSED: AtomicUsize = AtomicUsize::new(0);
+static REPLAYS: AtomicUsize = AtomicUsize::new(0);
 /// Steps that made the mock refuse repeatable executors, and the refused
 /// `aclSetAclOpExecutorRepeatable` calls.
 static REFUSALS: AtomicUsize = AtomicUsize::new(0);
@@ -1375,7 +1441,8 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         "stateful: seed {seed}, {} programs, {} steps ({} with an injected fault, {} of them failed by it), \
          launches: {} ran on both backends, {} rejected alike, {} rejected across devices, {} parallel pairs; \
          {} all-reduces over two devices; {} DLPack exchanges; {} layer steps; {} reads compared bit for bit; \
-         single launches: {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors",
+         single launches: {} launch cache hits, {} misses, {} with it off; {} refusal steps, {} refused executors; \
+         {} graph replays, {} captures refused",
         PROGRAMS.load(Relaxed),
         STEPS.load(Relaxed),
         FAULTED.load(Relaxed),
@@ -1393,6 +1460,8 @@ fn random_programs_on_the_mock_match_the_cpu_twin() {
         UNCACHED.load(Relaxed),
         REFUSALS.load(Relaxed),
         REFUSED_CALLS.load(Relaxed),
+        REPLAYS.load(Relaxed),
+        CAPTURES_REFUSED.load(Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");

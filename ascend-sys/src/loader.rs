@@ -24,7 +24,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use crate::bindings::{AscendCl, Hccl, NnOpBase, OpApi};
+use crate::bindings::{AclCapture, AscendCl, Hccl, NnOpBase, OpApi};
 use crate::symbols::Operator;
 
 /// File name of the ACL runtime library.
@@ -58,6 +58,8 @@ pub struct Cann {
     op_libraries: Mutex<Vec<(&'static str, Result<&'static OpLibrary, String>)>>,
     /// `libhccl.so`, opened when first needed.
     hccl: OnceLock<Result<&'static Hccl, LoadError>>,
+    /// The graph capture functions of `libascendcl.so`, resolved when first needed.
+    capture: OnceLock<Result<&'static AclCapture, LoadError>>,
 }
 
 /// One op library: where it is, its functions, and which of them it exports.
@@ -147,6 +149,28 @@ impl Cann {
         // required one was just found, the optional ones are `Err` fields when absent.
         let hccl = unsafe { Hccl::from_library(lib) }.map_err(|e| missing(&path, e))?;
         Ok(Box::leak(Box::new(hccl)))
+    }
+
+    /// The graph capture functions ([`ASCENDCL_CAPTURE_SYMBOLS`]) of the `libascendcl.so` this
+    /// toolkit loaded, resolved on first use. Each is an `Err` field when absent (toolkits before
+    /// CANN 8.2); the library itself failing to open again is a [`LoadError::Library`].
+    ///
+    /// [`ASCENDCL_CAPTURE_SYMBOLS`]: crate::symbols::ASCENDCL_CAPTURE_SYMBOLS
+    pub fn capture(&self) -> Result<&'static AclCapture, LoadError> {
+        self.capture.get_or_init(|| self.load_capture()).clone()
+    }
+
+    fn load_capture(&self) -> Result<&'static AclCapture, LoadError> {
+        let path = &self.paths[0];
+        let lib = open(&self.dir, ASCENDCL).map_err(|why| LoadError::Library {
+            library: ASCENDCL.into(),
+            tried: vec![(path.display().to_string(), why)],
+        })?;
+        // SAFETY: the functions are resolved with the signatures bindgen derived from wrapper.h,
+        // whose declarations are checked against acl_rt.h (tests/abi.rs); the library is the one
+        // already loaded (dlopen counts references), and absent functions are `Err` fields.
+        let capture = unsafe { AclCapture::from_library(lib) }.map_err(|e| missing(path, e))?;
+        Ok(Box::leak(Box::new(capture)))
     }
 
     /// The op libraries opened so far, with where each came from.
@@ -399,6 +423,7 @@ fn search(dirs: &[Option<PathBuf>]) -> Result<&'static Cann, LoadError> {
             dir: dir.clone(),
             op_libraries: Mutex::new(Vec::new()),
             hccl: OnceLock::new(),
+            capture: OnceLock::new(),
         }));
         LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(cann);
         return Ok(cann);

@@ -93,6 +93,33 @@ codes! {
     ACL_ERROR_RT_WAIT_TIMEOUT = 107019;
     /// Runtime: task timed out.
     ACL_ERROR_RT_TASK_TIMEOUT = 107020;
+    /// Capture: a dependency on work outside the capture.
+    ACL_ERROR_RT_CAPTURE_DEPENDENCY = 107024;
+    /// Capture: a stream joined into the capture did not join back to the origin before the end.
+    ACL_ERROR_RT_STREAM_UNJOINED = 107025;
+    /// Capture: the model run instance is being captured.
+    ACL_ERROR_RT_MODEL_CAPTURED = 107026;
+    /// Capture: the stream is being captured (e.g. a second begin on it).
+    ACL_ERROR_RT_STREAM_CAPTURED = 107027;
+    /// Capture: the event was recorded inside a capture.
+    ACL_ERROR_RT_EVENT_CAPTURED = 107028;
+    /// Capture: the stream is not being captured (an end without a begin).
+    ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029;
+    /// Capture: the mode is not supported.
+    ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030;
+    /// Capture: an implicit dependency on the default stream.
+    ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT = 107031;
+    /// Capture: conflicting captures.
+    ACL_ERROR_RT_STREAM_CAPTURE_CONFLICT = 107032;
+    /// Capture: the capture was ended on a stream other than the one it began on.
+    ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED = 107036;
+    /// Capture: the model run instance is running.
+    ACL_ERROR_RT_MODEL_RUNNING = 107037;
+    /// Capture: ended on a thread other than the one that began (modes other than relaxed).
+    ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038;
+    /// Capture: a synchronising call during a capture ("async oper convert to sync oper, stream is
+    /// captured", rt_error_codes.h:62).
+    ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC = 107041;
     /// Runtime: feature not supported.
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
     /// Runtime: device memory allocation failed.

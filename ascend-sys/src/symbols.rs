@@ -35,6 +35,18 @@ pub const ASCENDCL_SYMBOLS: &[&str] = &[
     "aclrtFreeHost",
 ];
 
+/// `libascendcl.so` functions of graph capture (`aclmdlRI`, acl_rt.h:4710-4795), which toolkits
+/// before CANN 8.2 lack: resolved when a capture first needs them, from the library
+/// `ASCENDCL_SYMBOLS` came from (docs/cann/CAPTURE.md 1.2).
+pub const ASCENDCL_CAPTURE_SYMBOLS: &[&str] = &[
+    "aclmdlRICaptureBegin",
+    "aclmdlRICaptureGetInfo",
+    "aclmdlRICaptureEnd",
+    "aclmdlRICaptureThreadExchangeMode",
+    "aclmdlRIExecuteAsync",
+    "aclmdlRIDestroy",
+];
+
 /// `libnnopbase.so`: aclnn tensors and executors.
 pub const NNOPBASE_SYMBOLS: &[&str] = &[
     "aclCreateTensor",

@@ -83,6 +83,12 @@ fn documented_values() -> Vec<(&'static str, &'static str, i64, i64)> {
         aclrtMemMallocPolicy::ACL_MEM_TYPE_LOW_BAND_WIDTH = 0x100,
         aclrtMemMallocPolicy::ACL_MEM_TYPE_HIGH_BAND_WIDTH = 0x1000,
         aclrtMemMallocPolicy::ACL_MEM_ACCESS_USER_SPACE_READONLY = 0x100000,
+        aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0,
+        aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL = 1,
+        aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_RELAXED = 2,
+        aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE = 0,
+        aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE = 1,
+        aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED = 2,
         HcclResult::HCCL_SUCCESS = 0,
         HcclResult::HCCL_E_PARA = 1,
         HcclResult::HCCL_E_PTR = 2,
@@ -230,13 +236,7 @@ fn event_declarations_and_flags_match_acl_rt_h() {
         "aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);",
         "aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus* status);",
     ];
-    let normalise =
-        |s: &str| s.replace(" *", "* ").replace("* *", "**").split_whitespace().collect::<Vec<_>>().join(" ");
-    let wrapper: Vec<String> = ascend_sys::WRAPPER_H.lines().map(normalise).collect();
-    for decl in ACL_RT_H {
-        let decl = normalise(decl);
-        assert!(wrapper.contains(&decl), "wrapper.h lacks `{decl}` as acl_rt.h declares it");
-    }
+    assert_declared(ACL_RT_H);
     use ascend_sys::event_flag::*;
     let flags = [
         ("ACL_EVENT_SYNC", ACL_EVENT_SYNC, 0x1),
@@ -292,4 +292,60 @@ fn batch_norm_prototypes_match_the_public_headers() {
     assert!(names.contains(&"aclnnBatchNorm") && names.contains(&"aclnnBatchNormBackward"), "{names:?}");
     assert!(symbols::NNOPBASE_SYMBOLS.contains(&"aclCreateBoolArray"));
     assert!(symbols::NNOPBASE_SYMBOLS.contains(&"aclDestroyBoolArray"));
+}
+
+/// The capture declarations `wrapper.h` binds, as `include/external/acl/acl_rt.h` of
+/// hicann/runtime @ 681ef761 declares them (lines 4710-4795, `ACL_FUNC_VISIBILITY` dropped,
+/// spacing normalised; docs/cann/CAPTURE.md 1.1), the enums of its lines 405-417, and the capture
+/// statuses of `rt_error_codes.h:45-62`.
+#[test]
+fn capture_declarations_match_acl_rt_h() {
+    const ACL_RT_H: &[&str] = &[
+        "aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode);",
+        "aclError aclmdlRICaptureGetInfo(aclrtStream stream, aclmdlRICaptureStatus* status, aclmdlRI* modelRI);",
+        "aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI* modelRI);",
+        "aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode* mode);",
+        "aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream);",
+        "aclError aclmdlRIDestroy(aclmdlRI modelRI);",
+    ];
+    assert_declared(ACL_RT_H);
+    assert_eq!(size_of::<aclmdlRI>(), size_of::<*mut ()>());
+    assert_eq!((size_of::<aclmdlRICaptureMode>(), size_of::<aclmdlRICaptureStatus>()), (4, 4));
+    assert_values("aclmdlRICaptureMode");
+    assert_values("aclmdlRICaptureStatus");
+    use ascend_sys::status::*;
+    let codes = [
+        (ACL_ERROR_RT_CAPTURE_DEPENDENCY, 107024),
+        (ACL_ERROR_RT_STREAM_UNJOINED, 107025),
+        (ACL_ERROR_RT_STREAM_CAPTURED, 107027),
+        (ACL_ERROR_RT_STREAM_NOT_CAPTURED, 107029),
+        (ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT, 107031),
+        (ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED, 107036),
+        (ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD, 107038),
+        (ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC, 107041),
+    ];
+    for (bound, header) in codes {
+        assert_eq!(bound, header);
+    }
+}
+
+/// The bound function types of the capture calls (checked by the compiler); each is optional.
+#[allow(dead_code)]
+fn capture_function_types(capture: &AclCapture) {
+    let _: &Result<unsafe extern "C" fn(aclrtStream, aclmdlRICaptureMode) -> aclError, _> =
+        &capture.aclmdlRICaptureBegin;
+    let _: &Result<unsafe extern "C" fn(aclrtStream, *mut aclmdlRI) -> aclError, _> = &capture.aclmdlRICaptureEnd;
+    let _: &Result<unsafe extern "C" fn(aclmdlRI, aclrtStream) -> aclError, _> = &capture.aclmdlRIExecuteAsync;
+    let _: &Result<unsafe extern "C" fn(aclmdlRI) -> aclError, _> = &capture.aclmdlRIDestroy;
+}
+
+/// Each of `decls` (as acl_rt.h declares it) is in wrapper.h, spacing normalised.
+fn assert_declared(decls: &[&str]) {
+    let normalise =
+        |s: &str| s.replace(" *", "* ").replace("* *", "**").split_whitespace().collect::<Vec<_>>().join(" ");
+    let wrapper: Vec<String> = ascend_sys::WRAPPER_H.lines().map(normalise).collect();
+    for decl in decls {
+        let decl = normalise(decl);
+        assert!(wrapper.contains(&decl), "wrapper.h lacks `{decl}` as acl_rt.h declares it");
+    }
 }

@@ -26,6 +26,10 @@
 static uint64_t g_device_mallocs;
 static uint64_t g_stream_syncs, g_event_syncs, g_device_syncs, g_device_frees, g_blocking_copies;
 static uint64_t g_event_seq;
+
+uint64_t next_event_seq(void) {
+    return ++g_event_seq;
+}
 static uint64_t g_live_comms;
 /* Collectives queued by libhccl.so, by kind (1 all-reduce, 2 all-gather, 3 broadcast). */
 static uint64_t g_collectives[4];
@@ -159,6 +163,7 @@ aclError aclrtGetDeviceCount(uint32_t *count) {
 
 aclError aclrtSynchronizeDevice(void) {
     ACL_ENTER("aclrtSynchronizeDevice", NULL, needs_device);
+    ACL_STEP(capture_forbid_sync(api, NULL));
     if (!r) {
         g_device_syncs++;
         int dev = current_device();
@@ -198,6 +203,9 @@ aclError aclrtDestroyStream(aclrtStream h) {
     }
     stream *s = NULL;
     ACL_STEP(stream_resolve(api, h, &s));
+    if (!r && s->capturing) {
+        r = violate(ACL_ERROR_RT_STREAM_CAPTURED, api, "%s is being captured (end the capture first)", s->name);
+    }
     if (!r) {
         char why[WHY_MAX] = "";
         /* no new use through the handle from here; then wait out the threads still using it */
@@ -216,6 +224,7 @@ aclError aclrtSynchronizeStream(aclrtStream h) {
     ACL_ENTER("aclrtSynchronizeStream", NULL, needs_device);
     stream *s = NULL;
     ACL_STEP(stream_resolve(api, h, &s));
+    ACL_STEP(capture_forbid_sync(api, s));
     if (!r) {
         g_stream_syncs++;
         r = drain_reported(api, s);
@@ -252,6 +261,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
 aclError aclrtFree(void *devPtr) {
     ACL_ENTER("aclrtFree", NULL, needs_device);
     ACL_NOT_NULL(devPtr, "devPtr");
+    ACL_STEP(capture_forbid_blocking(api));
     if (!r) {
         uintptr_t p = (uintptr_t)devPtr;
         alloc *a = alloc_at(p);
@@ -285,6 +295,12 @@ aclError aclrtFree(void *devPtr) {
              * waiting variant; runtime docs 11-01 device memory): the memory goes at once. A free
              * that queued work still uses (reported above) leaves those tasks to be skipped,
              * poisoning what they should have written. */
+            const char *captured = NULL;
+            if (!reported && capture_uses_alloc(a->id, &captured)) {
+                ascend_mock_violation("%s(%p): a %s captured in a live model run instance uses this memory; "
+                                      "destroy the model (aclmdlRIDestroy) before freeing it",
+                                      api, devPtr, captured);
+            }
             if (!r) {
                 g_device_frees++;
                 alloc_remove(a);
@@ -386,6 +402,7 @@ static int copy_now(const char *api, void *dst, const void *src, size_t count, a
 
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind) {
     ACL_ENTER("aclrtMemcpy", NULL, needs_device);
+    ACL_STEP(capture_forbid_blocking(api));
     ascend_mock_range ranges[2];
     int n = 0;
     ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
@@ -430,7 +447,14 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
                     "a copy from host memory %p to host memory %p is not supported (%s)", src, dst,
                     copy_kind_name((int)kind));
     }
-    if (!r && count && ((dst_host && !host_pinned(dst, count)) || (src_host && !host_pinned(src, count)))) {
+    int pageable = (dst_host && !host_pinned(dst, count)) || (src_host && !host_pinned(src, count));
+    if (!r && count && pageable && s->capturing) {
+        r = violate(ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC, api,
+                    "%s is being captured: an asynchronous copy from or to host memory must use aclrtMallocHost "
+                    "memory (this one is pageable, so the copy would be synchronous)",
+                    s->name);
+    }
+    if (!r && count && pageable) {
         r = drain_reported(api, s);
         /* the queue may have released the lock: check the copy again */
         ACL_STEP(copy_check(api, dst, destMax, src, count, kind, ranges, &n));
@@ -452,6 +476,7 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
 
 aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count) {
     ACL_ENTER("aclrtMemset", NULL, needs_device);
+    ACL_STEP(capture_forbid_blocking(api));
     if (!r && !devPtr) {
         r = violate(ACL_ERROR_RT_PARAM_INVALID, api, "devPtr is null");
     }
@@ -582,6 +607,10 @@ aclError aclrtDestroyEvent(aclrtEvent h) {
     ACL_ENTER("aclrtDestroyEvent", NULL, needs_device);
     event *e = NULL;
     ACL_STEP(event_resolve(api, h, &e));
+    if (!r && capture_uses_event(e->handle)) {
+        r = violate(ACL_ERROR_RT_EVENT_CAPTURED, api,
+                    "event %p is recorded by a live model run instance: destroy the model (aclmdlRIDestroy) first", h);
+    }
     for (stream *s = g_streams; s && !r; s = s->next) {
         for (task *t = s->head; t; t = t->next) {
             if (t->kind == TASK_EVENT_WAIT && t->event_handle == e->handle) {
@@ -638,9 +667,13 @@ aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
         t->kind = TASK_EVENT;
         t->what = "event record";
         t->event_handle = e->handle;
-        t->event_seq = ++g_event_seq;
-        e->recorded_seq = t->event_seq;
-        e->recorded_on = s;
+        if (s->capturing) {
+            /* recorded into the model: each replay records the event (capture.c) */
+        } else {
+            t->event_seq = ++g_event_seq;
+            e->recorded_seq = t->event_seq;
+            e->recorded_on = s;
+        }
         enqueue(s, t);
     }
     ACL_LEAVE();
@@ -671,6 +704,7 @@ aclError aclrtSynchronizeEvent(aclrtEvent eh) {
     ACL_ENTER("aclrtSynchronizeEvent", NULL, needs_device);
     event *e = NULL;
     ACL_STEP(event_resolve(api, eh, &e));
+    ACL_STEP(capture_forbid_event(api, e->handle));
     if (!r) {
         g_event_syncs++;
         r = event_wait(api, e->handle);
@@ -683,6 +717,13 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
     stream *s = NULL;
     event *e = NULL;
     ACL_STEP(event_and_stream(api, eh, sh, "waited for by", &e, &s));
+    if (!r && s->capturing) {
+        r = violate(ACL_ERROR_RT_CAPTURE_DEPENDENCY, api,
+                    "%s is being captured: the mock does not model capture across streams joined by events (a "
+                    "captured stream waiting for event %p)",
+                    s->name, eh);
+    }
+    ACL_STEP(capture_forbid_event(api, e->handle));
     if (!r && e->kind == EVENT_EX_WITH_FLAG && !(e->flags & ACL_EVENT_SYNC)) {
         r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
                     "event %p comes from aclrtCreateEventExWithFlag without ACL_EVENT_SYNC (flag 0x%x): it cannot be "
@@ -713,6 +754,7 @@ aclError aclrtQueryEventStatus(aclrtEvent eh, aclrtEventRecordedStatus *status) 
     ACL_ENTER("aclrtQueryEventStatus", NULL, needs_device);
     event *e = NULL;
     ACL_STEP(event_resolve(api, eh, &e));
+    ACL_STEP(capture_forbid_event(api, e->handle));
     ACL_NOT_NULL(status, "status");
     if (!r && e->recorded_seq) {
         /* The device progresses while the host queries: the recorded stream runs its tasks up to the record

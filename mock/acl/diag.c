@@ -154,7 +154,15 @@ void ascend_mock_clear_faults(void) {
     tls_faults_armed = 0;
 }
 
+/* Entry points of the toolkit (ACL, aclnn, HCCL) called on this thread (ascend_mock_thread_api_calls). */
+static __thread uint64_t tls_api_calls;
+
+uint64_t ascend_mock_thread_api_calls(void) {
+    return tls_api_calls;
+}
+
 int ascend_mock_take_fault(const char *api, int *status) {
+    tls_api_calls++;
     if (!tls_faults_armed && !__atomic_load_n(&g_faults_armed, __ATOMIC_SEQ_CST)) {
         return 0;
     }

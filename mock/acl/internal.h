@@ -40,6 +40,16 @@ enum {
     ACL_ERROR_RT_CONTEXT_NULL = 107002,
     ACL_ERROR_RT_STREAM_CONTEXT = 107003,
     ACL_ERROR_RT_INVALID_HANDLE = 107017,
+    ACL_ERROR_RT_CAPTURE_DEPENDENCY = 107024,
+    ACL_ERROR_RT_STREAM_CAPTURED = 107027,
+    ACL_ERROR_RT_EVENT_CAPTURED = 107028,
+    ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029,
+    ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030,
+    ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT = 107031,
+    ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED = 107036,
+    ACL_ERROR_RT_MODEL_RUNNING = 107037,
+    ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038,
+    ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC = 107041,
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000,
     ACL_ERROR_RT_MEMORY_ALLOCATION = 207001,
     ACL_ERROR_RT_NO_EVENT_RESOURCE = 207007,
@@ -123,6 +133,7 @@ void poison_writes(const char *what, const char *where, uint64_t seq, const asce
 enum { TASK_COPY, TASK_OP, TASK_EVENT, TASK_WAIT, TASK_EVENT_WAIT };
 
 typedef struct task task;
+typedef struct model model;
 struct task {
     task *next;
     int kind;
@@ -138,7 +149,10 @@ struct task {
     ascend_mock_run_fn run;
     ascend_mock_wait_fn wait;
     ascend_mock_drop_fn drop;
+    ascend_mock_clone_fn clone; /* the payload of a replay of the task (capture.c) */
     void *payload;
+    /* a replay of a captured task: the model whose replay it is (capture.c counts it done) */
+    model *owner;
     /* TASK_EVENT */
     uint64_t event_handle;
     uint64_t event_seq;
@@ -153,6 +167,7 @@ struct stream {
     int pins;      /* threads waiting (g_lock released) for the running task of this stream to end */
     stream *prev, *next; /* g_streams: every stream, default ones included */
     char name[64];
+    model *capturing; /* the model this stream's tasks are recorded into (capture.c), or NULL */
     /* The first failure of a task that an event query ran (the device progressing between host calls):
      * reported, then cleared, by the stream's next host synchronisation. */
     int deferred_status;
@@ -223,6 +238,29 @@ int stream_quiesce(stream *s, char *why, size_t cap);
 int sync_failed(const char *api, int status, const char *where, const char *why);
 /* The live event of a handle, or NULL. */
 event *event_get(uint64_t handle);
+
+/* ---- capture.c: graph capture into model run instances (aclmdlRI) ----------------------------------------- */
+/* Records t (just numbered) into the model s captures instead of queueing it. */
+void capture_record(stream *s, task *t);
+/* A replayed task of t->owner has run (or was dropped). */
+void capture_task_done(task *t);
+/* 0, or ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC (a violation) when `api` would synchronise stream s
+ * (NULL: any stream of the current device) while it is captured. */
+int capture_forbid_sync(const char *api, const stream *s);
+/* 0, or ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC when `api` (a blocking memory call: aclrtMemcpy,
+ * aclrtMemset, aclrtFree) runs on this thread while a capture forbids it (a global capture
+ * anywhere, a thread-local one begun on this thread; not once the thread exchanged its mode to
+ * relaxed). */
+int capture_forbid_blocking(const char *api);
+/* Whether a live model's captured tasks use device allocation `id` (its name in *what). */
+int capture_uses_alloc(uint64_t id, const char **what);
+/* Whether a live model's captured tasks record event `handle`. */
+int capture_uses_event(uint64_t handle);
+/* 0, or ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC when `api` would wait for or query event `handle`,
+ * recorded in a capture still going on. */
+int capture_forbid_event(const char *api, uint64_t handle);
+/* api.c: the number of the next event record. */
+uint64_t next_event_seq(void);
 
 /* ---- the entry preamble --------------------------------------------------------------------------------- */
 /* An entry point's precondition, run by ACL_ENTER with the lock held: 0, or the ACL error (after

@@ -242,6 +242,7 @@ static int run_task(stream *s, task *t, char *why, size_t cap) {
     if (t->drop) {
         t->drop(t->payload);
     }
+    capture_task_done(t);
     return status;
 }
 
@@ -337,6 +338,10 @@ int sync_failed(const char *api, int status, const char *where, const char *why)
 void enqueue(stream *s, task *t) {
     t->next = NULL;
     t->seq = ++g_task_seq;
+    if (s->capturing) {
+        capture_record(s, t);
+        return;
+    }
     if (s->tail) {
         s->tail->next = t;
     } else {
@@ -347,7 +352,8 @@ void enqueue(stream *s, task *t) {
 }
 
 static void enqueue_task(const char *what, aclrtStream h, const ascend_mock_range *ranges, size_t nranges, int kind,
-                         ascend_mock_run_fn run, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop, void *payload) {
+                         ascend_mock_run_fn run, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop,
+                         ascend_mock_clone_fn clone, void *payload) {
     stream *s;
     if (nranges > ASCEND_MOCK_MAX_RANGES || stream_resolve(what, h, &s) != 0) {
         ascend_mock_violation("%s: internal: task rejected by the queue", what);
@@ -367,19 +373,21 @@ static void enqueue_task(const char *what, aclrtStream h, const ascend_mock_rang
     t->run = run;
     t->wait = wait;
     t->drop = drop;
+    t->clone = clone;
     t->payload = payload;
     enqueue(s, t);
 }
 
 void ascend_mock_enqueue_locked(const char *what, aclrtStream h, const ascend_mock_range *ranges, size_t nranges,
-                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, void *payload) {
-    enqueue_task(what, h, ranges, nranges, TASK_OP, run, NULL, drop, payload);
+                                ascend_mock_run_fn run, ascend_mock_drop_fn drop, ascend_mock_clone_fn clone,
+                                void *payload) {
+    enqueue_task(what, h, ranges, nranges, TASK_OP, run, NULL, drop, clone, payload);
 }
 
 void ascend_mock_enqueue_waiting_locked(const char *what, aclrtStream h, const ascend_mock_range *ranges,
                                         size_t nranges, ascend_mock_wait_fn wait, ascend_mock_drop_fn drop,
-                                        void *payload) {
-    enqueue_task(what, h, ranges, nranges, TASK_WAIT, NULL, wait, drop, payload);
+                                        ascend_mock_clone_fn clone, void *payload) {
+    enqueue_task(what, h, ranges, nranges, TASK_WAIT, NULL, wait, drop, clone, payload);
 }
 
 /* Destroys the default stream of a device (after running its tasks) and unsets it on every thread. */

@@ -365,6 +365,19 @@ static void coll_drop(void *payload) {
     free(k);
 }
 
+/* A replay of a captured collective: issued again (the next collective of its communicator). */
+static void *coll_clone(void *payload) {
+    coll_task *k = malloc(sizeof *k);
+    if (!k) {
+        fprintf(stderr, "ascend mock CANN: out of host memory\n");
+        abort();
+    }
+    *k = *(coll_task *)payload;
+    k->d.seq = ++k->c->issued;
+    k->c->queued++;
+    return k;
+}
+
 /* ---- collectives: the calls ------------------------------------------------------------------------------ */
 /* Checks that [p, p + bytes) lies in one live allocation of the communicator's device, aligned
  * for the dtype. */
@@ -468,7 +481,8 @@ static HcclResult collective(const char *api, uint32_t kind, void *send, void *r
         k->d.op = kind == COLL_ALL_REDUCE ? (uint32_t)op : 0;
         k->d.root = kind == COLL_BROADCAST ? root : 0;
         k->d.count = count;
-        k->d.seq = ++c->issued;
+        /* a captured collective is issued by each replay (coll_clone), not by the capture */
+        k->d.seq = ascend_mock_stream_capturing_locked(stream) ? 0 : ++c->issued;
         k->es = es;
         k->bytes = bytes;
         k->send = send;
@@ -489,7 +503,7 @@ static HcclResult collective(const char *api, uint32_t kind, void *send, void *r
         }
         c->queued++;
         ascend_mock_count_collective_locked((int)kind);
-        ascend_mock_enqueue_waiting_locked(k->api, stream, ranges, n, coll_run, coll_drop, k);
+        ascend_mock_enqueue_waiting_locked(k->api, stream, ranges, n, coll_run, coll_drop, coll_clone, k);
     }
     ascend_mock_unlock();
     return r;

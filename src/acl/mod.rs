@@ -4,6 +4,7 @@
 //! Functions taking raw pointers or handles are `unsafe`: the caller (the safe layer in
 //! [`crate::device`]) guarantees the handles are live and the memory ranges valid.
 
+pub(crate) mod capture;
 pub(crate) mod hccl;
 
 use std::ffi::{c_void, CStr};
@@ -94,6 +95,7 @@ pub(crate) fn create_stream(cann: &Cann) -> Result<aclrtStream> {
 /// # Safety
 /// `stream` is a live stream of the device bound to this thread.
 pub(crate) unsafe fn synchronize_stream(cann: &Cann, stream: aclrtStream) -> Result<()> {
+    capture::refuse("aclrtSynchronizeStream", false)?;
     // SAFETY: `stream` is live on the bound device (this function's contract).
     check(cann, "aclrtSynchronizeStream", unsafe { cann.acl.aclrtSynchronizeStream(stream) })
 }
@@ -109,6 +111,7 @@ pub(crate) unsafe fn destroy_stream(cann: &Cann, stream: aclrtStream) -> Result<
 
 /// `aclrtMalloc(.., ACL_MEM_MALLOC_HUGE_FIRST)`; `bytes` must be non-zero.
 pub(crate) fn malloc(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
+    capture::refuse("aclrtMalloc", true)?;
     created(cann, "aclrtMalloc", |p| {
         // SAFETY: `p` is a valid out-pointer; the policy is a valid enum value.
         unsafe { cann.acl.aclrtMalloc(p, bytes, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST) }
@@ -120,6 +123,7 @@ pub(crate) fn malloc(cann: &Cann, bytes: usize) -> Result<*mut c_void> {
 /// # Safety
 /// `p` came from [`malloc`] and no enqueued work still uses it.
 pub(crate) unsafe fn free(cann: &Cann, p: *mut c_void) -> Result<()> {
+    capture::refuse("aclrtFree", false)?;
     // SAFETY: `p` came from aclrtMalloc and no enqueued work uses it (this function's contract).
     check(cann, "aclrtFree", unsafe { cann.acl.aclrtFree(p) })
 }
@@ -129,6 +133,7 @@ pub(crate) unsafe fn free(cann: &Cann, p: *mut c_void) -> Result<()> {
 /// # Safety
 /// `dst..dst+src.len()` lies in one live device allocation that no pending work uses.
 pub(crate) unsafe fn copy_to_device(cann: &Cann, dst: *mut c_void, src: &[u8]) -> Result<()> {
+    capture::refuse("aclrtMemcpy", true)?;
     // SAFETY: the destination range is inside one live, idle device allocation (this function's
     // contract) and the source is a host slice of the same length.
     let status = unsafe {
@@ -142,6 +147,7 @@ pub(crate) unsafe fn copy_to_device(cann: &Cann, dst: *mut c_void, src: &[u8]) -
 /// # Safety
 /// `src..src+dst.len()` lies in one live device allocation whose writers have completed.
 pub(crate) unsafe fn copy_to_host(cann: &Cann, dst: &mut [u8], src: *const c_void) -> Result<()> {
+    capture::refuse("aclrtMemcpy", true)?;
     // SAFETY: the source range is inside one live device allocation whose writers have completed
     // (this function's contract) and the destination is a writable host slice of the same length.
     let status = unsafe {
@@ -161,6 +167,7 @@ pub(crate) unsafe fn copy_to_host(cann: &Cann, dst: &mut [u8], src: *const c_voi
 /// # Safety
 /// `p..p+count` lies in one live device allocation that no pending work uses.
 pub(crate) unsafe fn memset(cann: &Cann, p: *mut c_void, value: u8, count: usize) -> Result<()> {
+    capture::refuse("aclrtMemset", true)?;
     // SAFETY: `p..p+count` is inside one live, idle device allocation (this function's contract).
     check(cann, "aclrtMemset", unsafe { cann.acl.aclrtMemset(p, count, i32::from(value), count) })
 }
@@ -314,6 +321,7 @@ pub(crate) unsafe fn stream_wait_event(cann: &Cann, stream: aclrtStream, event: 
 /// # Safety
 /// `event` is live.
 pub(crate) unsafe fn event_is_complete(cann: &Cann, event: aclrtEvent) -> Result<bool> {
+    capture::refuse("aclrtQueryEventStatus", false)?;
     let mut status = aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_NOT_READY;
     // SAFETY: `event` is live (this function's contract); `status` is a valid out-pointer.
     check(cann, "aclrtQueryEventStatus", unsafe { cann.acl.aclrtQueryEventStatus(event, &mut status) })?;
@@ -325,6 +333,7 @@ pub(crate) unsafe fn event_is_complete(cann: &Cann, event: aclrtEvent) -> Result
 /// # Safety
 /// `event` is live.
 pub(crate) unsafe fn synchronize_event(cann: &Cann, event: aclrtEvent) -> Result<()> {
+    capture::refuse("aclrtSynchronizeEvent", false)?;
     // SAFETY: `event` is live (this function's contract).
     check(cann, "aclrtSynchronizeEvent", unsafe { cann.acl.aclrtSynchronizeEvent(event) })
 }

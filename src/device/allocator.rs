@@ -64,6 +64,9 @@ pub(crate) enum Order {
     /// Nothing orders the first use (a host-synchronous write, or a buffer without a stream):
     /// only idle blocks qualify.
     Idle,
+    /// Work captured on the stream with this id: as `Stream`, from cached blocks only (no
+    /// `aclrtMalloc` inside a capture, except in relaxed mode, where CANN allows it).
+    Capture(u64),
 }
 
 #[derive(Default)]
@@ -159,6 +162,21 @@ impl Allocator {
         } else {
             Self::reap_quietly(cann, pool, &mut st);
         }
+        if let Order::Capture(_) = order {
+            // Refused (naming aclrtMalloc) unless the capture is relaxed.
+            crate::acl::capture::refuse("aclrtMalloc", true).map_err(|e| match e {
+                Error::Cann { call, status, message } => Error::Cann {
+                    call,
+                    status,
+                    message: Some(format!(
+                        "{}; no cached block of {size} bytes was free for the capture: run the captured work once \
+                         before capturing it, so the caching allocator holds its blocks",
+                        message.unwrap_or_default()
+                    )),
+                },
+                other => other,
+            })?;
+        }
         let ptr = match acl::malloc(cann, size) {
             Ok(p) => p,
             Err(first) => {
@@ -207,7 +225,7 @@ impl Allocator {
     ) -> Option<(*mut c_void, usize, bool)> {
         let limit = size.saturating_add(size / 4);
         let stream = match order {
-            Order::Stream(id) => Some(id),
+            Order::Stream(id) | Order::Capture(id) => Some(id),
             Order::Idle => None,
         };
         let key = st
@@ -274,6 +292,13 @@ impl Allocator {
         }
     }
 
+    /// A block handed out for `old` bytes now holds `new` (a capture's private pool reused it).
+    pub(crate) fn reaccount(&self, old: usize, new: usize) {
+        let mut st = self.lock();
+        st.allocated -= old;
+        Self::hand_out(&mut st, new);
+    }
+
     /// A block handed out is leaked by its owner (queued work may still use it): no longer counted.
     pub(crate) fn forget(&self, size: usize, bytes: usize) {
         let mut st = self.lock();
@@ -285,6 +310,10 @@ impl Allocator {
     /// work has run: nothing to wait for). When the pool is at its bound, the cached blocks'
     /// completed events are given back first and the request retried.
     pub(crate) fn record(&self, cann: &Cann, pool: &EventPool, s: &StreamInner) -> Result<Option<PooledEvent>> {
+        if s.capturing() {
+            // (An event of the pool must never be recorded into a graph.)
+            return Err(StreamInner::capture_refusal("aclrtRecordEvent"));
+        }
         match s.if_live(|raw| pool.record(cann, raw)) {
             Some(Err(_)) => {
                 let mut st = self.lock();

@@ -529,11 +529,13 @@ impl CacheState {
     fn retire(&mut self, stream: &StreamInner, entries: impl IntoIterator<Item = Entry>) {
         // bounded: the entries being retired, at most the capacity.
         #[allow(clippy::disallowed_methods)]
-        let mut list: Vec<Entry> = entries.into_iter().collect();
+        let list: Vec<Entry> = entries.into_iter().collect();
         if list.is_empty() {
             return;
         }
         self.stats.evictions += list.len() as u64;
+        // In a capture, the graph keeps them (its replays launch them).
+        let Err(mut list) = stream.keep_if_capturing(list) else { return };
         match stream.marker() {
             Ok(event) => self.retired.push(Retired { entries: list, event }),
             Err(e) => {

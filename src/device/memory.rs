@@ -1,10 +1,11 @@
 //! Device memory.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::allocator::Order;
+use super::capture::Keep;
 use super::launch_cache::CacheState;
 use super::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::error::Result;
@@ -63,6 +64,20 @@ impl DeviceAlloc {
 
     pub(crate) fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// Whether this block serves a request of `bytes` as the allocator would (its size class,
+    /// at most a quarter more).
+    pub(crate) fn fits(&self, bytes: usize) -> bool {
+        let size = super::allocator::round_size(bytes);
+        self.owned() && self.block >= size && self.block <= size.saturating_add(size / 4)
+    }
+
+    /// The same block, handed out again for a request of `bytes` (it [`fits`](Self::fits)).
+    pub(crate) fn reuse(mut self, bytes: usize) -> Self {
+        self.device.memory.reaccount(self.bytes, bytes);
+        self.bytes = bytes;
+        self
     }
 
     /// Whether dropping this value returns memory to the allocator.
@@ -124,6 +139,11 @@ pub(crate) struct DeviceBuffer {
     /// What keeps the caller's memory allocated (e.g. a DLPack producer's capsule): dropped once
     /// every stream that used the memory has finished, or leaked if a wait failed.
     owner: Option<Box<dyn Send + Sync>>,
+    /// The captured graphs whose work uses this buffer (see [`Keep`]): while one lives, dropping
+    /// the buffer hands it to the graph, work on it is ordered with the graph's replays, and a
+    /// host access waits for them. `pinned` says whether the list is not empty (read without it).
+    pins: Mutex<Vec<Arc<Keep>>>,
+    pinned: AtomicBool,
 }
 
 /// The next buffer id.
@@ -143,6 +163,8 @@ impl DeviceBuffer {
             sole: AtomicUsize::new(0),
             id: next_buffer_id(),
             owner: None,
+            pins: Mutex::new(Vec::new()),
+            pinned: AtomicBool::new(false),
         })
     }
 
@@ -150,10 +172,26 @@ impl DeviceBuffer {
     /// `stream` (freed in stream order): then `stream` is its first user, so work of another
     /// stream, a host access and the drop are ordered after that work.
     pub(crate) fn on_stream(stream: &Arc<StreamInner>, bytes: usize) -> Result<Self> {
-        let (alloc, pending) = DeviceAlloc::with_state(stream.device.clone(), bytes, Order::Stream(stream.id))?;
+        let pooled = stream.capture_keep().and_then(|keep| keep.take_pooled(bytes));
+        let (alloc, pending) = match pooled {
+            // (Captured work queued earlier on the stream may use it: the stream is its first user.)
+            Some(block) => (block, true),
+            None => {
+                let order = if stream.capturing() { Order::Capture(stream.id) } else { Order::Stream(stream.id) };
+                DeviceAlloc::with_state(stream.device.clone(), bytes, order)?
+            }
+        };
         let users = if pending { vec![stream.clone()] } else { Vec::new() };
         let sole = AtomicUsize::new(sole_of(&users));
-        Ok(DeviceBuffer { alloc: Some(alloc), users: Mutex::new(users), sole, id: next_buffer_id(), owner: None })
+        Ok(DeviceBuffer {
+            alloc: Some(alloc),
+            users: Mutex::new(users),
+            sole,
+            id: next_buffer_id(),
+            owner: None,
+            pins: Mutex::new(Vec::new()),
+            pinned: AtomicBool::new(false),
+        })
     }
 
     /// A buffer over the caller's device memory (see [`DeviceAlloc::foreign`]): recorded on
@@ -170,6 +208,8 @@ impl DeviceBuffer {
             sole: AtomicUsize::new(0),
             id: next_buffer_id(),
             owner: None,
+            pins: Mutex::new(Vec::new()),
+            pinned: AtomicBool::new(false),
         }
     }
 
@@ -232,6 +272,9 @@ impl DeviceBuffer {
     /// then queued its work (which the wait covers), and later ones lock the list.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let mut users = self.lock_users();
+        for keep in self.live_pins() {
+            keep.wait_replays()?;
+        }
         while let Some(s) = users.last().cloned() {
             let launches = s.launches.lock();
             users.pop();
@@ -246,6 +289,56 @@ impl DeviceBuffer {
         }
         Ok(())
     }
+}
+
+impl DeviceBuffer {
+    fn lock_pins(&self) -> MutexGuard<'_, Vec<Arc<Keep>>> {
+        self.pins.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The graphs alive that use this buffer.
+    fn live_pins(&self) -> Vec<Arc<Keep>> {
+        if !self.pinned.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut pins = self.lock_pins();
+        pins.retain(|k| k.live());
+        pins.clone()
+    }
+
+    /// Records that the graph being captured into `keep` uses this buffer.
+    fn pin(&self, keep: &Arc<Keep>) {
+        let mut pins = self.lock_pins();
+        if !pins.iter().any(|k| Arc::ptr_eq(k, keep)) {
+            pins.push(keep.clone());
+            self.pinned.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Before `stream` queues work on `buffers` (their lists locked): with a capture going on, each is
+/// pinned to its graph; every other live graph using one orders the work after its last replay.
+fn order_with_graphs(stream: &Arc<StreamInner>, buffers: &[&DeviceBuffer]) -> Result<()> {
+    let capture = stream.capture_keep();
+    for b in buffers {
+        if let Some(keep) = &capture {
+            if !b.alloc().owned() && b.owner.is_none() {
+                // The caller frees it once the buffer is gone, but a graph would replay on it.
+                return Err(crate::Error::invalid(
+                    "tensor",
+                    "a view of the caller's device memory (without an owner this crate keeps) cannot be used \
+                     inside a capture: a graph may outlive it",
+                ));
+            }
+            b.pin(keep);
+        }
+        for keep in b.live_pins() {
+            if !capture.as_ref().is_some_and(|c| Arc::ptr_eq(c, &keep)) {
+                keep.order_eager(stream)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The [`DeviceBuffer::sole`] word of a stream list.
@@ -307,7 +400,9 @@ pub(crate) fn enqueue_if_sole_user<'b, T, F: FnOnce(&mut CacheState) -> T>(
 ) -> std::result::Result<T, F> {
     let me = Arc::as_ptr(stream) as usize;
     let mut state = stream.launches.lock();
-    if buffers.all(|b| b.sole.load(Ordering::Acquire) == me) {
+    // (A capture, or a buffer a graph uses, takes the general case.)
+    if !stream.capturing() && buffers.all(|b| b.sole.load(Ordering::Acquire) == me && !b.pinned.load(Ordering::Acquire))
+    {
         Ok(enqueue(&mut state))
     } else {
         Err(enqueue)
@@ -370,6 +465,7 @@ fn lock_and_enqueue<const K: usize, T>(
     }
     let guards = &mut guards[..sorted.len().min(K)];
     let ordered = if others { order_after_users(stream, sorted, guards) } else { Ok(()) };
+    let ordered = ordered.and_then(|()| order_with_graphs(stream, sorted));
     let result = ordered.map(|()| enqueue(&mut stream.launches.lock()));
     // Recorded even when the work failed (it may have queued part of it; recording too much only
     // costs an event), and when ordering failed: the streams ordered before `stream` were
@@ -420,6 +516,50 @@ impl Drop for DeviceBuffer {
     /// ordered by events: no host wait. The caller's memory (never freed here) is waited for, so
     /// the caller may free it once the buffer is gone; if that fails it is reported.
     fn drop(&mut self) {
+        let pins = std::mem::take(self.pins.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut live: Vec<Arc<Keep>> = pins.into_iter().filter(|k| k.live()).collect();
+        // A stream being captured may have recorded it (its release would record an event into
+        // the capture): that graph keeps it too.
+        for s in self.users.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let Some(keep) = s.capture_keep() {
+                if !live.iter().any(|k| Arc::ptr_eq(k, &keep)) {
+                    live.push(keep);
+                }
+            }
+        }
+        // Dropped during a capture, used by the captured stream alone: back to the graph's
+        // private pool, for the capture's later allocations.
+        if let [only] = &self.users.get_mut().unwrap_or_else(|p| p.into_inner())[..] {
+            if let (Some(keep), true) = (only.capture_keep(), self.owner.is_none()) {
+                if live.iter().all(|k| Arc::ptr_eq(k, &keep)) && self.alloc.as_ref().is_some_and(DeviceAlloc::owned) {
+                    if let Some(alloc) = self.alloc.take() {
+                        if let Err(alloc) = keep.recycle(alloc) {
+                            self.alloc = Some(alloc);
+                        } else {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        if !live.is_empty() {
+            // A live graph's replays may still use the memory: the graph keeps it (the same
+            // buffer, unpinned) and drops it after its model run instance is destroyed.
+            let moved = Arc::new(DeviceBuffer {
+                alloc: self.alloc.take(),
+                users: Mutex::new(std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()))),
+                sole: AtomicUsize::new(0),
+                id: self.id,
+                owner: self.owner.take(),
+                pins: Mutex::new(Vec::new()),
+                pinned: AtomicBool::new(false),
+            });
+            // (A graph that went meanwhile gives it back: the last clone then drops it as usual.)
+            for keep in live {
+                let _ = keep.hold(moved.clone());
+            }
+            return;
+        }
         let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
         let Some(alloc) = self.alloc.take() else { return };
         if alloc.owned() {

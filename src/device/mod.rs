@@ -14,6 +14,7 @@
 //! * [`launch_cache`]: the repeatable executors a stream keeps, so repeated launches skip phase 1.
 
 pub(crate) mod allocator;
+pub(crate) mod capture;
 pub(crate) mod descriptor;
 pub(crate) mod event;
 pub(crate) mod executor;
@@ -25,7 +26,7 @@ mod stream;
 pub(crate) use event::EventInner;
 pub(crate) use memory::{enqueue_if_sole_user, enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
-pub(crate) use stream::{StreamInner, STAGING_MAX};
+pub(crate) use stream::{StreamInner, Suspended, STAGING_MAX};
 
 /// What a destructor may leave behind when a destroy call, or the synchronise before it, fails:
 /// leaking is then the only sound choice, since queued work may still use the object.

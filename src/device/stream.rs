@@ -1,11 +1,12 @@
 //! `aclrtStream` with its reusable operator workspace.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ascend_sys::{aclrtMemcpyKind, aclrtStream};
 
 use super::allocator::Order;
+use super::capture::Keep;
 use super::event::{PooledEvent, WAIT_BATCH};
 use super::launch_cache::{self, LaunchCache};
 use super::{enqueue_using, leaked, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak};
@@ -34,6 +35,16 @@ pub(crate) struct StreamInner {
     staging: Mutex<Staging>,
     /// Repeatable executors of launches on this stream (see [`LaunchCache`]).
     pub(crate) launches: LaunchCache,
+    /// While the stream is captured: what the graph being captured keeps (see [`Keep`]).
+    /// `capturing` says whether it is set (read without the lock).
+    capture: Mutex<Option<Arc<Keep>>>,
+    capturing: AtomicBool,
+}
+
+/// What a capture set aside on its stream (restored when it ends).
+pub(crate) struct Suspended {
+    cache: launch_cache::CacheState,
+    staging: Staging,
 }
 
 /// The events of the waits queued on a stream since its last guard, each with its number on the
@@ -106,6 +117,89 @@ impl StreamInner {
             waited: Mutex::new(Waits::default()),
             staging: Mutex::new(Staging::default()),
             launches: LaunchCache::new(launch_cache::default_capacity()),
+            capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this stream is being captured now.
+    #[inline]
+    pub(crate) fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+
+    /// The keep of the graph this stream is being captured into, if any.
+    pub(crate) fn capture_keep(&self) -> Option<Arc<Keep>> {
+        if !self.capturing() {
+            return None;
+        }
+        self.capture.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The error of `call` (which the crate would make on this stream for its own bookkeeping, or
+    /// a wait for another stream) while the stream is captured.
+    pub(crate) fn capture_refusal(call: &'static str) -> crate::Error {
+        crate::Error::Cann {
+            call,
+            status: ascend_sys::status::ACL_ERROR_RT_CAPTURE_DEPENDENCY,
+            message: Some(format!(
+                "refused by this crate: {call} on a stream being captured (work of other streams, and events, \
+                 cannot join a capture here: synchronise or order them before Stream::capture)"
+            )),
+        }
+    }
+
+    /// Starts capturing into `keep`: the stream's launch cache (with its workspace) and staging
+    /// area are set aside, so the capture's executors, workspace and staged uploads are its own
+    /// (kept by the graph, never reused by later eager work); returns them for
+    /// [`end_capture`](Self::end_capture). The caller then calls `aclmdlRICaptureBegin`.
+    pub(crate) fn begin_capture(&self, keep: Arc<Keep>) -> Result<Suspended> {
+        if *self.released.read().unwrap_or_else(|p| p.into_inner()) {
+            return Err(Self::released_error());
+        }
+        let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        if capture.is_some() {
+            return Err(crate::Error::invalid("stream", "the stream is already being captured"));
+        }
+        let mut launches = self.launches.lock();
+        let mut cache = std::mem::take(&mut *launches);
+        // The capture launches with the stream's workspace (after the work queued before it);
+        // the graph keeps it, and eager work after the capture gets a new one.
+        launches.workspace = cache.workspace.take();
+        drop(launches);
+        let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()));
+        *capture = Some(keep);
+        self.capturing.store(true, Ordering::Release);
+        Ok(Suspended { cache, staging })
+    }
+
+    /// Ends the capture (after `aclmdlRICaptureEnd`): what the capture used (its launch cache,
+    /// workspace and staging area) goes to its keep, and what [`begin_capture`](Self::begin_capture)
+    /// set aside comes back.
+    pub(crate) fn end_capture(&self, suspended: Suspended) {
+        let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        let keep = capture.take();
+        let cache = std::mem::replace(&mut *self.launches.lock(), suspended.cache);
+        let staging =
+            std::mem::replace(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()), suspended.staging);
+        self.capturing.store(false, Ordering::Release);
+        drop(capture);
+        let chunks = CapturedStaging { device: self.device.clone(), chunks: staging.chunks };
+        match keep {
+            Some(keep) => {
+                // (The keep is open: its graph is being made.)
+                let _ = keep.hold(cache);
+                let _ = keep.hold(chunks);
+            }
+            None => drop((cache, chunks)),
+        }
+    }
+
+    /// Keeps `item` with the graph being captured on this stream; gives it back when there is none.
+    pub(crate) fn keep_if_capturing<T: std::any::Any + Send>(&self, item: T) -> std::result::Result<(), T> {
+        match self.capture_keep() {
+            Some(keep) => keep.hold(item),
+            None => Err(item),
         }
     }
 
@@ -137,6 +231,15 @@ impl StreamInner {
     /// [`synchronize`](Self::synchronize) of a stream that is not released (the caller holds
     /// `released`, read or write).
     fn synchronize_live(&self) -> Result<()> {
+        if self.capturing() {
+            return Err(crate::Error::Cann {
+                call: "aclrtSynchronizeStream",
+                status: ascend_sys::status::ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC,
+                message: Some(
+                    "refused by this crate: the stream is being captured (synchronise it after the capture)".into(),
+                ),
+            });
+        }
         self.device.bind()?;
         // Only what was queued before the wait is known done: the waits queued so far, and the
         // staged uploads (the staging area stays locked across the wait, so no upload of another
@@ -205,6 +308,9 @@ impl StreamInner {
     /// An event from the device's pool recorded now on this stream: complete once everything
     /// queued here so far has run; back to the pool when the last `Arc` drops.
     pub(crate) fn marker(&self) -> Result<Arc<EventInner>> {
+        if self.capturing() {
+            return Err(Self::capture_refusal("aclrtRecordEvent"));
+        }
         self.if_live(|raw| EventInner::pooled_on(&self.device, raw)).unwrap_or_else(|| Err(Self::released_error()))
     }
 
@@ -216,6 +322,9 @@ impl StreamInner {
 
     /// Records `event` on this stream (`aclrtRecordEvent`).
     pub(crate) fn record(&self, event: &EventInner) -> Result<()> {
+        if self.capturing() {
+            return Err(Self::capture_refusal("aclrtRecordEvent"));
+        }
         self.device.bind()?;
         self.if_live(|raw| {
             // SAFETY: both handles are live; the device (the same for both, checked by callers)
@@ -229,6 +338,9 @@ impl StreamInner {
     /// (`aclrtStreamWaitEvent`); the event is kept alive (and out of the pool) until the wait
     /// has run: see `waited`.
     pub(crate) fn wait(&self, event: Arc<EventInner>) -> Result<()> {
+        if self.capturing() {
+            return Err(Self::capture_refusal("aclrtStreamWaitEvent"));
+        }
         self.device.bind()?;
         let waited = self.if_live(|raw| {
             // SAFETY: both handles are live; the event is kept in `waited` until the wait has
@@ -255,6 +367,9 @@ impl StreamInner {
     /// from the pool recorded on `earlier`, waited for by this stream. The host never waits.
     /// Nothing to do when `earlier` was released (its work has run).
     pub(crate) fn order_after(&self, earlier: &StreamInner) -> Result<()> {
+        if self.capturing() {
+            return Err(Self::capture_refusal("aclrtStreamWaitEvent"));
+        }
         match earlier.if_live(|raw| EventInner::pooled_on(&self.device, raw)) {
             None => Ok(()),
             Some(event) => self.wait(event?),
@@ -280,11 +395,16 @@ impl StreamInner {
             ))
         })?;
         if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {
+            let order = if self.capturing() { Order::Capture(self.id) } else { Order::Stream(self.id) };
+            let new = DeviceAlloc::new(self.device.clone(), bytes_usize, order)?;
             if let Some(old) = ws.take() {
-                // Work already enqueued here may still use it: reusable after that work only.
-                old.release(&[self]);
+                // Work already enqueued here may still use it: reusable after that work only (in
+                // a capture, after the graph: it keeps it).
+                if let Err(old) = self.keep_if_capturing(old) {
+                    old.release(&[self]);
+                }
             }
-            *ws = Some(DeviceAlloc::new(self.device.clone(), bytes_usize, Order::Stream(self.id))?);
+            *ws = Some(new);
         }
         let ptr = ws.as_ref().map_or(std::ptr::null_mut(), |a| a.ptr());
         f(ptr)
@@ -345,13 +465,19 @@ impl StreamInner {
                 return Ok(st.chunks[i].ptr + start);
             }
             // Retire the chunk: free again once an event after its copies has completed (without
-            // the event, only a synchronise frees it).
-            st.chunks[i].event = self.device.events.record(self.device.cann, self.raw).ok();
+            // the event, only a synchronise frees it; in a capture the chunk belongs to the graph).
+            if !self.capturing() {
+                st.chunks[i].event = self.device.events.record(self.device.cann, self.raw).ok();
+            }
             st.chunks[i].busy = true;
             st.current = None;
         }
         let (cann, events) = (self.device.cann, &self.device.events);
+        let capturing = self.capturing();
         let free = st.chunks.iter_mut().position(|c| {
+            if capturing {
+                return false; // (a capture's chunks are each filled once)
+            }
             if c.busy && c.event.as_ref().is_some_and(|e| e.is_complete(cann)) {
                 c.busy = false;
                 if let Some(e) = c.event.take() {
@@ -390,18 +516,8 @@ impl Drop for StreamInner {
                 // Guards recorded here have completed: the waits handed to the pool with them
                 // are let go now (they may hold the device).
                 self.device.events.reclaim_all(self.device.cann);
-                for c in staging.chunks {
-                    if let Some(e) = c.event {
-                        self.device.events.give_back(self.device.cann, e);
-                    }
-                    let result = self.device.bind().and_then(|()| {
-                        // SAFETY: from aclrtMallocHost; every copy from it has run.
-                        unsafe { acl::free_host(self.device.cann, c.ptr as *mut std::ffi::c_void) }
-                    });
-                    if let Err(e) = result {
-                        report_drop_error("aclrtFreeHost", &e);
-                    }
-                }
+                // SAFETY: every copy from the chunks has run (the stream drained).
+                unsafe { free_chunks(&self.device, staging.chunks) };
             }
             Err(e) => {
                 report_drop_error("aclrtSynchronizeStream", &e);
@@ -428,6 +544,43 @@ impl Drop for StreamInner {
         if let Err(e) = result {
             report_drop_error("aclrtDestroyStream", &e);
             leaked(Leak::Stream);
+        }
+    }
+}
+
+/// A capture's staging chunks (pinned memory its captured uploads read on every replay), freed
+/// after its graph's model run instance is destroyed.
+struct CapturedStaging {
+    device: Arc<Device>,
+    chunks: Vec<Chunk>,
+}
+
+// SAFETY: the chunks are addresses of pinned host memory owned by this value alone; freeing them
+// from any thread that binds the device is allowed.
+unsafe impl Send for CapturedStaging {}
+
+impl Drop for CapturedStaging {
+    fn drop(&mut self) {
+        // SAFETY: the graph whose replays read the chunks is destroyed (it drops this after).
+        unsafe { free_chunks(&self.device, std::mem::take(&mut self.chunks)) };
+    }
+}
+
+/// Frees staging chunks (`aclrtFreeHost`), their events back to the pool.
+///
+/// # Safety
+/// No queued copy (nor a replay of a captured one) still reads the chunks.
+unsafe fn free_chunks(device: &Device, chunks: Vec<Chunk>) {
+    for c in chunks {
+        if let Some(e) = c.event {
+            device.events.give_back(device.cann, e);
+        }
+        let result = device.bind().and_then(|()| {
+            // SAFETY: from aclrtMallocHost; nothing reads it any more (this function's contract).
+            unsafe { acl::free_host(device.cann, c.ptr as *mut std::ffi::c_void) }
+        });
+        if let Err(e) = result {
+            report_drop_error("aclrtFreeHost", &e);
         }
     }
 }

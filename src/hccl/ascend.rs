@@ -7,6 +7,7 @@
 //! by the new one), and the old stream is then forgotten, so a comm holds one stream at a time.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ascend_sys::{aclrtStream, Hccl, HcclComm, HcclDataType, HcclReduceOp, HcclResult, HcclRootInfo};
@@ -106,8 +107,7 @@ pub(super) unsafe fn borrow(device: &Arc<Device>, raw: HcclComm) -> Result<(Comm
     if size == 0 || rank >= size {
         return Err(Error::invalid("comm", format!("HCCL reports rank {rank} of {size} ranks")));
     }
-    let mut comm = Comm::new(raw, device.clone(), hccl);
-    comm.borrowed = true;
+    let comm = Comm::with(raw, device.clone(), hccl, true);
     Ok((comm, rank, size))
 }
 
@@ -116,9 +116,50 @@ pub(super) struct Comm {
     raw: HcclComm,
     device: Arc<Device>,
     hccl: &'static Hccl,
-    order: Mutex<Order>,
-    /// The caller's communicator ([`borrow`]): synchronised on drop, never destroyed.
+    /// Shared with the captured graphs whose replays run its collectives (each replay is ordered
+    /// as a collective on the replay stream).
+    order: Arc<Mutex<Order>>,
+    /// Destroys the handle when the last holder goes: this comm, or a captured graph using it.
+    handle: Arc<Handle>,
+}
+
+/// What destroys an `HcclComm` (`HcclCommDestroy`) once neither its `Comm` nor a captured graph
+/// whose collectives use it holds it.
+struct Handle {
+    raw: HcclComm,
+    device: Arc<Device>,
+    hccl: &'static Hccl,
+    /// The caller's communicator ([`borrow`]): never destroyed.
     borrowed: bool,
+    /// Set when queued collectives may still use it (a wait failed): never destroyed.
+    leak: AtomicBool,
+}
+
+// SAFETY: the handle is only destroyed, once, by whichever thread drops the last holder (after
+// binding the device).
+unsafe impl Send for Handle {}
+// SAFETY: `&Handle` exposes nothing but the flag.
+unsafe impl Sync for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if self.borrowed {
+            return; // the caller's communicator: its collectives have run, the caller destroys it
+        }
+        if self.leak.load(Ordering::Acquire) {
+            leaked(Leak::Communicator);
+            return;
+        }
+        let result = self.device.bind().and_then(|()| {
+            // SAFETY: the comm is live, its collectives (eager ones and every graph's replays)
+            // have finished, and it is never used again.
+            unsafe { calls::comm_destroy(self.hccl, self.raw) }
+        });
+        if let Err(e) = result {
+            report_drop_error("HcclCommDestroy", &e);
+            leaked(Leak::Communicator);
+        }
+    }
 }
 
 /// How a comm keeps its collectives serial across streams.
@@ -137,7 +178,12 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     fn new(raw: HcclComm, device: Arc<Device>, hccl: &'static Hccl) -> Comm {
-        Comm { raw, device, hccl, order: Mutex::new(Order::default()), borrowed: false }
+        Comm::with(raw, device, hccl, false)
+    }
+
+    fn with(raw: HcclComm, device: Arc<Device>, hccl: &'static Hccl, borrowed: bool) -> Comm {
+        let handle = Arc::new(Handle { raw, device: device.clone(), hccl, borrowed, leak: AtomicBool::new(false) });
+        Comm { raw, device, hccl, order: Arc::new(Mutex::new(Order::default())), handle }
     }
 
     /// The raw handle, valid while `self` lives (or, borrowed, while its owner keeps it).
@@ -168,7 +214,7 @@ impl Comm {
 
     /// Orders `next` after the comm's last collective (if that ran on another stream) and makes
     /// it the comm's stream. On an error nothing is enqueued and the comm keeps its stream.
-    fn switch_to(&self, order: &mut Order, next: &Arc<StreamInner>) -> Result<()> {
+    fn switch_to(order: &mut Order, next: &Arc<StreamInner>) -> Result<()> {
         let Some(last) = order.last.clone() else {
             order.last = Some(next.clone());
             return Ok(());
@@ -196,8 +242,25 @@ impl Comm {
         let Some((inner, _)) = stream.ascend() else {
             return Err(stream.mismatch("stream", "collectives on Ascend need an Ascend stream"));
         };
+        if inner.capturing() && self.handle.borrowed {
+            // Its owner may destroy it once the Communicator is gone, while a graph would replay it.
+            return Err(Error::invalid(
+                "comm",
+                "a borrowed communicator's collectives cannot be captured (a graph may outlive it)",
+            ));
+        }
         let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
-        self.switch_to(&mut order, inner)?;
+        Self::switch_to(&mut order, inner)?;
+        if let Some(keep) = inner.capture_keep() {
+            // A captured collective: the graph keeps the comm, and orders each replay as a
+            // collective of it on the replay stream.
+            let comm_order = self.order.clone();
+            let hook = move |next: &Arc<StreamInner>| {
+                Self::switch_to(&mut comm_order.lock().unwrap_or_else(|p| p.into_inner()), next)
+            };
+            keep.before_replay(Box::new(hook));
+            let _ = keep.hold(self.handle.clone());
+        }
         enqueue_using(inner, buffers.iter().copied(), |_| {
             self.device.bind()?;
             launch(inner.raw())
@@ -259,25 +322,14 @@ fn flat(t: &Tensor) -> Result<(&DeviceBuffer, *mut c_void)> {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        let order = std::mem::take(self.order.get_mut().unwrap_or_else(|p| p.into_inner()));
-        if let Some(last) = &order.last {
+        let last = std::mem::take(&mut *self.order.lock().unwrap_or_else(|p| p.into_inner())).last;
+        if let Some(last) = &last {
             if let Err(e) = last.synchronize() {
                 // Queued collectives may still use the comm: leaking it is the only sound choice.
                 report_drop_error("aclrtSynchronizeStream (before HcclCommDestroy)", &e);
-                leaked(Leak::Communicator);
-                return;
+                self.handle.leak.store(true, Ordering::Release);
             }
         }
-        if self.borrowed {
-            return; // the caller's communicator: its collectives have run, the caller destroys it
-        }
-        let result = self.device.bind().and_then(|()| {
-            // SAFETY: the comm is live, its collectives have finished, and it is never used again.
-            unsafe { calls::comm_destroy(self.hccl, self.raw) }
-        });
-        if let Err(e) = result {
-            report_drop_error("HcclCommDestroy", &e);
-            leaked(Leak::Communicator);
-        }
+        // (`handle` destroys the comm now, or when the last captured graph using it goes.)
     }
 }

@@ -7,6 +7,7 @@
 //! The mock's counters are process-wide, so every test holds the lock of `common::raw_mock::Mock` and compares exact deltas.
 #![cfg(feature = "mock")]
 
+mod capture;
 #[path = "../common/mod.rs"]
 mod common;
 mod events_strict;

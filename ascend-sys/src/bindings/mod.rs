@@ -22,6 +22,15 @@ pub mod ascendcl {
     include!(concat!(env!("OUT_DIR"), "/bindings/ascendcl.rs"));
 }
 
+/// `libascendcl.so`'s graph capture functions (each optional: toolkits before CANN 8.2 lack them).
+pub mod capture {
+    use super::types::*;
+    #[cfg(not(ascend_sys_generated))]
+    include!("capture.rs");
+    #[cfg(ascend_sys_generated)]
+    include!(concat!(env!("OUT_DIR"), "/bindings/capture.rs"));
+}
+
 /// `libnnopbase.so`: aclnn tensors and executors.
 pub mod nnopbase {
     use super::types::*;
@@ -50,6 +59,7 @@ pub mod hccl {
 }
 
 pub use ascendcl::AscendCl;
+pub use capture::AclCapture;
 pub use hccl::Hccl;
 pub use nnopbase::NnOpBase;
 pub use opapi::OpApi;

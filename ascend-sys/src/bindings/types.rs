@@ -123,6 +123,23 @@ impl aclrtEventRecordedStatus {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct aclrtEventRecordedStatus(pub ::std::os::raw::c_uint);
+pub type aclmdlRI = *mut ::std::os::raw::c_void;
+impl aclmdlRICaptureMode {
+    pub const ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: aclmdlRICaptureMode = aclmdlRICaptureMode(0);
+    pub const ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: aclmdlRICaptureMode = aclmdlRICaptureMode(1);
+    pub const ACL_MODEL_RI_CAPTURE_MODE_RELAXED: aclmdlRICaptureMode = aclmdlRICaptureMode(2);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct aclmdlRICaptureMode(pub ::std::os::raw::c_uint);
+impl aclmdlRICaptureStatus {
+    pub const ACL_MODEL_RI_CAPTURE_STATUS_NONE: aclmdlRICaptureStatus = aclmdlRICaptureStatus(0);
+    pub const ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE: aclmdlRICaptureStatus = aclmdlRICaptureStatus(1);
+    pub const ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED: aclmdlRICaptureStatus = aclmdlRICaptureStatus(2);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct aclmdlRICaptureStatus(pub ::std::os::raw::c_uint);
 pub type HcclComm = *mut ::std::os::raw::c_void;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

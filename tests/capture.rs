@@ -1,0 +1,360 @@
+//! Graph capture ([`Stream::capture`], [`Graph::replay`]) on the mock: a captured SyncBatchNorm
+//! step (forward and backward, two ranks) replayed N times equals N eager steps bit for bit,
+//! inputs refreshed by copying into the captured tensors and the running statistics updated in
+//! place by every replay; the graph keeps what it uses whatever is dropped first; every call
+//! CANN forbids inside a capture is an error naming it.
+#![cfg(feature = "mock")]
+
+mod common;
+
+use ascend::hccl::Communicator;
+use ascend::ops::OutputMask;
+use ascend::{sync_batch_norm, CaptureMode, Context, DType, Graph, Result, Stream, Tensor};
+use common::{on_ranks, Data, Rng};
+
+const EPS: f64 = 1e-5;
+const MOMENTUM: f64 = 0.1;
+const SHAPE: [usize; 3] = [3, 4, 5];
+
+/// Serialises the tests (they compare the mock's process-wide counters).
+fn setup() -> std::sync::MutexGuard<'static, ()> {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("ASCEND_MOCK_DEVICE_COUNT", "2"));
+    static MOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    MOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One rank's tensors of a step.
+struct Step {
+    x: Tensor,
+    dy: Tensor,
+    w: Tensor,
+    b: Tensor,
+    rm: Tensor,
+    rv: Tensor,
+}
+
+impl Step {
+    fn new(s: &Stream, rng: &mut Rng) -> Step {
+        let mut t =
+            |shape: &[usize], lo: f64, hi: f64| Data::uniform(rng, DType::F32, shape, lo, hi).tensor(s).unwrap();
+        let c = &SHAPE[1..2];
+        Step {
+            x: t(&SHAPE, -2.0, 2.0),
+            dy: t(&SHAPE, -1.0, 1.0),
+            w: t(c, 0.5, 1.5),
+            b: t(c, -1.0, 1.0),
+            rm: t(c, -0.5, 0.5),
+            rv: t(c, 0.5, 2.0),
+        }
+    }
+
+    /// Forward and backward: y, dx, dw, db.
+    fn run(&mut self, comm: &Communicator, s: &Stream) -> Result<[Tensor; 4]> {
+        let (y, saved) = sync_batch_norm::forward(
+            comm,
+            s,
+            &self.x,
+            Some(&self.w),
+            Some(&self.b),
+            Some(&mut self.rm),
+            Some(&mut self.rv),
+            MOMENTUM,
+            EPS,
+        )?;
+        let (dx, dw, db) = sync_batch_norm::backward(comm, s, &self.dy, &saved, Some(&self.w), OutputMask::ALL)?;
+        let missing = || ascend::Error::Config("a gradient of OutputMask::ALL is missing".into());
+        Ok([y, dx.ok_or_else(missing)?, dw.ok_or_else(missing)?, db.ok_or_else(missing)?])
+    }
+
+    /// Copies of the six tensors' values (same data, new tensors).
+    fn twin(&self, s: &Stream) -> Step {
+        let copy = |t: &Tensor| Tensor::from_slice(s, &t.to_vec::<f32>(s).unwrap(), t.shape()).unwrap();
+        Step {
+            x: copy(&self.x),
+            dy: copy(&self.dy),
+            w: copy(&self.w),
+            b: copy(&self.b),
+            rm: copy(&self.rm),
+            rv: copy(&self.rv),
+        }
+    }
+}
+
+fn bits(s: &Stream, t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>(s).unwrap().into_iter().map(f32::to_bits).collect()
+}
+
+fn contexts() -> Vec<Context> {
+    (0..2).map(|d| ascend::mock::context(d).unwrap()).collect()
+}
+
+/// N replays of a captured two-rank SyncBatchNorm step equal N eager steps bit for bit: fresh
+/// inputs copied into the captured tensors before each replay, running statistics updated in
+/// place by each.
+#[test]
+fn replayed_sync_batch_norm_steps_equal_eager_steps_bit_for_bit() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctxs = contexts();
+    let comms = Communicator::init_all(&ctxs).unwrap();
+    on_ranks(comms, &ctxs, |rank, comm, ctx| {
+        let s = ctx.new_stream().unwrap();
+        let mut rng = Rng::new(0xC0FFEE + u64::from(rank));
+        let mut eager = Step::new(&s, &mut rng);
+        let mut graph_step = eager.twin(&s);
+        // Warm-up (the allocator then holds the blocks the capture uses), on scratch copies.
+        let mut warm = eager.twin(&s);
+        drop(warm.run(comm, &s).unwrap());
+        let mut outputs = None;
+        // Thread-local: in global mode CANN refuses the other rank's blocking copies while this
+        // rank captures.
+        let graph: Graph = s
+            .capture(CaptureMode::ThreadLocal, |s| {
+                outputs = Some(graph_step.run(comm, s)?);
+                Ok(())
+            })
+            .unwrap();
+        let outputs = outputs.unwrap();
+        for step in 0..4 {
+            let x: Vec<f32> = (0..SHAPE.iter().product()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+            let dy: Vec<f32> = (0..SHAPE.iter().product()).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+            eager.x.copy_from_slice(&s, &x).unwrap();
+            eager.dy.copy_from_slice(&s, &dy).unwrap();
+            let want = eager.run(comm, &s).unwrap();
+            graph_step.x.copy_from_slice(&s, &x).unwrap();
+            graph_step.dy.copy_from_slice(&s, &dy).unwrap();
+            let replays = ascend::mock::capture_stats().replays;
+            graph.replay(&s).unwrap();
+            assert!(ascend::mock::capture_stats().replays > replays);
+            for (i, (w, g)) in want.iter().zip(&outputs).enumerate() {
+                assert_eq!(bits(&s, w), bits(&s, g), "rank {rank} step {step} output {i}");
+            }
+            assert_eq!(bits(&s, &eager.rm), bits(&s, &graph_step.rm), "rank {rank} step {step} running mean");
+            assert_eq!(bits(&s, &eager.rv), bits(&s, &graph_step.rv), "rank {rank} step {step} running var");
+        }
+        drop(graph);
+    });
+    drop(ctxs);
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!((after.live_comms, after.live_allocations), (before.live_comms, before.live_allocations));
+    assert_eq!(ascend::mock::capture_stats().live_models, 0);
+}
+
+/// `Err` with `status`, naming `call` in the error.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(r: Result<T>, status: i32, call: &str) {
+    let e = r.expect_err("refused inside a capture");
+    assert_eq!(e.status(), Some(status), "{e}");
+    assert!(e.to_string().contains(call), "`{call}` not named in: {e}");
+}
+
+fn input(s: &Stream, rng: &mut Rng) -> Tensor {
+    Data::uniform(rng, DType::F32, &SHAPE, -2.0, 2.0).tensor(s).unwrap()
+}
+
+/// Every call CANN forbids during a capture is an error naming it, made before CANN is reached
+/// (the mock counts no violation); the capture still ends and its graph replays; the calls work
+/// again after it. A relaxed capture allows the blocking memory calls CANN allows.
+#[test]
+fn forbidden_calls_inside_a_capture_are_errors() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let other = ctx.new_stream().unwrap();
+    let mut rng = Rng::new(7);
+    let mut x = input(&s, &mut rng);
+    let on_other = input(&other, &mut rng);
+    let big: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let host = ascend::HostBuffer::<f32>::new(&ctx, SHAPE.iter().product()).unwrap();
+    let mut other_out = [0, 1].map(|_| Tensor::zeros(&other, DType::F32, &SHAPE[1..2]).unwrap());
+    {
+        // Work queued on `other` that the capture would have to wait for.
+        let [m, v] = &mut other_out;
+        ascend::ops::batch_norm_stats_into(&other, &on_other, EPS, m, v).unwrap();
+    }
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap()); // warm-up
+    let mut stats = None;
+    let graph = s
+        .capture(CaptureMode::Global, |s| {
+            stats = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            refused(x.to_vec::<f32>(s), 107041, "aclrtSynchronizeStream");
+            refused(s.synchronize(), 107041, "aclrtSynchronizeStream");
+            refused(x.copy_from_slice(s, &big[..x.numel()]), 107041, "aclrtSynchronizeStream");
+            refused(Tensor::from_slice(s, &big, &[4096]), 107041, "aclrt");
+            refused(Tensor::zeros(s, DType::F32, &[1 << 20]), 107041, "aclrtMalloc");
+            refused(s.record_event(), 107024, "aclrtRecordEvent");
+            let e = other.record_event().unwrap();
+            refused(s.wait_event(&e), 107024, "aclrtStreamWaitEvent");
+            refused(e.synchronize(), 107041, "aclrtSynchronizeEvent");
+            let [m, v] = &mut other_out;
+            refused(ascend::ops::batch_norm_stats_into(s, &on_other, EPS, m, v), 107024, "aclrtStreamWaitEvent");
+            let mut d = Tensor::zeros(s, DType::F32, &SHAPE);
+            if let Ok(d) = &mut d {
+                refused(d.copy_from_host_async(s, &host), 107024, "HostBuffer");
+            }
+            assert!(s.capture(CaptureMode::Global, |_| Ok(())).is_err(), "a nested capture");
+            Ok(())
+        })
+        .unwrap();
+    let (mean, _) = stats.unwrap();
+    graph.replay(&s).unwrap();
+    let want = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap().0;
+    assert_eq!(bits(&s, &mean), bits(&s, &want));
+    // After the capture every call works again.
+    s.synchronize().unwrap();
+    x.copy_from_slice(&s, &big[..x.numel()]).unwrap();
+    drop((graph, mean, want, x, on_other, other_out, host, s, other, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!(after.live_allocations, before.live_allocations);
+}
+
+/// A relaxed capture allows the blocking memory calls CANN allows (an upload of a new tensor),
+/// never a synchronisation.
+#[test]
+fn a_relaxed_capture_allows_blocking_copies_but_not_synchronisation() {
+    let _mock = setup();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let big: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let graph = s
+        .capture(CaptureMode::Relaxed, |s| {
+            let t = Tensor::from_slice(s, &big, &[4096])?;
+            refused(s.synchronize(), 107041, "aclrtSynchronizeStream");
+            drop(t);
+            Ok(())
+        })
+        .unwrap();
+    graph.replay(&s).unwrap();
+}
+
+/// The graph keeps what its work uses: inputs, outputs, the stream, the context and the
+/// communicators may be dropped in any order before or after it; no violation, nothing leaked.
+#[test]
+fn dropping_inputs_stream_or_context_in_any_order_is_safe() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let leaks = ascend::mock::leaks();
+    for order in 0..6 {
+        let ctx = ascend::mock::context(0).unwrap();
+        let s = ctx.new_stream().unwrap();
+        let mut rng = Rng::new(11 + order);
+        let x = input(&s, &mut rng);
+        drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+        let mut out = None;
+        let graph = s.capture(CaptureMode::Global, |s| {
+            out = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            Ok(())
+        });
+        let graph = graph.unwrap();
+        let (mean, invstd) = out.unwrap();
+        let want = mean.to_vec::<f32>(&s).unwrap();
+        let _ = want;
+        let replay_on = ctx.new_stream().unwrap();
+        graph.replay(&replay_on).unwrap();
+        // The replay on another stream is ordered before a read on the first.
+        let expect = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap().0.to_vec::<f32>(&s).unwrap();
+        match order {
+            0 => {
+                drop((x, mean, invstd));
+                graph.replay(&replay_on).unwrap();
+                drop((s, ctx));
+                drop(graph);
+            }
+            1 => {
+                drop((s, ctx));
+                graph.replay(&replay_on).unwrap();
+                assert_eq!(mean.to_vec::<f32>(&replay_on).unwrap(), expect);
+                drop((x, graph, mean, invstd));
+            }
+            2 => {
+                drop(graph);
+                drop((x, mean, invstd, s, ctx));
+            }
+            3 => {
+                drop(x);
+                assert_eq!(mean.to_vec::<f32>(&s).unwrap(), expect);
+                drop((graph, s, ctx, mean, invstd));
+            }
+            4 => {
+                drop((ctx, s));
+                drop((mean, invstd));
+                graph.replay(&replay_on).unwrap();
+                drop((graph, x));
+            }
+            _ => {
+                drop((replay_on, mean, s));
+                drop((graph, ctx, invstd, x));
+                continue;
+            }
+        }
+        drop(replay_on);
+    }
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!((after.live_allocations, after.live_streams), (before.live_allocations, before.live_streams));
+    assert_eq!(ascend::mock::leaks(), leaks);
+    assert_eq!(ascend::mock::capture_stats().live_models, 0);
+}
+
+/// A panic inside the closure ends the capture (its model destroyed): the stream and the
+/// process are usable afterwards.
+#[test]
+fn a_panic_inside_the_capture_ends_it() {
+    let _mock = setup();
+    let models = ascend::mock::capture_stats().live_models;
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let x = input(&s, &mut Rng::new(5));
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = s.capture(CaptureMode::Global, |s| {
+            drop(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            panic!("inside the capture");
+        });
+    }));
+    assert!(r.is_err());
+    assert_eq!(ascend::mock::capture_stats().live_models, models);
+    assert_eq!(x.to_vec::<f32>(&s).unwrap().len(), x.numel());
+    let mut y = Tensor::zeros(&s, DType::F32, &SHAPE).unwrap();
+    y.copy_from_slice(&s, &vec![1f32; y.numel()]).unwrap();
+}
+
+/// Replays on alternating streams, and eager work on a third stream reading the captured
+/// outputs, are ordered on the device (the mock counts a violation for any unordered access):
+/// every read sees the replay's values.
+#[test]
+fn replays_on_other_streams_are_ordered_with_eager_work() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let (s, a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(21);
+    let mut x = input(&s, &mut rng);
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+    let mut out = None;
+    let graph = s
+        .capture(CaptureMode::ThreadLocal, |s| {
+            out = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
+            Ok(())
+        })
+        .unwrap();
+    let (mean, invstd) = out.unwrap();
+    for step in 0..4 {
+        let data: Vec<f32> = (0..x.numel()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+        x.copy_from_slice(&s, &data).unwrap();
+        graph.replay(if step % 2 == 0 { &a } else { &b }).unwrap();
+        // Eager work on another stream reading the replay's outputs.
+        let y = ascend::ops::batch_norm_elemt(&b, &x, None, None, &mean, &invstd, EPS).unwrap();
+        let (m, v) = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap();
+        let want = ascend::ops::batch_norm_elemt(&s, &x, None, None, &m, &v, EPS).unwrap();
+        assert_eq!(bits(&a, &mean), bits(&s, &m), "step {step}");
+        assert_eq!(bits(&b, &y), bits(&s, &want), "step {step}");
+    }
+    drop((graph, mean, invstd, x, s, a, b, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}
