@@ -122,7 +122,8 @@ pub(crate) struct DeviceBuffer {
     /// address (the launch cache skips rebinding a descriptor already bound to this buffer).
     id: u64,
     /// What keeps the caller's memory allocated (e.g. a DLPack producer's capsule): dropped once
-    /// every stream that used the memory has finished, or leaked if a wait failed.
+    /// every stream that used the memory has passed its last use (events, no host wait: see
+    /// [`release_owner`]), or leaked if that cannot be known.
     owner: Option<Box<dyn Send + Sync>>,
 }
 
@@ -173,11 +174,13 @@ impl DeviceBuffer {
         }
     }
 
-    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated: `owner` is dropped after
-    /// the buffer's drop has waited for every stream that used the memory.
+    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated: dropping the buffer never
+    /// waits; `owner` is dropped once every stream that used the memory has passed that use (see
+    /// [`release_owner`]), on whichever thread then polls the device's events, or at the device's
+    /// teardown.
     ///
     /// # Safety
-    /// As [`DeviceAlloc::foreign`], while `owner` lives.
+    /// As [`DeviceAlloc::foreign`], while `owner` lives; `owner` may be dropped on any thread.
     pub(crate) unsafe fn foreign_owned(
         device: Arc<Device>,
         ptr: *mut c_void,
@@ -417,32 +420,67 @@ const MAX_BUFFERS: usize = 20;
 
 impl Drop for DeviceBuffer {
     /// Owned memory goes back to the allocator after the work of every stream that used it,
-    /// ordered by events: no host wait. The caller's memory (never freed here) is waited for, so
-    /// the caller may free it once the buffer is gone; if that fails it is reported.
+    /// ordered by events: no host wait. So does foreign memory's owner (see
+    /// [`DeviceBuffer::release_owner`]). Foreign memory without an owner is waited for, so the
+    /// caller may free it once the buffer is gone; if that fails it is reported.
     fn drop(&mut self) {
         let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
         let Some(alloc) = self.alloc.take() else { return };
+        let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
         if alloc.owned() {
-            let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
             alloc.release(&users);
-            return;
-        }
-        let mut waited = true;
-        for s in &users {
-            if let Err(e) = s.synchronize() {
-                report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
-                waited = false;
+        } else if let Some(owner) = self.owner.take() {
+            release_owner(alloc.device(), owner, &users);
+        } else {
+            for s in users {
+                if let Err(e) = s.synchronize() {
+                    report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
+                }
             }
         }
-        match self.owner.take() {
-            Some(owner) if waited => drop(owner),
-            Some(owner) => {
-                // Queued work may still use the memory: its owner must not free it.
-                std::mem::forget(owner);
-                leaked(Leak::Allocation);
+    }
+}
+
+/// Lets go of `owner` (what keeps foreign memory allocated) once the work `users` queued on the
+/// memory has run, without a host wait: an event is recorded on each stream and the owner parked
+/// with them in the device's event pool, which drops it once they are seen complete (see
+/// [`super::event::EventPool::park`]); with no queued work it is dropped at once. A stream on
+/// which no event can be recorded (the pool at its bound, a failed record) is synchronised
+/// instead; if even that fails, the owner is leaked (queued work may still use the memory) and
+/// the leak counted.
+fn release_owner(device: &Arc<Device>, owner: Box<dyn Send + Sync>, users: &[&StreamInner]) {
+    let mut events = Vec::with_capacity(users.len());
+    let mut waited = true;
+    let bound = device.bind();
+    for s in users {
+        let recorded = match &bound {
+            Ok(()) => device.memory.record(device.cann, &device.events, s),
+            Err(e) => Err(e.clone()),
+        };
+        match recorded {
+            Ok(Some(e)) => events.push(e),
+            // A released stream: its work has run.
+            Ok(None) => {}
+            Err(_) => {
+                if let Err(e) = s.synchronize() {
+                    report_drop_error("aclrtSynchronizeStream (dropping a view of foreign memory)", &e);
+                    waited = false;
+                }
             }
-            None => {}
         }
+    }
+    if !waited {
+        // Queued work may still use the memory: its owner must not free it. The events recorded
+        // go back to the pool once complete.
+        for e in events {
+            device.events.retire(e, Vec::new());
+        }
+        std::mem::forget(owner);
+        leaked(Leak::Allocation);
+    } else if events.is_empty() {
+        drop(owner);
+    } else {
+        device.events.park(device.cann, events, owner);
     }
 }
 
