@@ -533,7 +533,7 @@ unsafe fn import<H: Head>(stream: &Stream, p: NonNull<H>) -> Result<Tensor> {
     let v = unsafe { parse(t) }?;
     let size = v.dtype.size_in_bytes();
     let take = || Producer(p);
-    let Some((_, device)) = stream.ascend() else {
+    let Some((inner, device)) = stream.ascend() else {
         let tensor = match v.dtype {
             // SAFETY: host memory of the described extent (the caller's guarantee).
             DType::F32 => unsafe { host_import::<f32>(stream, &v) },
@@ -588,8 +588,9 @@ unsafe fn import<H: Head>(stream: &Stream, p: NonNull<H>) -> Result<Tensor> {
     // SAFETY: the caller's guarantee: the extent at `data` is allocated on this device (checked
     // above: the stream's) until the deleter runs, which `owner` calls only after the buffer's
     // streams have passed their use of it, on any thread (the caller's guarantee too); the `lead`
-    // bytes before `data` are in the same allocation.
-    let buffer = unsafe { DeviceBuffer::foreign_owned(device.clone(), base, storage_len * size, owner) };
+    // bytes before `data` are in the same allocation. The producer's writes are ordered before
+    // work queued on `stream` (the caller's guarantee): it is the buffer's first user.
+    let buffer = unsafe { DeviceBuffer::foreign_owned(inner, base, storage_len * size, owner) };
     Ok(Tensor::with_layout(
         v.dtype,
         v.shape,

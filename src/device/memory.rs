@@ -174,21 +174,27 @@ impl DeviceBuffer {
         }
     }
 
-    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated: dropping the buffer never
-    /// waits; `owner` is dropped once every stream that used the memory has passed that use (see
-    /// [`release_owner`]), on whichever thread then polls the device's events, or at the device's
-    /// teardown.
+    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated, whose producer's writes
+    /// are ordered before work queued on `stream`: `stream` is its first user, so host accesses,
+    /// other streams' work and the drop are ordered after it. Dropping the buffer never waits;
+    /// `owner` is dropped once every stream that used the memory has passed that use (see
+    /// [`release_owner`]), on whichever thread then polls the device's events, or at the
+    /// device's teardown.
     ///
     /// # Safety
-    /// As [`DeviceAlloc::foreign`], while `owner` lives; `owner` may be dropped on any thread.
+    /// As [`DeviceAlloc::foreign`] (on `stream`'s device), while `owner` lives; `owner` may be
+    /// dropped on any thread.
     pub(crate) unsafe fn foreign_owned(
-        device: Arc<Device>,
+        stream: &Arc<StreamInner>,
         ptr: *mut c_void,
         bytes: usize,
         owner: Box<dyn Send + Sync>,
     ) -> Self {
         // SAFETY: the caller's guarantee, passed on.
-        let mut buffer = unsafe { Self::foreign(device, ptr, bytes) };
+        let mut buffer = unsafe { Self::foreign(stream.device.clone(), ptr, bytes) };
+        let users = vec![stream.clone()];
+        buffer.sole = AtomicUsize::new(sole_of(&users));
+        buffer.users = Mutex::new(users);
         buffer.owner = Some(owner);
         buffer
     }
