@@ -2,7 +2,9 @@
 //! on the CPU and the mock (values; on the mock the same device memory, with no blocking copy
 //! and no host wait per exchange), capsules shaped like torch_npu's (consumed in place, their
 //! deleter run once, after the device work that reads them), bad capsules refused without being
-//! taken, and deleters run from other threads.
+//! taken, deleters deferred past queued work without a host wait (parked, bounded, run at a
+//! later poll or the teardown; a stream that cannot record an event is waited for), and
+//! deleters run from other threads.
 
 mod common;
 
