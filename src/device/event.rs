@@ -378,6 +378,33 @@ impl EventPool {
     }
 }
 
+/// An event of `device`'s pool recorded now on each of `users` after the work they queued (none
+/// for a released stream, whose work has run), for a holder that frees memory once they have
+/// completed. A stream on which no event can be recorded is synchronised instead; if even that
+/// fails (reported as `what`), `None`: queued work may still use the memory, and the events
+/// recorded so far go back to the pool once complete.
+pub(crate) fn record_after<'a>(
+    device: &Device,
+    users: impl IntoIterator<Item = &'a super::StreamInner>,
+    what: &str,
+) -> Option<Vec<PooledEvent>> {
+    let mut events = Vec::new();
+    for s in users {
+        match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s)) {
+            Ok(Some(e)) => events.push(e),
+            Ok(None) => {}
+            Err(_) => {
+                if let Err(e) = s.synchronize() {
+                    report_drop_error(what, &e);
+                    events.into_iter().for_each(|e| device.events.retire(e, Vec::new()));
+                    return None;
+                }
+            }
+        }
+    }
+    Some(events)
+}
+
 /// A live event held with an `Arc`: a pooled one checked out by a stream (an ordering marker, a
 /// staging chunk's, a launch cache's), which goes back to its device's pool when the last `Arc`
 /// drops, or a timing event of the public `Event`, destroyed then. A stream that queued a wait

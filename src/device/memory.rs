@@ -455,38 +455,15 @@ impl Drop for DeviceBuffer {
 /// instead; if even that fails, the owner is leaked (queued work may still use the memory) and
 /// the leak counted.
 fn release_owner(device: &Arc<Device>, owner: Box<dyn Send + Sync>, users: &[&StreamInner]) {
-    let mut events = Vec::with_capacity(users.len());
-    let mut waited = true;
-    let bound = device.bind();
-    for s in users {
-        let recorded = match &bound {
-            Ok(()) => device.memory.record(device.cann, &device.events, s),
-            Err(e) => Err(e.clone()),
-        };
-        match recorded {
-            Ok(Some(e)) => events.push(e),
-            // A released stream: its work has run.
-            Ok(None) => {}
-            Err(_) => {
-                if let Err(e) = s.synchronize() {
-                    report_drop_error("aclrtSynchronizeStream (dropping a view of foreign memory)", &e);
-                    waited = false;
-                }
-            }
+    let what = "aclrtSynchronizeStream (dropping a view of foreign memory)";
+    match super::event::record_after(device, users.iter().copied(), what) {
+        Some(events) if events.is_empty() => drop(owner),
+        Some(events) => device.events.park(device.cann, events, owner),
+        None => {
+            // Queued work may still use the memory: its owner must not free it.
+            std::mem::forget(owner);
+            leaked(Leak::Allocation);
         }
-    }
-    if !waited {
-        // Queued work may still use the memory: its owner must not free it. The events recorded
-        // go back to the pool once complete.
-        for e in events {
-            device.events.retire(e, Vec::new());
-        }
-        std::mem::forget(owner);
-        leaked(Leak::Allocation);
-    } else if events.is_empty() {
-        drop(owner);
-    } else {
-        device.events.park(device.cann, events, owner);
     }
 }
 
