@@ -811,6 +811,21 @@ mod torch_npu {
         });
     }
 
+    /// `times` imports, each read by a kernel and dropped, without a synchronise (`each` after
+    /// every drop); returns the most capsules not yet deleted at once.
+    fn import_use_drop(s: &Stream, times: u64, mut each: impl FnMut()) -> Result<u64> {
+        let first = deleted();
+        let mut parked = 0;
+        for i in 0..times {
+            let (x, _) = import(s, 4, 2, 1000 + i)?;
+            let g = read_by_a_kernel(s, &x)?;
+            drop((x, g));
+            parked = parked.max(i + 1 - (deleted() - first));
+            each();
+        }
+        Ok(parked)
+    }
+
     /// With the device progressing (the mock's queries run the queued work, as hardware runs
     /// while the host works), 1,000 imports read by a kernel and dropped without a synchronise
     /// are deleted as they go: the parked capsules and the live events stay bounded, and no host
@@ -821,14 +836,8 @@ mod torch_npu {
             let first = deleted();
             let before = host_waits();
             let events = ascend::mock::live_events_on(0);
-            let (mut parked, mut live) = (0, 0);
-            for i in 0..1000u64 {
-                let (x, _) = import(&s, 4, 2, 1000 + i)?;
-                let g = read_by_a_kernel(&s, &x)?;
-                drop((x, g));
-                parked = parked.max(i + 1 - (deleted() - first));
-                live = live.max(ascend::mock::live_events_on(0));
-            }
+            let mut live = 0;
+            let parked = import_use_drop(&s, 1000, || live = live.max(ascend::mock::live_events_on(0)))?;
             assert_eq!(host_waits(), before, "no host wait");
             assert!(parked <= 1, "at most {parked} capsules waited for their events at once");
             assert!(live <= events + 64, "{live} live events (from {events})");
@@ -846,13 +855,7 @@ mod torch_npu {
             let _flight = in_flight();
             let first = deleted();
             let syncs = ascend::mock::stats().stream_synchronizes;
-            let mut parked = 0;
-            for i in 0..4500u64 {
-                let (x, _) = import(&s, 4, 2, 2000 + i)?;
-                let g = read_by_a_kernel(&s, &x)?;
-                drop((x, g));
-                parked = parked.max(i + 1 - (deleted() - first));
-            }
+            let parked = import_use_drop(&s, 4500, || {})?;
             assert!(parked <= 4096, "{parked} capsules parked at once");
             assert!(ascend::mock::stats().stream_synchronizes > syncs, "the bound made a drop wait");
             s.synchronize()?;
