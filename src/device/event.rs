@@ -22,8 +22,12 @@
 //! The pool also keeps the owners of foreign memory (a DLPack producer's capsule) whose tensor
 //! was dropped while queued work may still use it, each with an event recorded after that work on
 //! every stream that used it ([`EventPool::park`]): an owner is dropped (its deleter called) once
-//! all its events are seen complete, polled with the reclaims (every event request, every
-//! allocation, every stream synchronise), never waited for except at teardown. Every parked owner
+//! all its events are seen complete, polled with the reclaims, never waited for except at
+//! teardown. Every event request reclaims the parked owners' completed events; the owners
+//! themselves are dropped by the polls made without the crate's stream locks held (every
+//! allocation, every stream synchronise, every park), so a deleter that comes back into this
+//! crate finds no lock of it held by its own thread but a stream's `released` read lock (a
+//! synchronise's). Every parked owner
 //! holds at least one of the pool's events, so at most [`LIVE_MAX`] are parked: past that a drop
 //! cannot record its event and waits for its stream instead.
 
@@ -150,7 +154,7 @@ impl EventPool {
     /// An event that may be recorded now: a spare one (after reclaiming what has completed), or a
     /// new one while the device holds fewer than [`LIVE_MAX`].
     pub(crate) fn take(&self, cann: &Cann) -> Result<PooledEvent> {
-        self.poll_parked(cann);
+        self.poll_parked(cann, false);
         let mut st = self.lock();
         let released = Self::reclaim_locked(cann, &mut st, RECLAIM_SCAN);
         let taken = match st.spare.pop() {
@@ -219,7 +223,7 @@ impl EventPool {
     /// Moves pending events seen complete to the spare list (never waits): at most
     /// [`RECLAIM_SCAN`] still-pending ones are queried.
     pub(crate) fn reclaim(&self, cann: &Cann) {
-        self.poll_parked(cann);
+        self.poll_parked(cann, true);
         let released = Self::reclaim_locked(cann, &mut self.lock(), RECLAIM_SCAN);
         drop(released);
     }
@@ -227,7 +231,7 @@ impl EventPool {
     /// [`reclaim`](Self::reclaim) querying every pending event (after a stream synchronised:
     /// its guards have completed, and the waits they hold may keep the device alive).
     pub(crate) fn reclaim_all(&self, cann: &Cann) {
-        self.poll_parked(cann);
+        self.poll_parked(cann, true);
         let released = Self::reclaim_locked(cann, &mut self.lock(), usize::MAX);
         drop(released);
     }
@@ -278,13 +282,15 @@ impl EventPool {
     /// any thread. Never waits; polls at once.
     pub(crate) fn park(&self, cann: &Cann, events: Vec<PooledEvent>, owner: Box<dyn Send + Sync>) {
         self.parked.lock().unwrap_or_else(|p| p.into_inner()).push(Parked { events, owner });
-        self.poll_parked(cann);
+        self.poll_parked(cann, true);
     }
 
-    /// Drops the parked owners whose events have all completed (queried oldest first, never
-    /// waited for; at most [`RECLAIM_SCAN`] owners still pending are queried), outside every lock
-    /// of the pool: a deleter may use the pool again.
-    fn poll_parked(&self, cann: &Cann) {
+    /// Gives back the parked owners' events seen complete (queried oldest first, never waited
+    /// for; at most [`RECLAIM_SCAN`] owners still pending are queried) and, with `run`, drops the
+    /// owners whose events have all completed, outside every lock of the pool (a deleter may use
+    /// the pool again). Without `run` (an event request, which callers make while holding a
+    /// stream's locks) they stay parked, ready, for the next poll that runs them.
+    fn poll_parked(&self, cann: &Cann, run: bool) {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         if parked.is_empty() {
             return;
@@ -292,23 +298,24 @@ impl EventPool {
         let mut done = Vec::new();
         let mut still_pending = 0;
         parked.retain_mut(|p| {
-            if still_pending >= RECLAIM_SCAN {
-                return true;
-            }
-            let mut i = 0;
-            while i < p.events.len() {
-                if p.events[i].is_complete(cann) {
-                    self.give_back(cann, p.events.swap_remove(i));
-                } else {
-                    i += 1;
+            if still_pending < RECLAIM_SCAN {
+                let mut i = 0;
+                while i < p.events.len() {
+                    if p.events[i].is_complete(cann) {
+                        self.give_back(cann, p.events.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
                 }
             }
-            if p.events.is_empty() {
-                done.push(std::mem::replace(&mut p.owner, Box::new(())));
-                return false;
+            if !p.events.is_empty() {
+                still_pending += 1;
+                return true;
             }
-            still_pending += 1;
-            true
+            if run {
+                done.push(std::mem::replace(&mut p.owner, Box::new(())));
+            }
+            !run
         });
         drop(parked);
         drop(done); // the owners' deleters, outside the locks
