@@ -237,6 +237,9 @@ fn streams_of_another_backend_are_refused(ctx: &Context) -> Result<()> {
 static DELETED: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "mock"), allow(dead_code))]
 static QUEUED_AT_DELETE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The thread the foreign capsules' deleter last ran on.
+#[cfg_attr(not(feature = "mock"), allow(dead_code))]
+static DELETER_THREAD: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
 /// Serialises the CPU cases that count deletes when the mock (whose lock they take too) is off.
 static DELETES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -274,6 +277,7 @@ unsafe extern "C" fn foreign_deleter<H>(p: *mut H) {
         }
     }
     drop(owner);
+    *DELETER_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::thread::current().id());
     DELETED.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -797,8 +801,16 @@ mod torch_npu {
             drop(y);
             assert_eq!(deleted(), before_delete, "still not deleted");
             assert_eq!(host_waits(), before, "polls wait for nothing");
-            s.synchronize()?;
+            // The synchronise that runs the work, on another thread, calls the deleter there.
+            let (s, poller) = std::thread::spawn(move || {
+                let r = s.synchronize().map(|()| std::thread::current().id());
+                (s, r)
+            })
+            .join()
+            .unwrap();
+            let poller = poller?;
             assert_eq!(deleted(), before_delete + 2, "deleted at the poll after the work ran");
+            assert_eq!(*DELETER_THREAD.lock().unwrap(), Some(poller), "deleted on the polling thread");
             assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "deleted after the device work");
             let got: Vec<f32> = g.to_vec(&s)?;
             for (g, e) in got.iter().zip(channel_sums(&storage, &[n as i64, c as i64], &[c as i64, 1], 0)) {
