@@ -7,9 +7,8 @@
 //!   tensor over it is dropped and every stream that used it has passed that use. Dropping it
 //!   never waits: an event is recorded on each such stream and the capsule parked with them in
 //!   the device's event pool, which calls the deleter once they are seen complete
-//!   (`aclrtQueryEventStatus`), at the next event request, allocation or stream synchronise of
-//!   the device, whichever thread makes it; at the latest at the context's teardown (which
-//!   waits). DLPack's `dlpack.h` says nothing about the thread a deleter runs on: the importer
+//!   (`aclrtQueryEventStatus`), at the next allocation, stream synchronise or such drop of the
+//!   device, whichever thread makes it; at the latest at the context's teardown (which waits). DLPack's `dlpack.h` says nothing about the thread a deleter runs on: the importer
 //!   promises it may run on any (torch's deletes its `ATenDLMTensor`, which any thread may do).
 //! * **The CPU backend copies.** Its tensors own their host memory alone, so an exported capsule
 //!   holds a copy (flagged `DLPACK_FLAG_BITMASK_IS_COPIED`) and an imported one is copied, its
@@ -441,8 +440,8 @@ impl Tensor {
     /// The producer's deleter is called exactly once: for Ascend memory once the last tensor
     /// over it is dropped and the work queued on it has run (never while queued work still reads
     /// it; the drop does not wait: an event is recorded on every stream that used the memory and
-    /// the deleter runs when a later event request, allocation or stream synchronise of the
-    /// device sees them complete, or at the context's teardown; a stream on which no event can be
+    /// the deleter runs when a later allocation, stream synchronise or such drop of the device
+    /// sees them complete, or at the context's teardown; a stream on which no event can be
     /// recorded is synchronised instead, and if that fails the capsule is leaked); for host memory
     /// right after the copy. A capsule made by [`Tensor::to_dlpack`] gives back its tensor's
     /// buffer (tracked as before: dropping the tensor waits for nothing).

@@ -22,14 +22,13 @@
 //! The pool also keeps the owners of foreign memory (a DLPack producer's capsule) whose tensor
 //! was dropped while queued work may still use it, each with an event recorded after that work on
 //! every stream that used it ([`EventPool::park`]): an owner is dropped (its deleter called) once
-//! all its events are seen complete, polled with the reclaims, never waited for except at
-//! teardown. Every event request reclaims the parked owners' completed events; the owners
-//! themselves are dropped by the polls made without the crate's stream locks held (every
-//! allocation, every stream synchronise, every park), so a deleter that comes back into this
-//! crate finds no lock of it held by its own thread but a stream's `released` read lock (a
-//! synchronise's). Every parked owner
-//! holds at least one of the pool's events, so at most [`LIVE_MAX`] are parked: past that a drop
-//! cannot record its event and waits for its stream instead.
+//! all its events are seen complete, never waited for except at teardown. Every event request
+//! gives back the parked owners' completed events; the owners themselves are dropped by the polls
+//! made without the crate's stream locks held (every allocation, stream synchronise and park), so
+//! a deleter that comes back into this crate finds none of them held by its thread (but a
+//! synchronising stream's `released` read lock). Every parked owner holds at least one of the
+//! pool's events until a poll that drops the ready ones, so at most [`LIVE_MAX`] are parked: past
+//! that a drop cannot record its event and waits for its stream instead.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -399,6 +398,7 @@ pub(crate) fn record_after<'a>(
     for s in users {
         match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s)) {
             Ok(Some(e)) => events.push(e),
+            // A released stream: its work has run.
             Ok(None) => {}
             Err(_) => {
                 if let Err(e) = s.synchronize() {

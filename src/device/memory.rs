@@ -427,7 +427,7 @@ const MAX_BUFFERS: usize = 20;
 impl Drop for DeviceBuffer {
     /// Owned memory goes back to the allocator after the work of every stream that used it,
     /// ordered by events: no host wait. So does foreign memory's owner (see
-    /// [`DeviceBuffer::release_owner`]). Foreign memory without an owner is waited for, so the
+    /// [`release_owner`]). Foreign memory without an owner is waited for, so the
     /// caller may free it once the buffer is gone; if that fails it is reported.
     fn drop(&mut self) {
         let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
