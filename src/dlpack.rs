@@ -4,7 +4,12 @@
 //! * **Ascend memory is shared, never copied.** An exported capsule keeps the tensor's device
 //!   buffer alive (it returns to the allocator after the consumer's deleter, in stream order); an
 //!   imported one becomes a tensor over the producer's memory whose deleter runs once the last
-//!   tensor over it is dropped and every stream that used it has finished.
+//!   tensor over it is dropped and every stream that used it has passed that use. Dropping it
+//!   never waits: an event is recorded on each such stream and the capsule parked with them in
+//!   the device's event pool, which calls the deleter once they are seen complete
+//!   (`aclrtQueryEventStatus`), at the next allocation, stream synchronise or such drop of the
+//!   device, whichever thread makes it; at the latest at the context's teardown (which waits). DLPack's `dlpack.h` says nothing about the thread a deleter runs on: the importer
+//!   promises it may run on any (torch's deletes its `ATenDLMTensor`, which any thread may do).
 //! * **The CPU backend copies.** Its tensors own their host memory alone, so an exported capsule
 //!   holds a copy (flagged `DLPACK_FLAG_BITMASK_IS_COPIED`) and an imported one is copied, its
 //!   deleter called at once.
@@ -432,9 +437,12 @@ impl Tensor {
     /// taking ownership of it: Ascend memory (`kDLExtDev` or `kDLAscend`, of the stream's device)
     /// is used in place, no copy; on the CPU backend host memory (`kDLCPU`) is copied.
     ///
-    /// The producer's deleter is called exactly once: for Ascend memory when the last tensor
-    /// over it is dropped, after waiting for every stream that used it (so never while queued
-    /// work still reads it; if that wait fails the capsule is leaked instead); for host memory
+    /// The producer's deleter is called exactly once: for Ascend memory once the last tensor
+    /// over it is dropped and the work queued on it has run (never while queued work still reads
+    /// it; the drop does not wait: an event is recorded on every stream that used the memory and
+    /// the deleter runs when a later allocation, stream synchronise or such drop of the device
+    /// sees them complete, or at the context's teardown; a stream on which no event can be
+    /// recorded is synchronised instead, and if that fails the capsule is leaked); for host memory
     /// right after the copy. A capsule made by [`Tensor::to_dlpack`] gives back its tensor's
     /// buffer (tracked as before: dropping the tensor waits for nothing).
     ///
@@ -524,7 +532,7 @@ unsafe fn import<H: Head>(stream: &Stream, p: NonNull<H>) -> Result<Tensor> {
     let v = unsafe { parse(t) }?;
     let size = v.dtype.size_in_bytes();
     let take = || Producer(p);
-    let Some((_, device)) = stream.ascend() else {
+    let Some((inner, device)) = stream.ascend() else {
         let tensor = match v.dtype {
             // SAFETY: host memory of the described extent (the caller's guarantee).
             DType::F32 => unsafe { host_import::<f32>(stream, &v) },
@@ -578,8 +586,10 @@ unsafe fn import<H: Head>(stream: &Stream, p: NonNull<H>) -> Result<Tensor> {
     let owner: Box<dyn Send + Sync> = Box::new(take());
     // SAFETY: the caller's guarantee: the extent at `data` is allocated on this device (checked
     // above: the stream's) until the deleter runs, which `owner` calls only after the buffer's
-    // streams have finished; the `lead` bytes before `data` are in the same allocation.
-    let buffer = unsafe { DeviceBuffer::foreign_owned(device.clone(), base, storage_len * size, owner) };
+    // streams have passed their use of it, on any thread (the caller's guarantee too); the `lead`
+    // bytes before `data` are in the same allocation. The producer's writes are ordered before
+    // work queued on `stream` (the caller's guarantee): it is the buffer's first user.
+    let buffer = unsafe { DeviceBuffer::foreign_owned(inner, base, storage_len * size, owner) };
     Ok(Tensor::with_layout(
         v.dtype,
         v.shape,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ascend_sys::aclrtMemcpyKind;
 
 use crate::context::{Context, ContextKind};
-use crate::device::{enqueue_using, report, report_drop_error, Device, StreamInner};
+use crate::device::{enqueue_using, report, Device, StreamInner};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -152,23 +152,12 @@ impl<T: Element> Drop for HostBuffer<T> {
             // CPU memory: copies on the CPU backend run when they are submitted.
             return;
         };
-        let mut events = Vec::with_capacity(users.len());
-        for s in &users {
-            let recorded = device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s));
-            match recorded {
-                Ok(Some(e)) => events.push(e),
-                // A released stream: its copies have run.
-                Ok(None) => {}
-                Err(_) => {
-                    // No event: wait for the stream instead (leak the block if even that fails).
-                    if let Err(e) = s.synchronize() {
-                        report_drop_error("aclrtSynchronizeStream (before aclrtFreeHost)", &e);
-                        report(format_args!("leaking pinned host memory that a queued copy may still use"));
-                        return;
-                    }
-                }
-            }
-        }
+        // No event on a stream: it is waited for instead (the block leaked if even that fails).
+        let what = "aclrtSynchronizeStream (before aclrtFreeHost)";
+        let Some(events) = crate::device::event::record_after(&device, users.iter().map(|s| &**s), what) else {
+            report(format_args!("leaking pinned host memory that a queued copy may still use"));
+            return;
+        };
         device.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner()).push((self.ptr as usize, events));
         device.reap_host_frees(false);
     }

@@ -2,7 +2,9 @@
 //! on the CPU and the mock (values; on the mock the same device memory, with no blocking copy
 //! and no host wait per exchange), capsules shaped like torch_npu's (consumed in place, their
 //! deleter run once, after the device work that reads them), bad capsules refused without being
-//! taken, and deleters run from other threads.
+//! taken, deleters deferred past queued work without a host wait (parked, bounded, run at a
+//! later poll or the teardown; a stream that cannot record an event is waited for), and
+//! deleters run from other threads.
 
 mod common;
 
@@ -235,6 +237,9 @@ fn streams_of_another_backend_are_refused(ctx: &Context) -> Result<()> {
 static DELETED: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "mock"), allow(dead_code))]
 static QUEUED_AT_DELETE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The thread the foreign capsules' deleter last ran on.
+#[cfg_attr(not(feature = "mock"), allow(dead_code))]
+static DELETER_THREAD: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
 /// Serialises the CPU cases that count deletes when the mock (whose lock they take too) is off.
 static DELETES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -272,6 +277,7 @@ unsafe extern "C" fn foreign_deleter<H>(p: *mut H) {
         }
     }
     drop(owner);
+    *DELETER_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::thread::current().id());
     DELETED.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -619,7 +625,11 @@ mod torch_npu {
             let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
             let r = batch_norm_reduce_backward(&s, &x, &x, &mean, &invstd, None, mask)?;
             assert!(ascend::mock::live_events_and_queued_tasks().1 > 0, "the kernel is queued");
-            drop(x); // waits for the kernel that reads it, then deletes
+            let waits = host_waits();
+            // The mock's device runs the kernel when the event recorded after it is queried (as
+            // hardware runs while the host works): then the capsule is deleted, no host wait.
+            drop(x);
+            assert_eq!(host_waits(), waits, "the drop waits for nothing");
             assert_eq!(DELETED.load(Ordering::SeqCst), deleted + 1, "deleted once, at the last drop");
             assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "deleted after the device work");
             let got: Vec<f32> = r.grad_bias.unwrap().to_vec(&s)?;
@@ -725,35 +735,211 @@ mod torch_npu {
         });
     }
 
-    /// When the wait before the deleter fails (queued work may still read the memory), the
-    /// capsule is leaked, never deleted, and the leak is counted.
+    /// Turns the mock's progress at event queries back to what it was, when dropped.
+    struct Restore(bool);
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ascend::mock::set_query_progress(self.0);
+        }
+    }
+
+    /// Keeps queued work in flight (no progress at event queries) until the value is dropped.
+    fn in_flight() -> Restore {
+        Restore(ascend::mock::set_query_progress(false))
+    }
+
+    /// A torch_npu-shaped capsule of `n`×`c` random values, imported on `s`.
+    fn import(s: &Stream, n: usize, c: usize, seed: u64) -> Result<(Tensor, Vec<f32>)> {
+        let storage = random::<f32>(n * c, seed);
+        let p = Spec::new(kDLExtDev, &[n as i64, c as i64], &[c as i64, 1]).versioned(&storage, 0);
+        // SAFETY: a live capsule over device-0 memory that nothing else writes.
+        Ok((unsafe { Tensor::from_dlpack(s, p.cast()) }?, storage))
+    }
+
+    /// gradBias of `x` (a kernel that reads it, queued on `s`).
+    fn read_by_a_kernel(s: &Stream, x: &Tensor) -> Result<Tensor> {
+        let c = x.shape()[1];
+        let mean = Tensor::zeros(s, DType::F32, &[c])?;
+        let invstd = Tensor::from_slice(s, &vec![1f32; c], &[c])?;
+        let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
+        Ok(batch_norm_reduce_backward(s, x, x, &mean, &invstd, None, mask)?.grad_bias.unwrap())
+    }
+
+    fn deleted() -> u64 {
+        DELETED.load(Ordering::SeqCst)
+    }
+
+    /// The mock's synchronises of every kind (stream, event, device) so far; the blocking copies
+    /// (which the tests make to fill their capsules) left out.
+    fn host_waits() -> [u64; 3] {
+        let [stream, event, device, _] = waits_and_copies();
+        [stream, event, device]
+    }
+
+    /// The drop of an imported tensor read by queued work never waits; the deleter runs only
+    /// once that work has run (here at the synchronise that runs it: later polls see it still
+    /// queued), exactly once.
     #[test]
-    fn a_failed_wait_leaks_the_capsule_instead_of_deleting_it() {
+    fn a_drop_never_waits_and_the_deleter_runs_once_after_the_work() {
+        common::mock::on_stream(|_, s| {
+            let (n, c) = (6usize, 4usize);
+            let _flight = in_flight();
+            let before_delete = deleted();
+            let (x, storage) = import(&s, n, c, 51)?;
+            let g = read_by_a_kernel(&s, &x)?;
+            assert!(ascend::mock::live_events_and_queued_tasks().1 > 0, "the kernel is queued");
+            let before = host_waits();
+            drop(x);
+            assert_eq!(host_waits(), before, "the drop waits for nothing");
+            assert_eq!(deleted(), before_delete, "not deleted while the kernel is queued");
+            // Polls (an allocation, event requests) see the kernel still queued.
+            let more = Tensor::zeros(&s, DType::F32, &[16])?;
+            // Imported on `s` (the producer's writes ordered before its work), never used: its
+            // deleter too waits for what `s` queued before the import.
+            let (y, _) = import(&s, 2, c, 52)?;
+            drop(y);
+            assert_eq!(deleted(), before_delete, "still not deleted");
+            assert_eq!(host_waits(), before, "polls wait for nothing");
+            // The synchronise that runs the work, on another thread, calls the deleter there.
+            let (s, poller) = std::thread::spawn(move || {
+                let r = s.synchronize().map(|()| std::thread::current().id());
+                (s, r)
+            })
+            .join()
+            .unwrap();
+            let poller = poller?;
+            assert_eq!(deleted(), before_delete + 2, "deleted at the poll after the work ran");
+            assert_eq!(*DELETER_THREAD.lock().unwrap(), Some(poller), "deleted on the polling thread");
+            assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "deleted after the device work");
+            let got: Vec<f32> = g.to_vec(&s)?;
+            for (g, e) in got.iter().zip(channel_sums(&storage, &[n as i64, c as i64], &[c as i64, 1], 0)) {
+                assert!((f64::from(*g) - e).abs() <= 1e-5 * e.abs().max(1.0), "gradBias {g} vs {e}");
+            }
+            drop(more);
+            s.synchronize()?;
+            assert_eq!(deleted(), before_delete + 2, "deleted once");
+            Ok(())
+        });
+    }
+
+    /// `times` imports, each read by a kernel and dropped, without a synchronise (`each` after
+    /// every drop); returns the most capsules not yet deleted at once.
+    fn import_use_drop(s: &Stream, times: u64, mut each: impl FnMut()) -> Result<u64> {
+        let first = deleted();
+        let mut parked = 0;
+        for i in 0..times {
+            let (x, _) = import(s, 4, 2, 1000 + i)?;
+            let g = read_by_a_kernel(s, &x)?;
+            drop((x, g));
+            parked = parked.max(i + 1 - (deleted() - first));
+            each();
+        }
+        Ok(parked)
+    }
+
+    /// With the device progressing (the mock's queries run the queued work, as hardware runs
+    /// while the host works), 1,000 imports read by a kernel and dropped without a synchronise
+    /// are deleted as they go: the parked capsules and the live events stay bounded, and no host
+    /// wait is made.
+    #[test]
+    fn a_thousand_drops_without_a_synchronise_stay_bounded() {
+        common::mock::on_stream(|_, s| {
+            let first = deleted();
+            let before = host_waits();
+            let events = ascend::mock::live_events_on(0);
+            let mut live = 0;
+            let parked = import_use_drop(&s, 1000, || live = live.max(ascend::mock::live_events_on(0)))?;
+            assert_eq!(host_waits(), before, "no host wait");
+            assert!(parked <= 1, "at most {parked} capsules waited for their events at once");
+            assert!(live <= events + 64, "{live} live events (from {events})");
+            assert_eq!(deleted() - first, 1000);
+            Ok(())
+        });
+    }
+
+    /// With the work held in flight, drops park their capsules until the pool's event bound
+    /// (4096 per device) is reached; then a drop that cannot record an event synchronises its
+    /// stream instead, which lets every parked capsule go: the list never grows past the bound.
+    #[test]
+    fn parked_capsules_are_bounded_by_the_event_pool() {
+        common::mock::on_stream(|_, s| {
+            let _flight = in_flight();
+            let first = deleted();
+            let syncs = ascend::mock::stats().stream_synchronizes;
+            let parked = import_use_drop(&s, 4500, || {})?;
+            assert!(parked <= 4096, "{parked} capsules parked at once");
+            assert!(ascend::mock::stats().stream_synchronizes > syncs, "the bound made a drop wait");
+            s.synchronize()?;
+            assert_eq!(deleted() - first, 4500);
+            Ok(())
+        });
+    }
+
+    /// A context dropped while capsules are parked (their work still queued) deletes each once,
+    /// after that work.
+    #[test]
+    fn a_dropped_context_deletes_parked_capsules_once() {
         let _lock = common::mock::lock();
         ascend::mock::clear_faults();
+        let _flight = in_flight();
+        let first = deleted();
         let ctx = common::mock::context();
         let s = ctx.new_stream().unwrap();
-        let (n, c) = (4usize, 2usize);
-        let storage = random::<f32>(n * c, 41);
-        let p = Spec::new(kDLExtDev, &[n as i64, c as i64], &[c as i64, 1]).versioned(&storage, 0);
-        let deleted = DELETED.load(Ordering::SeqCst);
-        let leaks = ascend::mock::leaks().allocations;
+        let (x, _) = import(&s, 4, 2, 61).unwrap();
+        let (y, _) = import(&s, 4, 2, 62).unwrap();
+        let g = read_by_a_kernel(&s, &x).unwrap();
+        let h = read_by_a_kernel(&s, &y).unwrap();
+        drop((x, y));
+        assert_eq!(deleted(), first, "parked");
+        drop((g, h, s, ctx));
+        assert_eq!(deleted(), first + 2, "deleted at the teardown");
+        assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "after the device work");
+    }
+
+    /// A stream on which no event can be recorded is synchronised at the drop instead (the
+    /// deleter then runs at once, after the work); if that fails too, the capsule is leaked,
+    /// never deleted, and the leak is counted.
+    #[test]
+    fn a_failed_record_falls_back_to_a_wait_and_a_failed_wait_leaks() {
+        let _lock = common::mock::lock();
+        ascend::mock::clear_faults();
+        let _flight = in_flight();
+        let ctx = common::mock::context();
+        let s = ctx.new_stream().unwrap();
+        let fail_records = || {
+            // The pool retries a failed record once: both fail.
+            ascend::mock::fail_next_on_this_thread("aclrtRecordEvent", 507899);
+            ascend::mock::fail_next("aclrtRecordEvent", 507899);
+        };
+        let (x, _) = import(&s, 4, 2, 71).unwrap();
+        let g = read_by_a_kernel(&s, &x).unwrap();
+        let deleted_before = deleted();
+        let syncs = ascend::mock::stats().stream_synchronizes;
+        fail_records();
+        drop(x);
+        ascend::mock::clear_faults();
+        assert_eq!(ascend::mock::stats().stream_synchronizes, syncs + 1, "the stream was waited for");
+        assert_eq!(deleted(), deleted_before + 1, "deleted after the wait");
+        assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "after the device work");
+
+        let storage = random::<f32>(8, 72);
+        let p = Spec::new(kDLExtDev, &[4, 2], &[2, 1]).versioned(&storage, 0);
         // SAFETY: a live capsule over device-0 memory.
         let x = unsafe { Tensor::from_dlpack(&s, p.cast()) }.unwrap();
-        let mean = Tensor::zeros(&s, DType::F32, &[c]).unwrap();
-        let invstd = Tensor::from_slice(&s, &vec![1f32; c], &[c]).unwrap();
-        let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
-        let r = batch_norm_reduce_backward(&s, &x, &x, &mean, &invstd, None, mask).unwrap();
+        let h = read_by_a_kernel(&s, &x).unwrap();
+        let leaks = ascend::mock::leaks().allocations;
+        fail_records();
         ascend::mock::fail_next_on_this_thread("aclrtSynchronizeStream", 507899);
         drop(x);
         ascend::mock::clear_faults();
-        assert_eq!(DELETED.load(Ordering::SeqCst), deleted, "not deleted while work may be queued");
+        assert_eq!(deleted(), deleted_before + 1, "not deleted while work may be queued");
         assert_eq!(ascend::mock::leaks().allocations, leaks + 1, "the leak is counted");
         // The test, as the producer, takes its memory back once the work is done.
         s.synchronize().unwrap();
-        drop((r, mean, invstd));
+        drop((g, h));
         delete_versioned(p);
-        assert_eq!(DELETED.load(Ordering::SeqCst), deleted + 1);
+        assert_eq!(deleted(), deleted_before + 2);
     }
 
     /// Re-exported to another stream: the exchange of an imported tensor orders its pending

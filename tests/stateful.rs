@@ -208,11 +208,14 @@ enum Step {
         on: bool,
     },
     /// (DLPack) The slot's tensor exported on the stream (versioned or legacy) and imported back
-    /// in its place: the same memory on the mock, a copy on the CPU twin.
+    /// in its place: the same memory on the mock, a copy on the CPU twin. `foreign`: the export
+    /// is wrapped in a capsule of another producer (its own deleter) first, so the import is
+    /// foreign memory whose deleter runs once its work has run (never waited for at the drop).
     Exchange {
         slot: usize,
         stream: usize,
         legacy: bool,
+        foreign: bool,
     },
     /// Refills the world's pinned `HostBuffer` of the slot's size (made on the stream's device
     /// at its first use, then kept: shared by every stream and step, so copies queued on one
@@ -329,8 +332,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => stream.clone().prop_map(|stream| Step::FlushLaunchCache { stream }),
         1 => any::<bool>().prop_map(|on| Step::RefuseRepeatable { on }),
         6 => Just(Step::Again),
-        2 => (slot.clone(), stream.clone(), any::<bool>())
-            .prop_map(|(slot, stream, legacy)| Step::Exchange { slot, stream, legacy }),
+        2 => (slot.clone(), stream.clone(), any::<bool>(), any::<bool>())
+            .prop_map(|(slot, stream, legacy, foreign)| Step::Exchange { slot, stream, legacy, foreign }),
         // Rank 1's tensor from slot 3 or 8 (device 1 in half the programs), rank 0's of the same kind.
         2 => (any::<bool>(), 0..3usize, any::<bool>()).prop_map(|(big, i, max)| {
             let (a, b) = if big { (i, 3) } else { (BIG + i, 8) };
@@ -860,7 +863,7 @@ impl World {
             }
             Step::Launch(l) => return self.launch_one(l, faulted),
             Step::Layer { stream, x, dy, eval } => return self.layer(*stream, [*x, *dy], *eval, faulted),
-            Step::Exchange { slot, stream, legacy } => {
+            Step::Exchange { slot, stream, legacy, foreign } => {
                 let (Some((s, sdev)), Some(t)) = (&self.streams[*stream], &mut self.slots[*slot]) else {
                     return Ok(());
                 };
@@ -886,10 +889,21 @@ impl World {
                         }
                     }
                 };
-                let back = exchange(d, s).map_err(|e| fail(format!("from_dlpack: {e:?}")))?;
-                if (back.device_ptr(), back.shape(), back.strides())
-                    != (t.mock.device_ptr(), t.mock.shape(), t.mock.strides())
-                {
+                let back = match foreign {
+                    // SAFETY: a live capsule over the export's memory, handed over once; its
+                    // deleter (dropping the export) may run on any thread.
+                    true => unsafe { Tensor::from_dlpack(s, ForeignCapsule::wrap(d)) },
+                    false => exchange(d, s),
+                }
+                .map_err(|e| fail(format!("from_dlpack: {e:?}")))?;
+                // (A foreign empty view addresses nothing: imported as a fresh empty tensor.)
+                let same = if *foreign && t.mock.numel() == 0 {
+                    back.shape() == t.mock.shape()
+                } else {
+                    (back.device_ptr(), back.shape(), back.strides())
+                        == (t.mock.device_ptr(), t.mock.shape(), t.mock.strides())
+                };
+                if !same {
                     return Err(fail(format!("exchange changed the tensor: {:?} -> {back:?}", t.mock)));
                 }
                 t.mock = back; // the exported tensor goes: the buffer lives on in `back`
@@ -1352,6 +1366,37 @@ static REJECTED: AtomicUsize = AtomicUsize::new(0);
 static CROSSED: AtomicUsize = AtomicUsize::new(0);
 /// Reads compared bit for bit with the twin.
 static COMPARED: AtomicUsize = AtomicUsize::new(0);
+/// Another producer's capsule over this crate's export (as a framework re-exporting it would
+/// make): its own deleter drops the export, so this crate imports it as foreign memory.
+#[repr(C)]
+struct ForeignCapsule {
+    head: ascend::sys::dlpack::DLManagedTensorVersioned,
+    inner: ascend::DlPack,
+}
+
+impl ForeignCapsule {
+    /// A `DLManagedTensorVersioned*` describing `d`'s tensor, owning `d`.
+    fn wrap(d: ascend::DlPack) -> *mut std::ffi::c_void {
+        let head = ascend::sys::dlpack::DLManagedTensorVersioned {
+            version: ascend::sys::dlpack::DLPackVersion { major: 1, minor: 1 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(Self::delete),
+            flags: d.flags(),
+            // The shape and strides point into `d`'s capsule, which lives as long as this one.
+            dl_tensor: *d.dl_tensor(),
+        };
+        let p = Box::into_raw(Box::new(ForeignCapsule { head, inner: d }));
+        // SAFETY: `p` is the live box made above.
+        unsafe { (*p).head.manager_ctx = p.cast() };
+        p.cast()
+    }
+
+    unsafe extern "C" fn delete(p: *mut ascend::sys::dlpack::DLManagedTensorVersioned) {
+        // SAFETY: `p` is `head` (the first field) of a box made by `wrap`, deleted once.
+        drop(unsafe { Box::from_raw(p.cast::<ForeignCapsule>()) });
+    }
+}
+
 /// DLPack exchanges made (the tensor replaced by its re-import on both backends).
 static EXCHANGED: AtomicUsize = AtomicUsize::new(0);
 /// Steps (of any kind) that failed on the mock because of an injected fault.

@@ -18,6 +18,17 @@
 //! (destroying the others), and holds at most [`LIVE_MAX`] events per device: asking for one more
 //! while none can be reclaimed is an error (`ACL_ERROR_RT_NO_EVENT_RESOURCE`), never a hang. (A
 //! caller that cannot fail, a free or a drop, then waits for its stream instead.)
+//!
+//! The pool also keeps the owners of foreign memory (a DLPack producer's capsule) whose tensor
+//! was dropped while queued work may still use it, each with an event recorded after that work on
+//! every stream that used it ([`EventPool::park`]): an owner is dropped (its deleter called) once
+//! all its events are seen complete, never waited for except at teardown. Every event request
+//! gives back the parked owners' completed events; the owners themselves are dropped by the polls
+//! made without the crate's stream locks held (every allocation, stream synchronise and park), so
+//! a deleter that comes back into this crate finds none of them held by its thread (but a
+//! synchronising stream's `released` read lock). Every parked owner holds at least one of the
+//! pool's events until a poll that drops the ready ones, so at most [`LIVE_MAX`] are parked: past
+//! that a drop cannot record its event and waits for its stream instead.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -111,6 +122,16 @@ pub(crate) struct PoolStats {
 #[derive(Default)]
 pub(crate) struct EventPool {
     state: Mutex<PoolState>,
+    /// Foreign owners waiting for their events, oldest first (see [`EventPool::park`]). Locked
+    /// before `state`, never while an owner is dropped.
+    parked: Mutex<Vec<Parked>>,
+}
+
+/// What keeps foreign memory allocated (dropped when the memory may be freed), with an event
+/// recorded after the last use of the memory on each stream that used it, not yet seen complete.
+struct Parked {
+    events: Vec<PooledEvent>,
+    owner: Box<dyn Send + Sync>,
 }
 
 impl std::fmt::Debug for EventPool {
@@ -132,6 +153,7 @@ impl EventPool {
     /// An event that may be recorded now: a spare one (after reclaiming what has completed), or a
     /// new one while the device holds fewer than [`LIVE_MAX`].
     pub(crate) fn take(&self, cann: &Cann) -> Result<PooledEvent> {
+        self.poll_parked(cann, false);
         let mut st = self.lock();
         let released = Self::reclaim_locked(cann, &mut st, RECLAIM_SCAN);
         let taken = match st.spare.pop() {
@@ -200,6 +222,7 @@ impl EventPool {
     /// Moves pending events seen complete to the spare list (never waits): at most
     /// [`RECLAIM_SCAN`] still-pending ones are queried.
     pub(crate) fn reclaim(&self, cann: &Cann) {
+        self.poll_parked(cann, true);
         let released = Self::reclaim_locked(cann, &mut self.lock(), RECLAIM_SCAN);
         drop(released);
     }
@@ -207,6 +230,7 @@ impl EventPool {
     /// [`reclaim`](Self::reclaim) querying every pending event (after a stream synchronised:
     /// its guards have completed, and the waits they hold may keep the device alive).
     pub(crate) fn reclaim_all(&self, cann: &Cann) {
+        self.poll_parked(cann, true);
         let released = Self::reclaim_locked(cann, &mut self.lock(), usize::MAX);
         drop(released);
     }
@@ -251,9 +275,81 @@ impl EventPool {
         }
     }
 
+    /// Keeps `owner` (of foreign memory) until every event of `events` (recorded after the last
+    /// use of the memory on each stream that used it) is seen complete, then drops it on the
+    /// thread that polls ([`poll_parked`](Self::poll_parked)), so `owner` must be droppable on
+    /// any thread. Never waits; polls at once.
+    pub(crate) fn park(&self, cann: &Cann, events: Vec<PooledEvent>, owner: Box<dyn Send + Sync>) {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner()).push(Parked { events, owner });
+        self.poll_parked(cann, true);
+    }
+
+    /// Gives back the parked owners' events seen complete (queried oldest first, never waited
+    /// for; at most [`RECLAIM_SCAN`] owners still pending are queried) and, with `run`, drops the
+    /// owners whose events have all completed, outside every lock of the pool (a deleter may use
+    /// the pool again). Without `run` (an event request, which callers make while holding a
+    /// stream's locks) they stay parked, ready, for the next poll that runs them.
+    fn poll_parked(&self, cann: &Cann, run: bool) {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        if parked.is_empty() {
+            return;
+        }
+        let mut done = Vec::new();
+        let mut still_pending = 0;
+        parked.retain_mut(|p| {
+            if still_pending < RECLAIM_SCAN {
+                let mut i = 0;
+                while i < p.events.len() {
+                    if p.events[i].is_complete(cann) {
+                        self.give_back(cann, p.events.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            if !p.events.is_empty() {
+                still_pending += 1;
+                return true;
+            }
+            if run {
+                done.push(std::mem::replace(&mut p.owner, Box::new(())));
+            }
+            !run
+        });
+        drop(parked);
+        drop(done); // the owners' deleters, outside the locks
+    }
+
+    /// Teardown of the parked owners (every stream of the device has finished): waits for their
+    /// events and drops them; an owner whose wait fails is leaked (queued work may still use its
+    /// memory) and counted.
+    fn teardown_parked(&self, cann: &Cann) {
+        loop {
+            let parked = std::mem::take(&mut *self.parked.lock().unwrap_or_else(|p| p.into_inner()));
+            if parked.is_empty() {
+                return;
+            }
+            for p in parked {
+                // Waiting is teardown's right.
+                match p.events.iter().try_for_each(|e| e.synchronize(cann)) {
+                    Ok(()) => {
+                        p.events.into_iter().for_each(|e| self.give_back(cann, e));
+                        drop(p.owner);
+                    }
+                    Err(e) => {
+                        report_drop_error("aclrtSynchronizeEvent (freeing foreign memory)", &e);
+                        std::mem::forget(p);
+                        super::leaked(super::Leak::Allocation);
+                    }
+                }
+            }
+        }
+    }
+
     /// Teardown (every stream of the device has finished): waits for the pending events and
     /// destroys every event of the pool.
     pub(crate) fn teardown(&self, cann: &Cann) {
+        self.teardown_parked(cann);
         loop {
             let pending: Vec<Pending> = self.lock().pending.drain(..).collect();
             if pending.is_empty() {
@@ -286,6 +382,34 @@ impl EventPool {
             }
         }
     }
+}
+
+/// An event of `device`'s pool recorded now on each of `users` after the work they queued (none
+/// for a released stream, whose work has run), for a holder that frees memory once they have
+/// completed. A stream on which no event can be recorded is synchronised instead; if even that
+/// fails (reported as `what`), `None`: queued work may still use the memory, and the events
+/// recorded so far go back to the pool once complete.
+pub(crate) fn record_after<'a>(
+    device: &Device,
+    users: impl IntoIterator<Item = &'a super::StreamInner>,
+    what: &str,
+) -> Option<Vec<PooledEvent>> {
+    let mut events = Vec::new();
+    for s in users {
+        match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s)) {
+            Ok(Some(e)) => events.push(e),
+            // A released stream: its work has run.
+            Ok(None) => {}
+            Err(_) => {
+                if let Err(e) = s.synchronize() {
+                    report_drop_error(what, &e);
+                    events.into_iter().for_each(|e| device.events.retire(e, Vec::new()));
+                    return None;
+                }
+            }
+        }
+    }
+    Some(events)
 }
 
 /// A live event held with an `Arc`: a pooled one checked out by a stream (an ordering marker, a

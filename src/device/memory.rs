@@ -137,7 +137,8 @@ pub(crate) struct DeviceBuffer {
     /// address (the launch cache skips rebinding a descriptor already bound to this buffer).
     id: u64,
     /// What keeps the caller's memory allocated (e.g. a DLPack producer's capsule): dropped once
-    /// every stream that used the memory has finished, or leaked if a wait failed.
+    /// every stream that used the memory has passed its last use (events, no host wait: see
+    /// [`release_owner`]), or leaked if that cannot be known.
     owner: Option<Box<dyn Send + Sync>>,
     /// The captured graphs whose work uses this buffer (see [`Keep`]): while one lives, dropping
     /// the buffer hands it to the graph, work on it is ordered with the graph's replays, and a
@@ -213,19 +214,27 @@ impl DeviceBuffer {
         }
     }
 
-    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated: `owner` is dropped after
-    /// the buffer's drop has waited for every stream that used the memory.
+    /// [`foreign`](Self::foreign) memory that `owner` keeps allocated, whose producer's writes
+    /// are ordered before work queued on `stream`: `stream` is its first user, so host accesses,
+    /// other streams' work and the drop are ordered after it. Dropping the buffer never waits;
+    /// `owner` is dropped once every stream that used the memory has passed that use (see
+    /// [`release_owner`]), on whichever thread then polls the device's events, or at the
+    /// device's teardown.
     ///
     /// # Safety
-    /// As [`DeviceAlloc::foreign`], while `owner` lives.
+    /// As [`DeviceAlloc::foreign`] (on `stream`'s device), while `owner` lives; `owner` may be
+    /// dropped on any thread.
     pub(crate) unsafe fn foreign_owned(
-        device: Arc<Device>,
+        stream: &Arc<StreamInner>,
         ptr: *mut c_void,
         bytes: usize,
         owner: Box<dyn Send + Sync>,
     ) -> Self {
         // SAFETY: the caller's guarantee, passed on.
-        let mut buffer = unsafe { Self::foreign(device, ptr, bytes) };
+        let mut buffer = unsafe { Self::foreign(stream.device.clone(), ptr, bytes) };
+        let users = vec![stream.clone()];
+        buffer.sole = AtomicUsize::new(sole_of(&users));
+        buffer.users = Mutex::new(users);
         buffer.owner = Some(owner);
         buffer
     }
@@ -513,8 +522,9 @@ const MAX_BUFFERS: usize = 20;
 
 impl Drop for DeviceBuffer {
     /// Owned memory goes back to the allocator after the work of every stream that used it,
-    /// ordered by events: no host wait. The caller's memory (never freed here) is waited for, so
-    /// the caller may free it once the buffer is gone; if that fails it is reported.
+    /// ordered by events: no host wait. So does foreign memory's owner (see
+    /// [`release_owner`]). Foreign memory without an owner is waited for, so the
+    /// caller may free it once the buffer is gone; if that fails it is reported.
     fn drop(&mut self) {
         let pins = std::mem::take(self.pins.get_mut().unwrap_or_else(|p| p.into_inner()));
         let mut live: Vec<Arc<Keep>> = pins.into_iter().filter(|k| k.live()).collect();
@@ -562,26 +572,37 @@ impl Drop for DeviceBuffer {
         }
         let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
         let Some(alloc) = self.alloc.take() else { return };
+        let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
         if alloc.owned() {
-            let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
             alloc.release(&users);
-            return;
-        }
-        let mut waited = true;
-        for s in &users {
-            if let Err(e) = s.synchronize() {
-                report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
-                waited = false;
+        } else if let Some(owner) = self.owner.take() {
+            release_owner(alloc.device(), owner, &users);
+        } else {
+            for s in users {
+                if let Err(e) = s.synchronize() {
+                    report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
+                }
             }
         }
-        match self.owner.take() {
-            Some(owner) if waited => drop(owner),
-            Some(owner) => {
-                // Queued work may still use the memory: its owner must not free it.
-                std::mem::forget(owner);
-                leaked(Leak::Allocation);
-            }
-            None => {}
+    }
+}
+
+/// Lets go of `owner` (what keeps foreign memory allocated) once the work `users` queued on the
+/// memory has run, without a host wait: an event is recorded on each stream and the owner parked
+/// with them in the device's event pool, which drops it once they are seen complete (see
+/// [`super::event::EventPool::park`]); with no queued work it is dropped at once. A stream on
+/// which no event can be recorded (the pool at its bound, a failed record) is synchronised
+/// instead; if even that fails, the owner is leaked (queued work may still use the memory) and
+/// the leak counted.
+fn release_owner(device: &Arc<Device>, owner: Box<dyn Send + Sync>, users: &[&StreamInner]) {
+    let what = "aclrtSynchronizeStream (dropping a view of foreign memory)";
+    match super::event::record_after(device, users.iter().copied(), what) {
+        Some(events) if events.is_empty() => drop(owner),
+        Some(events) => device.events.park(device.cann, events, owner),
+        None => {
+            // Queued work may still use the memory: its owner must not free it.
+            std::mem::forget(owner);
+            leaked(Leak::Allocation);
         }
     }
 }
