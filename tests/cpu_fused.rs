@@ -163,14 +163,14 @@ fn fused_and_passes_bf16() {
     check(DType::BF16);
 }
 
-/// A larger channel-major case on the default threshold (the fused path with 1 KiB+ segments and
-/// odd sizes), and the same one on the passes.
+/// A larger channel-major case with odd sizes on a 640 KiB budget (the fused path with 1 KiB+
+/// segments), and the same one on the passes.
 #[test]
-fn fused_default_threshold_odd_sizes() {
+fn fused_odd_sizes() {
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let ctx = Context::cpu();
     let shape = [3usize, 37, 17, 19];
-    let previous = cpu::set_fused_block_bytes(ascend::cpu::DEFAULT_FUSED_BLOCK_BYTES);
+    let previous = cpu::set_fused_block_bytes(640 << 10);
     step(&ctx, &shape, DType::F32, Layout::Nchw, 7);
     cpu::set_fused_block_bytes(0);
     step(&ctx, &shape, DType::F32, Layout::Nchw, 7);
