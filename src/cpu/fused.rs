@@ -198,20 +198,34 @@ pub(crate) fn segment_layout(width: usize, inner: usize) -> ([usize; 3], [usize;
     ([1, width, inner], [width * inner, inner, 1])
 }
 
-/// Runs `f(block)` for every block on up to [`max_threads`](super::max_threads) threads; the
-/// first error (by block) is returned. Which thread runs a block never changes its bits.
-pub(crate) fn run(blocks: usize, f: &(dyn Fn(usize) -> crate::Result<()> + Sync)) -> crate::Result<()> {
-    let first: Mutex<Option<(usize, crate::Error)>> = Mutex::new(None);
-    super::pool::run(0, blocks, &|b| {
-        if let Err(e) = f(b) {
-            let mut slot = first.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.as_ref().is_none_or(|(k, _)| b < *k) {
-                *slot = Some((b, e));
+/// One block's work: `(channels, first, second)` (see [`run`]).
+pub(crate) type BlockWork<'f> = dyn Fn(Range<usize>, &mut [f64], &mut [f64]) -> crate::Result<()> + Sync + 'f;
+
+/// Runs `f(channels, first, second)` for every block on up to [`max_threads`](super::max_threads)
+/// threads, where `first` and `second` are the block's channels of two per-channel f64 results
+/// (returned, 0 where `f` leaves them); the first error (by block) is returned. Which thread runs
+/// a block never changes its bits.
+pub(crate) fn run(blocks: &Blocks, f: &BlockWork<'_>) -> crate::Result<(Vec<f64>, Vec<f64>)> {
+    let (c, per, count) = (blocks.channels, blocks.per_block, blocks.count());
+    let mut first = super::host::try_vec(c, 0.0)?;
+    let mut second = super::host::try_vec(c, 0.0)?;
+    {
+        let slots: Vec<Mutex<(&mut [f64], &mut [f64])>> =
+            super::host::try_collect(count, first.chunks_mut(per).zip(second.chunks_mut(per)).map(Mutex::new))?;
+        let error: Mutex<Option<(usize, crate::Error)>> = Mutex::new(None);
+        super::pool::run(0, count, &|b| {
+            let mut slot = slots[b].lock().unwrap_or_else(|p| p.into_inner());
+            let (a, s) = &mut *slot;
+            if let Err(e) = f(blocks.channels_of(b), a, s) {
+                let mut slot = error.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.as_ref().is_none_or(|(k, _)| b < *k) {
+                    *slot = Some((b, e));
+                }
             }
+        });
+        if let Some((_, e)) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
         }
-    });
-    match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some((_, e)) => Err(e),
-        None => Ok(()),
     }
+    Ok((first, second))
 }

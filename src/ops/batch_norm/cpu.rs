@@ -8,8 +8,6 @@
 //! the block is cache-resident (one read of x from memory, one write of y); the same per-element
 //! arithmetic as the passes.
 
-use std::sync::Mutex;
-
 use super::{Args, Plan};
 use crate::cpu::channelwise::{self, Dst, Src};
 use crate::cpu::fused::{self, segment_layout, Blocks, Segments};
@@ -46,24 +44,17 @@ fn fused_forward(
     else {
         return Ok(None);
     };
-    let (c, per) = (blocks.channels, blocks.per_block);
-    let mut mean = host::try_vec(c, 0.0)?;
-    let mut var = host::try_vec(c, 0.0)?;
-    let slots: Vec<Mutex<(&mut [f64], &mut [f64])>> =
-        host::try_collect(blocks.count(), mean.chunks_mut(per).zip(var.chunks_mut(per)).map(Mutex::new))?;
     let x = host::view(input, "input")?;
     let data = x.storage();
     let y = Segments::new(host::view_mut(output, "output")?.into_storage());
-    fused::run(blocks.count(), &|b| {
-        let range = blocks.channels_of(b);
+    let sums = fused::run(&blocks, &|range, first, second| {
         let width = range.len();
         let (shape, strides, offset) = blocks.view(px, &range);
         let moments = channel_moments(Input::new(data, &shape, &strides, offset), 1)?;
-        let mut slot = slots[b].lock().unwrap_or_else(|p| p.into_inner());
         let (mut mean_f32, mut scale) = (host::try_vec(width, 0f32)?, host::try_vec(width, 0f32)?);
         for (i, m) in moments.iter().enumerate() {
             let (mu, v) = batch_stats(m);
-            (slot.0[i], slot.1[i]) = (mu, v);
+            (first[i], second[i]) = (mu, v);
             mean_f32[i] = mu as f32;
             scale[i] = (weight.map_or(1.0, |w| f64::from(w[range.start + i])) / (v + eps).sqrt()) as f32;
         }
@@ -80,8 +71,7 @@ fn fused_forward(
         }
         Ok(())
     })?;
-    drop(slots);
-    Ok(Some((mean, var)))
+    Ok(Some(sums))
 }
 
 /// Runs the validated call.

@@ -7,8 +7,6 @@
 //! per block of channels, the sums and then grad_input while dy and x are cache-resident (one
 //! read of each from memory, one write of grad_input).
 
-use std::sync::Mutex;
-
 use super::{Args, Plan};
 use crate::cpu::channelwise::{self, Dst, Src};
 use crate::cpu::fused::{self, segment_layout, Blocks, Segments};
@@ -46,17 +44,11 @@ fn fused_backward(args: &Args<'_>, f: &Factors<'_>, gi: &mut Tensor) -> Result<O
     let Some((blocks, [pd, px, pg])) = Blocks::plan(x_t.shape(), strides, offsets, 2 * bytes, bytes) else {
         return Ok(None);
     };
-    let (c, per) = (blocks.channels, blocks.per_block);
-    let mut sum_dy = host::try_vec(c, 0.0)?;
-    let mut xmu = host::try_vec(c, 0.0)?;
-    let slots: Vec<Mutex<(&mut [f64], &mut [f64])>> =
-        host::try_collect(blocks.count(), sum_dy.chunks_mut(per).zip(xmu.chunks_mut(per)).map(Mutex::new))?;
     let (dy, x) = (host::view(dy_t, "gradOut")?, host::view(x_t, "input")?);
     let (dy, x) = (dy.storage(), x.storage());
     let dtype = gi.dtype();
     let out = Segments::new(host::view_mut(gi, "gradInput")?.into_storage());
-    fused::run(blocks.count(), &|b| {
-        let range = blocks.channels_of(b);
+    let sums = fused::run(&blocks, &|range, first, second| {
         let width = range.len();
         let (shape, dy_strides, dy_offset) = blocks.view(pd, &range);
         let (_, x_strides, x_offset) = blocks.view(px, &range);
@@ -67,13 +59,12 @@ fn fused_backward(args: &Args<'_>, f: &Factors<'_>, gi: &mut Tensor) -> Result<O
             1,
         )?;
         let block_xmu = sums.sum_dy_xmu.unwrap_or_default();
-        let mut slot = slots[b].lock().unwrap_or_else(|p| p.into_inner());
         let mut factors = [(); 4].map(|_| Vec::new());
         for v in &mut factors {
             *v = host::try_vec(width, 0.0)?;
         }
         for i in 0..width {
-            (slot.0[i], slot.1[i]) = (sums.sum_dy[i], block_xmu[i]);
+            (first[i], second[i]) = (sums.sum_dy[i], block_xmu[i]);
             let row = f.of(range.start + i, sums.sum_dy[i], block_xmu[i]);
             for (v, r) in factors.iter_mut().zip(row) {
                 v[i] = r;
@@ -96,8 +87,7 @@ fn fused_backward(args: &Args<'_>, f: &Factors<'_>, gi: &mut Tensor) -> Result<O
         }
         Ok(())
     })?;
-    drop(slots);
-    Ok(Some((sum_dy, xmu)))
+    Ok(Some(sums))
 }
 
 /// Runs the validated call.
