@@ -93,6 +93,10 @@ fn step(ctx: &Context, shape: &[usize], dtype: DType, layout: Layout, seed: u64)
     let (xt, dyt) = (x.tensor(&s).unwrap(), dy.tensor(&s).unwrap());
     let (y, saved) = bn.forward(&s, &xt).unwrap();
     let g = bn.backward(&s, &dyt, &saved).unwrap();
+    if let Layout::ChannelsLast = layout {
+        // The CPU keeps the input's memory order (one walk order for input and output).
+        assert_eq!((y.strides(), g.input.strides()), (xt.strides(), xt.strides()), "channels-last outputs");
+    }
     let wide = |v: &[f32]| v.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
     let ([want_y, want_dx], [mean, var, dw, db]) = reference(&x.values(), &dy.values(), shape, &wide(&w), &wide(&b));
     let (tf, tb) = match dtype {

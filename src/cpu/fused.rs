@@ -25,7 +25,7 @@ use std::sync::Mutex;
 
 use crate::dtype::SliceMut;
 
-/// The default of [`fused_block_bytes`]: 0, the passes (see the [module](self) docs for why);
+/// The default of [`fused_block_bytes`]: 0, the passes (see the module docs for why);
 /// about two thirds of the L2 a thread has to itself is the setting that makes sense otherwise
 /// (the block's inputs are read twice, the output streams through).
 pub const DEFAULT_FUSED_BLOCK_BYTES: usize = 0;
