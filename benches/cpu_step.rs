@@ -3,9 +3,11 @@
 //!
 //! `cargo bench --bench cpu_step` (about ten minutes on a 2-core VM with the PyTorch peer).
 //!
-//! - `ours`: `sync_batch_norm::forward` then `sync_batch_norm::backward` (all three gradients) over
-//!   a one-rank CPU communicator, weight and bias `[C]` f32, running statistics updated: the whole
-//!   step a user runs, with every output a new tensor. Best of timed batches (at least 15, and
+//! - `ours`, path `Layer`: `nn::BatchNorm::forward` then `nn::BatchNorm::backward` (the
+//!   single-device layer: aclnnBatchNorm / aclnnBatchNormBackward, fused channel blocks on the
+//!   CPU); path `Sync`: `sync_batch_norm::forward` then `sync_batch_norm::backward` (all three
+//!   gradients) over a one-rank CPU communicator. Weight and bias `[C]` f32, running statistics
+//!   updated: the whole step a user runs, with every output a new tensor. Best of timed batches (at least 15, and
 //!   for up to 1 s, as the peer times torch).
 //! - `torch`: `y = bn(x); y.backward(dy)` with `bn = torch.nn.BatchNorm2d(C)` in training mode
 //!   (f32 parameters, x of the case's dtype and memory format), timed by `benches/torch_peer.py
@@ -21,10 +23,6 @@
 //!   (`Context::memory_stats().device_allocations`, the tensor memory cache's misses); `mallocs`:
 //!   every heap allocation call of the process per steady step (small scratch tables included).
 //! - `CPU_STEP_ONLY=substring` runs the rows whose name contains it (e.g. `f32:nchw:32,64`).
-//!
-//! Hook for the single-device layer: when `ascend::nn::BatchNorm` is available, add a
-//! [`Path::Layer`] arm in [`Path::step`] (`bn.forward` then `bn.backward`) and list it in
-//! [`PATHS`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -32,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ascend::hccl::Communicator;
+use ascend::nn::BatchNorm;
 use ascend::ops::OutputMask;
 use ascend::{bf16, cpu, f16, sync_batch_norm, Context, Element, Stream, Tensor};
 use common::peer::{median, settle, Peer, SharedInputs, ALTERNATIONS};
@@ -75,11 +74,12 @@ static GLOBAL: Counting = Counting;
 enum Path {
     /// `sync_batch_norm::forward` / `backward` over one rank.
     Sync,
-    // Layer: `ascend::nn::BatchNorm::forward` / `backward` (when the layer is on this branch).
+    /// `nn::BatchNorm::forward` / `backward` on one device.
+    Layer,
 }
 
 /// The paths every row runs.
-const PATHS: &[Path] = &[Path::Sync];
+const PATHS: &[Path] = &[Path::Layer, Path::Sync];
 
 /// One case's tensors and state on the CPU backend.
 struct Step {
@@ -92,6 +92,8 @@ struct Step {
     bias: Tensor,
     running_mean: Tensor,
     running_var: Tensor,
+    /// The layer, with its own copies of the parameters and running statistics.
+    bn: BatchNorm,
 }
 
 impl Step {
@@ -106,7 +108,11 @@ impl Step {
             let v: Vec<f32> = (0..c).map(f).collect();
             Tensor::from_slice(&stream, &v, &[c]).expect("[C]")
         };
+        let mut bn = BatchNorm::new(&stream, c).expect("layer");
+        bn.weight = Some(per(|i| 1.0 + 0.01 * i as f32));
+        bn.bias = Some(per(|i| 0.1 * i as f32));
         Step {
+            bn,
             x: t(x),
             dy: t(dy),
             weight: per(|i| 1.0 + 0.01 * i as f32),
@@ -140,6 +146,11 @@ impl Path {
                 let grads =
                     sync_batch_norm::backward(&s.comm, &s.stream, &s.dy, &saved, Some(&s.weight), OutputMask::ALL)
                         .expect("backward");
+                black_box((y, grads));
+            }
+            Path::Layer => {
+                let (y, saved) = s.bn.forward(&s.stream, &s.x).expect("forward");
+                let grads = s.bn.backward(&s.stream, &s.dy, &saved).expect("backward");
                 black_box((y, grads));
             }
         }
@@ -257,7 +268,7 @@ fn row<T: Element>(case: &Case, thread_counts: &[usize]) {
                 None => ("-".into(), "-".into()),
             };
             println!(
-                "{:<5} {:<4} {:>18} {:<4} {:>2} {:>9.3} {:>9} {:>6} {:>8.3} {:>6.2} {:>6} {:>7}",
+                "{:<5} {:<4} {:>18} {:<5} {:>2} {:>9.3} {:>9} {:>6} {:>8.3} {:>6.2} {:>6} {:>7}",
                 case.dtype,
                 if case.cl { "CL" } else { "NCHW" },
                 format!("{shape:?}"),
@@ -301,7 +312,7 @@ fn main() {
     .collect();
     let thread_counts: Vec<usize> = if all > 1 { vec![1, 2] } else { vec![1] };
     println!(
-        "{:<5} {:<4} {:>18} {:<4} {:>2} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7}",
+        "{:<5} {:<4} {:>18} {:<5} {:>2} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7}",
         "dtype",
         "lay",
         "shape",

@@ -119,7 +119,7 @@ entry_points! {
         let plan = op.check_inputs(running_mean.as_deref(), running_var.as_deref())?;
         let running = [(running_mean.as_deref(), "runningMean"), (running_var.as_deref(), "runningVar")];
         check_streams(stream, op.inputs().into_iter().chain(running))?;
-        let mut output = Tensor::alloc(stream, input.dtype(), input.shape(), false)?;
+        let mut output = output_like(stream, input)?;
         let mut saved = if training {
             BatchNormSaved::new(stream, plan.channels)?
         } else {
@@ -267,5 +267,15 @@ impl<'a> Operator<'a> for Args<'a> {
 
     fn phase2(api: &OpApi) -> &std::result::Result<Phase2, libloading::Error> {
         &api.aclnnBatchNorm
+    }
+}
+
+/// The output for `input`: on the CPU in `input`'s memory order (channels-last stays
+/// channels-last, as torch keeps it, and the kernel walks both in one order); on Ascend
+/// contiguous (A2/A3 and 910 refuse NHWC outputs, `docs/cann/LAYER.md` §2.2).
+pub(crate) fn output_like(stream: &Stream, input: &Tensor) -> Result<Tensor> {
+    match stream.backend() {
+        crate::Backend::Cpu => Tensor::alloc_like(stream, input),
+        _ => Tensor::alloc(stream, input.dtype(), input.shape(), false),
     }
 }

@@ -109,7 +109,7 @@ entry_points! {
         let op = Args { grad_out, input, weight, running_mean, running_var, saved, training, eps, mask };
         let plan = op.check_inputs()?;
         check_streams(stream, op.inputs())?;
-        let mut gi = mask.input_g.then(|| Tensor::alloc(stream, input.dtype(), input.shape(), false)).transpose()?;
+        let mut gi = mask.input_g.then(|| super::batch_norm::output_like(stream, input)).transpose()?;
         let mut gw = mask.weight_g.then(|| Tensor::alloc(stream, DType::F32, &[plan.channels], false)).transpose()?;
         let mut gb = mask.bias_g.then(|| Tensor::alloc(stream, DType::F32, &[plan.channels], false)).transpose()?;
         run_checked(stream, op, plan, [gi.as_mut(), gw.as_mut(), gb.as_mut()])?;

@@ -10,8 +10,8 @@ use crate::cpu::host;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
-/// The per-channel constants, in f32, [`tile`]d.
-struct Params {
+/// The per-channel constants, in f32, [`tile`]d: the normalisation as a [`BlockFn`].
+pub(in crate::ops) struct Params {
     mean: Vec<f32>,
     scale: Vec<f32>,
     bias: Vec<f32>,
@@ -52,13 +52,20 @@ pub(in crate::ops) fn normalize_into(
     bias: &[f32],
     output: &mut Tensor,
 ) -> Result<()> {
-    let p = Params { mean: tile(mean)?, scale: tile(scale)?, bias: tile(bias)? };
+    let p = Params::new(mean, scale, bias)?;
     let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
     let x = host::view(input, "input")?;
     let y = host::view_mut(output, "output")?;
     let src = Src::new(x.storage(), input.shape(), input.strides(), input.offset());
     let dst = Dst::new(y.into_storage(), &shape, &out_strides, out_offset);
     channelwise::map([src], dst, 0, &p)
+}
+
+impl Params {
+    /// `(x − mean[c])·scale[c] + bias[c]` for channels `0..mean.len()`.
+    pub(in crate::ops) fn new(mean: &[f32], scale: &[f32], bias: &[f32]) -> Result<Params> {
+        Ok(Params { mean: tile(mean)?, scale: tile(scale)?, bias: tile(bias)? })
+    }
 }
 
 impl BlockFn<1> for Params {

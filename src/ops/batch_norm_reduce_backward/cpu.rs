@@ -12,6 +12,7 @@ use super::OutputMask;
 use crate::cpu::{host, max_threads, View, ViewMut};
 use crate::dtype::{Element, SliceRef};
 use crate::error::Result;
+use crate::layout::Strided;
 use crate::tensor::Tensor;
 
 /// Output views for [`batch_norm_reduce_backward`]; those the mask turns on are required.
@@ -116,18 +117,36 @@ pub(crate) fn run(
 /// kernel).
 pub(in crate::ops) fn centered_sums(grad_out: &Tensor, input: &Tensor, mean: &[f32]) -> Result<kernel::ChannelSums> {
     let (dy, x) = (host::view(grad_out, "gradOut")?, host::view(input, "input")?);
-    match (dy.storage(), x.storage()) {
+    let dy = Strided::new(dy.storage(), dy.shape(), dy.strides(), dy.offset());
+    let x = Strided::new(x.storage(), x.shape(), x.strides(), x.offset());
+    centered_sums_of(dy, x, mean, max_threads())
+}
+
+/// [`centered_sums`] of validated views (same shape, one dtype) on up to `threads` threads.
+pub(in crate::ops) fn centered_sums_of(
+    dy: Strided<'_, SliceRef<'_>>,
+    x: Strided<'_, SliceRef<'_>>,
+    mean: &[f32],
+    threads: usize,
+) -> Result<kernel::ChannelSums> {
+    let (dl, xl) = (dy.layout, x.layout);
+    match (dy.data, x.data) {
         (SliceRef::F32(d), SliceRef::F32(v)) => {
-            kernel::channel_sums(kernel_view(&dy, d), kernel_view(&x, v), mean, true, max_threads())
+            kernel::channel_sums(layout_view(d, &dl), layout_view(v, &xl), mean, true, threads)
         }
         (SliceRef::F16(d), SliceRef::F16(v)) => {
-            kernel::channel_sums(kernel_view(&dy, d), kernel_view(&x, v), mean, true, max_threads())
+            kernel::channel_sums(layout_view(d, &dl), layout_view(v, &xl), mean, true, threads)
         }
         (SliceRef::BF16(d), SliceRef::BF16(v)) => {
-            kernel::channel_sums(kernel_view(&dy, d), kernel_view(&x, v), mean, true, max_threads())
+            kernel::channel_sums(layout_view(d, &dl), layout_view(v, &xl), mean, true, threads)
         }
         _ => Err(crate::error::Error::internal("gradOut and input reached the CPU kernel with different dtypes")),
     }
+}
+
+/// The kernel's view of `data` at layout `l`.
+fn layout_view<'v, T: Element>(data: &'v [T], l: &crate::layout::Layout<'v>) -> kernel::StridedView<'v, T> {
+    kernel::StridedView::new(data, l.shape, l.strides, l.offset)
 }
 
 /// The kernel's view of `v`'s elements `data` (its storage, of the matching dtype).
