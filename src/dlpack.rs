@@ -30,9 +30,6 @@ use crate::layout;
 use crate::stream::Stream;
 use crate::tensor::{DeviceStorage, Storage, Tensor, TENSOR_DATA_ALIGN};
 
-/// The most dimensions an exchanged tensor may have (the rank CANN's operators take).
-const MAX_RANK: usize = 8;
-
 /// The DLPack device type an exported Ascend tensor is labelled with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DlDevice {
@@ -278,10 +275,9 @@ struct Parsed {
 /// # Safety
 /// `shape` and `strides` (unless null) point to `ndim` values each, as DLPack requires.
 unsafe fn parse(t: &DLTensor) -> Result<Parsed> {
-    let rank = usize::try_from(t.ndim)
-        .ok()
-        .filter(|&r| r <= MAX_RANK)
-        .ok_or_else(|| Error::invalid("ndim", format!("expected 0..={MAX_RANK} dimensions, got {}", t.ndim)))?;
+    let rank = usize::try_from(t.ndim).ok().filter(|&r| r <= layout::MAX_RANK).ok_or_else(|| {
+        Error::invalid("ndim", format!("expected 0..={} dimensions, got {}", layout::MAX_RANK, t.ndim))
+    })?;
     let dtype = dtype_of(t.dtype)?;
     let size = dtype.size_in_bytes();
     let read = |p: *mut i64, field: &'static str| -> Result<Option<Vec<usize>>> {

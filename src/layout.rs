@@ -3,6 +3,12 @@
 
 use crate::dtype::{DType, Element, SliceMut, SliceRef};
 
+/// The smallest rank of an aclnn activation (gradOut, input, output...).
+pub const MIN_RANK: usize = 2;
+/// The largest rank of any aclnn tensor (CANN's operators take at most 8 dimensions): the
+/// activations' limit, the launch cache's and the CPU views' inline shapes.
+pub const MAX_RANK: usize = 8;
+
 /// Where one tensor's or view's elements are: dtype, shape, strides and offset (in elements)
 /// and the length of the storage they lie in.
 #[derive(Clone, Copy, Debug)]

@@ -14,16 +14,16 @@ use crate::tensor::HostData;
 #[derive(Clone, Debug)]
 enum Strides<'a> {
     Borrowed(&'a [usize]),
-    Inline { buf: [usize; crate::ops::MAX_RANK], len: usize },
+    Inline { buf: [usize; layout::MAX_RANK], len: usize },
     Owned(Vec<usize>),
 }
 
 impl<'a> Strides<'a> {
     fn contiguous(shape: &[usize]) -> Self {
-        if shape.len() > crate::ops::MAX_RANK {
+        if shape.len() > layout::MAX_RANK {
             return Strides::Owned(layout::contiguous_strides(shape));
         }
-        let mut buf = [0; crate::ops::MAX_RANK];
+        let mut buf = [0; layout::MAX_RANK];
         layout::fill_contiguous_strides(shape, &mut buf);
         Strides::Inline { buf, len: shape.len() }
     }

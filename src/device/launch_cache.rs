@@ -48,11 +48,9 @@ use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
 use super::{leaked, report, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak, StreamInner};
 use crate::acl;
 use crate::error::Result;
-use crate::layout::mix;
+use crate::layout::{mix, MAX_RANK};
 use crate::tensor::Tensor;
 
-/// The most dimensions a cached call's tensors have (aclnn's tensors have at most 8).
-pub(crate) const MAX_RANK: usize = 8;
 /// Entries per stream unless `ASCEND_LAUNCH_CACHE_SIZE` says otherwise.
 pub(crate) const DEFAULT_CAPACITY: usize = 256;
 /// Set to `1`, turns the launch cache off for new streams.

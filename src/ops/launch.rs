@@ -26,9 +26,10 @@ use ascend_sys::symbols;
 use super::operator::{Handles, Operator, Outputs, ScalarBits};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
-use crate::device::launch_cache::{config_epoch, CacheState, Entry, Signature, MAX_RANK};
+use crate::device::launch_cache::{config_epoch, CacheState, Entry, Signature};
 use crate::device::{enqueue_if_sole_user, enqueue_using, Device, DeviceAlloc, DeviceBuffer, StreamInner};
 use crate::error::{Error, Result};
+use crate::layout::MAX_RANK;
 use crate::stream::Stream;
 use crate::tensor::{Tensor, TENSOR_DATA_ALIGN};
 

@@ -17,11 +17,13 @@ mod batch_norm_elemt_backward;
 mod batch_norm_gather_stats_with_counts;
 pub(crate) mod batch_norm_reduce_backward;
 mod batch_norm_stats;
+mod call;
 mod launch;
 mod operator;
 mod prepared;
 pub(crate) mod validate;
 
+pub use crate::layout::{MAX_RANK, MIN_RANK};
 pub use batch_norm::{batch_norm, batch_norm_into, prepare_batch_norm, BatchNormSaved};
 pub use batch_norm_backward::{
     batch_norm_backward, batch_norm_backward_into, prepare_batch_norm_backward, BatchNormGrads, BatchNormGradsOut,
@@ -42,7 +44,6 @@ pub(crate) use batch_norm_stats::host_stats_into;
 pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats};
 pub use launch::Workspace;
 pub use prepared::Prepared;
-pub use validate::{MAX_RANK, MIN_RANK};
 
 /// Argument checks of single operators, for composite calls (`sync_batch_norm`) that validate
 /// everything before their first side effect.

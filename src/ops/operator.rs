@@ -1,10 +1,9 @@
-//! [`Operator`]: what one operator tells the framework, and the one path every call takes.
+//! [`Operator`]: what one operator tells the framework.
 //!
 //! An operator is an `Args` struct (its input tensors and scalars) plus one `impl Operator`: its
-//! rules, its CPU kernel, and its phase-1 FFI call. Its allocating, `_into` and `prepare_` entries
-//! are each a few lines over [`prepare`], [`run`] and [`run_checked`], which validate once, check
-//! every tensor's stream once and resolve the backend once, then run the CPU kernel or go through
-//! the one launch path ([`super::launch`]).
+//! rules, its CPU kernel, and its phase-1 FFI call. The paths every call takes over it (validate
+//! once, check the streams once, resolve the backend once) and the entry points written from one
+//! argument list are in [`super::call`].
 //!
 //! Inputs (read only) and outputs (written, in-place ones included: gather's running
 //! statistics) are listed apart, each in the order of the operator's aclnn prototype, and phase 1
@@ -15,11 +14,8 @@
 
 use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, symbols, OpApi};
 
-use super::launch::{self, Phase2};
-use super::prepared::Prepared;
-use super::validate;
+use super::launch::Phase2;
 use crate::error::Result;
-use crate::stream::Stream;
 use crate::tensor::Tensor;
 
 /// One tensor argument: the tensor (`None` for an absent optional one) and its aclnn name (for
@@ -150,80 +146,6 @@ impl<'a, A: Outputs<'a>, B: Outputs<'a>> Outputs<'a> for (A, B) {
         self.0.into_shared().chain(self.1.into_shared())
     }
 }
-
-/// Checks that every given tensor lives where `stream` runs work, in order.
-pub(crate) fn check_streams<'t>(stream: &Stream, args: impl IntoIterator<Item = Arg<'t>>) -> Result<()> {
-    for (t, name) in args {
-        if let Some(t) = t {
-            t.check_stream(stream, name)?;
-        }
-    }
-    Ok(())
-}
-
-/// Validates the whole call and checks every tensor's stream, once. After the operator's own
-/// rules, every output must not overlap itself (no operator can forget that one).
-fn checked<'a, O: Operator<'a>>(stream: &Stream, op: &O, outs: &O::Outputs) -> Result<O::Plan> {
-    let plan = op.check(outs)?;
-    for (t, name) in outs.each().zip(O::OUTPUTS) {
-        if let Some(t) = t {
-            validate::distinct_elements(name, &t.layout())?;
-        }
-    }
-    check_streams(stream, op.inputs())?;
-    check_streams(stream, outs.each().zip(O::OUTPUTS.iter().copied()))?;
-    Ok(plan)
-}
-
-/// A `prepare_*` entry: validates, checks the streams and resolves the backend, once each; on
-/// Ascend runs phase 1.
-pub(crate) fn prepare<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outputs) -> Result<Prepared<'a>> {
-    let plan = checked(stream, &op, &outs)?;
-    match stream.ascend() {
-        None => Ok(Prepared::cpu(move || op.cpu(plan, outs))),
-        Some((_, device)) => launch::prepare(device, op, plan, outs).map(Prepared::ascend),
-    }
-}
-
-/// An `_into` entry: a launch from the stream's launch cache when it holds this call's
-/// signature (validated when the entry was made: see [`launch::launch_if_cached`]), else
-/// [`prepare`] and launch on the same stream (with its cached workspace), without checking again.
-pub(crate) fn run<'a, O: Operator<'a>>(stream: &Stream, op: O, outs: O::Outputs) -> Result<()> {
-    if let Some((inner, device)) = stream.ascend() {
-        if launch::launch_if_cached(inner, device, &op, &outs)? {
-            return Ok(());
-        }
-    }
-    let plan = checked(stream, &op, &outs)?;
-    run_checked(stream, op, plan, outs)
-}
-
-/// Runs a call whose arguments are validated and whose tensors are checked against `stream`:
-/// what an allocating entry calls once it has validated its inputs and made its outputs (valid
-/// by construction).
-pub(crate) fn run_checked<'a, O: Operator<'a>>(stream: &Stream, op: O, plan: O::Plan, outs: O::Outputs) -> Result<()> {
-    match stream.ascend() {
-        None => op.cpu(plan, outs),
-        Some((inner, device)) => launch::run(inner, device, op, plan, outs),
-    }
-}
-
-/// The allocating entry of an operator whose one output has the shape and dtype of its input
-/// `$like`: `$op`'s input rules (its `check_inputs`, which returns the plan) and every input's
-/// stream first, so that a rejected call allocates nothing; then the output, and the call run
-/// into it. Evaluates to `Ok(output)`; an error returns from the entry. (A macro, not a function:
-/// the output is borrowed for the operator's lifetime, which a function's own local cannot be.)
-macro_rules! run_into_new_like {
-    ($stream:ident, $op:expr, $like:expr) => {{
-        let op = $op;
-        let plan = op.check_inputs()?;
-        $crate::ops::operator::check_streams($stream, op.inputs())?;
-        let mut output = $crate::tensor::Tensor::alloc($stream, $like.dtype(), $like.shape(), false)?;
-        $crate::ops::operator::run_checked($stream, op, plan, [&mut output])?;
-        Ok(output)
-    }};
-}
-pub(crate) use run_into_new_like;
 
 #[cfg(test)]
 mod tests {

@@ -5,14 +5,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout;
-
-/// The smallest rank of gradOut and input.
-pub const MIN_RANK: usize = 2;
-/// The largest rank of gradOut and input.
-pub const MAX_RANK: usize = 8;
-
-use crate::layout::Layout;
+use crate::layout::{self, Layout, MAX_RANK, MIN_RANK};
 
 /// Checks that the view lies inside its storage (and within int64); returns its element count.
 pub(crate) fn in_storage(name: &'static str, m: &Layout<'_>) -> Result<usize> {
@@ -27,9 +20,8 @@ pub(crate) fn per_channel(name: &'static str, m: &Layout<'_>, c: usize) -> Resul
     in_storage(name, m).map(|_| ())
 }
 
-/// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` and a
-/// non-zero channel dim 1; returns C.
-pub(crate) fn activation(name: &'static str, m: &Layout<'_>) -> Result<usize> {
+/// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` (2 to 8).
+pub(crate) fn rank_2_to_8(name: &'static str, m: &Layout<'_>) -> Result<()> {
     let r = m.shape.len();
     if !(MIN_RANK..=MAX_RANK).contains(&r) {
         return Err(Error::invalid(
@@ -37,6 +29,13 @@ pub(crate) fn activation(name: &'static str, m: &Layout<'_>) -> Result<usize> {
             format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape),
         ));
     }
+    Ok(())
+}
+
+/// Checks that an activation (gradOut, input, output...) has rank `MIN_RANK..=MAX_RANK` and a
+/// non-zero channel dim 1; returns C.
+pub(crate) fn activation(name: &'static str, m: &Layout<'_>) -> Result<usize> {
+    rank_2_to_8(name, m)?;
     if m.shape[1] == 0 {
         return Err(Error::invalid(name, format!("channel dim 1 must be non-zero, got shape {:?}", m.shape)));
     }

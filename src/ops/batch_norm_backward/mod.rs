@@ -8,9 +8,10 @@ mod cpu;
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::batch_norm::BatchNormSaved;
+use super::call::{check_streams, entry_points, run_checked};
 use super::launch::Phase2;
-use super::operator::{check_streams, run_checked, Arg, Handles, Operator, ScalarBits};
-use super::prepared::{entry_points, Prepared};
+use super::operator::{Arg, Handles, Operator, ScalarBits};
+use super::prepared::Prepared;
 use super::validate;
 use super::OutputMask;
 use crate::dtype::DType;

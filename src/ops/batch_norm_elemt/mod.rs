@@ -7,9 +7,10 @@ pub(in crate::ops) mod cpu;
 
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
+use super::call::{check_streams, entry_points, run_into_new_like};
 use super::launch::Phase2;
-use super::operator::{check_streams, run_into_new_like, Arg, Handles, Operator};
-use super::prepared::{entry_points, Prepared};
+use super::operator::{Arg, Handles, Operator};
+use super::prepared::Prepared;
 use super::validate;
 use crate::error::Result;
 use crate::stream::Stream;

@@ -13,9 +13,10 @@
 
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
+use super::call::{check_streams, entry_points, run_checked};
 use super::launch::Phase2;
-use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
-use super::prepared::{entry_points, Prepared};
+use super::operator::{Arg, Handles, Operator};
+use super::prepared::Prepared;
 use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
@@ -270,13 +271,7 @@ fn input_dtypes(&Inputs { input, mean, invstd, running_mean, running_var, counts
 }
 
 fn input_shapes(&Inputs { input, mean, invstd, running_mean, running_var, counts }: &Inputs<'_>) -> Result<Plan> {
-    let r = input.shape.len();
-    if !(validate::MIN_RANK..=validate::MAX_RANK).contains(&r) {
-        return Err(Error::invalid(
-            "input",
-            format!("rank must be {}..={}, got {r} (shape {:?})", validate::MIN_RANK, validate::MAX_RANK, input.shape),
-        ));
-    }
+    validate::rank_2_to_8("input", input)?;
     let c = input.shape[1];
     validate::rank("mean", mean, 2)?;
     validate::rank("invstd", invstd, 2)?;

@@ -6,7 +6,7 @@
 use super::OutputMask;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::ops::validate::{float_dtype, in_storage, per_channel, per_channel_output, MAX_RANK, MIN_RANK};
+use crate::ops::validate::{float_dtype, in_storage, per_channel, per_channel_output, rank_2_to_8};
 
 /// What validation established.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,13 +34,7 @@ pub(crate) fn inputs(
     weight: Option<&Layout<'_>>,
 ) -> Result<Plan> {
     for (name, m) in [("gradOut", grad_out), ("input", input)] {
-        let r = m.shape.len();
-        if !(MIN_RANK..=MAX_RANK).contains(&r) {
-            return Err(Error::invalid(
-                name,
-                format!("rank must be {MIN_RANK}..={MAX_RANK}, got {r} (shape {:?})", m.shape),
-            ));
-        }
+        rank_2_to_8(name, m)?;
     }
     // CANN's dtype check (gradOut, input, mean, invstd: f32/f16/bf16), before gradOut = input.
     for (name, m) in [("gradOut", grad_out), ("input", input), ("mean", mean), ("invstd", invstd)] {

@@ -3,9 +3,10 @@
 
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
+use super::call::{check_streams, entry_points, run_checked};
 use super::launch::Phase2;
-use super::operator::{check_streams, run_checked, Arg, Handles, Operator};
-use super::prepared::{entry_points, Prepared};
+use super::operator::{Arg, Handles, Operator};
+use super::prepared::Prepared;
 use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
