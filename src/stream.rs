@@ -102,7 +102,7 @@ impl Stream {
 
     /// The counters of this stream's launch cache (all 0 on the CPU backend).
     pub fn launch_cache_stats(&self) -> LaunchCacheStats {
-        self.inner.as_ref().map(|s| s.launches.stats()).unwrap_or_default()
+        self.inner.as_ref().map(|s| s.launches.stats(s)).unwrap_or_default()
     }
 
     pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {

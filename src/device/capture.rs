@@ -106,18 +106,18 @@ impl Keep {
         let mut st = self.lock();
         if let Some(last) = st.last.clone() {
             if !Arc::ptr_eq(&last, stream) {
-                let _launches = last.launches.lock();
+                let _enqueue = last.lock_enqueue();
                 stream.order_after(&last)?;
             }
         }
         for s in std::mem::take(&mut st.touched) {
             if !Arc::ptr_eq(&s, stream) {
-                let _launches = s.launches.lock();
+                let _enqueue = s.lock_enqueue();
                 stream.order_after(&s)?;
             }
         }
         {
-            let _launches = stream.launches.lock();
+            let _enqueue = stream.lock_enqueue();
             replay()?;
         }
         st.last = Some(stream.clone());
@@ -133,7 +133,7 @@ impl Keep {
         }
         if let Some(last) = st.last.clone() {
             if !Arc::ptr_eq(&last, stream) {
-                let _launches = last.launches.lock();
+                let _enqueue = last.lock_enqueue();
                 stream.order_after(&last)?;
             }
         }

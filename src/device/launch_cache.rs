@@ -8,7 +8,8 @@
 //! * **Keyed** by the operator, every tensor argument's dtype, shape, strides, offset and storage
 //!   length (absent ones as absent), and the scalars (by their bits, the mask included), compared
 //!   word for word on a hit unless the tensor is the one the entry matched last time (the same
-//!   [`Tensor::layout_id`]: unique per tensor made, and a tensor's layout never changes). Calls
+//!   [`Key::id`]: unique per tensor made, and a tensor's layout never changes). The caller
+//!   (`ops/launch.rs`) reads each tensor into a [`Key`], plain layout data. Calls
 //!   with a tensor of more than [`MAX_RANK`] dimensions, an empty storage or an address that is
 //!   not 32-byte aligned (CANN's rule for rebinding) are not cached.
 //! * **Bounded**: at most `capacity` entries, the least recently used evicted. The capacity of a
@@ -23,8 +24,9 @@
 //!   kernels, DSA tasks, synchronous copies in phase 1: ASYNC.md §5). Such a call is launched
 //!   uncached (phase 2 consumes its executor) and its signature remembered (the last
 //!   [`REFUSED_SLOTS`] per stream and configuration epoch), so that later calls skip the attempt.
-//! * **Locked while launching**: the cache's lock is the stream's enqueue lock, so a hit rebinds
-//!   and launches its entry with no other launch in between; it is never held across phase 1.
+//! * **Locked while launching**: the cache's state ([`CacheState`]) is behind the stream's
+//!   enqueue lock ([`Enqueue`](super::Enqueue)), so a hit rebinds and launches its entry with no
+//!   other launch in between; it is never held across phase 1.
 //! * **Destroyed after its work.** A removed entry (evicted, replaced, or whose rebind or launch
 //!   failed) may have a launch queued: its executor and descriptors are destroyed
 //!   (`aclDestroyAclOpExecutor`, `aclDestroyTensor`) only once an event recorded on the stream
@@ -41,15 +43,14 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ascend_sys::{aclOpExecutor, aclTensor, aclnnStatus, aclrtStream, symbols};
 
-use super::{leaked, report, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak, StreamInner};
+use super::{leaked, report, report_drop_error, Device, DeviceBuffer, EventInner, Leak, StreamInner};
 use crate::acl;
 use crate::error::Result;
-use crate::layout::{mix, MAX_RANK};
-use crate::tensor::Tensor;
+use crate::layout::{mix, Layout, MAX_RANK};
 
 /// Entries per stream unless `ASCEND_LAUNCH_CACHE_SIZE` says otherwise.
 pub(crate) const DEFAULT_CAPACITY: usize = 256;
@@ -106,61 +107,75 @@ pub(crate) fn default_capacity() -> usize {
 pub(crate) type Phase2 =
     unsafe extern "C" fn(*mut std::ffi::c_void, u64, *mut aclOpExecutor, aclrtStream) -> aclnnStatus;
 
+/// What the cache reads of one tensor argument, as plain data: its layout (everything phase 1
+/// sees of it but its address), with the id and hash its tensor was given when it was made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Key<'a> {
+    /// Unique per layout made, and a layout never changes: equal ids mean equal layouts.
+    pub(crate) id: u64,
+    /// [`layout::hash`](crate::layout::hash) of `layout`.
+    pub(crate) hash: u64,
+    pub(crate) layout: Layout<'a>,
+}
+
 /// The key word of an absent optional tensor (a present one's first word is its dtype and rank,
 /// far smaller).
 const ABSENT: usize = usize::MAX;
 
-/// Appends what phase 1 saw of `t` to `key`: [`ABSENT`], or its dtype and rank, offset, storage
+/// Appends what phase 1 saw of `k` to `key`: [`ABSENT`], or its dtype and rank, offset, storage
 /// length, shape and strides (the rank first, so no two layouts spell the same words).
-fn push_key(key: &mut Vec<usize>, t: Option<&Tensor>) {
-    match t {
+fn push_key(key: &mut Vec<usize>, k: Option<&Key<'_>>) {
+    match k {
         None => key.push(ABSENT),
-        Some(t) => {
-            key.extend([dtype_rank(t), t.offset(), t.storage_len()]);
-            key.extend_from_slice(t.shape());
-            key.extend_from_slice(t.strides());
+        Some(Key { layout: l, .. }) => {
+            key.extend([dtype_rank(l), l.offset, l.storage_len]);
+            key.extend_from_slice(l.shape);
+            key.extend_from_slice(l.strides);
         }
     }
 }
 
-fn dtype_rank(t: &Tensor) -> usize {
-    t.dtype() as usize | (t.shape().len() << 8)
+fn dtype_rank(l: &Layout<'_>) -> usize {
+    l.dtype as usize | (l.shape.len() << 8)
 }
 
-/// Whether `key` starts with the words [`push_key`] makes of `t`; returns the rest.
+/// Whether `key` starts with the words [`push_key`] makes of `k`; returns the rest.
 #[inline]
-fn strip_key<'k>(key: &'k [usize], t: Option<&Tensor>) -> Option<&'k [usize]> {
-    let Some(t) = t else {
+fn strip_key<'k>(key: &'k [usize], k: Option<&Key<'_>>) -> Option<&'k [usize]> {
+    let Some(Key { layout: l, .. }) = k else {
         return key.split_first().filter(|(&w, _)| w == ABSENT).map(|(_, rest)| rest);
     };
-    let (shape, strides) = (t.shape(), t.strides());
-    let rank = shape.len();
+    let rank = l.shape.len();
     let ([head, offset, storage_len], rest) = key.split_first_chunk::<3>()?;
-    if *head != dtype_rank(t) || *offset != t.offset() || *storage_len != t.storage_len() || rest.len() < 2 * rank {
+    if *head != dtype_rank(l) || *offset != l.offset || *storage_len != l.storage_len || rest.len() < 2 * rank {
         return None;
     }
     let (key_shape, rest) = rest.split_at(rank);
     let (key_strides, rest) = rest.split_at(rank);
     // Element by element (ranks are at most MAX_RANK).
     let same = |a: &[usize], b: &[usize]| a.iter().zip(b).all(|(x, y)| x == y);
-    (same(key_shape, shape) && same(key_strides, strides)).then_some(rest)
+    (same(key_shape, l.shape) && same(key_strides, l.strides)).then_some(rest)
 }
 
-/// Whether `tensors` have the layouts `key` spells ([`push_key`]), `seen` holding the layout id
-/// of the tensor matched last at each place: one matched there before is equal without reading
-/// its words. On a match, `seen` takes the ids of `tensors`.
+/// The id of the layout `k` (0: absent).
+fn id(k: &Option<Key<'_>>) -> u64 {
+    k.as_ref().map_or(0, |k| k.id)
+}
+
+/// Whether `keys` have the layouts `key` spells ([`push_key`]), `seen` holding the layout id
+/// matched last at each place: one matched there before is equal without reading its words. On a
+/// match, `seen` takes the ids of `keys`.
 #[inline]
-fn layouts_match(key: &[usize], seen: &mut [u64], tensors: &[Option<&Tensor>]) -> bool {
-    let layout_id = |t: &Option<&Tensor>| t.map_or(0, Tensor::layout_id);
-    if seen.len() != tensors.len() {
+fn layouts_match(key: &[usize], seen: &mut [u64], keys: &[Option<Key<'_>>]) -> bool {
+    if seen.len() != keys.len() {
         return false;
     }
-    if seen.iter().zip(tensors).all(|(&seen, t)| seen == layout_id(t)) {
+    if seen.iter().zip(keys).all(|(&seen, k)| seen == id(k)) {
         return true; // the steady case: the very tensors of an earlier call
     }
     let mut rest = key;
-    for &t in tensors {
-        match strip_key(rest, t) {
+    for k in keys {
+        match strip_key(rest, k.as_ref()) {
             Some(r) => rest = r,
             None => return false,
         }
@@ -168,8 +183,8 @@ fn layouts_match(key: &[usize], seen: &mut [u64], tensors: &[Option<&Tensor>]) -
     if !rest.is_empty() {
         return false;
     }
-    for (seen, t) in seen.iter_mut().zip(tensors) {
-        *seen = layout_id(t);
+    for (seen, k) in seen.iter_mut().zip(keys) {
+        *seen = id(k);
     }
     true
 }
@@ -179,22 +194,22 @@ pub(crate) struct Signature<'s> {
     pub(crate) op: &'static symbols::Operator,
     /// The scalars' bits (unused words 0).
     pub(crate) scalars: [u64; 4],
-    /// The inputs then the outputs, each in its prototype's order (`None`: absent).
-    pub(crate) tensors: &'s [Option<&'s Tensor>],
-    /// How many of `tensors` are inputs.
+    /// The inputs' then the outputs' keys, each in its prototype's order (`None`: absent).
+    pub(crate) keys: &'s [Option<Key<'s>>],
+    /// How many of `keys` are inputs.
     pub(crate) inputs: usize,
 }
 
 impl Signature<'_> {
-    /// A hash of everything the signature holds (each tensor's layout hashed once, when it was
-    /// made: [`Tensor::layout_hash`]).
+    /// A hash of everything the signature holds (each layout hashed once, when it was made:
+    /// [`Key::hash`]).
     pub(crate) fn hash(&self) -> u64 {
         let mut h = mix(std::ptr::from_ref(self.op) as u64, self.inputs as u64);
         for s in self.scalars {
             h = mix(h, s);
         }
-        for t in self.tensors {
-            h = mix(h, t.map_or(u64::MAX, Tensor::layout_hash));
+        for k in self.keys {
+            h = mix(h, k.as_ref().map_or(u64::MAX, |k| k.hash));
         }
         h
     }
@@ -212,8 +227,8 @@ pub(crate) struct Entry {
     descriptors: Vec<*mut aclTensor>,
     /// Per argument: the id of the buffer its descriptor is bound to now (0: none).
     bound: Vec<u64>,
-    /// Per argument: the [`Tensor::layout_id`] of the last tensor matched there (0: absent or
-    /// none yet); a tensor with that id has the layout of `key`.
+    /// Per argument: the [`Key::id`] of the last layout matched there (0: absent or none yet); a
+    /// layout with that id is the one `key` spells.
     seen: Vec<u64>,
     inputs: usize,
     executor: *mut aclOpExecutor,
@@ -250,9 +265,9 @@ impl Entry {
         // bounded: a few words per argument of one operator (at most 16, rank at most 8), a
         // miss only.
         #[allow(clippy::disallowed_methods)]
-        let mut key = Vec::with_capacity(sig.tensors.len() * (3 + 2 * MAX_RANK));
-        for &t in sig.tensors {
-            push_key(&mut key, t);
+        let mut key = Vec::with_capacity(sig.keys.len() * (3 + 2 * MAX_RANK));
+        for k in sig.keys {
+            push_key(&mut key, k.as_ref());
         }
         // bounded: one per argument, a miss only.
         #[allow(clippy::disallowed_methods)]
@@ -262,7 +277,7 @@ impl Entry {
         let bound = buffers.iter().map(|b| b.map_or(0, DeviceBuffer::id)).collect();
         // bounded: one per argument, a miss only.
         #[allow(clippy::disallowed_methods)]
-        let seen = sig.tensors.iter().map(|t| t.map_or(0, Tensor::layout_id)).collect();
+        let seen = sig.keys.iter().map(id).collect();
         Entry {
             device,
             op: sig.op,
@@ -287,11 +302,11 @@ impl Entry {
             || !std::ptr::eq(self.op, sig.op)
             || self.scalars != sig.scalars
             || self.inputs != sig.inputs
-            || self.seen.len() != sig.tensors.len()
+            || self.seen.len() != sig.keys.len()
         {
             return false;
         }
-        layouts_match(&self.key, &mut self.seen, sig.tensors)
+        layouts_match(&self.key, &mut self.seen, sig.keys)
     }
 
     /// The workspace phase 2 needs.
@@ -421,8 +436,8 @@ struct Retired {
     event: Arc<EventInner>,
 }
 
-/// What a stream's launch cache holds, behind the stream's enqueue lock
-/// ([`LaunchCache::lock`]): a launch on the stream holds it while it enqueues.
+/// What a stream's launch cache holds: [`Enqueue::launches`](super::Enqueue::launches), behind
+/// the stream's enqueue lock, which a launch on the stream holds while it enqueues.
 #[derive(Default)]
 pub(crate) struct CacheState {
     slots: Vec<Slot>,
@@ -431,9 +446,6 @@ pub(crate) struct CacheState {
     retired: Vec<Retired>,
     refused: Refused,
     stats: LaunchCacheStats,
-    /// The workspace reused by operator launches on the stream (grown, never shrunk): see
-    /// [`StreamInner::with_workspace`].
-    pub(crate) workspace: Option<DeviceAlloc>,
 }
 
 /// The signatures whose executors CANN would not make repeatable, by hash mixed with the
@@ -486,16 +498,15 @@ pub struct LaunchCacheStats {
 }
 
 impl CacheState {
-    /// If the entry of `sig` (whose hash is `hash`) is cached, runs `launch` with it and the
-    /// stream's workspace (the cache locked: no other launch rebinds it meanwhile) and returns its
-    /// result; an entry whose launch failed is retired. `None` when it is not cached (nothing
-    /// ran).
+    /// If the entry of `sig` (whose hash is `hash`) is cached, runs `launch` with it (the
+    /// stream's enqueue lock held: no other launch rebinds it meanwhile) and returns its result;
+    /// an entry whose launch failed is retired. `None` when it is not cached (nothing ran).
     pub(crate) fn launch_hit(
         &mut self,
         stream: &StreamInner,
         hash: u64,
         sig: &Signature<'_>,
-        launch: impl FnOnce(&mut Entry, &mut Option<DeviceAlloc>) -> Result<()>,
+        launch: impl FnOnce(&mut Entry) -> Result<()>,
     ) -> Option<Result<()>> {
         let &i = self.index.get(&hash)?;
         if !self.slots[i].entry.matches(sig, config_epoch(&stream.device)) {
@@ -503,7 +514,7 @@ impl CacheState {
         }
         self.clock += 1;
         (self.slots[i].last_used, self.stats.hits) = (self.clock, self.stats.hits + 1);
-        let result = launch(&mut self.slots[i].entry, &mut self.workspace);
+        let result = launch(&mut self.slots[i].entry);
         if result.is_err() {
             let failed = self.remove(i);
             self.retire(stream, [failed]);
@@ -548,32 +559,22 @@ impl CacheState {
     }
 }
 
-/// A stream's cache of repeatable executors (see the module docs).
+/// A stream's cache of repeatable executors (see the module docs): its capacity here, its state
+/// ([`CacheState`]) in the stream's [`Enqueue`](super::Enqueue). Each method takes the stream
+/// whose cache it is.
 ///
-/// Locking: the state's lock is the stream's enqueue lock ([`enqueue_using`](super::enqueue_using)):
+/// Locking: the state is behind the stream's enqueue lock ([`enqueue_using`](super::enqueue_using)):
 /// held across every enqueue on the stream (a hit's rebind and phase 2 among them), never across
 /// phase 1, and taken after the buffers' stream lists, never before. A stream's synchronise,
 /// which may run under that lock (a failed retire) or under a buffer's list, only tries it
 /// ([`LaunchCache::reap`]).
 pub(crate) struct LaunchCache {
     capacity: AtomicUsize,
-    state: Mutex<CacheState>,
 }
 
 impl LaunchCache {
     pub(crate) fn new(capacity: usize) -> Self {
-        LaunchCache { capacity: AtomicUsize::new(capacity), state: Mutex::new(CacheState::default()) }
-    }
-
-    /// The stream's enqueue lock (see [`enqueue_using`](super::enqueue_using)), which guards the
-    /// cache's state.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, CacheState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The state, for the stream's drop.
-    pub(crate) fn state(&mut self) -> &mut CacheState {
-        self.state.get_mut().unwrap_or_else(|p| p.into_inner())
+        LaunchCache { capacity: AtomicUsize::new(capacity) }
     }
 
     /// Whether launches are cached at all.
@@ -585,7 +586,8 @@ impl LaunchCache {
     /// or, if the cache is full, the least recently used one; counts a miss.
     pub(crate) fn insert(&self, stream: &StreamInner, hash: u64, entry: Entry) {
         let capacity = self.capacity.load(Ordering::Relaxed);
-        let mut st = self.lock();
+        let mut enqueue = stream.lock_enqueue();
+        let st = &mut enqueue.launches;
         st.stats.misses += 1;
         st.clock += 1;
         let clock = st.clock;
@@ -608,36 +610,34 @@ impl LaunchCache {
         } else {
             st.retire(stream, old.into_iter().chain([entry])); // capacity 0 meanwhile
         }
-        drop(st);
+        drop(enqueue);
         self.reap(stream);
     }
 
     /// Remembers that CANN refused to make the executor of the call whose hash is `hash`
     /// repeatable under the settings of configuration epoch `epoch` (see the module docs).
-    pub(crate) fn refuse(&self, hash: u64, epoch: u64) {
-        self.lock().refused.insert(Refused::key(hash, epoch));
+    pub(crate) fn refuse(&self, stream: &StreamInner, hash: u64, epoch: u64) {
+        stream.lock_enqueue().launches.refused.insert(Refused::key(hash, epoch));
     }
 
     /// Whether the call whose hash is `hash` was refused under the device's settings now
     /// (configuration epoch `epoch`).
-    pub(crate) fn refused(&self, hash: u64, epoch: u64) -> bool {
-        self.lock().refused.contains(Refused::key(hash, epoch))
+    pub(crate) fn refused(&self, stream: &StreamInner, hash: u64, epoch: u64) -> bool {
+        stream.lock_enqueue().launches.refused.contains(Refused::key(hash, epoch))
     }
 
     /// Destroys `entries` once the work queued on `stream` so far (their launches among it) has
     /// run: see [`CacheState::retire`].
     pub(crate) fn retire(&self, stream: &StreamInner, entries: impl IntoIterator<Item = Entry>) {
-        self.lock().retire(stream, entries);
+        stream.lock_enqueue().launches.retire(stream, entries);
         self.reap(stream);
     }
 
     /// Destroys the retired entries whose events have completed (never waits); their events go
     /// back to the stream's pool. Does nothing if the cache is locked (a launch is using it).
     pub(crate) fn reap(&self, stream: &StreamInner) {
-        let mut retired = match self.state.try_lock() {
-            Ok(mut st) => std::mem::take(&mut st.retired),
-            Err(std::sync::TryLockError::Poisoned(p)) => std::mem::take(&mut p.into_inner().retired),
-            Err(std::sync::TryLockError::WouldBlock) => return,
+        let Some(mut retired) = stream.try_lock_enqueue().map(|mut e| std::mem::take(&mut e.launches.retired)) else {
+            return;
         };
         if retired.is_empty() {
             return;
@@ -654,14 +654,15 @@ impl LaunchCache {
             }
         }
         retired = pending;
-        self.lock().retired.append(&mut retired);
+        stream.lock_enqueue().launches.retired.append(&mut retired);
         drop(done); // destroyed outside the lock
     }
 
     /// Changes the capacity; entries beyond it (least recently used first) are retired.
     pub(crate) fn set_capacity(&self, stream: &StreamInner, capacity: usize) {
         self.capacity.store(capacity, Ordering::Relaxed);
-        let mut st = self.lock();
+        let mut enqueue = stream.lock_enqueue();
+        let st = &mut enqueue.launches;
         // bounded: the entries beyond the new capacity, at most the old one.
         #[allow(clippy::disallowed_methods)]
         let mut removed = Vec::new();
@@ -670,26 +671,27 @@ impl LaunchCache {
             removed.push(st.remove(i));
         }
         st.retire(stream, removed);
-        drop(st);
+        drop(enqueue);
         self.reap(stream);
     }
 
-    /// The counters.
-    pub(crate) fn stats(&self) -> LaunchCacheStats {
-        let st = self.lock();
+    /// The counters of `stream`'s cache.
+    pub(crate) fn stats(&self, stream: &StreamInner) -> LaunchCacheStats {
+        let st = &stream.lock_enqueue().launches;
         LaunchCacheStats { entries: st.slots.len(), capacity: self.capacity.load(Ordering::Relaxed), ..st.stats }
     }
 
     /// Everything the cache holds, for the stream's drop: destroyed if the stream has drained
     /// (`drained`), else leaked.
-    pub(crate) fn teardown(&self, drained: bool) {
-        let mut st = self.lock();
+    pub(crate) fn teardown(&self, stream: &StreamInner, drained: bool) {
+        let mut enqueue = stream.lock_enqueue();
+        let st = &mut enqueue.launches;
         // bounded: the cache's own entries, already in memory.
         #[allow(clippy::disallowed_methods)]
         let mut all: Vec<Entry> = st.slots.drain(..).map(|s| s.entry).collect();
         all.extend(st.retired.drain(..).flat_map(|r| r.entries));
         st.index.clear();
-        drop(st);
+        drop(enqueue);
         if !drained {
             all.into_iter().for_each(Entry::leak);
         }
@@ -717,48 +719,56 @@ impl Hasher for Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Context, DType};
+    use crate::layout::contiguous_strides;
+    use crate::DType;
 
-    fn key(tensors: &[Option<&Tensor>]) -> Vec<usize> {
-        let mut key = Vec::new();
-        tensors.iter().for_each(|&t| push_key(&mut key, t));
-        key
+    fn words(keys: &[Option<Key<'_>>]) -> Vec<usize> {
+        let mut words = Vec::new();
+        keys.iter().for_each(|k| push_key(&mut words, k.as_ref()));
+        words
     }
 
-    /// The words decide, not the tensors: new tensors of the same layouts match (and are then
-    /// remembered), a tensor of another layout does not even where the other places hold the
-    /// tensors matched before, nor does absent for present or a longer list.
+    /// The key of a layout made `id`-th (as a tensor's maker numbers them).
+    fn key<'a>(id: u64, dtype: DType, shape: &'a [usize], strides: &'a [usize], storage_len: usize) -> Key<'a> {
+        let layout = Layout { dtype, shape, strides, offset: 0, storage_len };
+        Key { id, hash: crate::layout::hash(&layout), layout }
+    }
+
+    /// The words decide, not the ids: new layouts equal to the entry's match (and are then
+    /// remembered), a layout that differs does not even where the other places hold the ones
+    /// matched before, nor does absent for present or a longer list.
     #[test]
     fn layouts_match_by_words_and_remember_ids() {
-        let s = Context::cpu().new_stream().unwrap();
-        let vals: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let make = |shape: &[usize]| Tensor::from_slice(&s, &vals[..shape.iter().product::<usize>()], shape).unwrap();
-        let (x, m) = (make(&[2, 3, 4]), make(&[3]));
-        let entry = key(&[Some(&x), None, Some(&m)]);
+        let (s234, s3, s4, s243) = ([2, 3, 4], [3], [4], [2, 4, 3]);
+        let (c234, c3, c4, c243) =
+            (contiguous_strides(&s234), contiguous_strides(&s3), contiguous_strides(&s4), contiguous_strides(&s243));
+        let f32 = DType::F32;
+        let (x, m) = (key(1, f32, &s234, &c234, 24), key(2, f32, &s3, &c3, 3));
+        let entry = words(&[Some(x), None, Some(m)]);
         let mut seen = [0u64; 3];
-        assert!(layouts_match(&entry, &mut seen, &[Some(&x), None, Some(&m)]), "its own tensors");
-        assert_eq!(seen, [x.layout_id(), 0, m.layout_id()], "the matched ids are remembered");
+        assert!(layouts_match(&entry, &mut seen, &[Some(x), None, Some(m)]), "its own layouts");
+        assert_eq!(seen, [1, 0, 2], "the matched ids are remembered");
 
-        let (x2, m2) = (make(&[2, 3, 4]), make(&[3]));
-        assert!(layouts_match(&entry, &mut seen, &[Some(&x2), None, Some(&m2)]), "new tensors, same layouts");
-        assert_eq!(seen, [x2.layout_id(), 0, m2.layout_id()]);
+        let (x2, m2) = (key(3, f32, &s234, &c234, 24), key(4, f32, &s3, &c3, 3));
+        assert!(layouts_match(&entry, &mut seen, &[Some(x2), None, Some(m2)]), "new tensors, same layouts");
+        assert_eq!(seen, [3, 0, 4]);
 
-        let wider = make(&[4]);
-        let strided = Tensor::from_slice_strided(&s, &vals[..6], &[3], &[2], 0).unwrap();
-        let other = make(&[2, 4, 3]);
+        let wider = key(5, f32, &s4, &c4, 4);
+        let strided = key(6, f32, &s3, &[2], 6);
+        let other = key(7, f32, &s243, &c243, 24);
         for (what, call) in [
-            ("a wider vector beside the tensors matched before", [Some(&x2), None, Some(&wider)]),
-            ("a strided vector", [Some(&x2), None, Some(&strided)]),
-            ("another shape of as many elements", [Some(&other), None, Some(&m2)]),
-            ("present where the entry had none", [Some(&x2), Some(&m2), Some(&m2)]),
-            ("absent where the entry had one", [Some(&x2), None, None]),
+            ("a wider vector beside the tensors matched before", [Some(x2), None, Some(wider)]),
+            ("a strided vector", [Some(x2), None, Some(strided)]),
+            ("another shape of as many elements", [Some(other), None, Some(m2)]),
+            ("present where the entry had none", [Some(x2), Some(m2), Some(m2)]),
+            ("absent where the entry had one", [Some(x2), None, None]),
         ] {
             let before = seen;
             assert!(!layouts_match(&entry, &mut seen, &call), "{what}");
             assert_eq!(seen, before, "{what}: a mismatch remembers nothing");
         }
-        assert!(!layouts_match(&entry, &mut [0; 2], &[Some(&x2), None]), "fewer tensors");
-        let f16 = Tensor::zeros(&s, DType::F16, &[3]).unwrap();
-        assert!(!layouts_match(&entry, &mut seen, &[Some(&x2), None, Some(&f16)]), "another dtype");
+        assert!(!layouts_match(&entry, &mut [0; 2], &[Some(x2), None]), "fewer tensors");
+        let f16 = key(8, DType::F16, &s3, &c3, 3);
+        assert!(!layouts_match(&entry, &mut seen, &[Some(x2), None, Some(f16)]), "another dtype");
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::allocator::Order;
 use super::capture::Keep;
-use super::launch_cache::CacheState;
+use super::stream::Enqueue;
 use super::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::error::Result;
 
@@ -285,10 +285,10 @@ impl DeviceBuffer {
             keep.wait_replays()?;
         }
         while let Some(s) = users.last().cloned() {
-            let launches = s.launches.lock();
+            let enqueue = s.lock_enqueue();
             users.pop();
             self.note(&users);
-            drop(launches);
+            drop(enqueue);
             if let Err(e) = s.synchronize() {
                 // Listed again, so drop still waits for it.
                 users.push(s);
@@ -359,7 +359,8 @@ fn sole_of(users: &[Arc<StreamInner>]) -> usize {
 }
 
 /// Enqueues work that touches `buffers` on `stream`, as one step: `enqueue` runs with the
-/// stream's enqueue lock held (and the launch cache's state it guards), and every buffer is
+/// stream's enqueue lock held, and is handed what it guards ([`Enqueue`]: the workspace and the
+/// launch cache's state), and every buffer is
 /// recorded on the stream before any lock is released. So no other thread can free a buffer, or
 /// enqueue on it from another stream, between the recording and the enqueue: a buffer is freed
 /// only after every stream that may use it has finished.
@@ -385,7 +386,7 @@ fn sole_of(users: &[Arc<StreamInner>]) -> usize {
 pub(crate) fn enqueue_using<'b, R, I>(
     stream: &Arc<StreamInner>,
     buffers: I,
-    enqueue: impl FnOnce(&mut CacheState) -> Result<R>,
+    enqueue: impl FnOnce(&mut Enqueue) -> Result<R>,
 ) -> Result<R>
 where
     I: IntoIterator<Item = &'b DeviceBuffer>,
@@ -402,13 +403,13 @@ where
 /// the only stream every buffer lists (then nothing needs ordering or recording); else gives
 /// `enqueue` back, nothing done.
 #[inline]
-pub(crate) fn enqueue_if_sole_user<'b, T, F: FnOnce(&mut CacheState) -> T>(
+pub(crate) fn enqueue_if_sole_user<'b, T, F: FnOnce(&mut Enqueue) -> T>(
     stream: &Arc<StreamInner>,
     mut buffers: impl Iterator<Item = &'b DeviceBuffer>,
     enqueue: F,
 ) -> std::result::Result<T, F> {
     let me = Arc::as_ptr(stream) as usize;
-    let mut state = stream.launches.lock();
+    let mut state = stream.lock_enqueue();
     // (A capture, or a buffer a graph uses, takes the general case.)
     if !stream.capturing() && buffers.all(|b| b.sole.load(Ordering::Acquire) == me && !b.pinned.load(Ordering::Acquire))
     {
@@ -424,12 +425,12 @@ pub(crate) fn enqueue_if_sole_user<'b, T, F: FnOnce(&mut CacheState) -> T>(
 fn enqueue_locking<'b, T>(
     stream: &Arc<StreamInner>,
     buffers: impl Iterator<Item = &'b DeviceBuffer>,
-    enqueue: impl FnOnce(&mut CacheState) -> T,
+    enqueue: impl FnOnce(&mut Enqueue) -> T,
 ) -> Result<T> {
     // On the stack: a launch allocates nothing here. Sorted by address (insertion sort: a
     // handful of buffers), each buffer once.
     let mut buffers = buffers;
-    let Some(first) = buffers.next() else { return Ok(enqueue(&mut stream.launches.lock())) };
+    let Some(first) = buffers.next() else { return Ok(enqueue(&mut stream.lock_enqueue())) };
     let mut sorted: [&DeviceBuffer; MAX_BUFFERS] = [first; MAX_BUFFERS];
     let mut n = 1;
     let addr = |b: &DeviceBuffer| std::ptr::from_ref(b) as usize;
@@ -463,7 +464,7 @@ fn enqueue_locking<'b, T>(
 fn lock_and_enqueue<const K: usize, T>(
     stream: &Arc<StreamInner>,
     sorted: &[&DeviceBuffer],
-    enqueue: impl FnOnce(&mut CacheState) -> T,
+    enqueue: impl FnOnce(&mut Enqueue) -> T,
 ) -> Result<T> {
     let mut guards: [Option<MutexGuard<'_, Vec<Arc<StreamInner>>>>; K] = [const { None }; K];
     let mut others = false;
@@ -475,7 +476,7 @@ fn lock_and_enqueue<const K: usize, T>(
     let guards = &mut guards[..sorted.len().min(K)];
     let ordered = if others { order_after_users(stream, sorted, guards) } else { Ok(()) };
     let ordered = ordered.and_then(|()| order_with_graphs(stream, sorted));
-    let result = ordered.map(|()| enqueue(&mut stream.launches.lock()));
+    let result = ordered.map(|()| enqueue(&mut stream.lock_enqueue()));
     // Recorded even when the work failed (it may have queued part of it; recording too much only
     // costs an event), and when ordering failed: the streams ordered before `stream` were
     // forgotten, and `stream` waits for them.
@@ -504,14 +505,14 @@ fn order_after_users(
         let Some(users) = users else { continue };
         while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
             let earlier = users[i].clone();
-            let launches = earlier.launches.lock();
+            let enqueue = earlier.lock_enqueue();
             if !ordered.iter().any(|o| Arc::ptr_eq(o, &earlier)) {
                 stream.order_after(&earlier)?;
                 ordered.push(earlier.clone());
             }
             users.swap_remove(i);
             b.note(users);
-            drop(launches);
+            drop(enqueue);
         }
     }
     Ok(())

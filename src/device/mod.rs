@@ -2,8 +2,9 @@
 //!
 //! * [`Device`]: a loaded toolkit, initialised once per process, and a device id that is bound
 //!   (`aclrtSetDevice`) on the calling thread before every runtime call.
-//! * [`StreamInner`]: an `aclrtStream`, synchronised and destroyed on drop, with the workspace
-//!   reused by the operator on that stream.
+//! * [`StreamInner`]: an `aclrtStream`, synchronised and destroyed on drop, with its enqueue lock
+//!   and what it guards ([`Enqueue`]: the workspace reused by the operators launched on it, and
+//!   the launch cache's state).
 //! * [`allocator`]: the stream-ordered caching allocator of each device.
 //! * [`DeviceAlloc`] / [`DeviceBuffer`]: device memory from it; a buffer remembers every stream
 //!   that enqueued work on it, and goes back to the allocator after that work (events, no host
@@ -26,7 +27,7 @@ mod stream;
 pub(crate) use event::EventInner;
 pub(crate) use memory::{enqueue_if_sole_user, enqueue_using, DeviceAlloc, DeviceBuffer};
 pub(crate) use runtime::Device;
-pub(crate) use stream::{StreamInner, Suspended, STAGING_MAX};
+pub(crate) use stream::{Enqueue, StreamInner, Suspended, STAGING_MAX};
 
 /// What a destructor may leave behind when a destroy call, or the synchronise before it, fails:
 /// leaking is then the only sound choice, since queued work may still use the object.

@@ -1,14 +1,15 @@
-//! `aclrtStream` with its reusable operator workspace.
+//! `aclrtStream` with its enqueue lock and what it guards ([`Enqueue`]: the reusable operator
+//! workspace and the launch cache's state).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use ascend_sys::{aclrtMemcpyKind, aclrtStream};
 
 use super::allocator::Order;
 use super::capture::Keep;
 use super::event::{PooledEvent, WAIT_BATCH};
-use super::launch_cache::{self, LaunchCache};
+use super::launch_cache::{self, CacheState, LaunchCache};
 use super::{enqueue_using, leaked, report_drop_error, Device, DeviceAlloc, DeviceBuffer, EventInner, Leak};
 use crate::acl;
 use crate::error::Result;
@@ -33,7 +34,11 @@ pub(crate) struct StreamInner {
     waited: Mutex<Waits>,
     /// Pinned memory for the small uploads the library makes itself ([`StreamInner::upload`]).
     staging: Mutex<Staging>,
-    /// Repeatable executors of launches on this stream (see [`LaunchCache`]).
+    /// The enqueue lock, held by every enqueue on the stream ([`enqueue_using`]), and what it
+    /// guards.
+    enqueue: Mutex<Enqueue>,
+    /// Repeatable executors of launches on this stream (see [`LaunchCache`]; their state is in
+    /// [`Enqueue::launches`]).
     pub(crate) launches: LaunchCache,
     /// While the stream is captured: what the graph being captured keeps (see [`Keep`]).
     /// `capturing` says whether it is set (read without the lock).
@@ -41,9 +46,21 @@ pub(crate) struct StreamInner {
     capturing: AtomicBool,
 }
 
+/// What a stream's enqueue lock guards ([`StreamInner::lock_enqueue`]): every enqueue on the
+/// stream holds it ([`enqueue_using`]) and is handed this, so a launch reuses the workspace, or
+/// rebinds and launches a cached executor, with no other enqueue on the stream in between.
+#[derive(Default)]
+pub(crate) struct Enqueue {
+    /// The launch cache's entries and counters (see [`LaunchCache`]).
+    pub(crate) launches: CacheState,
+    /// The workspace reused by operator launches on the stream (grown, never shrunk): see
+    /// [`StreamInner::with_workspace`].
+    pub(crate) workspace: Option<DeviceAlloc>,
+}
+
 /// What a capture set aside on its stream (restored when it ends).
 pub(crate) struct Suspended {
-    cache: launch_cache::CacheState,
+    launches: CacheState,
     staging: Staging,
 }
 
@@ -88,7 +105,7 @@ struct Chunk {
 
 // SAFETY: an aclrtStream is a handle into the device's default context, which CANN shares by all
 // threads of the process that bound the device; every use binds the device on the calling thread
-// first. The workspace is behind the launch cache's Mutex (the stream's enqueue lock).
+// first. The workspace is behind the stream's enqueue lock.
 unsafe impl Send for StreamInner {}
 // SAFETY: as above; `&StreamInner` only enqueues, synchronises or locks its mutexes.
 unsafe impl Sync for StreamInner {}
@@ -116,9 +133,24 @@ impl StreamInner {
             released: RwLock::new(false),
             waited: Mutex::new(Waits::default()),
             staging: Mutex::new(Staging::default()),
+            enqueue: Mutex::new(Enqueue::default()),
             launches: LaunchCache::new(launch_cache::default_capacity()),
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),
+        }
+    }
+
+    /// The stream's enqueue lock and what it guards (see [`enqueue_using`]).
+    pub(crate) fn lock_enqueue(&self) -> MutexGuard<'_, Enqueue> {
+        self.enqueue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`lock_enqueue`](Self::lock_enqueue) if no one holds it now (`None` then).
+    pub(crate) fn try_lock_enqueue(&self) -> Option<MutexGuard<'_, Enqueue>> {
+        match self.enqueue.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
 
@@ -161,16 +193,13 @@ impl StreamInner {
         if capture.is_some() {
             return Err(crate::Error::invalid("stream", "the stream is already being captured"));
         }
-        let mut launches = self.launches.lock();
-        let mut cache = std::mem::take(&mut *launches);
         // The capture launches with the stream's workspace (after the work queued before it);
         // the graph keeps it, and eager work after the capture gets a new one.
-        launches.workspace = cache.workspace.take();
-        drop(launches);
+        let launches = std::mem::take(&mut self.lock_enqueue().launches);
         let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()));
         *capture = Some(keep);
         self.capturing.store(true, Ordering::Release);
-        Ok(Suspended { cache, staging })
+        Ok(Suspended { launches, staging })
     }
 
     /// Ends the capture (after `aclmdlRICaptureEnd`): what the capture used (its launch cache,
@@ -179,7 +208,11 @@ impl StreamInner {
     pub(crate) fn end_capture(&self, suspended: Suspended) {
         let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
         let keep = capture.take();
-        let cache = std::mem::replace(&mut *self.launches.lock(), suspended.cache);
+        let cache = {
+            let mut enqueue = self.lock_enqueue();
+            let launches = std::mem::replace(&mut enqueue.launches, suspended.launches);
+            Enqueue { launches, workspace: enqueue.workspace.take() }
+        };
         let staging =
             std::mem::replace(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()), suspended.staging);
         self.capturing.store(false, Ordering::Release);
@@ -377,7 +410,7 @@ impl StreamInner {
     }
 
     /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
-    /// one, `ws` (the launch cache's, under the stream's enqueue lock). Launches on this
+    /// one, `ws` ([`Enqueue::workspace`], under the stream's enqueue lock). Launches on this
     /// stream are ordered, so reuse is safe; an outgrown workspace goes back to the allocator in
     /// this stream's order (no host wait).
     pub(crate) fn with_workspace<R>(
@@ -503,12 +536,12 @@ impl StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        let workspace = self.launches.state().workspace.take();
+        let workspace = self.enqueue.get_mut().unwrap_or_else(|p| p.into_inner()).workspace.take();
         let staging = std::mem::take(self.staging.get_mut().unwrap_or_else(|p| p.into_inner()));
         let drained = self.synchronize();
         // Cached executors are destroyed (or, if the stream could not drain, leaked) before the
         // stream and its device go.
-        self.launches.teardown(drained.is_ok());
+        self.launches.teardown(self, drained.is_ok());
         match drained {
             // The workspace and the staging area are idle now that the stream has drained.
             Ok(()) => {

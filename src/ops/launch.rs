@@ -1,8 +1,10 @@
 //! The one launch path of every operator on Ascend: descriptor list → phase 1 → workspace →
 //! phase 2 → record, written once, with the stream's launch cache in front of it.
 //!
-//! [`prepare`] describes every tensor an operator lists (its inputs and outputs, see
-//! [`Operator`]) through `DeviceCall`, the only way to get an `aclTensor` for phase 1: the
+//! Every path first reads the tensors an operator lists (its inputs and outputs, see
+//! [`Operator`]) once into a `Call`: each one's name, its launch-cache [`Key`] (plain layout
+//! data: the cache below never sees a `Tensor`) and its device buffer. [`prepare`] describes them
+//! through `Descriptors`, the only way to get an `aclTensor` for phase 1: the
 //! descriptor keeps the [`DeviceBuffer`] it points into, so the list of descriptors is also the
 //! list of memory the call touches, and no argument can be left out of it. The operator names
 //! only its two FFI functions. [`DevicePrepared::launch`] hands that list (plus the workspace) to
@@ -26,10 +28,10 @@ use ascend_sys::symbols;
 use super::operator::{Handles, Operator, Outputs, ScalarBits};
 use crate::device::descriptor::AclTensor;
 use crate::device::executor::Executor;
-use crate::device::launch_cache::{config_epoch, CacheState, Entry, Signature};
-use crate::device::{enqueue_if_sole_user, enqueue_using, Device, DeviceAlloc, DeviceBuffer, StreamInner};
+use crate::device::launch_cache::{config_epoch, Entry, Key, Signature};
+use crate::device::{enqueue_if_sole_user, enqueue_using, Device, DeviceAlloc, DeviceBuffer, Enqueue, StreamInner};
 use crate::error::{Error, Result};
-use crate::layout::MAX_RANK;
+use crate::layout::{Layout, MAX_RANK};
 use crate::stream::Stream;
 use crate::tensor::{Tensor, TENSOR_DATA_ALIGN};
 
@@ -43,209 +45,85 @@ fn too_many() -> Error {
     Error::internal(format!("an operator lists more than {MAX_ARGS} inputs and outputs"))
 }
 
-/// The tensors of one call, inputs then outputs, each in its prototype's order (`None`: absent),
-/// with their aclnn names (for errors); on the stack.
+/// The tensors of one call, inputs then outputs, each in its prototype's order, read once: each
+/// one's aclnn name (for errors), its [`Key`] for the launch cache (`None`: absent) and its
+/// device buffer (`None`: absent, or in host memory); on the stack.
 #[derive(Clone, Copy)]
-struct CallArgs<'a> {
-    tensors: [Option<&'a Tensor>; MAX_ARGS],
+struct Call<'t> {
     names: [&'static str; MAX_ARGS],
-    len: usize,
-    inputs: usize,
-}
-
-impl<'a> CallArgs<'a> {
-    fn of<O: Operator<'a>>(op: &O, outs: O::Outputs) -> Result<Self> {
-        let mut args = CallArgs { tensors: [None; MAX_ARGS], names: [""; MAX_ARGS], len: 0, inputs: 0 };
-        for (t, name) in op.inputs() {
-            if args.len == MAX_ARGS {
-                return Err(too_many());
-            }
-            args.push(t, name);
-        }
-        args.inputs = args.len;
-        for (t, name) in outs.into_shared().zip(O::OUTPUTS) {
-            if args.len == MAX_ARGS {
-                return Err(too_many());
-            }
-            args.push(t, name);
-        }
-        Ok(args)
-    }
-
-    fn push(&mut self, t: Option<&'a Tensor>, name: &'static str) {
-        (self.tensors[self.len], self.names[self.len]) = (t, name);
-        self.len += 1;
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (Option<&'a Tensor>, &'static str)> + '_ {
-        self.tensors[..self.len].iter().copied().zip(self.names[..self.len].iter().copied())
-    }
-
-    /// The present outputs.
-    fn outputs(&self) -> impl Iterator<Item = &'a Tensor> + '_ {
-        self.tensors[self.inputs..self.len].iter().flatten().copied()
-    }
-}
-
-/// The buffer of `t` (argument `name`), which must be on `device` (the stream checks said so).
-fn buffer_on<'t>(t: &'t Tensor, name: &'static str, device: &Device) -> Result<&'t DeviceBuffer> {
-    let Some((buffer, on)) = t.device_buffer() else {
-        return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
-    };
-    if !on.same(device) {
-        return Err(Error::internal(format!(
-            "{name}: a tensor on Ascend device {} reached a call on device {} after the stream checks",
-            on.id, device.id
-        )));
-    }
-    Ok(buffer)
-}
-
-/// The device arguments of one operator call, being described for phase 1: its descriptors,
-/// on the stack (a call has at most [`MAX_ARGS`]).
-struct DeviceCall<'a> {
-    device: Arc<Device>,
-    descriptors: [Option<AclTensor<'a>>; MAX_ARGS],
-    len: usize,
-}
-
-impl<'a> DeviceCall<'a> {
-    fn new(device: &Arc<Device>) -> Self {
-        DeviceCall { device: device.clone(), descriptors: [const { None }; MAX_ARGS], len: 0 }
-    }
-
-    /// Describes `t` (argument `name`, for errors; null when absent) and returns its handle for
-    /// phase 1. The handle lives as long as this call (and the prepared call made from it).
-    fn describe(&mut self, t: Option<&'a Tensor>, name: &'static str) -> Result<*mut aclTensor> {
-        let Some(t) = t else { return Ok(std::ptr::null_mut()) };
-        if self.len == MAX_ARGS {
-            return Err(too_many());
-        }
-        let buffer = buffer_on(t, name, &self.device)?;
-        let d = AclTensor::new(buffer, t.dtype(), t.shape(), t.strides(), t.offset(), t.storage_len())?;
-        let raw = d.raw();
-        self.descriptors[self.len] = Some(d);
-        self.len += 1;
-        Ok(raw)
-    }
-
-    /// The descriptors made so far.
-    fn descriptors(&self) -> impl Iterator<Item = &AclTensor<'a>> + Clone {
-        self.descriptors[..self.len].iter().flatten()
-    }
-}
-
-/// Phase 1 of `op` on `device`, its streams checked: every tensor described (inputs, then
-/// outputs, each in its prototype's order), the operator resolved in the toolkit on first use (a
-/// toolkit lacking it is [`Error::Load`] naming it), then its `GetWorkspaceSize` with the handles
-/// and scalars. An operator whose plan asks for it gets its outputs filled with zeros after
-/// phase 2 (CANN's kernels skip empty inputs).
-pub(crate) fn prepare<'a, O: Operator<'a>>(
-    device: &Arc<Device>,
-    op: O,
-    plan: O::Plan,
-    outs: O::Outputs,
-) -> Result<DevicePrepared<'a>> {
-    let args = CallArgs::of(&op, outs)?;
-    phase1::<O>(device, op.scalars(), args, O::zero_after_launch(&plan))
-}
-
-fn phase1<'a, O: Operator<'a>>(
-    device: &Arc<Device>,
-    scalars: O::Scalars,
-    args: CallArgs<'a>,
-    zero_after_launch: bool,
-) -> Result<DevicePrepared<'a>> {
-    let mut call = DeviceCall::new(device);
-    // The handles live on the stack too: describing a call allocates nothing.
-    let mut handles = [std::ptr::null_mut(); MAX_ARGS];
-    for (h, (t, name)) in handles.iter_mut().zip(args.iter()) {
-        *h = call.describe(t, name)?;
-    }
-    let api = device.cann.operator(O::OP)?;
-    let launch = crate::acl::op_fn(O::phase2(api), O::OP.name)?;
-    device.bind()?;
-    let (inputs, outputs) = handles[..args.len].split_at(args.inputs);
-    let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
-        let h = Handles { inputs, outputs, size, executor, cann: Some(device.cann) };
-        // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
-        // (null for an absent one), kept alive by `call`, which moves into the prepared call and
-        // outlives the executor, and phase1's valid out-pointers.
-        unsafe { O::phase1(api, scalars, h) }
-    })?;
-    let executor = Executor::new(device.clone(), raw);
-    Ok(DevicePrepared {
-        executor: Some(executor),
-        call,
-        handles,
-        args,
-        workspace_size,
-        op: O::OP,
-        launch,
-        zero_after_launch,
-    })
-}
-
-/// What the launch cache sees of a call: its tensors, inputs then outputs (`None`: absent), with
-/// each one's buffer.
-struct Bound<'t> {
-    tensors: [Option<&'t Tensor>; MAX_ARGS],
+    keys: [Option<Key<'t>>; MAX_ARGS],
     buffers: [Option<&'t DeviceBuffer>; MAX_ARGS],
     len: usize,
     inputs: usize,
+    /// Whether the launch cache takes the call: every present tensor in device memory of the
+    /// call's device, of rank at most [`MAX_RANK`], at a non-null address that is 32-byte
+    /// aligned (CANN rebinds only aligned addresses).
+    cacheable: bool,
 }
 
-impl<'t> Bound<'t> {
-    fn empty() -> Self {
-        Bound { tensors: [None; MAX_ARGS], buffers: [None; MAX_ARGS], len: 0, inputs: 0 }
-    }
-
-    /// Takes `inputs` then `outputs`; `false` when the launch cache does not take the call: more
-    /// than [`MAX_ARGS`] tensors, or a tensor not in device memory of `device`, of rank over
-    /// [`MAX_RANK`], or whose storage address is null (empty) or not 32-byte aligned (CANN
-    /// rebinds only aligned addresses).
-    fn fill(
-        &mut self,
+impl<'t> Call<'t> {
+    /// The call of `inputs` then `outputs` on `device`; an error when they are more than
+    /// [`MAX_ARGS`].
+    fn of(
         device: &Device,
-        inputs: impl IntoIterator<Item = Option<&'t Tensor>>,
-        outputs: impl IntoIterator<Item = Option<&'t Tensor>>,
-    ) -> bool {
-        for t in inputs {
-            if self.push(t, device).is_none() {
-                return false;
-            }
+        inputs: impl IntoIterator<Item = (Option<&'t Tensor>, &'static str)>,
+        outputs: impl IntoIterator<Item = (Option<&'t Tensor>, &'static str)>,
+    ) -> Result<Self> {
+        let mut call = Call {
+            names: [""; MAX_ARGS],
+            keys: [None; MAX_ARGS],
+            buffers: [None; MAX_ARGS],
+            len: 0,
+            inputs: 0,
+            cacheable: true,
+        };
+        for (t, name) in inputs {
+            call.push(t, name, device)?;
         }
-        self.inputs = self.len;
-        for t in outputs {
-            if self.push(t, device).is_none() {
-                return false;
-            }
+        call.inputs = call.len;
+        for (t, name) in outputs {
+            call.push(t, name, device)?;
         }
-        true
+        Ok(call)
     }
 
-    fn push(&mut self, t: Option<&'t Tensor>, device: &Device) -> Option<()> {
+    fn push(&mut self, t: Option<&'t Tensor>, name: &'static str, device: &Device) -> Result<()> {
         let i = self.len;
         if i == MAX_ARGS {
-            return None;
+            return Err(too_many());
         }
         self.len += 1;
-        let Some(t) = t else { return Some(()) };
-        let (buffer, on) = t.device_buffer()?;
-        let p = buffer.ptr();
-        if !on.same(device)
-            || p.is_null()
-            || !(p as usize).is_multiple_of(TENSOR_DATA_ALIGN)
-            || t.shape().len() > MAX_RANK
-        {
-            return None;
-        }
-        (self.tensors[i], self.buffers[i]) = (Some(t), Some(buffer));
-        Some(())
+        self.names[i] = name;
+        let Some(t) = t else { return Ok(()) };
+        self.keys[i] = Some(Key { id: t.layout_id(), hash: t.layout_hash(), layout: t.layout() });
+        self.buffers[i] = t.device_buffer().map(|(b, _)| b);
+        self.cacheable &= self.buffers[i].is_some_and(|b| {
+            let p = b.ptr();
+            b.device().same(device) && !p.is_null() && (p as usize).is_multiple_of(TENSOR_DATA_ALIGN)
+        }) && t.shape().len() <= MAX_RANK;
+        Ok(())
     }
 
+    /// Argument `i`'s layout and buffer (which must be on `device`: the stream checks said so),
+    /// `None` when it is absent.
+    fn device_arg(&self, i: usize, device: &Device) -> Result<Option<(&Layout<'t>, &'t DeviceBuffer)>> {
+        let (Some(key), name) = (&self.keys[i], self.names[i]) else { return Ok(None) };
+        let Some(buffer) = self.buffers[i] else {
+            return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
+        };
+        let on = buffer.device();
+        if !on.same(device) {
+            return Err(Error::internal(format!(
+                "{name}: a tensor on Ascend device {} reached a call on device {} after the stream checks",
+                on.id, device.id
+            )));
+        }
+        Ok(Some((&key.layout, buffer)))
+    }
+
+    /// What the launch cache matches.
     fn signature<S: ScalarBits>(&self, op: &'static symbols::Operator, scalars: S) -> Signature<'_> {
-        Signature { op, scalars: scalars.bits(), tensors: &self.tensors[..self.len], inputs: self.inputs }
+        Signature { op, scalars: scalars.bits(), keys: &self.keys[..self.len], inputs: self.inputs }
     }
 
     /// Launches the entry of this call cached on `inner`, if there is one: see [`launch_cached`].
@@ -263,15 +141,100 @@ impl<'t> Bound<'t> {
         let sig = self.signature(op, scalars);
         let hash = sig.hash();
         let buffers = self.buffers[..self.len].iter().flatten().copied();
-        let hit =
-            |st: &mut CacheState| st.launch_hit(inner, hash, &sig, |entry, ws| launch_cached(inner, self, entry, ws));
+        let hit = |e: &mut Enqueue| {
+            e.launches.launch_hit(inner, hash, &sig, |entry| launch_cached(inner, self, entry, &mut e.workspace))
+        };
         let result = if validated {
-            enqueue_using(inner, buffers, |st| Ok(hit(st))).unwrap_or_else(|e| Some(Err(e)))
+            enqueue_using(inner, buffers, |e| Ok(hit(e))).unwrap_or_else(|e| Some(Err(e)))
         } else {
             enqueue_if_sole_user(inner, buffers, hit).ok().flatten()
         };
         (hash, result)
     }
+}
+
+/// The descriptors of one operator call, being made for phase 1, on the stack (a call has at
+/// most [`MAX_ARGS`]).
+struct Descriptors<'a> {
+    device: Arc<Device>,
+    list: [Option<AclTensor<'a>>; MAX_ARGS],
+    len: usize,
+}
+
+impl<'a> Descriptors<'a> {
+    fn new(device: &Arc<Device>) -> Self {
+        Descriptors { device: device.clone(), list: [const { None }; MAX_ARGS], len: 0 }
+    }
+
+    /// Describes argument `i` of `call` (null when absent) and returns its handle for phase 1.
+    /// The handle lives as long as this list (and the prepared call made from it).
+    fn describe(&mut self, call: &Call<'a>, i: usize) -> Result<*mut aclTensor> {
+        let Some((l, buffer)) = call.device_arg(i, &self.device)? else { return Ok(std::ptr::null_mut()) };
+        if self.len == MAX_ARGS {
+            return Err(too_many());
+        }
+        let d = AclTensor::new(buffer, l.dtype, l.shape, l.strides, l.offset, l.storage_len)?;
+        let raw = d.raw();
+        self.list[self.len] = Some(d);
+        self.len += 1;
+        Ok(raw)
+    }
+
+    /// The descriptors made so far.
+    fn iter(&self) -> impl Iterator<Item = &AclTensor<'a>> + Clone {
+        self.list[..self.len].iter().flatten()
+    }
+}
+
+/// Phase 1 of `op` on `device`, its streams checked: every tensor described (inputs, then
+/// outputs, each in its prototype's order), the operator resolved in the toolkit on first use (a
+/// toolkit lacking it is [`Error::Load`] naming it), then its `GetWorkspaceSize` with the handles
+/// and scalars. An operator whose plan asks for it gets its outputs filled with zeros after
+/// phase 2 (CANN's kernels skip empty inputs).
+pub(crate) fn prepare<'a, O: Operator<'a>>(
+    device: &Arc<Device>,
+    op: O,
+    plan: O::Plan,
+    outs: O::Outputs,
+) -> Result<DevicePrepared<'a>> {
+    let call = Call::of(device, op.inputs(), outs.into_shared().zip(O::OUTPUTS.iter().copied()))?;
+    phase1::<O>(device, op.scalars(), call, O::zero_after_launch(&plan))
+}
+
+fn phase1<'a, O: Operator<'a>>(
+    device: &Arc<Device>,
+    scalars: O::Scalars,
+    call: Call<'a>,
+    zero_after_launch: bool,
+) -> Result<DevicePrepared<'a>> {
+    let mut descriptors = Descriptors::new(device);
+    // The handles live on the stack too: describing a call allocates nothing.
+    let mut handles = [std::ptr::null_mut(); MAX_ARGS];
+    for (i, h) in handles[..call.len].iter_mut().enumerate() {
+        *h = descriptors.describe(&call, i)?;
+    }
+    let api = device.cann.operator(O::OP)?;
+    let launch = crate::acl::op_fn(O::phase2(api), O::OP.name)?;
+    device.bind()?;
+    let (inputs, outputs) = handles[..call.len].split_at(call.inputs);
+    let (workspace_size, raw) = crate::acl::phase1(device.cann, O::OP.phase1, |size, executor| {
+        let h = Handles { inputs, outputs, size, executor, cann: Some(device.cann) };
+        // SAFETY: `h` holds the call's descriptors, inputs then outputs in the operator's order
+        // (null for an absent one), kept alive by `descriptors`, which move into the prepared call
+        // and outlive the executor, and phase1's valid out-pointers.
+        unsafe { O::phase1(api, scalars, h) }
+    })?;
+    let executor = Executor::new(device.clone(), raw);
+    Ok(DevicePrepared {
+        executor: Some(executor),
+        descriptors,
+        handles,
+        call,
+        workspace_size,
+        op: O::OP,
+        launch,
+        zero_after_launch,
+    })
 }
 
 /// An `_into` entry's first step on Ascend: if `inner`'s launch cache holds the executor of this
@@ -289,11 +252,16 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
     if !inner.launches.enabled() {
         return Ok(false);
     }
-    let mut bound = Bound::empty();
-    if !bound.fill(device, op.inputs().into_iter().map(|(t, _)| t), outs.each()) {
+    // (More tensors than a call holds: left to the validated path, which reports it.)
+    // (The inputs, borrowed for `'a`, reborrowed for as long as the outputs are.)
+    let inputs = op.inputs().into_iter().map(|(t, name)| (t.map(|t| t as &Tensor), name));
+    let Ok(call) = Call::of(device, inputs, outs.each().zip(O::OUTPUTS.iter().copied())) else {
+        return Ok(false);
+    };
+    if !call.cacheable {
         return Ok(false);
     }
-    match bound.launch_hit(inner, O::OP, op.scalars(), false).1 {
+    match call.launch_hit(inner, O::OP, op.scalars(), false).1 {
         Some(result) => result.map(|()| true),
         None => Ok(false),
     }
@@ -302,7 +270,7 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
 /// A validated `_into` or allocating call on Ascend: the cached executor of this call's
 /// signature on `inner` if there is one (rebound, then phase 2), else phase 1 with a repeatable
 /// executor, launched and kept. Calls the cache does not take (it is off, an empty input that is
-/// zeroed after the launch, or see [`Bound::fill`]) run [`prepare`] and launch as always.
+/// zeroed after the launch, or see [`Call::cacheable`]) run [`prepare`] and launch as always.
 pub(crate) fn run<'a, O: Operator<'a>>(
     inner: &Arc<StreamInner>,
     device: &Arc<Device>,
@@ -310,17 +278,12 @@ pub(crate) fn run<'a, O: Operator<'a>>(
     plan: O::Plan,
     outs: O::Outputs,
 ) -> Result<()> {
-    let args = CallArgs::of(&op, outs)?;
+    let call = Call::of(device, op.inputs(), outs.into_shared().zip(O::OUTPUTS.iter().copied()))?;
     let (scalars, zero) = (op.scalars(), O::zero_after_launch(&plan));
-    let present = args.tensors[..args.len].iter().copied();
-    let mut bound = Bound::empty();
-    if zero
-        || !inner.launches.enabled()
-        || !bound.fill(device, present.clone().take(args.inputs), present.skip(args.inputs))
-    {
-        return phase1::<O>(device, scalars, args, zero)?.launch_on(inner, None);
+    if zero || !inner.launches.enabled() || !call.cacheable {
+        return phase1::<O>(device, scalars, call, zero)?.launch_on(inner, None);
     }
-    let (hash, hit) = bound.launch_hit(inner, O::OP, scalars, true);
+    let (hash, hit) = call.launch_hit(inner, O::OP, scalars, true);
     if let Some(result) = hit {
         return result;
     }
@@ -328,17 +291,17 @@ pub(crate) fn run<'a, O: Operator<'a>>(
     inner.launches.reap(inner);
     // Read before phase 1: a setting changed meanwhile leaves the entry stale, never the reverse.
     let epoch = config_epoch(device);
-    let mut prepared = phase1::<O>(device, scalars, args, false)?;
+    let mut prepared = phase1::<O>(device, scalars, call, false)?;
     // CANN refuses executors it cannot repeat (ASYNC.md §5): such a call is launched uncached,
     // phase 2 consuming its executor, and its signature is not tried again.
-    let refused = inner.launches.refused(hash, epoch);
+    let refused = inner.launches.refused(inner, hash, epoch);
     if refused || !prepared.executor.as_mut().map_or(Ok(false), Executor::try_make_repeatable)? {
         if !refused {
-            inner.launches.refuse(hash, epoch);
+            inner.launches.refuse(inner, hash, epoch);
         }
         return prepared.launch_on(inner, None);
     }
-    prepared.launch_and_keep(inner, &bound.signature(O::OP, scalars), &bound.buffers[..bound.len], hash, epoch)
+    prepared.launch_and_keep(inner, scalars, hash, epoch)
 }
 
 /// Phase 2 of a cached executor on its stream: every present tensor rebound to this call's
@@ -346,7 +309,7 @@ pub(crate) fn run<'a, O: Operator<'a>>(
 /// steady case) over the call's buffers, which records them with the enqueue.
 fn launch_cached(
     inner: &Arc<StreamInner>,
-    call: &Bound<'_>,
+    call: &Call<'_>,
     entry: &mut Entry,
     workspace: &mut Option<DeviceAlloc>,
 ) -> Result<()> {
@@ -373,10 +336,10 @@ fn launch_cached(
 /// descriptors) drops first.
 pub(crate) struct DevicePrepared<'a> {
     executor: Option<Executor>,
-    call: DeviceCall<'a>,
+    descriptors: Descriptors<'a>,
     /// Each argument's descriptor (null: absent), as phase 1 got them.
     handles: [*mut aclTensor; MAX_ARGS],
-    args: CallArgs<'a>,
+    call: Call<'a>,
     workspace_size: u64,
     op: &'static symbols::Operator,
     launch: Phase2,
@@ -387,8 +350,8 @@ impl std::fmt::Debug for DevicePrepared<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DevicePrepared")
             .field("operator", &self.op.name)
-            .field("device", &self.call.device.id)
-            .field("tensors", &self.call.len)
+            .field("device", &self.descriptors.device.id)
+            .field("tensors", &self.descriptors.len)
             .field("workspace_size", &self.workspace_size)
             .finish()
     }
@@ -402,7 +365,7 @@ impl DevicePrepared<'_> {
 
     /// Phase 2 on `stream`, with `workspace` or (for `None`) the stream's cached one.
     pub(crate) fn launch(self, stream: &Stream, workspace: Option<&Workspace>) -> Result<()> {
-        let device = &self.call.device;
+        let device = &self.descriptors.device;
         let Some((inner, stream_device)) = stream.ascend() else {
             return Err(stream.mismatch("stream", &format!("the call was prepared on Ascend device {}", device.id)));
         };
@@ -428,21 +391,24 @@ impl DevicePrepared<'_> {
             // the stream has completed the work.
             unsafe { launch(ws, size, executor.into_raw(), inner.raw()) }
         })?;
-        for t in self.args.outputs().filter(|_| self.zero_after_launch) {
-            zero_device_view(t)?;
+        if self.zero_after_launch {
+            for i in self.call.inputs..self.call.len {
+                if let Some((l, buffer)) = self.call.device_arg(i, &self.descriptors.device)? {
+                    zero_device_view(l, buffer)?;
+                }
+            }
         }
         Ok(())
     }
 
     /// Phase 2 of a call whose executor was made repeatable, on `inner` with its workspace;
-    /// then the executor and the descriptors go to the stream's launch cache for `sig` (whose
-    /// hash is `hash`; `buffers` are its tensors' buffers, in its order; `epoch` the device's
-    /// configuration epoch before phase 1), or are retired if the launch failed.
-    fn launch_and_keep(
+    /// then the executor and the descriptors go to the stream's launch cache for the call's
+    /// signature with `scalars` (whose hash is `hash`; `epoch` the device's configuration epoch
+    /// before phase 1), or are retired if the launch failed.
+    fn launch_and_keep<S: ScalarBits>(
         mut self,
         inner: &Arc<StreamInner>,
-        sig: &Signature<'_>,
-        buffers: &[Option<&DeviceBuffer>],
+        scalars: S,
         hash: u64,
         epoch: u64,
     ) -> Result<()> {
@@ -456,17 +422,19 @@ impl DevicePrepared<'_> {
             unsafe { launch(ws, size, raw, inner.raw()) }
         });
         let descriptors: [*mut aclTensor; MAX_ARGS] = self.handles;
-        self.call.descriptors.into_iter().flatten().for_each(|d| {
+        self.descriptors.list.into_iter().flatten().for_each(|d| {
             d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
         });
+        let (call, n) = (&self.call, self.call.len);
+        let sig = call.signature(self.op, scalars);
         // SAFETY: `raw` is the live repeatable executor of phase 1 of `sig.op` over these live
         // descriptors (null where absent), in `sig`'s order; nothing else uses them from here.
         let entry = unsafe {
             Entry::new(
-                self.call.device.clone(),
-                sig,
-                &descriptors[..self.args.len],
-                buffers,
+                self.descriptors.device.clone(),
+                &sig,
+                &descriptors[..n],
+                &call.buffers[..n],
                 raw,
                 self.workspace_size,
                 self.launch,
@@ -488,14 +456,14 @@ impl DevicePrepared<'_> {
         workspace: Option<&Workspace>,
         phase2: impl FnOnce(Phase2, *mut c_void, u64) -> i32,
     ) -> Result<()> {
-        let device = &self.call.device;
+        let device = &self.descriptors.device;
         let size = self.workspace_size;
         // CANN's rule: the workspace is null exactly when its size is 0, whatever the caller gave.
         let caller_workspace = match workspace {
             Some(ws) if size > 0 => Some(ws.buffer_for(size, device)?),
             _ => None,
         };
-        let buffers = self.call.descriptors().map(AclTensor::buffer).chain(caller_workspace);
+        let buffers = self.descriptors.iter().map(AclTensor::buffer).chain(caller_workspace);
         let (cann, op, launch) = (device.cann, self.op, self.launch);
         let run = move |ws: *mut c_void| {
             device.bind()?;
@@ -557,21 +525,21 @@ impl Workspace {
     }
 }
 
-/// Writes zeros to every element of a device view of rank 1 (aclrtMemset, after the streams that
-/// used the buffer have finished).
-fn zero_device_view(t: &Tensor) -> Result<()> {
-    let Some((buffer, device)) = t.device_buffer() else {
-        return Err(Error::internal("output: a host tensor reached the Ascend backend"));
+/// Writes zeros to every element of a device view of rank 1 (`l` in `buffer`; aclrtMemset, after
+/// the streams that used the buffer have finished).
+fn zero_device_view(l: &Layout<'_>, buffer: &DeviceBuffer) -> Result<()> {
+    let (Some(&n), Some(&stride)) = (l.shape.first(), l.strides.first()) else {
+        return Err(Error::internal("a view of rank 0 was to be zeroed as a vector"));
     };
     buffer.synchronize()?;
+    let device = buffer.device();
     device.bind()?;
-    let es = t.dtype().size_in_bytes();
+    let es = l.dtype.size_in_bytes();
     let base = buffer.ptr().cast::<u8>();
-    let (n, stride) = (t.shape()[0], t.strides()[0]);
     // One run of n elements (contiguous), or n runs of one element each `stride` apart: walked
     // without a table, whose length would be the caller's channel count.
     let (count, len, step) = if stride == 1 || n <= 1 { (1, n, 0) } else { (n, 1, stride) };
-    for start in (0..count).map(|i| t.offset() + i * step) {
+    for start in (0..count).map(|i| l.offset + i * step) {
         if len == 0 {
             continue;
         }
