@@ -2,8 +2,9 @@
 //! phase 2 → record, written once, with the stream's launch cache in front of it.
 //!
 //! Every path first reads the tensors an operator lists (its inputs and outputs, see
-//! [`Operator`]) once into a `Call`: each one's name, its launch-cache [`Key`] (plain layout
-//! data: the cache below never sees a `Tensor`) and its device buffer. [`prepare`] describes them
+//! [`Operator`]) once into a `Call`: each one's name, the tensor and its device buffer; the
+//! launch cache sees them as [`Key`]s (plain layout data: the cache below never sees a `Tensor`).
+//! [`prepare`] describes them
 //! through `Descriptors`, the only way to get an `aclTensor` for phase 1: the
 //! descriptor keeps the [`DeviceBuffer`] it points into, so the list of descriptors is also the
 //! list of memory the call touches, and no argument can be left out of it. The operator names
@@ -46,12 +47,13 @@ fn too_many() -> Error {
 }
 
 /// The tensors of one call, inputs then outputs, each in its prototype's order, read once: each
-/// one's aclnn name (for errors), its [`Key`] for the launch cache (`None`: absent) and its
-/// device buffer (`None`: absent, or in host memory); on the stack.
+/// one's aclnn name (for errors), the tensor (`None`: absent) and its device buffer (`None`:
+/// absent, or in host memory); on the stack. The launch cache sees them as [`Key`]s
+/// ([`keys`](Self::keys)).
 #[derive(Clone, Copy)]
 struct Call<'t> {
     names: [&'static str; MAX_ARGS],
-    keys: [Option<Key<'t>>; MAX_ARGS],
+    tensors: [Option<&'t Tensor>; MAX_ARGS],
     buffers: [Option<&'t DeviceBuffer>; MAX_ARGS],
     len: usize,
     inputs: usize,
@@ -71,7 +73,7 @@ impl<'t> Call<'t> {
     ) -> Result<Self> {
         let mut call = Call {
             names: [""; MAX_ARGS],
-            keys: [None; MAX_ARGS],
+            tensors: [None; MAX_ARGS],
             buffers: [None; MAX_ARGS],
             len: 0,
             inputs: 0,
@@ -95,7 +97,7 @@ impl<'t> Call<'t> {
         self.len += 1;
         self.names[i] = name;
         let Some(t) = t else { return Ok(()) };
-        self.keys[i] = Some(Key { id: t.layout_id(), hash: t.layout_hash(), layout: t.layout() });
+        self.tensors[i] = Some(t);
         self.buffers[i] = t.device_buffer().map(|(b, _)| b);
         self.cacheable &= self.buffers[i].is_some_and(|b| {
             let p = b.ptr();
@@ -106,8 +108,8 @@ impl<'t> Call<'t> {
 
     /// Argument `i`'s layout and buffer (which must be on `device`: the stream checks said so),
     /// `None` when it is absent.
-    fn device_arg(&self, i: usize, device: &Device) -> Result<Option<(&Layout<'t>, &'t DeviceBuffer)>> {
-        let (Some(key), name) = (&self.keys[i], self.names[i]) else { return Ok(None) };
+    fn device_arg(&self, i: usize, device: &Device) -> Result<Option<(Layout<'t>, &'t DeviceBuffer)>> {
+        let (Some(t), name) = (self.tensors[i], self.names[i]) else { return Ok(None) };
         let Some(buffer) = self.buffers[i] else {
             return Err(Error::internal(format!("{name}: a host tensor reached the Ascend backend")));
         };
@@ -118,12 +120,27 @@ impl<'t> Call<'t> {
                 on.id, device.id
             )));
         }
-        Ok(Some((&key.layout, buffer)))
+        Ok(Some((t.layout(), buffer)))
     }
 
-    /// What the launch cache matches.
-    fn signature<S: ScalarBits>(&self, op: &'static symbols::Operator, scalars: S) -> Signature<'_> {
-        Signature { op, scalars: scalars.bits(), keys: &self.keys[..self.len], inputs: self.inputs }
+    /// Each tensor as the launch cache sees it: plain layout data, with the id and hash the
+    /// tensor was given when it was made (`None`: absent; the first `len` places).
+    fn keys(&self) -> [Option<Key<'t>>; MAX_ARGS] {
+        let mut keys = [None; MAX_ARGS];
+        for (k, t) in keys.iter_mut().zip(&self.tensors[..self.len]) {
+            *k = t.map(|t| Key { id: t.layout_id(), hash: t.layout_hash(), layout: t.layout() });
+        }
+        keys
+    }
+
+    /// What the launch cache matches: the call's `keys` ([`keys`](Self::keys)).
+    fn signature<'k, S: ScalarBits>(
+        &self,
+        keys: &'k [Option<Key<'t>>; MAX_ARGS],
+        op: &'static symbols::Operator,
+        scalars: S,
+    ) -> Signature<'k> {
+        Signature { op, scalars: scalars.bits(), keys: &keys[..self.len], inputs: self.inputs }
     }
 
     /// Launches the entry of this call cached on `inner`, if there is one: see [`launch_cached`].
@@ -138,7 +155,8 @@ impl<'t> Call<'t> {
         scalars: S,
         validated: bool,
     ) -> (u64, Option<Result<()>>) {
-        let sig = self.signature(op, scalars);
+        let keys = self.keys();
+        let sig = self.signature(&keys, op, scalars);
         let hash = sig.hash();
         let buffers = self.buffers[..self.len].iter().flatten().copied();
         let hit = |e: &mut Enqueue| {
@@ -394,7 +412,7 @@ impl DevicePrepared<'_> {
         if self.zero_after_launch {
             for i in self.call.inputs..self.call.len {
                 if let Some((l, buffer)) = self.call.device_arg(i, &self.descriptors.device)? {
-                    zero_device_view(l, buffer)?;
+                    zero_device_view(&l, buffer)?;
                 }
             }
         }
@@ -426,7 +444,8 @@ impl DevicePrepared<'_> {
             d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
         });
         let (call, n) = (&self.call, self.call.len);
-        let sig = call.signature(self.op, scalars);
+        let keys = call.keys();
+        let sig = call.signature(&keys, self.op, scalars);
         // SAFETY: `raw` is the live repeatable executor of phase 1 of `sig.op` over these live
         // descriptors (null where absent), in `sig`'s order; nothing else uses them from here.
         let entry = unsafe {
