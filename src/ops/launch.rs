@@ -49,7 +49,7 @@ fn too_many() -> Error {
 /// The tensors of one call, inputs then outputs, each in its prototype's order, read once: each
 /// one's aclnn name (for errors), the tensor (`None`: absent) and its device buffer (`None`:
 /// absent, or in host memory); on the stack. The launch cache sees them as [`Key`]s
-/// ([`keys`](Self::keys)).
+/// ([`signature`](Self::signature)).
 #[derive(Clone, Copy)]
 struct Call<'t> {
     names: [&'static str; MAX_ARGS],
@@ -71,22 +71,38 @@ impl<'t> Call<'t> {
         inputs: impl IntoIterator<Item = (Option<&'t Tensor>, &'static str)>,
         outputs: impl IntoIterator<Item = (Option<&'t Tensor>, &'static str)>,
     ) -> Result<Self> {
-        let mut call = Call {
+        let mut call = Call::empty();
+        call.fill(device, inputs, outputs)?;
+        Ok(call)
+    }
+
+    fn empty() -> Self {
+        Call {
             names: [""; MAX_ARGS],
             tensors: [None; MAX_ARGS],
             buffers: [None; MAX_ARGS],
             len: 0,
             inputs: 0,
             cacheable: true,
-        };
+        }
+    }
+
+    /// Reads `inputs` then `outputs` into an empty call (in place: the steady launch copies no
+    /// list).
+    fn fill(
+        &mut self,
+        device: &Device,
+        inputs: impl IntoIterator<Item = (Option<&'t Tensor>, &'static str)>,
+        outputs: impl IntoIterator<Item = (Option<&'t Tensor>, &'static str)>,
+    ) -> Result<()> {
         for (t, name) in inputs {
-            call.push(t, name, device)?;
+            self.push(t, name, device)?;
         }
-        call.inputs = call.len;
+        self.inputs = self.len;
         for (t, name) in outputs {
-            call.push(t, name, device)?;
+            self.push(t, name, device)?;
         }
-        Ok(call)
+        Ok(())
     }
 
     fn push(&mut self, t: Option<&'t Tensor>, name: &'static str, device: &Device) -> Result<()> {
@@ -123,23 +139,18 @@ impl<'t> Call<'t> {
         Ok(Some((t.layout(), buffer)))
     }
 
-    /// Each tensor as the launch cache sees it: plain layout data, with the id and hash the
-    /// tensor was given when it was made (`None`: absent; the first `len` places).
-    fn keys(&self) -> [Option<Key<'t>>; MAX_ARGS] {
-        let mut keys = [None; MAX_ARGS];
-        for (k, t) in keys.iter_mut().zip(&self.tensors[..self.len]) {
-            *k = t.map(|t| Key { id: t.layout_id(), hash: t.layout_hash(), layout: t.layout() });
-        }
-        keys
-    }
-
-    /// What the launch cache matches: the call's `keys` ([`keys`](Self::keys)).
+    /// What the launch cache matches, its keys written into `keys` (in place: a launch copies no
+    /// list): each tensor as plain layout data, with the id and hash the tensor was given when it
+    /// was made (`None`: absent).
     fn signature<'k, S: ScalarBits>(
         &self,
-        keys: &'k [Option<Key<'t>>; MAX_ARGS],
+        keys: &'k mut [Option<Key<'t>>; MAX_ARGS],
         op: &'static symbols::Operator,
         scalars: S,
     ) -> Signature<'k> {
+        for (k, t) in keys.iter_mut().zip(&self.tensors[..self.len]) {
+            *k = t.map(|t| Key { id: t.layout_id(), hash: t.layout_hash(), layout: t.layout() });
+        }
         Signature { op, scalars: scalars.bits(), keys: &keys[..self.len], inputs: self.inputs }
     }
 
@@ -155,8 +166,8 @@ impl<'t> Call<'t> {
         scalars: S,
         validated: bool,
     ) -> (u64, Option<Result<()>>) {
-        let keys = self.keys();
-        let sig = self.signature(&keys, op, scalars);
+        let mut keys = [None; MAX_ARGS];
+        let sig = self.signature(&mut keys, op, scalars);
         let hash = sig.hash();
         let buffers = self.buffers[..self.len].iter().flatten().copied();
         let hit = |e: &mut Enqueue| {
@@ -273,10 +284,8 @@ pub(crate) fn launch_if_cached<'a, O: Operator<'a>>(
     // (More tensors than a call holds: left to the validated path, which reports it.)
     // (The inputs, borrowed for `'a`, reborrowed for as long as the outputs are.)
     let inputs = op.inputs().into_iter().map(|(t, name)| (t.map(|t| t as &Tensor), name));
-    let Ok(call) = Call::of(device, inputs, outs.each().zip(O::OUTPUTS.iter().copied())) else {
-        return Ok(false);
-    };
-    if !call.cacheable {
+    let mut call = Call::empty();
+    if call.fill(device, inputs, outs.each().zip(O::OUTPUTS.iter().copied())).is_err() || !call.cacheable {
         return Ok(false);
     }
     match call.launch_hit(inner, O::OP, op.scalars(), false).1 {
@@ -444,8 +453,8 @@ impl DevicePrepared<'_> {
             d.into_raw(); // owned by the entry from now on (the same handles as `descriptors`)
         });
         let (call, n) = (&self.call, self.call.len);
-        let keys = call.keys();
-        let sig = call.signature(&keys, self.op, scalars);
+        let mut keys = [None; MAX_ARGS];
+        let sig = call.signature(&mut keys, self.op, scalars);
         // SAFETY: `raw` is the live repeatable executor of phase 1 of `sig.op` over these live
         // descriptors (null where absent), in `sig`'s order; nothing else uses them from here.
         let entry = unsafe {
