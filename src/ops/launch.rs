@@ -105,6 +105,7 @@ impl<'t> Call<'t> {
         Ok(())
     }
 
+    #[inline]
     fn push(&mut self, t: Option<&'t Tensor>, name: &'static str, device: &Device) -> Result<()> {
         let i = self.len;
         if i == MAX_ARGS {
