@@ -385,25 +385,26 @@ impl EventPool {
 }
 
 /// An event of `device`'s pool recorded now on each of `users` after the work they queued (none
-/// for a released stream, whose work has run), for a holder that frees memory once they have
-/// completed. A stream on which no event can be recorded is synchronised instead; if even that
-/// fails (reported as `what`), `None`: queued work may still use the memory, and the events
-/// recorded so far go back to the pool once complete.
+/// for a released stream, whose work has run), each with its stream's id, for a holder that frees
+/// memory once they have completed (a device block, pinned host memory, a foreign owner). A stream
+/// on which no event can be recorded is synchronised instead; if even that fails (reported as
+/// `what`), `None`: queued work may still use the memory, which the caller leaks, and the events
+/// recorded so far are retired to the pool (reused once seen complete: no wait refers to them).
 pub(crate) fn record_after<'a>(
     device: &Device,
     users: impl IntoIterator<Item = &'a super::StreamInner>,
     what: &str,
-) -> Option<Vec<PooledEvent>> {
+) -> Option<Vec<(u64, PooledEvent)>> {
     let mut events = Vec::new();
     for s in users {
         match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s)) {
-            Ok(Some(e)) => events.push(e),
+            Ok(Some(e)) => events.push((s.id, e)),
             // A released stream: its work has run.
             Ok(None) => {}
             Err(_) => {
                 if let Err(e) = s.synchronize() {
                     report_drop_error(what, &e);
-                    events.into_iter().for_each(|e| device.events.retire(e, Vec::new()));
+                    events.into_iter().for_each(|(_, e)| device.events.retire(e, Vec::new()));
                     return None;
                 }
             }
