@@ -62,7 +62,7 @@ impl Stream {
     /// a no-op on the CPU).
     pub fn synchronize(&self) -> Result<()> {
         match &self.engine {
-            Engine::Ascend(s) => s.synchronize(),
+            Engine::Ascend(s) => s.synchronize_then_drop_owners(),
             Engine::Cpu => Ok(()),
         }
     }

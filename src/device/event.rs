@@ -22,13 +22,17 @@
 //! The pool also keeps the owners of foreign memory (a DLPack producer's capsule) whose tensor
 //! was dropped while queued work may still use it, each with an event recorded after that work on
 //! every stream that used it ([`EventPool::park`]): an owner is dropped (its deleter called) once
-//! all its events are seen complete, never waited for except at teardown. Every event request
-//! gives back the parked owners' completed events; the owners themselves are dropped by the polls
-//! made without the crate's stream locks held (every allocation, stream synchronise and park), so
-//! a deleter that comes back into this crate finds none of them held by its thread (but a
-//! synchronising stream's `released` read lock). Every parked owner holds at least one of the
-//! pool's events until a poll that drops the ready ones, so at most [`LIVE_MAX`] are parked: past
-//! that a drop cannot record its event and waits for its stream instead.
+//! all its events are seen complete, never waited for except at teardown. Every event request and
+//! every stream synchronise gives back the parked owners' completed events; the owners themselves
+//! are dropped only by the polls made where the thread holds no lock of this crate (every
+//! allocation, park, `Stream::synchronize` and drop, each after its stream's locks are let go:
+//! [`EventPool::drop_ready_owners`]), so a deleter that comes back into this crate (drops a
+//! tensor, reads one, synchronises a stream) finds none of them held by its thread. A synchronise
+//! the crate makes for itself (under a buffer's list of streams, a stream's enqueue lock or a
+//! borrowed stream's `released` lock) leaves the owners it made ready parked for the next such
+//! poll. Every parked owner holds at least one of the pool's events until a poll that drops the
+//! ready ones, so at most [`LIVE_MAX`] are parked: past that a drop cannot record its event and
+//! waits for its stream instead.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -228,11 +232,19 @@ impl EventPool {
     }
 
     /// [`reclaim`](Self::reclaim) querying every pending event (after a stream synchronised:
-    /// its guards have completed, and the waits they hold may keep the device alive).
+    /// its guards have completed, and the waits they hold may keep the device alive). Parked
+    /// owners it finds ready stay parked: the caller may hold a stream's locks, so it leaves them
+    /// to [`drop_ready_owners`](Self::drop_ready_owners).
     pub(crate) fn reclaim_all(&self, cann: &Cann) {
-        self.poll_parked(cann, true);
+        self.poll_parked(cann, false);
         let released = Self::reclaim_locked(cann, &mut self.lock(), usize::MAX);
         drop(released);
+    }
+
+    /// Drops the parked owners whose events have all completed (their deleters run on this
+    /// thread). Only for callers that hold no lock of this crate (see the module docs).
+    pub(crate) fn drop_ready_owners(&self, cann: &Cann) {
+        self.poll_parked(cann, true);
     }
 
     /// [`reclaim`](Self::reclaim) with the state locked; returns the waited-for events let go
