@@ -24,13 +24,14 @@
 //! every stream that used it ([`EventPool::park`]): an owner is dropped (its deleter called) once
 //! all its events are seen complete, never waited for except at teardown. Every event request and
 //! every stream synchronise gives back the parked owners' completed events; the owners themselves
-//! are dropped only by the polls made where the thread holds no lock of this crate (every
-//! allocation, park, `Stream::synchronize` and drop, each after its stream's locks are let go:
-//! [`EventPool::drop_ready_owners`]), so a deleter that comes back into this crate (drops a
-//! tensor, reads one, synchronises a stream) finds none of them held by its thread. A synchronise
-//! the crate makes for itself (under a buffer's list of streams, a stream's enqueue lock or a
-//! borrowed stream's `released` lock) leaves the owners it made ready parked for the next such
-//! poll. Every parked owner holds at least one of the pool's events until a poll that drops the
+//! are dropped only by the polls made where the thread holds no stream lock of this crate (park,
+//! `Stream::synchronize` and drop, each after its stream's locks are let go:
+//! [`EventPool::drop_ready_owners`]; and allocations, but for one: a launch's workspace that
+//! grows is allocated under its stream's enqueue lock), so a deleter that comes back into this
+//! crate (drops a tensor, reads one, synchronises a stream) finds none of them held by its
+//! thread. A synchronise the crate makes for itself (under a buffer's list of streams, a
+//! stream's enqueue lock or a borrowed stream's `released` lock) leaves the owners it made ready
+//! parked for the next such poll. Every parked owner holds at least one of the pool's events until a poll that drops the
 //! ready ones, so at most [`LIVE_MAX`] are parked: past that a drop cannot record its event and
 //! waits for its stream instead.
 
