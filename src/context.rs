@@ -4,9 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::cpu::memory::HostMemory;
-use crate::device::{report, Device, StreamInner};
+use crate::device::{report, Device};
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 
 /// The backend a [`Context`] runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -225,15 +224,6 @@ impl Context {
                 d.bind()?;
                 d.memory.empty_cache(d.cann, &d.events)
             }
-        }
-    }
-
-    /// A new stream: an `aclrtStream` on Ascend (`aclrtCreateStream`); on the CPU, work runs on
-    /// the calling thread when it is submitted.
-    pub fn new_stream(&self) -> Result<Stream> {
-        match &self.kind {
-            ContextKind::Cpu => Ok(Stream::new(self.clone(), None)),
-            ContextKind::Ascend(d) => Ok(Stream::new(self.clone(), Some(StreamInner::new(d.clone())?))),
         }
     }
 }

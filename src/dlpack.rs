@@ -10,6 +10,9 @@
 //!   (`aclrtQueryEventStatus`), at the next allocation, stream synchronise or such drop of the
 //!   device, whichever thread makes it; at the latest at the context's teardown (which waits). DLPack's `dlpack.h` says nothing about the thread a deleter runs on: the importer
 //!   promises it may run on any (torch's deletes its `ATenDLMTensor`, which any thread may do).
+//!   It never runs inside a synchronise the crate makes for itself (under its locks), so it may
+//!   itself drop, read or synchronise tensors and streams of the context (see `device::event`
+//!   for the one allocation that still polls under a stream's lock).
 //! * **The CPU backend copies.** Its tensors own their host memory alone, so an exported capsule
 //!   holds a copy (flagged `DLPACK_FLAG_BITMASK_IS_COPIED`) and an imported one is copied, its
 //!   deleter called at once.

@@ -24,7 +24,6 @@ use std::sync::Arc;
 use ascend_sys::{aclmdlRI, aclmdlRICaptureMode};
 
 use crate::acl;
-use crate::context::ContextKind;
 use crate::device::capture::Keep;
 use crate::device::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::error::{Error, Result};
@@ -74,8 +73,8 @@ impl Graph {
     /// (an event when that was on another stream) and after work queued on the captured tensors
     /// since; work queued on them later, and host reads, come after it. The host does not wait.
     pub fn replay(&self, stream: &Stream) -> Result<()> {
-        let inner = match (&stream.inner, &stream.context().kind) {
-            (Some(s), ContextKind::Ascend(d)) if d.same(&self.device) => s,
+        let inner = match stream.ascend() {
+            Some((s, d)) if d.same(&self.device) => s,
             _ => return Err(stream.mismatch("stream", &format!("the graph is on Ascend device {}", self.device.id))),
         };
         if inner.capturing() {

@@ -158,6 +158,7 @@ impl<T: Element> Drop for HostBuffer<T> {
             report(format_args!("leaking pinned host memory that a queued copy may still use"));
             return;
         };
+        let events = events.into_iter().map(|(_, e)| e).collect();
         device.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner()).push((self.ptr as usize, events));
         device.reap_host_frees(false);
     }

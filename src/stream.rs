@@ -17,13 +17,35 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct Stream {
     ctx: Context,
-    pub(crate) inner: Option<Arc<StreamInner>>,
+    /// What runs the work: the one place that says whether this is a device stream.
+    engine: Engine,
     _not_sync: PhantomData<Cell<()>>,
 }
 
+/// What runs a [`Stream`]'s work.
+#[derive(Debug)]
+enum Engine {
+    /// The calling thread, when the work is submitted (the CPU backend).
+    Cpu,
+    /// An `aclrtStream` on the context's device (whose `Device` it holds).
+    Ascend(Arc<StreamInner>),
+}
+
+impl Context {
+    /// A new stream: an `aclrtStream` on Ascend (`aclrtCreateStream`); on the CPU, work runs on
+    /// the calling thread when it is submitted.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let engine = match &self.kind {
+            ContextKind::Cpu => Engine::Cpu,
+            ContextKind::Ascend(d) => Engine::Ascend(StreamInner::new(d.clone())?),
+        };
+        Ok(Stream::new(self.clone(), engine))
+    }
+}
+
 impl Stream {
-    pub(crate) fn new(ctx: Context, inner: Option<Arc<StreamInner>>) -> Self {
-        Stream { ctx, inner, _not_sync: PhantomData }
+    fn new(ctx: Context, engine: Engine) -> Self {
+        Stream { ctx, engine, _not_sync: PhantomData }
     }
 
     /// The context this stream belongs to.
@@ -39,24 +61,24 @@ impl Stream {
     /// Blocks until all work enqueued on this stream has completed (`aclrtSynchronizeStream`;
     /// a no-op on the CPU).
     pub fn synchronize(&self) -> Result<()> {
-        match &self.inner {
-            Some(s) => s.synchronize(),
-            None => Ok(()),
+        match &self.engine {
+            Engine::Ascend(s) => s.synchronize_then_drop_owners(),
+            Engine::Cpu => Ok(()),
         }
     }
 
-    /// The Ascend stream and device, or an error naming `argument` for a CPU stream.
+    /// The Ascend stream and its device; `None` for a CPU stream.
     pub(crate) fn ascend(&self) -> Option<(&Arc<StreamInner>, &Arc<Device>)> {
-        match (&self.inner, &self.ctx.kind) {
-            (Some(s), ContextKind::Ascend(d)) => Some((s, d)),
-            _ => None,
+        match &self.engine {
+            Engine::Ascend(s) => Some((s, &s.device)),
+            Engine::Cpu => None,
         }
     }
 
     /// The raw `aclrtStream` handle, for calling other aclnn operators on the same stream. It is
     /// valid while this `Stream` (or a tensor that used it) lives; `None` on the CPU backend.
     pub fn as_raw(&self) -> Option<ascend_sys::aclrtStream> {
-        self.inner.as_ref().map(|s| s.raw())
+        self.ascend().map(|(s, _)| s.raw())
     }
 
     /// A `Stream` over an `aclrtStream` the caller created (e.g. another library's stream), on
@@ -82,7 +104,7 @@ impl Stream {
             )),
             ContextKind::Ascend(d) => {
                 // SAFETY: the caller guarantees `raw` is a live stream of this device that outlives it.
-                Ok(Stream::new(ctx.clone(), Some(unsafe { StreamInner::borrowed(d.clone(), raw) })))
+                Ok(Stream::new(ctx.clone(), Engine::Ascend(unsafe { StreamInner::borrowed(d.clone(), raw) })))
             }
         }
     }
@@ -95,14 +117,14 @@ impl Stream {
     /// (default 256), or 0 with `ASCEND_NO_LAUNCH_CACHE=1`. Removed entries are destroyed once
     /// their queued launches have run. Nothing to do on the CPU backend.
     pub fn set_launch_cache_capacity(&self, entries: usize) {
-        if let Some(s) = &self.inner {
+        if let Some((s, _)) = self.ascend() {
             s.launches.set_capacity(s, entries);
         }
     }
 
     /// The counters of this stream's launch cache (all 0 on the CPU backend).
     pub fn launch_cache_stats(&self) -> LaunchCacheStats {
-        self.inner.as_ref().map(|s| s.launches.stats(s)).unwrap_or_default()
+        self.ascend().map(|(s, _)| s.launches.stats(s)).unwrap_or_default()
     }
 
     pub(crate) fn mismatch(&self, argument: &'static str, what: &str) -> Error {
@@ -116,7 +138,7 @@ impl Drop for Stream {
     /// treats it as drained from now on, never touching the handle again, so the caller may
     /// destroy it. A stream of [`Context::new_stream`] lives on while tensors that used it do.
     fn drop(&mut self) {
-        if let Some(inner) = &self.inner {
+        if let Engine::Ascend(inner) = &self.engine {
             inner.release();
         }
     }

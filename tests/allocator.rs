@@ -276,6 +276,61 @@ fn allocation_failure_returns_the_cache_and_retries_once() {
     });
 }
 
+/// A block freed after work on its stream when no event can be recorded (the event pool at its
+/// bound, 4,096 per device: nothing completes, the device makes no progress) and the stream's
+/// synchronise fails too: queued work may still use the block, so it is leaked and counted, and
+/// no longer in `memory_stats`; the pool's events are all destroyed at the teardown.
+#[test]
+fn a_free_that_can_neither_record_nor_wait_leaks_the_block() {
+    let _g = lock();
+    ascend::mock::clear_faults();
+    let before = stats();
+    let events = ascend::mock::live_events_on(0);
+    let leaks = ascend::mock::leaks().allocations;
+    let ctx = ascend::mock::context(0).expect("mock context");
+    let run = || -> Result<()> {
+        let (s1, s2) = (ctx.new_stream()?, ctx.new_stream()?);
+        let (n, c) = (8, 4);
+        let (data, d) = Dy::random(&s1, 14, n, c)?;
+        let (fill_data, fill) = Dy::random(&s1, 15, n, c)?;
+        let restore = Restore(ascend::mock::set_query_progress(false));
+        let out = grad_bias(&s2, &d)?; // `dy` is in use on s2
+        let Dy { dy, zeros } = d;
+        // Outputs of work on s1 dropped until the pool is at its bound: each drop records an
+        // event after the work, and none completes.
+        let mut steps = 0;
+        while ascend::mock::live_events_on(0) < events + 4096 {
+            drop(grad_bias(&s1, &fill)?);
+            steps += 1;
+            assert!(steps <= 5000, "the pool never reached its bound");
+        }
+        assert_eq!(ascend::mock::live_events_on(0), events + 4096, "the pool at its bound");
+        let (m, syncs) = (ctx.memory_stats(), stats().stream_synchronizes);
+        fail_next_on_this_thread("aclrtSynchronizeStream", 507899);
+        drop(dy);
+        ascend::mock::clear_faults();
+        assert_eq!(stats().stream_synchronizes, syncs, "the failed wait was the only one");
+        assert_eq!(ascend::mock::leaks().allocations, leaks + 1, "the block is leaked and counted");
+        let after = ctx.memory_stats();
+        assert_eq!(
+            (m.allocated - after.allocated, m.reserved - after.reserved),
+            (n * c * 4, 512),
+            "{m:?} -> {after:?}"
+        );
+        drop(restore);
+        assert_sums(&s2, &out, &data, c)?;
+        assert_sums(&s1, &grad_bias(&s1, &fill)?, &fill_data, c)?;
+        drop(zeros);
+        Ok(())
+    };
+    run().expect("test body");
+    drop(ctx);
+    let after = stats();
+    assert_eq!(after.violations, before.violations, "{:?}", violations_since(before.violations));
+    assert_eq!(after.live_allocations, before.live_allocations + 1, "only the leaked block is left");
+    assert_eq!(ascend::mock::live_events_on(0), events, "every event of the pool destroyed");
+}
+
 /// Turns the mock's progress at event queries back to what it was, when dropped.
 struct Restore(bool);
 

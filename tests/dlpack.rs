@@ -257,6 +257,8 @@ struct Owner<H> {
     shape: Vec<i64>,
     strides: Vec<i64>,
     memory: Memory,
+    /// Run by the deleter after it freed the memory (a producer's deleter may do anything).
+    then: Option<Box<dyn FnOnce() + Send>>,
 }
 
 enum Memory {
@@ -276,7 +278,10 @@ unsafe extern "C" fn foreign_deleter<H>(p: *mut H) {
             mock_memory::free(ptr);
         }
     }
-    drop(owner);
+    let then = owner.then;
+    if let Some(then) = then {
+        then();
+    }
     *DELETER_THREAD.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::thread::current().id());
     DELETED.fetch_add(1, Ordering::SeqCst);
 }
@@ -349,7 +354,7 @@ impl Spec {
             byte_offset: self.byte_offset,
         };
         // `head` first (repr(C)): the capsule's pointer is the owner's.
-        Box::into_raw(Box::new(Owner { head: make(dl), shape, strides, memory })).cast::<H>()
+        Box::into_raw(Box::new(Owner { head: make(dl), shape, strides, memory, then: None })).cast::<H>()
     }
 
     fn versioned(&self, storage: &[f32], flags: u64) -> *mut DLManagedTensorVersioned {
@@ -940,6 +945,134 @@ mod torch_npu {
         drop((g, h));
         delete_versioned(p);
         assert_eq!(deleted(), deleted_before + 2);
+    }
+
+    /// [`import`], its deleter then running `then`.
+    fn import_then(
+        s: &Stream,
+        n: usize,
+        c: usize,
+        seed: u64,
+        then: impl FnOnce() + Send + 'static,
+    ) -> Result<(Tensor, Vec<f32>)> {
+        let storage = random::<f32>(n * c, seed);
+        let p = Spec::new(kDLExtDev, &[n as i64, c as i64], &[c as i64, 1]).versioned(&storage, 0);
+        // SAFETY: `p` is the `head` of a boxed `Owner`, not handed out yet.
+        unsafe { (*p.cast::<Owner<DLManagedTensorVersioned>>()).then = Some(Box::new(then)) };
+        // SAFETY: a live capsule over device-0 memory that nothing else writes.
+        Ok((unsafe { Tensor::from_dlpack(s, p.cast()) }?, storage))
+    }
+
+    /// Checks gradBias `g` of `n`×`c` values `storage` against the f64 sums.
+    fn assert_grad_bias(s: &Stream, g: &Tensor, storage: &[f32], n: usize, c: usize) -> Result<()> {
+        let got: Vec<f32> = g.to_vec(s)?;
+        for (g, e) in got.iter().zip(channel_sums(storage, &[n as i64, c as i64], &[c as i64, 1], 0)) {
+            assert!((f64::from(*g) - e).abs() <= 1e-5 * e.abs().max(1.0), "gradBias {g} vs {e}");
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on another thread and waits for it at most a minute: a deadlock fails the test
+    /// instead of hanging it (the stuck thread is left behind).
+    fn without_deadlock<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} deadlocked"))
+    }
+
+    /// A deleter that comes back into the crate runs when this thread holds no lock of the crate:
+    /// here it drops a tensor whose memory work on a borrowed stream used (its drop records an
+    /// event on that stream) while dropping that `Stream` releases it, which synchronises it and
+    /// so completes the deleter's wait.
+    #[test]
+    fn a_deleter_may_use_the_borrowed_stream_whose_release_completes_it() {
+        let _lock = common::mock::lock();
+        ascend::mock::clear_faults();
+        let before = ascend::mock::stats();
+        let ctx = common::mock::context();
+        let cann = mock_memory::cann();
+        let mut raw: ascend::sys::aclrtStream = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer on device 0, bound.
+        unsafe {
+            assert_eq!(cann.acl.aclrtSetDevice(0), 0);
+            assert_eq!(cann.acl.aclrtCreateStream(&mut raw), 0);
+        }
+        let run = || -> Result<()> {
+            // SAFETY: `raw` is live until destroyed below, after the Stream is gone.
+            let b = unsafe { Stream::from_raw(&ctx, raw) }?;
+            let flight = in_flight();
+            let first = deleted();
+            let (n, c) = (6usize, 4usize);
+            let held: std::sync::Arc<std::sync::Mutex<Option<Tensor>>> = Default::default();
+            let slot = held.clone();
+            let (x, storage) = import_then(&b, n, c, 81, move || drop(slot.lock().unwrap().take()))?;
+            assert_grad_bias(&b, &read_by_a_kernel(&b, &x)?, &storage, n, c)?;
+            // Queued (not run: no progress), its memory listing `b`; the deleter's to drop.
+            *held.lock().unwrap() = Some(read_by_a_kernel(&b, &x)?);
+            drop(x);
+            assert_eq!(deleted(), first, "parked: the kernel is queued");
+            without_deadlock("dropping the borrowed stream", move || drop(b));
+            assert_eq!(deleted(), first + 1, "deleted at the release, after the work");
+            assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "after the device work");
+            assert!(held.lock().unwrap().is_none(), "the deleter dropped the tensor");
+            drop(flight);
+            Ok(())
+        };
+        let result = run();
+        drop(ctx);
+        // SAFETY: the crate no longer uses `raw`.
+        unsafe {
+            assert_eq!(cann.acl.aclrtSetDevice(0), 0);
+            assert_eq!(cann.acl.aclrtDestroyStream(raw), 0);
+        }
+        result.unwrap();
+        let after = ascend::mock::stats();
+        assert_eq!(after.violations, before.violations);
+        assert_eq!(after.live_allocations, before.live_allocations, "the tensor's memory went back");
+    }
+
+    /// A deleter runs when this thread holds no lock of the crate: here it reads a tensor (a second
+    /// handle to the memory a kernel on `s2` writes) while the host read that completes its wait
+    /// (`to_vec`, which synchronises `s2` holding that memory's list of streams) is under way.
+    #[test]
+    fn a_deleter_may_read_the_memory_whose_host_read_completes_it() {
+        common::mock::on_stream(|ctx, s| {
+            let flight = in_flight();
+            let first = deleted();
+            let (n, c) = (6usize, 4usize);
+            let s2 = ctx.new_stream()?;
+            type Handed = std::sync::Arc<std::sync::Mutex<Option<(Tensor, Stream)>>>;
+            type Read = std::sync::Arc<std::sync::Mutex<Option<Result<Vec<f32>>>>>;
+            let (handed, read): (Handed, Read) = Default::default();
+            let (take, put) = (handed.clone(), read.clone());
+            let (x, storage) = import_then(&s2, n, c, 82, move || {
+                let (again, s3) = take.lock().unwrap().take().expect("handed over");
+                *put.lock().unwrap() = Some(again.to_vec(&s3));
+            })?;
+            let g = read_by_a_kernel(&s2, &x)?; // queued on s2, not run (no progress)
+                                                // SAFETY: made by to_dlpack, handed over once.
+            let again = unsafe { Tensor::from_dlpack(&s2, g.to_dlpack(&s2)?.into_raw()) }?;
+            *handed.lock().unwrap() = Some((again, ctx.new_stream()?));
+            drop(x);
+            assert_eq!(deleted(), first, "parked: the kernel is queued");
+            let (g, s, got) = without_deadlock("reading the tensor", move || {
+                let got = g.to_vec::<f32>(&s);
+                (g, s, got)
+            });
+            let got = got?;
+            s.synchronize()?;
+            assert_eq!(deleted(), first + 1, "deleted by then, once");
+            assert_eq!(QUEUED_AT_DELETE.load(Ordering::SeqCst), 0, "after the device work");
+            let by_deleter = read.lock().unwrap().take().expect("the deleter ran")?;
+            assert_eq!(by_deleter, got, "the deleter read the same values");
+            for (g, e) in got.iter().zip(channel_sums(&storage, &[n as i64, c as i64], &[c as i64, 1], 0)) {
+                assert!((f64::from(*g) - e).abs() <= 1e-5 * e.abs().max(1.0), "gradBias {g} vs {e}");
+            }
+            drop((flight, g));
+            Ok(())
+        });
     }
 
     /// Re-exported to another stream: the exchange of an imported tensor orders its pending

@@ -243,10 +243,9 @@ impl Allocator {
     }
 
     /// Returns a block handed out by [`alloc`](Self::alloc) (`size` as it returned, `bytes` as
-    /// asked), after
-    /// `users` (the streams whose queued work may still use it: an event is recorded on each).
-    /// Never waits, except when an event cannot be recorded: then it synchronises that stream, and
-    /// if even that fails, leaks the block (queued work may still use it).
+    /// asked) to the cache with `events`: `(stream id, event)` recorded after the block's last use
+    /// on each stream whose queued work may still use it ([`super::event::record_after`]). Never
+    /// waits.
     pub(crate) fn free(
         &self,
         cann: &Cann,
@@ -254,29 +253,8 @@ impl Allocator {
         ptr: *mut c_void,
         size: usize,
         bytes: usize,
-        users: &[&StreamInner],
+        events: Vec<(u64, PooledEvent)>,
     ) {
-        let mut events = Vec::with_capacity(users.len());
-        for s in users {
-            match self.record(cann, pool, s) {
-                Ok(Some(e)) => events.push((s.id, e)),
-                // A released stream: its work has run.
-                Ok(None) => {}
-                Err(_) => {
-                    if let Err(e) = s.synchronize() {
-                        super::report_drop_error("aclrtSynchronizeStream (freeing device memory)", &e);
-                        report(format_args!("leaking {size} bytes of device memory that queued work may still use"));
-                        leaked(Leak::Allocation);
-                        let mut st = self.lock();
-                        st.allocated -= bytes;
-                        st.reserved -= size;
-                        // The recorded events stay pending as far as anyone knows: leaked too.
-                        std::mem::forget(events);
-                        return;
-                    }
-                }
-            }
-        }
         let mut st = self.lock();
         st.allocated -= bytes;
         st.blocks.insert((size, ptr as usize), Cached { size, events });

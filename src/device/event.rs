@@ -22,13 +22,18 @@
 //! The pool also keeps the owners of foreign memory (a DLPack producer's capsule) whose tensor
 //! was dropped while queued work may still use it, each with an event recorded after that work on
 //! every stream that used it ([`EventPool::park`]): an owner is dropped (its deleter called) once
-//! all its events are seen complete, never waited for except at teardown. Every event request
-//! gives back the parked owners' completed events; the owners themselves are dropped by the polls
-//! made without the crate's stream locks held (every allocation, stream synchronise and park), so
-//! a deleter that comes back into this crate finds none of them held by its thread (but a
-//! synchronising stream's `released` read lock). Every parked owner holds at least one of the
-//! pool's events until a poll that drops the ready ones, so at most [`LIVE_MAX`] are parked: past
-//! that a drop cannot record its event and waits for its stream instead.
+//! all its events are seen complete, never waited for except at teardown. Every event request and
+//! every stream synchronise gives back the parked owners' completed events; the owners themselves
+//! are dropped only by the polls made where the thread holds no stream lock of this crate (park,
+//! `Stream::synchronize` and drop, each after its stream's locks are let go:
+//! [`EventPool::drop_ready_owners`]; and allocations, but for one: a launch's workspace that
+//! grows is allocated under its stream's enqueue lock), so a deleter that comes back into this
+//! crate (drops a tensor, reads one, synchronises a stream) finds none of them held by its
+//! thread. A synchronise the crate makes for itself (under a buffer's list of streams, a
+//! stream's enqueue lock or a borrowed stream's `released` lock) leaves the owners it made ready
+//! parked for the next such poll. Every parked owner holds at least one of the pool's events until a poll that drops the
+//! ready ones, so at most [`LIVE_MAX`] are parked: past that a drop cannot record its event and
+//! waits for its stream instead.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -228,11 +233,19 @@ impl EventPool {
     }
 
     /// [`reclaim`](Self::reclaim) querying every pending event (after a stream synchronised:
-    /// its guards have completed, and the waits they hold may keep the device alive).
+    /// its guards have completed, and the waits they hold may keep the device alive). Parked
+    /// owners it finds ready stay parked: the caller may hold a stream's locks, so it leaves them
+    /// to [`drop_ready_owners`](Self::drop_ready_owners).
     pub(crate) fn reclaim_all(&self, cann: &Cann) {
-        self.poll_parked(cann, true);
+        self.poll_parked(cann, false);
         let released = Self::reclaim_locked(cann, &mut self.lock(), usize::MAX);
         drop(released);
+    }
+
+    /// Drops the parked owners whose events have all completed (their deleters run on this
+    /// thread). Only for callers that hold no lock of this crate (see the module docs).
+    pub(crate) fn drop_ready_owners(&self, cann: &Cann) {
+        self.poll_parked(cann, true);
     }
 
     /// [`reclaim`](Self::reclaim) with the state locked; returns the waited-for events let go
@@ -385,25 +398,26 @@ impl EventPool {
 }
 
 /// An event of `device`'s pool recorded now on each of `users` after the work they queued (none
-/// for a released stream, whose work has run), for a holder that frees memory once they have
-/// completed. A stream on which no event can be recorded is synchronised instead; if even that
-/// fails (reported as `what`), `None`: queued work may still use the memory, and the events
-/// recorded so far go back to the pool once complete.
+/// for a released stream, whose work has run), each with its stream's id, for a holder that frees
+/// memory once they have completed (a device block, pinned host memory, a foreign owner). A stream
+/// on which no event can be recorded is synchronised instead; if even that fails (reported as
+/// `what`), `None`: queued work may still use the memory, which the caller leaks, and the events
+/// recorded so far are retired to the pool (reused once seen complete: no wait refers to them).
 pub(crate) fn record_after<'a>(
     device: &Device,
     users: impl IntoIterator<Item = &'a super::StreamInner>,
     what: &str,
-) -> Option<Vec<PooledEvent>> {
+) -> Option<Vec<(u64, PooledEvent)>> {
     let mut events = Vec::new();
     for s in users {
         match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s)) {
-            Ok(Some(e)) => events.push(e),
+            Ok(Some(e)) => events.push((s.id, e)),
             // A released stream: its work has run.
             Ok(None) => {}
             Err(_) => {
                 if let Err(e) = s.synchronize() {
                     report_drop_error(what, &e);
-                    events.into_iter().for_each(|e| device.events.retire(e, Vec::new()));
+                    events.into_iter().for_each(|(_, e)| device.events.retire(e, Vec::new()));
                     return None;
                 }
             }

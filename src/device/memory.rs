@@ -95,8 +95,10 @@ impl DeviceAlloc {
         }
     }
 
-    /// Returns the memory to the allocator after the work `users` queued on it (see
-    /// [`super::allocator::Allocator::free`]): never waits. The caller's memory is left alone.
+    /// Returns the memory to the allocator after the work `users` queued on it (an event recorded
+    /// on each, see [`super::event::record_after`]): never waits, except when an event cannot be
+    /// recorded (then it synchronises that stream, and if even that fails, leaks the block: queued
+    /// work may still use it). The caller's memory is left alone.
     pub(crate) fn release(mut self, users: &[&StreamInner]) {
         self.give_back(users);
     }
@@ -111,7 +113,14 @@ impl DeviceAlloc {
             leaked(Leak::Allocation);
             return;
         }
-        self.device.memory.free(self.device.cann, &self.device.events, ptr, self.block, self.bytes, users);
+        let what = "aclrtSynchronizeStream (freeing device memory)";
+        let Some(events) = super::event::record_after(&self.device, users.iter().copied(), what) else {
+            super::report(format_args!("leaking {} bytes of device memory that queued work may still use", self.block));
+            self.device.memory.forget(self.block, self.bytes);
+            leaked(Leak::Allocation);
+            return;
+        };
+        self.device.memory.free(self.device.cann, &self.device.events, ptr, self.block, self.bytes, events);
     }
 }
 
@@ -599,7 +608,7 @@ fn release_owner(device: &Arc<Device>, owner: Box<dyn Send + Sync>, users: &[&St
     let what = "aclrtSynchronizeStream (dropping a view of foreign memory)";
     match super::event::record_after(device, users.iter().copied(), what) {
         Some(events) if events.is_empty() => drop(owner),
-        Some(events) => device.events.park(device.cann, events, owner),
+        Some(events) => device.events.park(device.cann, events.into_iter().map(|(_, e)| e).collect(), owner),
         None => {
             // Queued work may still use the memory: its owner must not free it.
             std::mem::forget(owner);

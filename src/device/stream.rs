@@ -261,8 +261,17 @@ impl StreamInner {
         self.synchronize_live()
     }
 
+    /// [`synchronize`](Self::synchronize), then drops the foreign owners (DLPack producers'
+    /// capsules) whose work it saw complete, after its locks are let go (`Stream::synchronize`:
+    /// the caller holds no lock of this crate, and a deleter may use this stream again).
+    pub(crate) fn synchronize_then_drop_owners(&self) -> Result<()> {
+        let result = self.synchronize();
+        self.device.events.drop_ready_owners(self.device.cann);
+        result
+    }
+
     /// [`synchronize`](Self::synchronize) of a stream that is not released (the caller holds
-    /// `released`, read or write).
+    /// `released`, read or write). Owners it makes ready stay parked (see `drop_ready_owners`).
     fn synchronize_live(&self) -> Result<()> {
         if self.capturing() {
             return Err(crate::Error::Cann {
@@ -316,14 +325,18 @@ impl StreamInner {
         if !self.borrowed {
             return;
         }
-        let mut released = self.released.write().unwrap_or_else(|p| p.into_inner());
-        if *released {
-            return;
+        {
+            let mut released = self.released.write().unwrap_or_else(|p| p.into_inner());
+            if *released {
+                return;
+            }
+            if let Err(e) = self.synchronize_live() {
+                report_drop_error("aclrtSynchronizeStream (releasing a borrowed stream)", &e);
+            }
+            *released = true;
         }
-        if let Err(e) = self.synchronize_live() {
-            report_drop_error("aclrtSynchronizeStream (releasing a borrowed stream)", &e);
-        }
-        *released = true;
+        // Once the lock is let go: a deleter may use this stream (and find it released).
+        self.device.events.drop_ready_owners(self.device.cann);
     }
 
     /// Runs `f` with the raw handle unless the stream was released (then `None`): the handle
@@ -547,8 +560,9 @@ impl Drop for StreamInner {
             Ok(()) => {
                 drop(workspace);
                 // Guards recorded here have completed: the waits handed to the pool with them
-                // are let go now (they may hold the device).
+                // are let go now (they may hold the device), and so are the owners they held.
                 self.device.events.reclaim_all(self.device.cann);
+                self.device.events.drop_ready_owners(self.device.cann);
                 // SAFETY: every copy from the chunks has run (the stream drained).
                 unsafe { free_chunks(&self.device, staging.chunks) };
             }
