@@ -13,7 +13,8 @@ use crate::cpu::channelwise::{self, Dst, Src};
 use crate::cpu::fused::{self, segment_layout, Blocks, Segments};
 use crate::cpu::host;
 use crate::error::Result;
-use crate::ops::batch_norm_elemt::cpu::{channel_values, normalize_into, Params};
+use crate::ops::batch_norm_elemt::cpu::{bias_values, channel_values, normalize_into, Params};
+use crate::ops::batch_norm_gather_stats_with_counts::cpu::update_running;
 use crate::ops::batch_norm_stats::cpu::{channel_moments, Input, Moments};
 use crate::tensor::Tensor;
 
@@ -96,10 +97,7 @@ pub(super) fn run(
         return Ok(());
     }
     let weight = args.weight.map(|w| channel_values(w, "weight")).transpose()?;
-    let bias = match args.bias {
-        Some(b) => channel_values(b, "bias")?,
-        None => host::try_vec(c, 0.0)?,
-    };
+    let bias = bias_values(args.bias, c)?;
     // Everything that may fail before the first write but the writes themselves.
     let old = if args.training {
         let old_m = running_mean.as_deref().map(host::values).transpose()?;
@@ -141,17 +139,12 @@ pub(super) fn run(
         normalize_into(args.input, &mean_f32, &scale, &bias, output)?;
     }
     if let Some((old_m, old_v)) = old {
-        let keep = 1.0 - momentum;
         if let (Some(rm), Some(old)) = (running_mean, old_m) {
-            host::write_vector(rm, "runningMean", old.iter().zip(&mean).map(|(r, m)| keep * r + momentum * m))?;
+            update_running(rm, "runningMean", &old, mean.iter().copied(), momentum)?;
         }
         let unbias = n / (n - 1.0);
         if let (Some(rv), Some(old)) = (running_var, old_v) {
-            host::write_vector(
-                rv,
-                "runningVar",
-                old.iter().zip(&var).map(|(r, v)| keep * r + momentum * (v * unbias)),
-            )?;
+            update_running(rv, "runningVar", &old, var.iter().map(|v| v * unbias), momentum)?;
         }
         if let Some(m) = save_mean {
             host::write_vector(m, "saveMean", mean.iter().copied())?;
