@@ -50,7 +50,8 @@
 use crate::error::{Error, Result};
 use crate::hccl::{Communicator, ReduceOp};
 use crate::layout::Layout;
-use crate::ops::{self, checks, OutputMask, ReduceBackwardOut};
+use crate::ops::checks::{self, ElemtBackwardInputs, ElemtInputs, GatherInputs};
+use crate::ops::{self, OutputMask, ReduceBackwardOut};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 use crate::DType;
@@ -109,13 +110,11 @@ pub fn forward<'a>(
     let world = comm.size() as usize;
     validate_forward(s, input, c, world, weight, bias, running_mean.as_deref(), running_var.as_deref(), momentum, eps)?;
     // One all-gather of every rank's [mean | invstd | count] (as torch does), read back as views.
-    let row = 2 * c + 1;
+    let rows = Gathered::new(world, c);
     let packed = local_packed(s, input, c, per_channel, eps)?;
-    let mut gathered = Tensor::alloc(s, DType::F32, &[world * row], false)?;
+    let mut gathered = Tensor::alloc(s, DType::F32, &[rows.len()], false)?;
     comm.all_gather(s, &packed, &mut gathered)?;
-    let mean_all = gathered.view(&[world, c], &[row, 1], 0)?;
-    let invstd_all = gathered.view(&[world, c], &[row, 1], c)?;
-    let counts = gathered.view(&[world], &[row], 2 * c)?;
+    let [mean_all, invstd_all, counts] = rows.views(&gathered)?;
     // With no element on any rank the global statistics are 0/0: nothing to normalise with and
     // nothing to update the running statistics with. A rank with elements knows that N > 0
     // without reading; only an empty rank reads the gathered counts, so every rank decides the same.
@@ -192,16 +191,53 @@ fn local_packed(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Res
     Ok(packed)
 }
 
-/// A `[C]` f32 stand-in for a statistic `forward`/`backward` computes (a zero-stride view of one
-/// element, staged: what the operators' checks look at is its dtype and shape).
-fn per_channel_stand_in(s: &Stream, c: usize) -> Result<Tensor> {
-    Tensor::uploaded(s, &[0f32], &[c], &[0], 0, true)
+/// Where the statistics lie in the gathered `[W, 2C + 1]` f32 buffer (one `[mean | invstd |
+/// count]` row per rank): `forward` takes its views from here, and its validation checks the
+/// operators' rules against the same layouts before the buffer exists.
+struct Gathered {
+    c: usize,
+    /// mean and invstd: `[W, C]`, rows `2C + 1` apart.
+    stats: ([usize; 2], [usize; 2]),
+    /// counts: `[W]`, `2C + 1` apart.
+    counts: ([usize; 1], [usize; 1]),
 }
 
-/// Every check the operators of [`forward`] make, before any of them runs: `input` as
-/// `batch_norm_stats` (or, for bf16, `batch_norm_elemt`) takes it, `weight`, `bias` and `eps` as
-/// `batch_norm_elemt` does, the running statistics as `batch_norm_gather_stats_with_counts`
-/// does (with the gathered statistics' shapes: `[world, C]` f32, counts `[world]`).
+impl Gathered {
+    fn new(world: usize, c: usize) -> Gathered {
+        let row = 2 * c + 1;
+        Gathered { c, stats: ([world, c], [row, 1]), counts: ([world], [row]) }
+    }
+
+    /// The buffer's length in elements.
+    fn len(&self) -> usize {
+        self.counts.0[0] * self.counts.1[0]
+    }
+
+    /// The layouts of the gathered mean, invstd and counts.
+    fn layouts(&self) -> [Layout<'_>; 3] {
+        let (len, (shape, strides), (n, n_strides)) = (self.len(), &self.stats, &self.counts);
+        let at = |shape, strides, offset| Layout { dtype: DType::F32, shape, strides, offset, storage_len: len };
+        [at(shape, strides, 0), at(shape, strides, self.c), at(n, n_strides, 2 * self.c)]
+    }
+
+    /// The gathered mean, invstd and counts: views of `gathered`.
+    fn views(&self, gathered: &Tensor) -> Result<[Tensor; 3]> {
+        let [mean, invstd, counts] = self.layouts().map(|l| gathered.view(l.shape, l.strides, l.offset));
+        Ok([mean?, invstd?, counts?])
+    }
+}
+
+/// The layout of a new `[C]` f32 statistic (`Tensor::alloc`'s: contiguous), as `forward` makes
+/// the global mean and invstd.
+fn statistic(c: &[usize; 1]) -> Layout<'_> {
+    Layout { dtype: DType::F32, shape: c, strides: &[1], offset: 0, storage_len: c[0] }
+}
+
+/// Every check the operators of [`forward`] make, in their order, before any of them runs, over
+/// layouts (nothing is allocated, uploaded or enqueued): `input` as `batch_norm_stats` (or, for
+/// bf16, `batch_norm_elemt`) takes it, `weight`, `bias` and `eps` as `batch_norm_elemt` does (with
+/// new `[C]` f32 statistics), the running statistics as `batch_norm_gather_stats_with_counts`
+/// does (with the gathered statistics' layouts, [`Gathered`]).
 #[allow(clippy::too_many_arguments)]
 fn validate_forward(
     s: &Stream,
@@ -215,23 +251,30 @@ fn validate_forward(
     momentum: f64,
     eps: f64,
 ) -> Result<()> {
+    let x = input.layout();
     if input.dtype() != DType::BF16 {
-        checks::batch_norm_stats(s, input, eps)?;
+        checks::batch_norm_stats(&x, eps)?;
+        checks::streams(s, [(Some(input), "input")])?;
     }
-    let stat = per_channel_stand_in(s, c)?;
-    checks::batch_norm_elemt(s, input, weight, bias, &stat, &stat, eps)?;
-    let (rows, row_strides, one) = ([world, c], [0, 0], [world]);
-    let gathered = Layout { dtype: DType::F32, shape: &rows, strides: &row_strides, offset: 0, storage_len: 1 };
-    let counts = Layout { dtype: DType::F32, shape: &one, strides: &[0], offset: 0, storage_len: 1 };
-    checks::batch_norm_gather_stats_with_counts(
-        s,
-        input,
-        [&gathered, &gathered, &counts],
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-    )
+    let (weight_l, bias_l) = (weight.map(Tensor::layout), bias.map(Tensor::layout));
+    let channels = [c];
+    let stat = statistic(&channels);
+    let inputs = ElemtInputs { input: x, weight: weight_l, bias: bias_l, mean: stat, invstd: stat };
+    checks::batch_norm_elemt(&inputs, eps)?;
+    checks::streams(s, [(Some(input), "input"), (weight, "weight"), (bias, "bias")])?;
+    let rows = Gathered::new(world, c);
+    let [mean, invstd, counts] = rows.layouts();
+    let (running_mean_l, running_var_l) = (running_mean.map(Tensor::layout), running_var.map(Tensor::layout));
+    checks::batch_norm_gather_stats_with_counts(&GatherInputs {
+        input: x,
+        mean,
+        invstd,
+        running_mean: running_mean_l,
+        running_var: running_var_l,
+        counts,
+    })?;
+    checks::streams(s, [(Some(input), "input"), (running_mean, "runningMean"), (running_var, "runningVar")])?;
+    checks::gather_scalars(momentum, eps)
 }
 
 /// The local mean and invstd of a bf16 `input` on Ascend with `n` > 0 elements per channel, which
@@ -316,31 +359,41 @@ fn backward_over(
     weight: Option<&Tensor>,
     mask: OutputMask,
 ) -> Result<Grads> {
-    if mask.input_g {
-        // batch_norm_elemt_backward runs after the all-reduce: check its arguments before it
-        // (batch_norm_reduce_backward checks its own before it runs).
-        let sums = per_channel_stand_in(s, mean.numel())?;
-        checks::batch_norm_elemt_backward(
-            s,
-            grad_out,
-            input,
-            mean,
-            &saved.invstd,
-            weight,
-            &sums,
-            &sums,
-            &saved.counts,
-        )?;
-    }
     if !mask.input_g {
         let r = ops::batch_norm_reduce_backward(s, grad_out, input, mean, &saved.invstd, weight, mask)?;
         return Ok((None, r.grad_weight, r.grad_bias));
     }
     // [sumDy | sumDyXmu] in one buffer, written through views, reduced by one all-reduce.
-    let c = mean.numel();
+    let (c, channels) = (mean.numel(), [mean.numel()]);
     let dtype = if input.dtype() == DType::F16 && mean.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+    let half = |offset| Layout { dtype, shape: &channels, strides: &[1], offset, storage_len: 2 * c };
+    // batch_norm_elemt_backward runs after the all-reduce: check its arguments before it, with
+    // the sums' layouts (batch_norm_reduce_backward checks its own before it runs).
+    let inputs = ElemtBackwardInputs {
+        grad_out: grad_out.layout(),
+        input: input.layout(),
+        mean: mean.layout(),
+        invstd: saved.invstd.layout(),
+        weight: weight.map(Tensor::layout),
+        sum_dy: half(0),
+        sum_dy_xmu: half(c),
+        counter: saved.counts.layout(),
+    };
+    checks::batch_norm_elemt_backward(&inputs)?;
+    checks::streams(
+        s,
+        [
+            (Some(grad_out), "gradOut"),
+            (Some(input), "input"),
+            (Some(mean), "mean"),
+            (Some(&saved.invstd), "invstd"),
+            (weight, "weight"),
+            (Some(&saved.counts), "counter"),
+        ],
+    )?;
     let mut sums = Tensor::alloc(s, dtype, &[2 * c], false)?;
-    let (mut sum_dy, mut sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
+    let view = |sums: &Tensor, l: Layout<'_>| sums.view(l.shape, l.strides, l.offset);
+    let (mut sum_dy, mut sum_dy_xmu) = (view(&sums, inputs.sum_dy)?, view(&sums, inputs.sum_dy_xmu)?);
     let per_channel = |on: bool| on.then(|| Tensor::alloc(s, dtype, &[c], false)).transpose();
     let (mut grad_weight, mut grad_bias) = (per_channel(mask.weight_g)?, per_channel(mask.bias_g)?);
     ops::batch_norm_reduce_backward_into(
@@ -362,7 +415,7 @@ fn backward_over(
     sums.absorb(&sum_dy_xmu)?;
     comm.all_reduce(s, &mut sums, ReduceOp::Sum)?;
     // Views taken after the all-reduce (on the CPU a view holds a copy).
-    let (sum_dy, sum_dy_xmu) = (sums.view(&[c], &[1], 0)?, sums.view(&[c], &[1], c)?);
+    let (sum_dy, sum_dy_xmu) = (view(&sums, inputs.sum_dy)?, view(&sums, inputs.sum_dy_xmu)?);
     let mut grad_input = Tensor::alloc_like(s, saved.input)?;
     ops::batch_norm_elemt_backward_into(
         s,

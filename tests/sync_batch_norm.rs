@@ -393,3 +393,70 @@ fn bf16_statistics_on_one_cpu_rank_match_f64() {
         }
     }
 }
+
+/// Validation has no side effect: a `forward` or `backward` refused by one of its checks makes no
+/// runtime call at all on the mock (no `aclrtMalloc`, no copy, no launch: the operators' rules
+/// are asked with layouts, no stand-in tensor is uploaded for them). The refusals cover the
+/// first check (eps), an operator's rule (weight, running statistics) and the last check
+/// (momentum): a call refused there has run every check a successful call runs, so a successful
+/// call's validation makes no runtime call either.
+#[cfg(feature = "mock")]
+#[test]
+fn a_refused_call_makes_no_runtime_call() {
+    let _mock = setup();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let comm = Communicator::init_all(std::slice::from_ref(&ctx)).unwrap().remove(0);
+    let case = Case::new(600, DType::F32, [4, 3, 5]);
+    let x = case.x.tensor(&s).unwrap();
+    let dy = case.dy.tensor(&s).unwrap();
+    let [w, b, mut rm, mut rv] = [&case.w, &case.b, &case.rm, &case.rv].map(|d| d.tensor(&s).unwrap());
+    let long = Tensor::from_slice(&s, &[1f32; 4], &[4]).unwrap();
+    let mut rm_long = Tensor::from_slice(&s, &[0f32; 4], &[4]).unwrap();
+    s.synchronize().unwrap();
+    // The runtime calls of this thread and the mock's process-wide counters around `f`.
+    let counted = |f: &mut dyn FnMut() -> ascend::Result<()>| {
+        let (calls, before, launches) =
+            (ascend::mock::thread_stats().api_calls, ascend::mock::stats(), ascend::mock::launch_counters());
+        let r = f();
+        let (after, launches_after) = (ascend::mock::stats(), ascend::mock::launch_counters());
+        assert_eq!(
+            (after.device_mallocs, after.blocking_copies, after.queued_tasks, launches_after.phase1_calls),
+            (before.device_mallocs, before.blocking_copies, before.queued_tasks, launches.phase1_calls),
+            "mallocs, blocking copies, queued tasks, phase-1 calls"
+        );
+        (r, ascend::mock::thread_stats().api_calls - calls)
+    };
+    type Refusal<'a> = (&'a str, Option<&'a Tensor>, bool, f64, f64);
+    let cases: [Refusal; 5] = [
+        ("eps NaN", Some(&w), false, MOMENTUM, f64::NAN),
+        ("weight of C + 1", Some(&long), false, MOMENTUM, EPS),
+        ("runningMean of C + 1", Some(&w), true, MOMENTUM, EPS),
+        ("momentum NaN", Some(&w), false, f64::NAN, EPS),
+        ("momentum beyond f32", None, false, 1e39, EPS),
+    ];
+    for (what, weight, bad_running, momentum, eps) in cases {
+        let running_mean = if bad_running { &mut rm_long } else { &mut rm };
+        let (r, calls) = counted(&mut || {
+            let (rm, rv) = (Some(&mut *running_mean), Some(&mut rv));
+            sync_batch_norm::forward(&comm, &s, &x, weight, Some(&b), rm, rv, momentum, eps).map(|_| ())
+        });
+        let e = r.expect_err(what);
+        assert_eq!(e.status(), Some(161002), "{what}: {e}");
+        assert_eq!(calls, 0, "{what}: runtime calls of a refused forward");
+    }
+    assert_eq!(read(&s, &rm), case.rm.values(), "running_mean untouched by refused calls");
+    // A valid forward runs (and calls the runtime), then a backward refused before its all-reduce.
+    let (_, saved) =
+        sync_batch_norm::forward(&comm, &s, &x, Some(&w), Some(&b), Some(&mut rm), Some(&mut rv), MOMENTUM, EPS)
+            .unwrap();
+    s.synchronize().unwrap();
+    let (r, calls) =
+        counted(&mut || sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&long), OutputMask::ALL).map(|_| ()));
+    let e = r.expect_err("backward with a weight of C + 1");
+    assert_eq!(e.status(), Some(161002), "{e}");
+    assert_eq!(calls, 0, "runtime calls of a refused backward");
+    let before = ascend::mock::thread_stats().api_calls;
+    sync_batch_norm::backward(&comm, &s, &dy, &saved, Some(&w), OutputMask::ALL).unwrap();
+    assert!(ascend::mock::thread_stats().api_calls > before, "the counter counts this thread's calls");
+}

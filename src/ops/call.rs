@@ -3,9 +3,9 @@
 //! An operator's allocating, `_into` and `prepare_` entries are each a few lines over
 //! [`prepare`], [`run`] and [`run_checked`], which validate once, check every tensor's stream once
 //! and resolve the backend once, then run the operator's CPU kernel or go through the one launch
-//! path ([`super::launch`]). [`entry_points!`] writes the three entries (and the optional
-//! `validate_args`) from one argument list; [`run_into_new_like!`] is the allocating entry of an
-//! operator whose one output is shaped like an input. What an operator tells the framework is its
+//! path ([`super::launch`]). [`entry_points!`] writes the three entries from one argument list;
+//! [`run_into_new_like!`] is the allocating entry of an operator whose one output is shaped like an
+//! input. What an operator tells the framework is its
 //! [`Operator`] impl (`operator.rs`); what a `prepare_` entry returns is a [`Prepared`]
 //! (`prepared.rs`).
 
@@ -97,9 +97,7 @@ pub(crate) use run_into_new_like;
 ///   arguments) on `outs`;
 /// - `fn prepare_name(.., ..) -> Prepared;`: the `prepare_` entry, the `_into` entry's arguments
 ///   each borrowed for the `'a` of the prepared call it returns, one
-///   [`prepare`] of the same call;
-/// - optionally `pub(crate) fn validate_args(..) -> Result<()> { .. }`, the same arguments with
-///   the body given.
+///   [`prepare`] of the same call.
 ///
 /// An argument is `name: &Tensor`, `Option<&Tensor>`, `&mut Tensor` (or `&` / `&mut` another type
 /// that holds tensors), `Option<&mut Tensor>`,
@@ -115,8 +113,6 @@ macro_rules! entry_points {
 
         $(#[$prep_meta:meta])*
         pub fn $prep:ident(.., ..) -> $prepared:ident;
-
-        $($check:tt)*
     ) => {
         $(#[$alloc_meta])*
         pub fn $alloc($stream: &Stream, $($inputs)*) -> $alloc_ret $alloc_body
@@ -134,18 +130,6 @@ macro_rules! entry_points {
             @borrow [$(#[$prep_meta])* $prep $prepared $stream ($op, $outs)] []
             $($inputs)* $($outputs)*,
         }
-
-        $crate::ops::call::entry_points! { @check $stream [$($inputs)*] $($check)* }
-    };
-    // The optional `validate_args`.
-    (@check $stream:ident [$($inputs:tt)*]) => {};
-    (
-        @check $stream:ident [$($inputs:tt)*]
-        $(#[$check_meta:meta])*
-        pub(crate) fn $check:ident(..) -> $check_ret:ty $check_body:block
-    ) => {
-        $(#[$check_meta])*
-        pub(crate) fn $check($stream: &Stream, $($inputs)*) -> $check_ret $check_body
     };
     // The `prepare_` entry's arguments, one at a time: each tensor reference borrowed for `'a`.
     (@borrow $f:tt [$($done:tt)*] $n:ident: &Tensor, $($rest:tt)*) => {

@@ -45,11 +45,16 @@ pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batc
 pub use launch::Workspace;
 pub use prepared::Prepared;
 
-/// Argument checks of single operators, for composite calls (`sync_batch_norm`) that validate
-/// everything before their first side effect.
+/// The input rules of single operators over layouts, dtypes and scalars, for composite calls
+/// (`sync_batch_norm`) that validate everything before their first side effect: none allocates,
+/// uploads or enqueues anything, so a composite asks them with the layouts of tensors it has not
+/// made yet. An entry applies the same rules, then checks its tensors' streams ([`streams`]).
 pub(crate) mod checks {
-    pub(crate) use super::batch_norm_elemt::validate_args as batch_norm_elemt;
-    pub(crate) use super::batch_norm_elemt_backward::validate_args as batch_norm_elemt_backward;
-    pub(crate) use super::batch_norm_gather_stats_with_counts::validate_args as batch_norm_gather_stats_with_counts;
-    pub(crate) use super::batch_norm_stats::validate_args as batch_norm_stats;
+    pub(crate) use super::batch_norm_elemt::{check_inputs as batch_norm_elemt, ElemtInputs};
+    pub(crate) use super::batch_norm_elemt_backward::{check_inputs as batch_norm_elemt_backward, ElemtBackwardInputs};
+    pub(crate) use super::batch_norm_gather_stats_with_counts::{
+        check_inputs as batch_norm_gather_stats_with_counts, check_scalars as gather_scalars, GatherInputs,
+    };
+    pub(crate) use super::batch_norm_stats::check_inputs as batch_norm_stats;
+    pub(crate) use super::call::check_streams as streams;
 }

@@ -13,19 +13,10 @@ use crate::cpu::channelwise::{self, Dst, Src};
 use crate::cpu::fused::{self, segment_layout, Blocks, Segments};
 use crate::cpu::host;
 use crate::error::Result;
-use crate::ops::batch_norm_elemt::cpu::{channel_values, normalize_into, Params};
-use crate::ops::batch_norm_stats::cpu::{channel_moments, Input, Moments};
+use crate::ops::batch_norm_elemt::cpu::{bias_values, channel_values, normalize_into, Params};
+use crate::ops::batch_norm_gather_stats_with_counts::cpu::update_running;
+use crate::ops::batch_norm_stats::cpu::{channel_moments, Input};
 use crate::tensor::Tensor;
-
-/// A channel's batch mean and biased variance from its moments; a NaN or infinity in the channel
-/// gives mean Σx/n and variance NaN (as the stats op).
-fn batch_stats(m: &Moments) -> (f64, f64) {
-    if m.sum.is_finite() {
-        (m.mean, m.m2 / m.n)
-    } else {
-        (m.sum / m.n, f64::NAN)
-    }
-}
 
 /// The fused training forward (see the [module](self) docs): writes `output` and returns the
 /// batch mean and biased variance per channel, or `None` (nothing written) when the layout or
@@ -53,7 +44,7 @@ fn fused_forward(
         let moments = channel_moments(Input::new(data, &shape, &strides, offset), 1)?;
         let (mut mean_f32, mut scale) = (host::try_vec(width, 0f32)?, host::try_vec(width, 0f32)?);
         for (i, m) in moments.iter().enumerate() {
-            let (mu, v) = batch_stats(m);
+            let (mu, v) = m.mean_var();
             (first[i], second[i]) = (mu, v);
             mean_f32[i] = mu as f32;
             scale[i] = (weight.map_or(1.0, |w| f64::from(w[range.start + i])) / (v + eps).sqrt()) as f32;
@@ -96,10 +87,7 @@ pub(super) fn run(
         return Ok(());
     }
     let weight = args.weight.map(|w| channel_values(w, "weight")).transpose()?;
-    let bias = match args.bias {
-        Some(b) => channel_values(b, "bias")?,
-        None => host::try_vec(c, 0.0)?,
-    };
+    let bias = bias_values(args.bias, c)?;
     // Everything that may fail before the first write but the writes themselves.
     let old = if args.training {
         let old_m = running_mean.as_deref().map(host::values).transpose()?;
@@ -118,8 +106,8 @@ pub(super) fn run(
             let input = args.input;
             let data = host::view(input, "input")?.storage();
             let moments = channel_moments(Input::new(data, input.shape(), input.strides(), input.offset()), 0)?;
-            let mean = host::try_collect(c, moments.iter().map(|m| batch_stats(m).0))?;
-            let var = host::try_collect(c, moments.iter().map(|m| batch_stats(m).1))?;
+            let mean = host::try_collect(c, moments.iter().map(|m| m.mean_var().0))?;
+            let var = host::try_collect(c, moments.iter().map(|m| m.mean_var().1))?;
             (mean, var)
         }
         None => {
@@ -141,17 +129,12 @@ pub(super) fn run(
         normalize_into(args.input, &mean_f32, &scale, &bias, output)?;
     }
     if let Some((old_m, old_v)) = old {
-        let keep = 1.0 - momentum;
         if let (Some(rm), Some(old)) = (running_mean, old_m) {
-            host::write_vector(rm, "runningMean", old.iter().zip(&mean).map(|(r, m)| keep * r + momentum * m))?;
+            update_running(rm, "runningMean", &old, mean.iter().copied(), momentum)?;
         }
         let unbias = n / (n - 1.0);
         if let (Some(rv), Some(old)) = (running_var, old_v) {
-            host::write_vector(
-                rv,
-                "runningVar",
-                old.iter().zip(&var).map(|(r, v)| keep * r + momentum * (v * unbias)),
-            )?;
+            update_running(rv, "runningVar", &old, var.iter().map(|v| v * unbias), momentum)?;
         }
         if let Some(m) = save_mean {
             host::write_vector(m, "saveMean", mean.iter().copied())?;

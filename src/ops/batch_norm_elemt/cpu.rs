@@ -4,7 +4,6 @@
 //! normalises by (it rebuilds the variance from invstd, `docs/cann/SYNCBN.md`); over any strides through [`channelwise::map`] (runs of one channel for NCHW,
 //! rows of consecutive channels for channels-last, several threads for large inputs).
 
-use super::Args;
 use crate::cpu::channelwise::{self, tile, BlockFn, Channels, Dst, Src, Window};
 use crate::cpu::host;
 use crate::error::Result;
@@ -17,18 +16,21 @@ pub(in crate::ops) struct Params {
     bias: Vec<f32>,
 }
 
-/// Runs the validated, non-empty call (`eps` in f32, as CANN uses it).
-pub(super) fn run(args: &Args<'_>, output: &mut Tensor) -> Result<()> {
-    let &Args { input, weight, bias, mean, invstd, eps } = args;
+/// Runs a validated, non-empty call over host tensors: `input` `(N, C, ...)`, the optional
+/// `[C]` weight and bias, the `[C]` mean and invstd, and `eps` (taken in f32, as CANN uses it).
+pub(in crate::ops) fn run(
+    input: &Tensor,
+    [weight, bias]: [Option<&Tensor>; 2],
+    [mean, invstd]: [&Tensor; 2],
+    eps: f64,
+    output: &mut Tensor,
+) -> Result<()> {
     let eps = eps as f32;
     let c = input.shape()[1];
     let mean = channel_values(mean, "mean")?;
     let invstd = channel_values(invstd, "invstd")?;
     let weight = weight.map(|w| channel_values(w, "weight")).transpose()?;
-    let bias = match bias {
-        Some(b) => channel_values(b, "bias")?,
-        None => host::try_vec(c, 0.0)?,
-    };
+    let bias = bias_values(bias, c)?;
     // CANN rebuilds the variance from invstd² and normalises by 1/sqrt(var + eps), every step in
     // f32 (so a negative invstd acts as its magnitude, and an eps that dwarfs 1/invstd² gives
     // what f32 gives); the same f32 steps here give the same factor, bit for bit. The product of
@@ -94,6 +96,14 @@ fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
                 *o = (v - m) * s + b;
             }
         }
+    }
+}
+
+/// The `[C]` bias widened to f32, or `c` zeros without one (CANN's fill).
+pub(in crate::ops) fn bias_values(bias: Option<&Tensor>, c: usize) -> Result<Vec<f32>> {
+    match bias {
+        Some(b) => channel_values(b, "bias"),
+        None => host::try_vec(c, 0.0),
     }
 }
 

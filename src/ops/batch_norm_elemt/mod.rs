@@ -7,12 +7,13 @@ pub(in crate::ops) mod cpu;
 
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
-use super::call::{check_streams, entry_points, run_into_new_like};
+use super::call::{entry_points, run_into_new_like};
 use super::launch::Phase2;
 use super::operator::{Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate;
 use crate::error::Result;
+use crate::layout::Layout;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -99,14 +100,51 @@ entry_points! {
     /// phase 2; dropping it unlaunched destroys the executor and writes nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn prepare_batch_norm_elemt(.., ..) -> Prepared;
+}
 
-    /// Validates the arguments of a [`batch_norm_elemt`] call as it does, launching nothing (for a
-    /// composite call that must refuse a bad argument before its first side effect).
-    pub(crate) fn validate_args(..) -> Result<()> {
-        let op = Args { input, weight, bias, mean, invstd, eps };
-        op.check_inputs()?;
-        check_streams(stream, op.inputs())
+/// The layouts of what a call reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ElemtInputs<'l> {
+    pub input: Layout<'l>,
+    pub weight: Option<Layout<'l>>,
+    pub bias: Option<Layout<'l>>,
+    pub mean: Layout<'l>,
+    pub invstd: Layout<'l>,
+}
+
+impl<'l> ElemtInputs<'l> {
+    /// Each input with its aclnn name, in the prototype's order.
+    fn named(&self) -> [(Option<&Layout<'l>>, &'static str); 5] {
+        [
+            (Some(&self.input), "input"),
+            (self.weight.as_ref(), "weight"),
+            (self.bias.as_ref(), "bias"),
+            (Some(&self.mean), "mean"),
+            (Some(&self.invstd), "invstd"),
+        ]
     }
+}
+
+/// Validates the inputs of a call over their layouts and eps, in CANN's order (dtypes, then
+/// shapes), then what CANN does not check (views inside their storage, eps); returns whether the
+/// input is empty. Checks no stream, allocates nothing: a composite call (`sync_batch_norm`)
+/// asks it before its first side effect.
+pub(crate) fn check_inputs(inputs: &ElemtInputs<'_>, eps: f64) -> Result<bool> {
+    // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16).
+    for (m, name) in inputs.named() {
+        if let Some(m) = m {
+            validate::float_dtype(name, m.dtype)?;
+        }
+    }
+    let c = validate::activation("input", &inputs.input)?;
+    for (m, name) in inputs.named().into_iter().skip(1) {
+        if let Some(m) = m {
+            validate::per_channel(name, m, c)?;
+        }
+    }
+    let n = validate::in_storage("input", &inputs.input)?;
+    validate::f32_scalar("eps", eps)?;
+    Ok(n == 0)
 }
 
 /// The arguments of a call but its output.
@@ -120,25 +158,16 @@ struct Args<'a> {
 }
 
 impl Args<'_> {
-    /// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
-    /// (views inside their storage, eps). Returns whether the input is empty.
+    /// [`check_inputs`] of this call's inputs; returns whether the input is empty.
     fn check_inputs(&self) -> Result<bool> {
-        // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16).
-        for (t, name) in self.inputs() {
-            if let Some(t) = t {
-                validate::float_dtype(name, t.dtype())?;
-            }
-        }
-        let x = self.input.layout();
-        let c = validate::activation("input", &x)?;
-        for (t, name) in self.inputs().into_iter().skip(1) {
-            if let Some(t) = t {
-                validate::per_channel(name, &t.layout(), c)?;
-            }
-        }
-        let n = validate::in_storage("input", &x)?;
-        validate::f32_scalar("eps", self.eps)?;
-        Ok(n == 0)
+        let inputs = ElemtInputs {
+            input: self.input.layout(),
+            weight: self.weight.map(Tensor::layout),
+            bias: self.bias.map(Tensor::layout),
+            mean: self.mean.layout(),
+            invstd: self.invstd.layout(),
+        };
+        check_inputs(&inputs, self.eps)
     }
 }
 
@@ -176,7 +205,8 @@ impl<'a> Operator<'a> for Args<'a> {
         if empty {
             return Ok(());
         }
-        cpu::run(&self, output)
+        let Args { input, weight, bias, mean, invstd, eps } = self;
+        cpu::run(input, [weight, bias], [mean, invstd], eps, output)
     }
 
     unsafe fn phase1(api: &OpApi, eps: f64, h: Handles<'_>) -> Result<aclnnStatus> {

@@ -7,13 +7,14 @@ pub(in crate::ops) mod cpu;
 
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
-use super::call::{check_streams, entry_points, run_into_new_like};
+use super::call::{entry_points, run_into_new_like};
 use super::launch::Phase2;
 use super::operator::{Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -92,15 +93,6 @@ entry_points! {
     /// phase 2; dropping it unlaunched destroys the executor and writes nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn prepare_batch_norm_elemt_backward(.., ..) -> Prepared;
-
-    /// Validates the arguments of a [`batch_norm_elemt_backward`] call as it does, launching nothing
-    /// (for a composite call that must refuse a bad argument before its first side effect).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn validate_args(..) -> Result<()> {
-        let op = Args { grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter };
-        op.check_inputs()?;
-        check_streams(stream, op.inputs())
-    }
 }
 
 /// The arguments of a call but its output.
@@ -116,50 +108,94 @@ struct Args<'a> {
     counter: &'a Tensor,
 }
 
-impl Args<'_> {
-    /// Validates the inputs in CANN's order (dtypes, then shapes), then what CANN does not check
-    /// (counter's shape, views inside their storage). Returns whether the input is empty.
-    fn check_inputs(&self) -> Result<bool> {
-        // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16), then counter's.
-        for (t, name) in self.inputs().into_iter().take(7) {
-            if let Some(t) = t {
-                validate::float_dtype(name, t.dtype())?;
-            }
+/// The layouts of what a call reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ElemtBackwardInputs<'l> {
+    pub grad_out: Layout<'l>,
+    pub input: Layout<'l>,
+    pub mean: Layout<'l>,
+    pub invstd: Layout<'l>,
+    pub weight: Option<Layout<'l>>,
+    pub sum_dy: Layout<'l>,
+    pub sum_dy_xmu: Layout<'l>,
+    pub counter: Layout<'l>,
+}
+
+impl<'l> ElemtBackwardInputs<'l> {
+    /// Each input but counter with its aclnn name, in the prototype's order.
+    fn named(&self) -> [(Option<&Layout<'l>>, &'static str); 7] {
+        [
+            (Some(&self.grad_out), "gradOut"),
+            (Some(&self.input), "input"),
+            (Some(&self.mean), "mean"),
+            (Some(&self.invstd), "invstd"),
+            (self.weight.as_ref(), "weight"),
+            (Some(&self.sum_dy), "sumDy"),
+            (Some(&self.sum_dy_xmu), "sumDyXmu"),
+        ]
+    }
+}
+
+/// Validates the inputs of a call over their layouts, in CANN's order (dtypes, then shapes),
+/// then what CANN does not check (counter's shape, views inside their storage); returns whether the input is
+/// empty. Checks no stream, allocates nothing: a composite call (`sync_batch_norm`) asks it
+/// before its first side effect.
+pub(crate) fn check_inputs(inputs: &ElemtBackwardInputs<'_>) -> Result<bool> {
+    // Each tensor's dtype on its own (Atlas A2/A3: f32, f16, bf16), then counter's.
+    for (m, name) in inputs.named() {
+        if let Some(m) = m {
+            validate::float_dtype(name, m.dtype)?;
         }
-        match self.counter.dtype() {
-            // int32 counters are what torch passes (`count_all.to(torch.int32)`).
-            DType::F32 | DType::F16 | DType::I32 => {}
-            _ => {
-                return Err(Error::invalid(
-                    "counter",
-                    "dtype bf16 is not supported (CANN accepts f32, f16 or int32 counters)",
-                ))
-            }
-        }
-        let x = self.input.layout();
-        let c = validate::activation("input", &x)?;
-        validate::same_shape("gradOut", &self.grad_out.layout(), "input", self.input.shape())?;
-        // mean, invstd, weight, sumDy, sumDyXmu.
-        for (t, name) in self.inputs().into_iter().skip(2).take(5) {
-            if let Some(t) = t {
-                validate::per_channel(name, &t.layout(), c)?;
-            }
-        }
-        let counter = self.counter.layout();
-        if !matches!(counter.shape, [_] | [_, 1]) {
+    }
+    match inputs.counter.dtype {
+        // int32 counters are what torch passes (`count_all.to(torch.int32)`).
+        DType::F32 | DType::F16 | DType::I32 => {}
+        _ => {
             return Err(Error::invalid(
                 "counter",
-                format!(
-                    "expected shape [W] or [W, 1] (one element count per rank), got {:?}: CANN sums every \
-                     element of counter into N, so any other shape (e.g. per-channel counts) would give a \
-                     wrong N",
-                    counter.shape
-                ),
-            ));
+                "dtype bf16 is not supported (CANN accepts f32, f16 or int32 counters)",
+            ))
         }
-        validate::in_storage("counter", &counter)?;
-        validate::in_storage("gradOut", &self.grad_out.layout())?;
-        Ok(validate::in_storage("input", &x)? == 0)
+    }
+    let x = &inputs.input;
+    let c = validate::activation("input", x)?;
+    validate::same_shape("gradOut", &inputs.grad_out, "input", x.shape)?;
+    // mean, invstd, weight, sumDy, sumDyXmu.
+    for (m, name) in inputs.named().into_iter().skip(2) {
+        if let Some(m) = m {
+            validate::per_channel(name, m, c)?;
+        }
+    }
+    let counter = &inputs.counter;
+    if !matches!(counter.shape, [_] | [_, 1]) {
+        return Err(Error::invalid(
+            "counter",
+            format!(
+                "expected shape [W] or [W, 1] (one element count per rank), got {:?}: CANN sums every \
+                 element of counter into N, so any other shape (e.g. per-channel counts) would give a \
+                 wrong N",
+                counter.shape
+            ),
+        ));
+    }
+    validate::in_storage("counter", counter)?;
+    validate::in_storage("gradOut", &inputs.grad_out)?;
+    Ok(validate::in_storage("input", x)? == 0)
+}
+
+impl Args<'_> {
+    /// [`check_inputs`] of this call's inputs; returns whether the input is empty.
+    fn check_inputs(&self) -> Result<bool> {
+        check_inputs(&ElemtBackwardInputs {
+            grad_out: self.grad_out.layout(),
+            input: self.input.layout(),
+            mean: self.mean.layout(),
+            invstd: self.invstd.layout(),
+            weight: self.weight.map(Tensor::layout),
+            sum_dy: self.sum_dy.layout(),
+            sum_dy_xmu: self.sum_dy_xmu.layout(),
+            counter: self.counter.layout(),
+        })
     }
 }
 

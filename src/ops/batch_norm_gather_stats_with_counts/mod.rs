@@ -11,6 +11,8 @@
 //! as PyTorch's CUDA kernel does; that CANN's closed kernel uses `N − 1` too is unconfirmed, the
 //! mock assumes it). The CPU backend computes in f64, the Ascend kernel (and the mock) in f32.
 
+pub(in crate::ops) mod cpu;
+
 use ascend_sys::{aclnnStatus, symbols, OpApi};
 
 use super::call::{check_streams, entry_points, run_checked};
@@ -18,7 +20,6 @@ use super::launch::Phase2;
 use super::operator::{Arg, Handles, Operator};
 use super::prepared::Prepared;
 use super::validate;
-use crate::cpu::host;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -123,19 +124,12 @@ struct Args<'a> {
     eps: f64,
 }
 
-impl Args<'_> {
+impl<'a> Args<'a> {
     /// Validates the inputs and the running statistics (of the allocating entry, which makes
     /// meanAll and invstdAll itself), then momentum and eps.
-    fn check_inputs(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>) -> Result<Plan> {
-        let plan = validate_inputs(&Inputs {
-            input: &self.input.layout(),
-            mean: &self.mean.layout(),
-            invstd: &self.invstd.layout(),
-            running_mean: running_mean.map(Tensor::layout).as_ref(),
-            running_var: running_var.map(Tensor::layout).as_ref(),
-            counts: &self.counts.layout(),
-        })?;
-        scalars(self.momentum, self.eps)?;
+    fn check_inputs(&self, running_mean: Option<&'a Tensor>, running_var: Option<&'a Tensor>) -> Result<Plan> {
+        let plan = validate_inputs(&GatherInputs::of(self, running_mean, running_var))?;
+        check_scalars(self.momentum, self.eps)?;
         Ok(plan)
     }
 }
@@ -160,17 +154,10 @@ impl<'a> Operator<'a> for Args<'a> {
 
     fn check(&self, ([running_mean, running_var], [mean_all, invstd_all]): &Self::Outputs) -> Result<Plan> {
         let plan = validate_call(
-            &Inputs {
-                input: &self.input.layout(),
-                mean: &self.mean.layout(),
-                invstd: &self.invstd.layout(),
-                running_mean: running_mean.as_deref().map(Tensor::layout).as_ref(),
-                running_var: running_var.as_deref().map(Tensor::layout).as_ref(),
-                counts: &self.counts.layout(),
-            },
+            &GatherInputs::of(self, running_mean.as_deref(), running_var.as_deref()),
             [&mean_all.layout(), &invstd_all.layout()],
         )?;
-        scalars(self.momentum, self.eps)?;
+        check_scalars(self.momentum, self.eps)?;
         Ok(plan)
     }
 
@@ -182,7 +169,8 @@ impl<'a> Operator<'a> for Args<'a> {
         // CANN's kernel takes momentum and eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
         let (momentum, eps) = (f64::from(self.momentum as f32), f64::from(self.eps as f32));
         let running = running_mean.zip(running_var);
-        cpu_launch(plan, [self.mean, self.invstd, self.counts], running, momentum, eps, mean_all, invstd_all)
+        let shape = [plan.ranks, plan.channels];
+        cpu::run(shape, [self.mean, self.invstd, self.counts], running, momentum, eps, mean_all, invstd_all)
     }
 
     /// For an empty `mean` CANN's executor itself fills meanAll with 0 and invstdAll with NaN, so
@@ -218,8 +206,8 @@ impl<'a> Operator<'a> for Args<'a> {
 }
 
 /// Checks momentum and eps: finite in f32, as CANN computes with them in f32 (161002 otherwise,
-/// after every check CANN makes).
-fn scalars(momentum: f64, eps: f64) -> Result<()> {
+/// after every check CANN makes; allocates nothing).
+pub(crate) fn check_scalars(momentum: f64, eps: f64) -> Result<()> {
     validate::f32_scalar("momentum", momentum)?;
     validate::f32_scalar("eps", eps)
 }
@@ -242,23 +230,47 @@ fn running_pair(running_mean: bool, running_var: bool) -> Result<()> {
 }
 
 /// The layouts of what a call reads (and of the running statistics it updates in place).
-struct Inputs<'l> {
-    input: &'l Layout<'l>,
-    mean: &'l Layout<'l>,
-    invstd: &'l Layout<'l>,
-    running_mean: Option<&'l Layout<'l>>,
-    running_var: Option<&'l Layout<'l>>,
-    counts: &'l Layout<'l>,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GatherInputs<'l> {
+    pub input: Layout<'l>,
+    pub mean: Layout<'l>,
+    pub invstd: Layout<'l>,
+    pub running_mean: Option<Layout<'l>>,
+    pub running_var: Option<Layout<'l>>,
+    pub counts: Layout<'l>,
 }
 
-/// Validates the inputs in CANN's order (running pair, dtypes, shapes, views); returns the plan.
-fn validate_inputs(inputs: &Inputs<'_>) -> Result<Plan> {
+impl<'l> GatherInputs<'l> {
+    /// The layouts of a call's tensors.
+    fn of(args: &Args<'l>, running_mean: Option<&'l Tensor>, running_var: Option<&'l Tensor>) -> Self {
+        GatherInputs {
+            input: args.input.layout(),
+            mean: args.mean.layout(),
+            invstd: args.invstd.layout(),
+            running_mean: running_mean.map(Tensor::layout),
+            running_var: running_var.map(Tensor::layout),
+            counts: args.counts.layout(),
+        }
+    }
+}
+
+/// Validates the inputs of a call over their layouts, in CANN's order (running pair, dtypes,
+/// shapes, views), as every entry does first; [`check_scalars`] follows. Checks no stream,
+/// allocates nothing: a composite call (`sync_batch_norm`) asks it before its first side effect.
+pub(crate) fn check_inputs(inputs: &GatherInputs<'_>) -> Result<()> {
+    validate_inputs(inputs).map(|_| ())
+}
+
+/// Validates the inputs; returns the plan.
+fn validate_inputs(inputs: &GatherInputs<'_>) -> Result<Plan> {
     running_pair(inputs.running_mean.is_some(), inputs.running_var.is_some())?;
     input_dtypes(inputs)?;
     input_shapes(inputs)
 }
 
-fn input_dtypes(&Inputs { input, mean, invstd, running_mean, running_var, counts }: &Inputs<'_>) -> Result<()> {
+fn input_dtypes(
+    GatherInputs { input, mean, invstd, running_mean, running_var, counts }: &GatherInputs<'_>,
+) -> Result<()> {
     for (name, m) in [("input", input), ("mean", mean), ("invstd", invstd)] {
         validate::dtype_in(name, m, &FLOAT_DTYPES, "")?;
     }
@@ -270,7 +282,9 @@ fn input_dtypes(&Inputs { input, mean, invstd, running_mean, running_var, counts
     validate::dtype_in("counts", counts, &FLOAT_DTYPES, COUNTS_NOTE)
 }
 
-fn input_shapes(&Inputs { input, mean, invstd, running_mean, running_var, counts }: &Inputs<'_>) -> Result<Plan> {
+fn input_shapes(
+    GatherInputs { input, mean, invstd, running_mean, running_var, counts }: &GatherInputs<'_>,
+) -> Result<Plan> {
     validate::rank_2_to_8("input", input)?;
     let c = input.shape[1];
     validate::rank("mean", mean, 2)?;
@@ -307,7 +321,7 @@ fn input_shapes(&Inputs { input, mean, invstd, running_mean, running_var, counts
 
 /// Validates a whole call in CANN's order: the running pair, every dtype (outputs included),
 /// then shapes and views.
-fn validate_call(inputs: &Inputs<'_>, [mean_all, invstd_all]: [&Layout<'_>; 2]) -> Result<Plan> {
+fn validate_call(inputs: &GatherInputs<'_>, [mean_all, invstd_all]: [&Layout<'_>; 2]) -> Result<Plan> {
     running_pair(inputs.running_mean.is_some(), inputs.running_var.is_some())?;
     input_dtypes(inputs)?;
     validate::dtype_in("meanAll", mean_all, &FLOAT_DTYPES, "")?;
@@ -316,125 +330,4 @@ fn validate_call(inputs: &Inputs<'_>, [mean_all, invstd_all]: [&Layout<'_>; 2]) 
     validate::per_channel_output("meanAll", mean_all, plan.channels)?;
     validate::per_channel_output("invstdAll", invstd_all, plan.channels)?;
     Ok(plan)
-}
-
-/// Validates the arguments of a [`batch_norm_gather_stats_with_counts`] call as it does, with
-/// the gathered statistics given by their metadata only, launching nothing (for a composite
-/// call that must refuse a bad argument before its first side effect).
-pub(crate) fn validate_args(
-    stream: &Stream,
-    input: &Tensor,
-    [mean, invstd, counts]: [&Layout<'_>; 3],
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-    momentum: f64,
-    eps: f64,
-) -> Result<()> {
-    validate_inputs(&Inputs {
-        input: &input.layout(),
-        mean,
-        invstd,
-        running_mean: running_mean.map(Tensor::layout).as_ref(),
-        running_var: running_var.map(Tensor::layout).as_ref(),
-        counts,
-    })?;
-    check_streams(stream, [(Some(input), "input"), (running_mean, "runningMean"), (running_var, "runningVar")])?;
-    scalars(momentum, eps)
-}
-
-/// The global statistics of one channel, in f64.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Global {
-    mean: f64,
-    invstd: f64,
-    /// The unbiased variance var_n/(N − 1), for running_var.
-    unbiased_var: f64,
-}
-
-/// The operator's math in f64 over host values: `mean`, `invstd` row-major `[W, C]`, `counts`
-/// `[W]`. Two passes per channel: the weighted mean, then the spread around it.
-/// Sums start at +0 (`fold(0.0, ..)`), as CANN's do: Rust's float `Sum` starts at −0.
-fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> Result<Vec<Global>> {
-    let n = counts.iter().fold(0.0, |a, &v| a + v);
-    let channel = |ch: usize| {
-        let rows = || counts.iter().enumerate().map(move |(j, &nj)| (nj, mean[j * c + ch], invstd[j * c + ch]));
-        let m = rows().fold(0.0, |a, (nj, mj, _)| a + nj * mj) / n;
-        let var_n = rows().fold(0.0, |a, (nj, mj, ij)| {
-            let var_j = 1.0 / (ij * ij) - eps;
-            a + (nj * var_j + nj * (mj - m) * (mj - m))
-        });
-        Global { mean: m, invstd: 1.0 / (var_n / n + eps).sqrt(), unbiased_var: var_n / (n - 1.0) }
-    };
-    host::try_collect(c, (0..c).map(channel))
-}
-
-/// Whether every rank is one and the same row: W > 1 ranks over stride 0 in mean, invstd and
-/// counts alike (a broadcast view, whose W the caller may make as large as it likes).
-fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool {
-    ranks > 1 && [mean, invstd, counts].iter().all(|t| t.strides().first() == Some(&0))
-}
-
-/// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
-fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
-    let data = host::view(t, name)?.storage();
-    let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
-    host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
-}
-
-fn cpu_launch(
-    plan: Plan,
-    [mean, invstd, counts]: [&Tensor; 3],
-    running: Option<(&mut Tensor, &mut Tensor)>,
-    momentum: f64,
-    eps: f64,
-    mean_all: &mut Tensor,
-    invstd_all: &mut Tensor,
-) -> Result<()> {
-    let c = plan.channels;
-    if plan.ranks == 0 || c == 0 {
-        host::write_vector(mean_all, "meanAll", std::iter::repeat_n(0.0, c))?;
-        return host::write_vector(invstd_all, "invstdAll", std::iter::repeat_n(f64::NAN, c));
-    }
-    let g = if one_broadcast_row(plan.ranks, [mean, invstd, counts]) {
-        // W copies of one row are that row with W times its count: the same sums, without walking
-        // (or allocating for) W rows.
-        let n = first_row(counts, "counts", 1)?;
-        let weighted = [plan.ranks as f64 * n[0]];
-        combine(c, &first_row(mean, "mean", c)?, &first_row(invstd, "invstd", c)?, &weighted, eps)?
-    } else {
-        let (m, i, n) = (host::values(mean)?, host::values(invstd)?, host::values(counts)?);
-        if m.len() != plan.ranks * c || i.len() != m.len() || n.len() != plan.ranks {
-            return Err(Error::internal("mean: a device tensor reached the CPU backend"));
-        }
-        combine(c, &m, &i, &n, eps)?
-    };
-    // Everything that may fail comes before the first write.
-    let old = running.as_ref().map(|(rm, rv)| Ok::<_, Error>((host::values(rm)?, host::values(rv)?))).transpose()?;
-    host::write_vector(mean_all, "meanAll", g.iter().map(|g| g.mean))?;
-    host::write_vector(invstd_all, "invstdAll", g.iter().map(|g| g.invstd))?;
-    if let (Some((rm, rv)), Some((old_m, old_v))) = (running, old) {
-        let keep = 1.0 - momentum;
-        host::write_vector(rm, "runningMean", g.iter().zip(old_m).map(|(g, r)| keep * r + momentum * g.mean))?;
-        host::write_vector(rv, "runningVar", g.iter().zip(old_v).map(|(g, r)| keep * r + momentum * g.unbiased_var))?;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Two ranks whose union is known: [1, 2, 3] and [4, 5] (biased variances 2/3 and 1/4).
-    #[test]
-    fn combine_matches_the_union() {
-        let eps = 1e-5;
-        let inv = |var: f64| 1.0 / (var + eps).sqrt();
-        let g = combine(1, &[2.0, 4.5], &[inv(2.0 / 3.0), inv(0.25)], &[3.0, 2.0], eps).unwrap();
-        let all = [1.0, 2.0, 3.0, 4.0, 5.0];
-        let m = all.iter().fold(0.0, |a, x| a + x) / 5.0;
-        let ss = all.iter().fold(0.0, |a, x| a + (x - m) * (x - m));
-        assert!((g[0].mean - m).abs() < 1e-12);
-        assert!((g[0].invstd - 1.0 / (ss / 5.0 + eps).sqrt()).abs() < 1e-9);
-        assert!((g[0].unbiased_var - ss / 4.0).abs() < 1e-9);
-    }
 }

@@ -129,6 +129,16 @@ impl Moments {
         }
         (self.mean, 1.0 / (self.m2 / self.n + eps).sqrt())
     }
+
+    /// The mean and the biased variance of `n > 0` values (also `batch_norm`'s batch
+    /// statistics); a NaN or infinity among them gives `(Σx/n, NaN)`.
+    pub(crate) fn mean_var(&self) -> (f64, f64) {
+        if self.sum.is_finite() {
+            (self.mean, self.m2 / self.n)
+        } else {
+            (self.sum / self.n, f64::NAN)
+        }
+    }
 }
 
 /// Per-channel moments of `input`, on up to `threads` threads (0: every core, but one thread per

@@ -11,6 +11,7 @@ use super::validate;
 use crate::cpu::host;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::layout::Layout;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -66,40 +67,49 @@ entry_points! {
     /// The result borrows every tensor until it is launched ([`Prepared::launch`]) or dropped
     /// (which writes nothing).
     pub fn prepare_batch_norm_stats(.., ..) -> Prepared;
-
-    /// Validates the input of a [`batch_norm_stats`] call as it does, launching nothing.
-    pub(crate) fn validate_args(..) -> Result<()> {
-        let op = Args { input, eps };
-        op.check_inputs()?;
-        check_streams(stream, op.inputs())
-    }
 }
 
-/// The arguments of a call but its outputs.
+/// Validates the input of a call over its layout and eps, as every entry does before anything
+/// else (dtype, rank, channels, view, then eps); returns C. Checks no stream, allocates nothing:
+/// a composite call (`sync_batch_norm`) asks it before its first side effect.
+pub(crate) fn check_inputs(input: &Layout<'_>, eps: f64) -> Result<usize> {
+    validate::dtype_in("input", input, &INPUT_DTYPES, INPUT_NOTE)?;
+    let c = validate::activation("input", input)?;
+    validate::in_storage("input", input)?;
+    validate::f32_scalar("eps", eps)?;
+    Ok(c)
+}
+
 /// The CPU kernel's mean and invstd of a host `input` of any float dtype, bf16 included (which the
 /// operator refuses, after CANN's rule on Atlas A2/A3): `sync_batch_norm`'s local statistics on
 /// the CPU backend, in one pass and without a host read. The caller validated `input` as an
 /// activation and `mean`/`invstd` as `[C]` f32 host tensors.
 pub(crate) fn host_stats_into(input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) -> Result<()> {
-    let op = Args { input, eps };
-    let c = validate::activation("input", &input.layout())?;
-    op.cpu(c, [mean, invstd])
+    validate::activation("input", &input.layout())?;
+    cpu_stats_into(input, eps, [mean, invstd])
 }
 
+/// The CPU backend's call: the channel moments of the host `input` (validated) into `mean` and
+/// `invstd`, with `eps` taken in f32 as CANN's kernel takes it (docs/cann/SYNCBN.md).
+fn cpu_stats_into(input: &Tensor, eps: f64, [mean, invstd]: [&mut Tensor; 2]) -> Result<()> {
+    let data = host::view(input, "input")?.storage();
+    let view = cpu::Input::new(data, input.shape(), input.strides(), input.offset());
+    let moments = cpu::channel_moments(view, 0)?;
+    let eps = f64::from(eps as f32);
+    host::write_vector(mean, "mean", moments.iter().map(|m| m.mean_invstd(eps).0))?;
+    host::write_vector(invstd, "invstd", moments.iter().map(|m| m.mean_invstd(eps).1))
+}
+
+/// The arguments of a call but its outputs.
 struct Args<'a> {
     input: &'a Tensor,
     eps: f64,
 }
 
 impl Args<'_> {
-    /// Validates `input` (dtype, rank, channels, view) and eps; returns C.
+    /// [`check_inputs`] of this call's input and eps; returns C.
     fn check_inputs(&self) -> Result<usize> {
-        let input = self.input.layout();
-        validate::dtype_in("input", &input, &INPUT_DTYPES, INPUT_NOTE)?;
-        let c = validate::activation("input", &input)?;
-        validate::in_storage("input", &input)?;
-        validate::f32_scalar("eps", self.eps)?;
-        Ok(c)
+        check_inputs(&self.input.layout(), self.eps)
     }
 }
 
@@ -136,14 +146,8 @@ impl<'a> Operator<'a> for Args<'a> {
         self.eps
     }
 
-    fn cpu(self, _c: usize, [mean, invstd]: Self::Outputs) -> Result<()> {
-        let (input, data) = (self.input, host::view(self.input, "input")?.storage());
-        let view = cpu::Input::new(data, input.shape(), input.strides(), input.offset());
-        let moments = cpu::channel_moments(view, 0)?;
-        // CANN's kernel takes eps as f32 (docs/cann/SYNCBN.md): so does the CPU.
-        let eps = f64::from(self.eps as f32);
-        host::write_vector(mean, "mean", moments.iter().map(|m| m.mean_invstd(eps).0))?;
-        host::write_vector(invstd, "invstd", moments.iter().map(|m| m.mean_invstd(eps).1))
+    fn cpu(self, _c: usize, outputs: Self::Outputs) -> Result<()> {
+        cpu_stats_into(self.input, self.eps, outputs)
     }
 
     /// For an empty input CANN's executor itself fills mean with 0 and invstd with NaN, so
