@@ -169,21 +169,9 @@ fn layouts(ctx: &Context) -> R {
 
 /// `_into` writes outputs of any non-overlapping layout (channels-last, spread, transposed).
 fn strided_outputs(ctx: &Context) -> R {
-    let s = ctx.new_stream()?;
     let case = Case::random(40, &[2, 3, 4, 5], DType::F16, DType::F32);
-    let up = case.upload(&s)?;
     let sentinel = Data::filled(DType::F32, &case.x.shape, 777.0);
-    let layouts = [
-        ("channels-last", sentinel.permuted(&[0, 2, 3, 1])),
-        ("spread", sentinel.spread(2, 3, 555.0)),
-        ("reversed dims", sentinel.permuted(&[3, 2, 1, 0])),
-    ];
-    for (what, init) in layouts {
-        let mut out = init.tensor(&s)?;
-        up.run_into(&s, &mut out)?;
-        check(&s, what, &out, &case);
-    }
-    Ok(())
+    common::framework::strided_outputs(ctx, &case, &sentinel)
 }
 
 /// Ranks 1 to 8 (CANN takes 0 to 8; the cast has no channel dim).
