@@ -27,6 +27,7 @@
 #include "aclnnop/aclnn_batch_norm_elemt_backward.h"
 #include "aclnnop/aclnn_batch_norm.h"
 #include "aclnnop/aclnn_batch_norm_backward.h"
+#include "aclnnop/aclnn_cast.h"
 #include "hccl/hccl.h"
 
 #else /* the crate's own declarations */
@@ -286,6 +287,12 @@ aclnnStatus aclnnBatchNormBackwardGetWorkspaceSize(const aclTensor *gradOut, con
                                                    aclOpExecutor **executor);
 aclnnStatus aclnnBatchNormBackward(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
                                    const aclrtStream stream);
+
+/* ---- libopapi.so / libopapi_math.so: aclnnop/aclnn_cast.h (hicann/ops-math @ 4a799b2f,
+ * math/cast/op_api/aclnn_cast.h:38-39,51; docs/cann/SYNCBN.md 3.7) ------------------------------- */
+aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor *self, const aclDataType dtype, aclTensor *out,
+                                      uint64_t *workspaceSize, aclOpExecutor **executor);
+aclnnStatus aclnnCast(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream);
 
 /* ---- libhccl.so (+ libhcomm.so on CANN 9.x): hccl/hccl_types.h, hccl/hccl.h, hccl/hccl_comm.h ------
  * (docs/cann/HCCL.md 2-3). hccl_types.h declares the root-info size as a C++ `const uint32_t`; C needs a

@@ -6,11 +6,16 @@
 //!    on views of it, and the element count per channel (`N_r·H·W...`) uploaded through the
 //!    stream's pinned staging area (no host wait). For bf16 input, which `aclnnBatchNormStats`
 //!    rejects on Atlas A2/A3: on the CPU backend the statistics kernel itself (it takes bf16;
-//!    one pass, no host read); on Ascend two `batch_norm_reduce_backward` passes give Σx and
-//!    Σx·(x − mean), and the host turns them into mean and invstd (two blocking host reads: none
-//!    of the bound operators takes a reciprocal square root of a device value, so the stall stays
-//!    until one does). A rank with no elements sends mean 0, invstd 1, count 0: finite statistics
-//!    that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
+//!    one pass, no host read); on Ascend `aclnnCast` widens the input to an f32 temporary from
+//!    the stream-ordered caching allocator and `aclnnBatchNormStats` takes its statistics (two
+//!    launches, no host read, no host wait). Why this chain (docs/cann/SYNCBN.md 3.1, 3.7,
+//!    docs/cann/LAYER.md 2.2): bf16 → f32 is exact, so the statistics are the f32 path's, by the
+//!    same operator; `aclnnBatchNorm` does take bf16 on A2/A3, but its `saveInvstd` there is the
+//!    batch variance (1/sqrt(var + eps) only on Ascend 950), which would need a reciprocal square
+//!    root that no bound operator takes, and it would also write a full-size output and the
+//!    running statistics it does not need. The cost is the temporary (4 bytes per element) and
+//!    one extra pass over the input. A rank with no elements sends mean 0, invstd 1, count 0:
+//!    finite statistics that the gather weights to nothing (docs/cann/SYNCBN.md 3.2);
 //! 2. one all-gather of the `[W, 2C + 1]` rows (as torch does);
 //! 3. `batch_norm_gather_stats_with_counts` on strided views of the rows: the global mean and
 //!    invstd, and the running statistics updated in place;
@@ -35,7 +40,7 @@
 //! 3. `batch_norm_elemt_backward` with the gathered counts: the input gradient, equal (to f32
 //!    accuracy) to BatchNorm's over the whole global batch.
 //!
-//! On Ascend a steady step (f32 or f16 input) makes no host wait (unless this rank's input is
+//! On Ascend a steady step (f32, f16 or bf16 input) makes no host wait (unless this rank's input is
 //! empty) and, with the caching allocator warm, no `aclrtMalloc`/`aclrtFree`: one all-gather and
 //! one all-reduce.
 //!
@@ -171,17 +176,11 @@ fn local_packed(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Res
     if n == 0 {
         return host_packed(&vec![0.0; c], &vec![1.0; c]);
     }
-    let bf16 = input.dtype() == DType::BF16;
-    if bf16 && s.ascend().is_some() {
-        let (mean, invstd) = bf16_stats(s, input, c, n, eps)?;
-        return host_packed(&mean, &invstd);
-    }
     let mut packed = Tensor::alloc(s, DType::F32, &[2 * c + 1], false)?;
     let mut mean = packed.view(&[c], &[1], 0)?;
     let mut invstd = packed.view(&[c], &[1], c)?;
-    if bf16 {
-        // The CPU backend: the statistics kernel takes bf16 itself (one pass, no host read).
-        ops::host_stats_into(input, eps, &mut mean, &mut invstd)?;
+    if input.dtype() == DType::BF16 {
+        bf16_stats(s, input, eps, &mut mean, &mut invstd)?;
     } else {
         ops::batch_norm_stats_into(s, input, eps, &mut mean, &mut invstd)?;
     }
@@ -277,37 +276,18 @@ fn validate_forward(
     checks::gather_scalars(momentum, eps)
 }
 
-/// The local mean and invstd of a bf16 `input` on Ascend with `n` > 0 elements per channel, which
-/// `aclnnBatchNormStats` rejects on Atlas A2/A3: two reduction passes and a host computation.
-fn bf16_stats(s: &Stream, input: &Tensor, c: usize, n: usize, eps: f64) -> Result<(Vec<f32>, Vec<f32>)> {
-    let zeros = Tensor::zeros(s, DType::F32, &[c])?;
-    let sums = |mean: &Tensor| -> Result<Vec<f64>> {
-        let mask = OutputMask { input_g: true, weight_g: false, bias_g: false };
-        let r = ops::batch_norm_reduce_backward(s, input, input, mean, &zeros, None, mask)?;
-        let Some(t) = r.sum_dy_xmu else {
-            return Err(Error::internal("bf16 stats: the reduction returned no sumDyXmu though asked"));
-        };
-        Ok(t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect())
-    };
-    // Σ dy with dy = x gives Σx.
-    let mask = OutputMask { input_g: false, weight_g: false, bias_g: true };
-    let r = ops::batch_norm_reduce_backward(s, input, input, &zeros, &zeros, None, mask)?;
-    let sum: Vec<f64> = match r.grad_bias {
-        Some(t) => t.to_vec::<f32>(s)?.into_iter().map(f64::from).collect(),
-        None => return Err(Error::internal("bf16 stats: the reduction returned no gradBias though asked")),
-    };
-    let mean: Vec<f32> = sum.iter().map(|&v| (v / n as f64) as f32).collect();
-    let mean_t = Tensor::from_slice(s, &mean, &[c])?;
-    // Σ x·(x − m) = Σ (x − m)² + m·(Σx − n·m): the second term is the rounding of m, removed here.
-    let sq = sums(&mean_t)?;
-    let invstd: Vec<f32> = (0..c)
-        .map(|k| {
-            let m = f64::from(mean[k]);
-            let var = (sq[k] - m * (sum[k] - n as f64 * m)) / n as f64;
-            (1.0 / (var.max(0.0) + eps).sqrt()) as f32
-        })
-        .collect();
-    Ok((mean, invstd))
+/// The local mean and invstd of a bf16 `input` (`n` > 0 elements per channel) into the `[C]`
+/// f32 views `mean` and `invstd`, on the stream without a host read. `aclnnBatchNormStats`
+/// rejects bf16 on Atlas A2/A3, so on Ascend `aclnnCast` first widens the input (exactly) into an
+/// f32 temporary of the stream-ordered caching allocator (returned to it behind the stream's work
+/// when it drops here), whose statistics `aclnnBatchNormStats` then computes: the f32 path's
+/// operator and numerics. On the CPU backend the statistics kernel takes bf16 itself (one pass).
+fn bf16_stats(s: &Stream, input: &Tensor, eps: f64, mean: &mut Tensor, invstd: &mut Tensor) -> Result<()> {
+    if s.ascend().is_none() {
+        return ops::host_stats_into(input, eps, mean, invstd);
+    }
+    let wide = ops::cast(s, input, DType::F32)?;
+    ops::batch_norm_stats_into(s, &wide, eps, mean, invstd)
 }
 
 /// SyncBatchNorm's backward pass on this rank (see the [module](self) docs): the gradients of

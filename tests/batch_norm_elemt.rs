@@ -223,18 +223,8 @@ fn layouts(ctx: &Context) -> R {
 fn strided_outputs(ctx: &Context) -> R {
     let s = ctx.new_stream()?;
     let case = Case::random(40, &[2, 3, 4, 5], DType::F16, DType::F32, Some(DType::BF16));
-    let up = case.upload(&s)?;
     let sentinel = Data::filled(DType::F16, &case.x.shape, 777.0);
-    let layouts = [
-        ("channels-last", sentinel.permuted(&[0, 2, 3, 1])),
-        ("spread", sentinel.spread(2, 3, 555.0)),
-        ("reversed dims", sentinel.permuted(&[3, 2, 1, 0])),
-    ];
-    for (what, init) in layouts {
-        let mut out = init.tensor(&s)?;
-        up.run_into(&s, &mut out)?;
-        check(ctx, &s, what, &out, DType::F16, &case);
-    }
+    common::framework::strided_outputs(ctx, &case, &sentinel)?;
     // A channels-last input into a channels-last output (the dense same-order path).
     let cl = Case { x: case.x.permuted(&[0, 2, 3, 1]), ..case.clone() };
     let mut out = sentinel.permuted(&[0, 2, 3, 1]).tensor(&s)?;

@@ -182,6 +182,12 @@ enum Step {
         entry: Entry,
         out: DType,
     },
+    /// `ops::cast` of `x` to `dtype` through `entry` (i32 on either side is refused alike).
+    Cast {
+        x: Arg,
+        dtype: DType,
+        entry: Entry,
+    },
     /// `ops::batch_norm` (training or eval) through `entry`.
     BatchNorm {
         x: Arg,
@@ -263,6 +269,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|((dy, x, mean, invstd, weight), (sum_dy, sum_dy_xmu, counter, entry, out))| {
                 Step::ElemtBackward { dy, x, mean, invstd, weight, sums: (sum_dy, sum_dy_xmu), counter, entry, out }
             }),
+        2 => (arg(dt()), out(), entry()).prop_map(|(x, dtype, entry)| Step::Cast { x, dtype, entry }),
         3 => (
             (arg(dt()), proptest::option::of(arg(dt())), proptest::option::of(arg(dt()))),
             proptest::option::weighted(0.6, (arg(dt()), arg(dt()))),
@@ -652,6 +659,19 @@ fn run_op(p: &Program, step: &Step, s: &Stream) -> Result<Outputs> {
                 [dx = Tensor::zeros(s, out, &big)?]
             );
             outputs(s, &[("gradInput", &dx)], false)
+        }
+        Step::Cast { x, dtype, entry } => {
+            let x = up(x, &big, Values::Wide)?;
+            let y = by_entry!(
+                entry,
+                s,
+                (s, &x, dtype),
+                ops::cast,
+                ops::prepare_cast,
+                ops::cast_into,
+                [y = Tensor::zeros(s, dtype, &big)?]
+            );
+            outputs(s, &[("output", &y)], true)
         }
         Step::BatchNorm { x, weight, bias, running, training, momentum, eps, entry, out } => {
             let x = up(x, &big, Values::Small)?;

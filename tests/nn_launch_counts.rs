@@ -148,3 +148,58 @@ fn sync_step(centered: bool) {
     assert_eq!(count(&counts, "all-gathers"), 1);
     assert_eq!(count(&counts, "all-reduces"), 1);
 }
+
+/// A bf16 SyncBatchNorm forward on one mock device (issue 30): its local statistics are two
+/// launches (`aclnnCast` to an f32 temporary, `aclnnBatchNormStats`) with no host read, so a
+/// steady forward is 4 launches and 1 all-gather with no host wait, no blocking copy and no
+/// allocating runtime call. The runtime calls of the step (every toolkit entry point called on
+/// this thread) are printed. Its statistics match f64 to f32 accuracy, also when |mean| ≫ std.
+#[test]
+fn bf16_sync_forward_makes_no_host_wait() {
+    common::mock::isolated(|ctx| {
+        let s = ctx.new_stream().unwrap();
+        let comm = Communicator::init_all(std::slice::from_ref(ctx)).unwrap().remove(0);
+        let mut rng = common::Rng::new(30);
+        let x = common::Data::normal(&mut rng, ascend::DType::BF16, &SHAPE, 300.0, 6.0);
+        let xt = x.tensor(&s).unwrap();
+        let forward = || {
+            let (y, saved) =
+                ascend::sync_batch_norm::forward(&comm, &s, &xt, None, None, None, None, 0.1, 1e-5).unwrap();
+            drop(y);
+            saved
+        };
+        for _ in 0..3 {
+            drop(forward());
+        }
+        s.synchronize().unwrap();
+        let (a, calls) = (snapshot(), ascend::mock::thread_stats().api_calls);
+        for _ in 0..STEPS {
+            drop(forward());
+        }
+        let (b, calls) = (snapshot(), ascend::mock::thread_stats().api_calls - calls);
+        let counts = per_step("sync_batch_norm::forward, bf16, one mock device", &a, &b, STEPS);
+        println!("sync_batch_norm::forward, bf16, one mock device: runtime calls {} per step", calls / STEPS);
+        assert_eq!(count(&counts, "operator launches"), 4, "{counts:?}");
+        assert_eq!(count(&counts, "all-gathers"), 1, "{counts:?}");
+        for &(name, _) in &HOST_WAITS_AND_ALLOCATIONS {
+            assert_eq!(count(&counts, name), 0, "{name} per step ({counts:?})");
+        }
+        // The statistics of the exact bf16 values, against f64.
+        let saved = forward();
+        let (mean, invstd) = (saved.mean().to_vec::<f32>(&s).unwrap(), saved.invstd().to_vec::<f32>(&s).unwrap());
+        let (v, [n, c, h, w]) = (x.values(), SHAPE);
+        for ch in 0..c {
+            let vals: Vec<f64> =
+                (0..n).flat_map(|i| (0..h * w).map(move |k| (i * c + ch) * h * w + k)).map(|j| v[j]).collect();
+            let m = vals.iter().sum::<f64>() / vals.len() as f64;
+            let var = vals.iter().map(|x| (x - m).powi(2)).sum::<f64>() / vals.len() as f64;
+            let r = 1.0 / (var + f64::from(1e-5f32)).sqrt();
+            let (gm, gi) = (f64::from(mean[ch]), f64::from(invstd[ch]));
+            assert!((gm - m).abs() <= 2e-7 * m.abs(), "mean[{ch}]: {gm} vs {m}");
+            assert!((gi - r).abs() <= 2e-6 * r, "invstd[{ch}]: {gi} vs {r}");
+        }
+        drop(saved);
+        drop((xt, comm));
+        s.synchronize().unwrap();
+    });
+}

@@ -110,6 +110,7 @@ operators! {
     BATCH_NORM_ELEMT_BACKWARD = "aclnnBatchNormElemtBackward", "nn", "aclnnop/aclnn_batch_norm_elemt_backward.h";
     BATCH_NORM = "aclnnBatchNorm", "nn", "aclnnop/aclnn_batch_norm.h";
     BATCH_NORM_BACKWARD = "aclnnBatchNormBackward", "nn", "aclnnop/aclnn_batch_norm_backward.h";
+    CAST = "aclnnCast", "math", "aclnnop/aclnn_cast.h";
 }
 
 /// `libhccl.so` (and, through it, `libhcomm.so` on CANN 9.x): collectives across devices, loaded

@@ -6,7 +6,9 @@
 //! statistics from every rank's, and the running statistics), [`batch_norm_elemt`]
 //! (`aclnnBatchNormElemt`) and [`batch_norm_elemt_backward`] (`aclnnBatchNormElemtBackward`),
 //! SyncBatchNorm's element-wise steps (see their docs); and single-device BatchNorm,
-//! [`batch_norm`] (`aclnnBatchNorm`) and [`batch_norm_backward`] (`aclnnBatchNormBackward`).
+//! [`batch_norm`] (`aclnnBatchNorm`) and [`batch_norm_backward`] (`aclnnBatchNormBackward`);
+//! and [`cast`] (`aclnnCast`, between f32, f16 and bf16), with which SyncBatchNorm widens a bf16
+//! input for the statistics.
 // Host allocations sized by a caller's count are fallible here (.ci/alloc-lint/clippy.toml).
 #![deny(clippy::disallowed_methods)]
 
@@ -18,6 +20,7 @@ mod batch_norm_gather_stats_with_counts;
 pub(crate) mod batch_norm_reduce_backward;
 mod batch_norm_stats;
 mod call;
+mod cast;
 mod launch;
 mod operator;
 mod prepared;
@@ -42,6 +45,7 @@ pub use batch_norm_reduce_backward::{
 };
 pub(crate) use batch_norm_stats::host_stats_into;
 pub use batch_norm_stats::{batch_norm_stats, batch_norm_stats_into, prepare_batch_norm_stats};
+pub use cast::{cast, cast_into, prepare_cast};
 pub use launch::Workspace;
 pub use prepared::Prepared;
 

@@ -463,6 +463,25 @@ pub fn empty_inputs<F: Framework<Out = Tensor, Res = Tensor>>(
     Ok(())
 }
 
+/// `_into` of a one-output operator into outputs of any non-overlapping layout, each made from
+/// `sentinel` (the rank-4 output's shape and dtype, pre-filled): channels-last, spread with gaps,
+/// reversed dims; each result is right.
+pub fn strided_outputs<F: Framework<Out = Tensor>>(ctx: &Context, case: &F, sentinel: &Data) -> Result<()> {
+    let s = ctx.new_stream()?;
+    let mut up = case.upload(&s)?;
+    let layouts = [
+        ("channels-last", sentinel.permuted(&[0, 2, 3, 1])),
+        ("spread", sentinel.spread(2, 3, 555.0)),
+        ("reversed dims", sentinel.permuted(&[3, 2, 1, 0])),
+    ];
+    for (what, init) in layouts {
+        let mut out = init.tensor(&s)?;
+        case.run_into(&mut up, &s, &mut out)?;
+        case.check(ctx, &s, what, &out);
+    }
+    Ok(())
+}
+
 /// Each case (named, e.g. by its layout) through the allocating form: the result is contiguous
 /// and right.
 pub fn allocating_results<'n, F: Framework<Res = Tensor>>(

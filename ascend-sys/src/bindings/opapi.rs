@@ -180,6 +180,25 @@ pub struct OpApi {
         ) -> aclnnStatus,
         ::libloading::Error,
     >,
+    pub aclnnCastGetWorkspaceSize: Result<
+        unsafe extern "C" fn(
+            self_: *const aclTensor,
+            dtype: aclDataType,
+            out: *mut aclTensor,
+            workspaceSize: *mut u64,
+            executor: *mut *mut aclOpExecutor,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
+    pub aclnnCast: Result<
+        unsafe extern "C" fn(
+            workspace: *mut ::std::os::raw::c_void,
+            workspaceSize: u64,
+            executor: *mut aclOpExecutor,
+            stream: aclrtStream,
+        ) -> aclnnStatus,
+        ::libloading::Error,
+    >,
 }
 impl OpApi {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -215,6 +234,8 @@ impl OpApi {
         let aclnnBatchNormBackwardGetWorkspaceSize =
             __library.get(b"aclnnBatchNormBackwardGetWorkspaceSize\0").map(|sym| *sym);
         let aclnnBatchNormBackward = __library.get(b"aclnnBatchNormBackward\0").map(|sym| *sym);
+        let aclnnCastGetWorkspaceSize = __library.get(b"aclnnCastGetWorkspaceSize\0").map(|sym| *sym);
+        let aclnnCast = __library.get(b"aclnnCast\0").map(|sym| *sym);
         Ok(OpApi {
             __library,
             aclnnBatchNormReduceBackwardGetWorkspaceSize,
@@ -231,6 +252,8 @@ impl OpApi {
             aclnnBatchNorm,
             aclnnBatchNormBackwardGetWorkspaceSize,
             aclnnBatchNormBackward,
+            aclnnCastGetWorkspaceSize,
+            aclnnCast,
         })
     }
     pub unsafe fn aclnnBatchNormReduceBackwardGetWorkspaceSize(
@@ -532,5 +555,30 @@ impl OpApi {
             executor,
             stream,
         )
+    }
+    pub unsafe fn aclnnCastGetWorkspaceSize(
+        &self,
+        self_: *const aclTensor,
+        dtype: aclDataType,
+        out: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus {
+        (self.aclnnCastGetWorkspaceSize.as_ref().expect("Expected function, got error."))(
+            self_,
+            dtype,
+            out,
+            workspaceSize,
+            executor,
+        )
+    }
+    pub unsafe fn aclnnCast(
+        &self,
+        workspace: *mut ::std::os::raw::c_void,
+        workspaceSize: u64,
+        executor: *mut aclOpExecutor,
+        stream: aclrtStream,
+    ) -> aclnnStatus {
+        (self.aclnnCast.as_ref().expect("Expected function, got error."))(workspace, workspaceSize, executor, stream)
     }
 }
