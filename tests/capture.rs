@@ -358,3 +358,103 @@ fn replays_on_other_streams_are_ordered_with_eager_work() {
     let after = ascend::mock::stats();
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }
+
+/// The safe API never joins a second stream into a capture (CANN's capture across streams, where
+/// an event recorded on the captured stream pulls a stream that waits for it into the model, is
+/// not exposed): every way to order the captured stream with another one inside the closure, an
+/// explicit event or the crate's own ordering of a buffer last used by another stream, is an
+/// error naming the call (ACL_ERROR_RT_CAPTURE_DEPENDENCY) made before CANN is reached, as is
+/// eager work on another stream that the crate would order after the captured stream (a read of
+/// what the capture writes). The mock joins no stream, counts no violation, and the capture still
+/// ends and replays.
+#[test]
+fn the_safe_api_never_joins_another_stream_into_a_capture() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let joined = ascend::mock::capture_stats().joined_streams;
+    let ctx = ascend::mock::context(0).unwrap();
+    let (s, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(33);
+    let x = input(&s, &mut rng);
+    let on_other = input(&other, &mut rng);
+    let mut written_by_other = [0, 1].map(|_| Tensor::zeros(&other, DType::F32, &SHAPE[1..2]).unwrap());
+    {
+        let [m, v] = &mut written_by_other;
+        ascend::ops::batch_norm_stats_into(&other, &on_other, EPS, m, v).unwrap();
+    }
+    let mut outs_on_s = [0, 1].map(|_| Tensor::zeros(&s, DType::F32, &SHAPE[1..2]).unwrap());
+    let mut y_on_other = Tensor::zeros(&other, DType::F32, &SHAPE).unwrap();
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap()); // warm-up
+    let mut captured = None;
+    let graph = s
+        .capture(CaptureMode::ThreadLocal, |s| {
+            let (mean, invstd) = ascend::ops::batch_norm_stats(s, &x, EPS)?;
+            // An event recorded on the captured stream (a fork), and one waited for (a join).
+            refused(s.record_event(), 107024, "aclrtRecordEvent");
+            let e = other.record_event()?;
+            refused(s.wait_event(&e), 107024, "aclrtStreamWaitEvent");
+            // Captured work on buffers another stream last wrote: the crate would wait for it.
+            let [m, v] = &mut written_by_other;
+            refused(ascend::ops::batch_norm_stats_into(s, &x, EPS, m, v), 107024, "aclrtStreamWaitEvent");
+            let [m, v] = &mut outs_on_s;
+            refused(ascend::ops::batch_norm_stats_into(s, &on_other, EPS, m, v), 107024, "aclrtStreamWaitEvent");
+            // Eager work on another stream reading what the capture writes: the crate would
+            // order it after the captured stream (an event recorded into the capture).
+            refused(
+                ascend::ops::batch_norm_elemt_into(&other, &x, None, None, &mean, &invstd, EPS, &mut y_on_other),
+                107024,
+                "aclrtRecordEvent",
+            );
+            captured = Some((mean, invstd));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(ascend::mock::capture_stats().joined_streams, joined, "no stream joined the capture");
+    let (mean, invstd) = captured.unwrap();
+    graph.replay(&s).unwrap();
+    let want = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap().0;
+    assert_eq!(bits(&s, &mean), bits(&s, &want));
+    drop((graph, mean, invstd, want, x, on_other, written_by_other, outs_on_s, y_on_other));
+    drop((s, other, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!(after.live_allocations, before.live_allocations);
+    assert_eq!(ascend::mock::capture_stats().joined_streams, joined);
+}
+
+/// `Context::empty_cache` inside a capture is an error naming it, whether the cache is empty or
+/// holds blocks (it would wait and free); nothing is freed; it works again after the capture.
+#[test]
+fn empty_cache_inside_a_capture_is_refused_even_with_nothing_cached() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let x = input(&s, &mut Rng::new(41));
+    s.synchronize().unwrap();
+    ctx.empty_cache().unwrap();
+    let empty = ctx.memory_stats().reserved;
+    for cached in [false, true] {
+        if cached {
+            drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+        } else {
+            s.synchronize().unwrap();
+            ctx.empty_cache().unwrap();
+        }
+        let reserved = ctx.memory_stats().reserved;
+        assert_eq!(reserved > empty, cached, "blocks cached: {cached}");
+        let graph = s
+            .capture(CaptureMode::Relaxed, |_| {
+                refused(ctx.empty_cache(), 107041, "Context::empty_cache");
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(ctx.memory_stats().reserved, reserved, "nothing freed");
+        drop(graph);
+        s.synchronize().unwrap();
+        ctx.empty_cache().unwrap();
+    }
+    drop((x, s, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}
