@@ -6,14 +6,14 @@
 #![cfg(feature = "mock")]
 
 mod common;
+#[path = "common/sync_bn_step.rs"]
+mod sync_bn_step;
 
 use ascend::hccl::Communicator;
-use ascend::ops::OutputMask;
-use ascend::{sync_batch_norm, CaptureMode, Context, DType, Graph, Result, Stream, Tensor};
+use ascend::{CaptureMode, Context, DType, Graph, Result, Stream, Tensor};
 use common::{on_ranks, Data, Rng};
+use sync_bn_step::{Step, EPS};
 
-const EPS: f64 = 1e-5;
-const MOMENTUM: f64 = 0.1;
 const SHAPE: [usize; 3] = [3, 4, 5];
 
 /// Serialises the tests (they compare the mock's process-wide counters).
@@ -24,63 +24,32 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     MOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One rank's tensors of a step.
-struct Step {
-    x: Tensor,
-    dy: Tensor,
-    w: Tensor,
-    b: Tensor,
-    rm: Tensor,
-    rv: Tensor,
-}
-
-impl Step {
-    fn new(s: &Stream, rng: &mut Rng) -> Step {
-        let mut t =
-            |shape: &[usize], lo: f64, hi: f64| Data::uniform(rng, DType::F32, shape, lo, hi).tensor(s).unwrap();
-        let c = &SHAPE[1..2];
-        Step {
-            x: t(&SHAPE, -2.0, 2.0),
-            dy: t(&SHAPE, -1.0, 1.0),
-            w: t(c, 0.5, 1.5),
-            b: t(c, -1.0, 1.0),
-            rm: t(c, -0.5, 0.5),
-            rv: t(c, 0.5, 2.0),
-        }
-    }
-
-    /// Forward and backward: y, dx, dw, db.
-    fn run(&mut self, comm: &Communicator, s: &Stream) -> Result<[Tensor; 4]> {
-        let (y, saved) = sync_batch_norm::forward(
-            comm,
-            s,
-            &self.x,
-            Some(&self.w),
-            Some(&self.b),
-            Some(&mut self.rm),
-            Some(&mut self.rv),
-            MOMENTUM,
-            EPS,
-        )?;
-        let (dx, dw, db) = sync_batch_norm::backward(comm, s, &self.dy, &saved, Some(&self.w), OutputMask::ALL)?;
-        let missing = || ascend::Error::Config("a gradient of OutputMask::ALL is missing".into());
-        Ok([y, dx.ok_or_else(missing)?, dw.ok_or_else(missing)?, db.ok_or_else(missing)?])
-    }
-
-    /// Copies of the six tensors' values (same data, new tensors).
-    fn twin(&self, s: &Stream) -> Step {
-        let copy = |t: &Tensor| Tensor::from_slice(s, &t.to_vec::<f32>(s).unwrap(), t.shape()).unwrap();
-        Step {
-            x: copy(&self.x),
-            dy: copy(&self.dy),
-            w: copy(&self.w),
-            b: copy(&self.b),
-            rm: copy(&self.rm),
-            rv: copy(&self.rv),
-        }
+/// A rank's step on random data.
+fn new_step(s: &Stream, rng: &mut Rng) -> Step {
+    let mut t = |shape: &[usize], lo: f64, hi: f64| Data::uniform(rng, DType::F32, shape, lo, hi).tensor(s).unwrap();
+    let c = &SHAPE[1..2];
+    Step {
+        x: t(&SHAPE, -2.0, 2.0),
+        dy: t(&SHAPE, -1.0, 1.0),
+        w: t(c, 0.5, 1.5),
+        b: t(c, -1.0, 1.0),
+        rm: t(c, -0.5, 0.5),
+        rv: t(c, 0.5, 2.0),
     }
 }
 
+/// Copies of a step's six tensors (same values, new tensors).
+fn twin(step: &Step, s: &Stream) -> Step {
+    let copy = |t: &Tensor| Tensor::from_slice(s, &t.to_vec::<f32>(s).unwrap(), t.shape()).unwrap();
+    Step {
+        x: copy(&step.x),
+        dy: copy(&step.dy),
+        w: copy(&step.w),
+        b: copy(&step.b),
+        rm: copy(&step.rm),
+        rv: copy(&step.rv),
+    }
+}
 fn bits(s: &Stream, t: &Tensor) -> Vec<u32> {
     t.to_vec::<f32>(s).unwrap().into_iter().map(f32::to_bits).collect()
 }
@@ -101,10 +70,10 @@ fn replayed_sync_batch_norm_steps_equal_eager_steps_bit_for_bit() {
     on_ranks(comms, &ctxs, |rank, comm, ctx| {
         let s = ctx.new_stream().unwrap();
         let mut rng = Rng::new(0xC0FFEE + u64::from(rank));
-        let mut eager = Step::new(&s, &mut rng);
-        let mut graph_step = eager.twin(&s);
+        let mut eager = new_step(&s, &mut rng);
+        let mut graph_step = twin(&eager, &s);
         // Warm-up (the allocator then holds the blocks the capture uses), on scratch copies.
-        let mut warm = eager.twin(&s);
+        let mut warm = twin(&eager, &s);
         drop(warm.run(comm, &s).unwrap());
         let mut outputs = None;
         // Thread-local: in global mode CANN refuses the other rank's blocking copies while this
