@@ -72,6 +72,24 @@ fn captures() -> (u64, u64, u64) {
     (s.captures, s.replays, s.live_models)
 }
 
+/// For each `(round, stream)`: fills the pinned block with `round`, replays `model` (whose copies
+/// take the block to `out`) on the stream and checks `out` holds `round` after it.
+fn replays_copy_host(
+    m: &Mock,
+    model: aclmdlRI,
+    host: &Pinned,
+    out: *mut std::ffi::c_void,
+    rounds: &[(u8, aclrtStream)],
+) {
+    for &(round, on) in rounds {
+        // SAFETY: no queued copy reads the pinned block (the previous replay was synchronised).
+        unsafe { ptr::write_bytes(host.ptr().cast::<u8>(), round, 64) };
+        assert_eq!(replay(m.c, model, on), 0, "{}", m.err());
+        assert_eq!(m.sync(on), 0);
+        assert_eq!(m.d2h(out, 64), vec![round; 64], "replay {round}");
+    }
+}
+
 /// Copies queued on a captured stream are recorded, not run; each replay (on another stream of the
 /// device too) runs them again in order, reading the pinned source as it is then.
 #[test]
@@ -97,13 +115,7 @@ fn captured_copies_run_only_when_replayed() {
     assert_eq!(status(c, s).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE);
     assert_eq!(m.sync(s), 0);
     assert_eq!(m.d2h(b, 64), vec![0u8; 64], "captured copies do not run at the capture");
-    for (round, stream) in [(1u8, s), (2, t), (3, t)] {
-        // SAFETY: no copy reads the pinned block now (the previous replay was synchronised).
-        unsafe { ptr::write_bytes(host.ptr().cast::<u8>(), round, 64) };
-        assert_eq!(replay(c, model, stream), 0, "{}", m.err());
-        assert_eq!(m.sync(stream), 0);
-        assert_eq!(m.d2h(b, 64), vec![round; 64], "replay {round}");
-    }
+    replays_copy_host(&m, model, &host, b, &[(1, s), (2, t), (3, t)]);
     assert_eq!(captures(), (c0 + 1, r0 + 3, l0 + 1));
     assert_eq!(destroy(c, model), 0);
     assert_eq!(captures().2, l0);
@@ -328,13 +340,8 @@ fn streams_forked_by_events_are_captured_into_the_same_model() {
         assert_eq!(m.sync(x), 0);
     }
     assert_eq!(m.d2h(out, 64), vec![0u8; 64], "nothing ran at the capture");
-    for (round, on) in [(5u8, s), (6, other), (7, other)] {
-        // SAFETY: no queued copy reads the pinned block (the previous replay was synchronised).
-        unsafe { ptr::write_bytes(host.ptr().cast::<u8>(), round, 64) };
-        assert_eq!(replay(c, model, on), 0, "{}", m.err());
-        assert_eq!(m.sync(on), 0);
-        assert_eq!(m.d2h(out, 64), vec![round; 64], "replay {round}: origin, side streams, origin in order");
-    }
+    // origin, side streams, origin: in the captured order
+    replays_copy_host(&m, model, &host, out, &[(5, s), (6, other), (7, other)]);
     assert_eq!(captures(), (c0 + 1, mock::capture_stats().replays, l0 + 1));
     // SAFETY: the events are live.
     assert_eq!(unsafe { c.acl.aclrtDestroyEvent(ev[0]) }, EVENT_CAPTURED, "the model waits for it");
