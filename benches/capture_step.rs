@@ -2,7 +2,8 @@
 //!
 //! Two ranks as threads, one SyncBatchNorm layer (`forward` + `backward` with running
 //! statistics, `[4, 64, 8, 8]` f32 per rank): the step run eagerly (launch cache warm) and the
-//! same step captured once (`Stream::capture`) and replayed (`Graph::replay`). Prints, per rank
+//! same step captured once (`Stream::capture`) and replayed (`Graph::replay`); the step is
+//! `tests/common/sync_bn_step.rs`, the one `tests/capture.rs` proves bit-exact. Prints, per rank
 //! and step: runtime calls made by the rank's thread (every `acl*`, `aclnn*`, `Hccl*` entry the
 //! mock counts), phase-1 calls, `aclTensor` descriptors, `aclrtMalloc`, host waits (stream,
 //! event and device synchronises, blocking copies) and replays; and the host time per step of
@@ -15,10 +16,13 @@ use std::time::{Duration, Instant};
 
 use ascend::hccl::Communicator;
 use ascend::mock::{capture_stats, launch_counters, stats, thread_stats};
-use ascend::ops::OutputMask;
-use ascend::{sync_batch_norm, CaptureMode, Context, Stream, Tensor};
+use ascend::{CaptureMode, Context, Tensor};
 
 mod common;
+#[path = "../tests/common/sync_bn_step.rs"]
+mod sync_bn_step;
+
+use sync_bn_step::Step;
 
 const RANKS: usize = 2;
 const STEPS: u64 = 50;
@@ -31,32 +35,11 @@ fn fence() -> [u64; 5] {
     [l.phase1_calls, l.tensors_created, s.device_mallocs, waits, capture_stats().replays]
 }
 
-struct Rank {
-    x: Tensor,
-    dy: Tensor,
-    w: Tensor,
-    b: Tensor,
-    rm: Tensor,
-    rv: Tensor,
-}
-
-impl Rank {
-    fn step(&mut self, comm: &Communicator, s: &Stream) -> ascend::Result<()> {
-        let (y, saved) = sync_batch_norm::forward(
-            comm,
-            s,
-            &self.x,
-            Some(&self.w),
-            Some(&self.b),
-            Some(&mut self.rm),
-            Some(&mut self.rv),
-            0.1,
-            1e-5,
-        )?;
-        let grads = sync_batch_norm::backward(comm, s, &self.dy, &saved, Some(&self.w), OutputMask::ALL)?;
-        drop((y, saved, grads));
-        Ok(())
-    }
+/// The step (`tests/common/sync_bn_step.rs`, the one `tests/capture.rs` proves), its outputs
+/// dropped.
+fn step(rank: &mut Step, comm: &Communicator, s: &ascend::Stream) -> ascend::Result<()> {
+    drop(rank.run(comm, s)?);
+    Ok(())
 }
 
 fn main() -> ascend::Result<()> {
@@ -81,7 +64,7 @@ fn main() -> ascend::Result<()> {
                     let t = |seed: u64, len: usize, shape: &[usize]| {
                         Tensor::from_slice(&s, &common::random::<f32>(len, seed, -2.0, 2.0), shape)
                     };
-                    let mut rank = Rank {
+                    let mut rank = Step {
                         x: t(1 + r, n, &SHAPE)?,
                         dy: t(10 + r, n, &SHAPE)?,
                         w: t(20, c, &[c])?,
@@ -90,10 +73,10 @@ fn main() -> ascend::Result<()> {
                         rv: Tensor::from_slice(&s, &vec![1f32; c], &[c])?,
                     };
                     for _ in 0..2 {
-                        rank.step(&comm, &s)?;
+                        step(&mut rank, &comm, &s)?;
                     }
                     s.synchronize()?;
-                    let graph = s.capture(CaptureMode::ThreadLocal, |s| rank.step(&comm, s))?;
+                    let graph = s.capture(CaptureMode::ThreadLocal, |s| step(&mut rank, &comm, s))?;
                     // A fence: every rank drained, rank 0 snapshots the process-wide counters.
                     let fence_here = || -> ascend::Result<()> {
                         s.synchronize()?;
@@ -115,7 +98,7 @@ fn main() -> ascend::Result<()> {
                         Ok((calls, time))
                     };
                     graph.replay(&s)?; // the first replay
-                    let eager = measure(&mut || rank.step(&comm, &s))?;
+                    let eager = measure(&mut || step(&mut rank, &comm, &s))?;
                     let replay = measure(&mut || graph.replay(&s))?;
                     per_rank.lock().unwrap().push((r, eager, replay));
                     drop(graph);

@@ -58,9 +58,9 @@ int ascend_mock_set_query_progress(int on);
 /* Live events of device `device` (0 for a device out of range); at most 65536, as on Atlas A2/A3. */
 uint64_t ascend_mock_device_live_events(int device);
 
-/* Graph capture (mock/acl/capture.c): captures begun, replays queued (aclmdlRIExecuteAsync), and
- * model run instances alive. */
-void ascend_mock_capture_stats(uint64_t *captures, uint64_t *replays, uint64_t *live_models);
+/* Graph capture (mock/acl/capture.c): captures begun, replays queued (aclmdlRIExecuteAsync),
+ * model run instances alive, and streams pulled into a capture by an event wait (side streams). */
+void ascend_mock_capture_stats(uint64_t *captures, uint64_t *replays, uint64_t *live_models, uint64_t *joins);
 
 /* Fills *out with the current counters. */
 void ascend_mock_get_stats(ascend_mock_stats *out);

@@ -12,10 +12,19 @@
 //! or a copy on a stream) between replays: a replay reads the addresses captured, never new
 //! tensors. Outputs are the captured tensors too.
 //!
+//! A capture is of one stream: nothing this crate does joins another stream into it. CANN can
+//! capture across streams (an event recorded on the captured stream pulls a stream waiting for
+//! it into the same model, which must join back before `aclmdlRICaptureEnd`, else
+//! `ACL_ERROR_RT_STREAM_UNJOINED`); here every call that would order the captured stream with
+//! another one is refused before it reaches CANN (see [`Stream::capture`]), so all the work a
+//! graph replays is on its captured stream and everything that work uses is kept by the graph.
+//!
 //! Needs CANN 8.2 or later with the capture API (`aclmdlRI*`; an older toolkit gives
 //! [`Error::Load`] naming the missing function) on a chip that supports it: Atlas A2/A3 and the
 //! inference series, **not** Atlas training series (910) or Atlas 200I/500 A2 (CANN 9.0.0's API
-//! page); HCCL captures its collectives on Atlas A2/A3 only. CANN marks the API experimental.
+//! page); HCCL captures its collectives on Atlas A2/A3 only. Only aclnn operators and HCCL
+//! collectives are captured; captured tasks are not updated in place (CANN's task groups are not
+//! bound). CANN marks the API experimental.
 //!
 //! [`Tensor::copy_from_slice`]: crate::Tensor::copy_from_slice
 
@@ -168,8 +177,12 @@ impl Stream {
     /// Inside `f`, what CANN forbids during a capture is an error naming the call, before it
     /// reaches CANN: synchronising or querying a stream, event or device (so reading a tensor to
     /// the host), `aclrtFree`, `aclrtMalloc` and blocking copies (`aclrtMemcpy`, `aclrtMemset`;
-    /// allowed in [`CaptureMode::Relaxed`], as CANN allows them), and work that would join another
-    /// stream (a buffer last used by another stream, an event). Memory the captured work
+    /// allowed in [`CaptureMode::Relaxed`], as CANN allows them), [`Context::empty_cache`](crate::Context::empty_cache) (even
+    /// with nothing cached), and work that would join another stream into the capture
+    /// (`ACL_ERROR_RT_CAPTURE_DEPENDENCY`, 107024, naming `aclrtRecordEvent` or
+    /// `aclrtStreamWaitEvent`): an event recorded on or waited for by this stream, captured work
+    /// on a buffer another stream last used, eager work on another stream that would be ordered
+    /// after this one (a read of what the capture writes). Memory the captured work
     /// allocates comes from the caching allocator's free blocks, so run the work once eagerly
     /// before capturing it; it belongs to the graph until the graph is dropped.
     ///

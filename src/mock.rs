@@ -206,7 +206,7 @@ struct Api {
     set_device_count: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
     device_live_events: unsafe extern "C" fn(c_int) -> u64,
     set_query_progress: unsafe extern "C" fn(c_int) -> c_int,
-    capture_stats: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64),
+    capture_stats: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64, *mut u64),
     /// Keeps the library mapped for the life of the process.
     _library: libloading::Library,
 }
@@ -291,6 +291,9 @@ pub struct CaptureStats {
     pub replays: u64,
     /// Model run instances alive (captured, or being captured, and not destroyed).
     pub live_models: u64,
+    /// Streams pulled into a capture by waiting for an event recorded in it (side streams of a
+    /// capture across streams).
+    pub joined_streams: u64,
 }
 
 /// The mock's graph capture counters now.
@@ -299,8 +302,8 @@ pub struct CaptureStats {
 /// Only if the mock toolkit cannot be loaded (a broken build).
 pub fn capture_stats() -> CaptureStats {
     let mut s = CaptureStats::default();
-    // SAFETY: three valid, writable counters; the function only reads under the mock's lock.
-    unsafe { (api().capture_stats)(&mut s.captures, &mut s.replays, &mut s.live_models) };
+    // SAFETY: four valid, writable counters; the function only reads under the mock's lock.
+    unsafe { (api().capture_stats)(&mut s.captures, &mut s.replays, &mut s.live_models, &mut s.joined_streams) };
     s
 }
 

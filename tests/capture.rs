@@ -6,14 +6,14 @@
 #![cfg(feature = "mock")]
 
 mod common;
+#[path = "common/sync_bn_step.rs"]
+mod sync_bn_step;
 
 use ascend::hccl::Communicator;
-use ascend::ops::OutputMask;
-use ascend::{sync_batch_norm, CaptureMode, Context, DType, Graph, Result, Stream, Tensor};
+use ascend::{CaptureMode, Context, DType, Graph, Result, Stream, Tensor};
 use common::{on_ranks, Data, Rng};
+use sync_bn_step::{Step, EPS};
 
-const EPS: f64 = 1e-5;
-const MOMENTUM: f64 = 0.1;
 const SHAPE: [usize; 3] = [3, 4, 5];
 
 /// Serialises the tests (they compare the mock's process-wide counters).
@@ -24,63 +24,32 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     MOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One rank's tensors of a step.
-struct Step {
-    x: Tensor,
-    dy: Tensor,
-    w: Tensor,
-    b: Tensor,
-    rm: Tensor,
-    rv: Tensor,
-}
-
-impl Step {
-    fn new(s: &Stream, rng: &mut Rng) -> Step {
-        let mut t =
-            |shape: &[usize], lo: f64, hi: f64| Data::uniform(rng, DType::F32, shape, lo, hi).tensor(s).unwrap();
-        let c = &SHAPE[1..2];
-        Step {
-            x: t(&SHAPE, -2.0, 2.0),
-            dy: t(&SHAPE, -1.0, 1.0),
-            w: t(c, 0.5, 1.5),
-            b: t(c, -1.0, 1.0),
-            rm: t(c, -0.5, 0.5),
-            rv: t(c, 0.5, 2.0),
-        }
-    }
-
-    /// Forward and backward: y, dx, dw, db.
-    fn run(&mut self, comm: &Communicator, s: &Stream) -> Result<[Tensor; 4]> {
-        let (y, saved) = sync_batch_norm::forward(
-            comm,
-            s,
-            &self.x,
-            Some(&self.w),
-            Some(&self.b),
-            Some(&mut self.rm),
-            Some(&mut self.rv),
-            MOMENTUM,
-            EPS,
-        )?;
-        let (dx, dw, db) = sync_batch_norm::backward(comm, s, &self.dy, &saved, Some(&self.w), OutputMask::ALL)?;
-        let missing = || ascend::Error::Config("a gradient of OutputMask::ALL is missing".into());
-        Ok([y, dx.ok_or_else(missing)?, dw.ok_or_else(missing)?, db.ok_or_else(missing)?])
-    }
-
-    /// Copies of the six tensors' values (same data, new tensors).
-    fn twin(&self, s: &Stream) -> Step {
-        let copy = |t: &Tensor| Tensor::from_slice(s, &t.to_vec::<f32>(s).unwrap(), t.shape()).unwrap();
-        Step {
-            x: copy(&self.x),
-            dy: copy(&self.dy),
-            w: copy(&self.w),
-            b: copy(&self.b),
-            rm: copy(&self.rm),
-            rv: copy(&self.rv),
-        }
+/// A rank's step on random data.
+fn new_step(s: &Stream, rng: &mut Rng) -> Step {
+    let mut t = |shape: &[usize], lo: f64, hi: f64| Data::uniform(rng, DType::F32, shape, lo, hi).tensor(s).unwrap();
+    let c = &SHAPE[1..2];
+    Step {
+        x: t(&SHAPE, -2.0, 2.0),
+        dy: t(&SHAPE, -1.0, 1.0),
+        w: t(c, 0.5, 1.5),
+        b: t(c, -1.0, 1.0),
+        rm: t(c, -0.5, 0.5),
+        rv: t(c, 0.5, 2.0),
     }
 }
 
+/// Copies of a step's six tensors (same values, new tensors).
+fn twin(step: &Step, s: &Stream) -> Step {
+    let copy = |t: &Tensor| Tensor::from_slice(s, &t.to_vec::<f32>(s).unwrap(), t.shape()).unwrap();
+    Step {
+        x: copy(&step.x),
+        dy: copy(&step.dy),
+        w: copy(&step.w),
+        b: copy(&step.b),
+        rm: copy(&step.rm),
+        rv: copy(&step.rv),
+    }
+}
 fn bits(s: &Stream, t: &Tensor) -> Vec<u32> {
     t.to_vec::<f32>(s).unwrap().into_iter().map(f32::to_bits).collect()
 }
@@ -101,10 +70,10 @@ fn replayed_sync_batch_norm_steps_equal_eager_steps_bit_for_bit() {
     on_ranks(comms, &ctxs, |rank, comm, ctx| {
         let s = ctx.new_stream().unwrap();
         let mut rng = Rng::new(0xC0FFEE + u64::from(rank));
-        let mut eager = Step::new(&s, &mut rng);
-        let mut graph_step = eager.twin(&s);
+        let mut eager = new_step(&s, &mut rng);
+        let mut graph_step = twin(&eager, &s);
         // Warm-up (the allocator then holds the blocks the capture uses), on scratch copies.
-        let mut warm = eager.twin(&s);
+        let mut warm = twin(&eager, &s);
         drop(warm.run(comm, &s).unwrap());
         let mut outputs = None;
         // Thread-local: in global mode CANN refuses the other rank's blocking copies while this
@@ -355,6 +324,106 @@ fn replays_on_other_streams_are_ordered_with_eager_work() {
         assert_eq!(bits(&b, &y), bits(&s, &want), "step {step}");
     }
     drop((graph, mean, invstd, x, s, a, b, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}
+
+/// The safe API never joins a second stream into a capture (CANN's capture across streams, where
+/// an event recorded on the captured stream pulls a stream that waits for it into the model, is
+/// not exposed): every way to order the captured stream with another one inside the closure, an
+/// explicit event or the crate's own ordering of a buffer last used by another stream, is an
+/// error naming the call (ACL_ERROR_RT_CAPTURE_DEPENDENCY) made before CANN is reached, as is
+/// eager work on another stream that the crate would order after the captured stream (a read of
+/// what the capture writes). The mock joins no stream, counts no violation, and the capture still
+/// ends and replays.
+#[test]
+fn the_safe_api_never_joins_another_stream_into_a_capture() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let joined = ascend::mock::capture_stats().joined_streams;
+    let ctx = ascend::mock::context(0).unwrap();
+    let (s, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(33);
+    let x = input(&s, &mut rng);
+    let on_other = input(&other, &mut rng);
+    let mut written_by_other = [0, 1].map(|_| Tensor::zeros(&other, DType::F32, &SHAPE[1..2]).unwrap());
+    {
+        let [m, v] = &mut written_by_other;
+        ascend::ops::batch_norm_stats_into(&other, &on_other, EPS, m, v).unwrap();
+    }
+    let mut outs_on_s = [0, 1].map(|_| Tensor::zeros(&s, DType::F32, &SHAPE[1..2]).unwrap());
+    let mut y_on_other = Tensor::zeros(&other, DType::F32, &SHAPE).unwrap();
+    drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap()); // warm-up
+    let mut captured = None;
+    let graph = s
+        .capture(CaptureMode::ThreadLocal, |s| {
+            let (mean, invstd) = ascend::ops::batch_norm_stats(s, &x, EPS)?;
+            // An event recorded on the captured stream (a fork), and one waited for (a join).
+            refused(s.record_event(), 107024, "aclrtRecordEvent");
+            let e = other.record_event()?;
+            refused(s.wait_event(&e), 107024, "aclrtStreamWaitEvent");
+            // Captured work on buffers another stream last wrote: the crate would wait for it.
+            let [m, v] = &mut written_by_other;
+            refused(ascend::ops::batch_norm_stats_into(s, &x, EPS, m, v), 107024, "aclrtStreamWaitEvent");
+            let [m, v] = &mut outs_on_s;
+            refused(ascend::ops::batch_norm_stats_into(s, &on_other, EPS, m, v), 107024, "aclrtStreamWaitEvent");
+            // Eager work on another stream reading what the capture writes: the crate would
+            // order it after the captured stream (an event recorded into the capture).
+            refused(
+                ascend::ops::batch_norm_elemt_into(&other, &x, None, None, &mean, &invstd, EPS, &mut y_on_other),
+                107024,
+                "aclrtRecordEvent",
+            );
+            captured = Some((mean, invstd));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(ascend::mock::capture_stats().joined_streams, joined, "no stream joined the capture");
+    let (mean, invstd) = captured.unwrap();
+    graph.replay(&s).unwrap();
+    let want = ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap().0;
+    assert_eq!(bits(&s, &mean), bits(&s, &want));
+    drop((graph, mean, invstd, want, x, on_other, written_by_other, outs_on_s, y_on_other));
+    drop((s, other, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!(after.live_allocations, before.live_allocations);
+    assert_eq!(ascend::mock::capture_stats().joined_streams, joined);
+}
+
+/// `Context::empty_cache` inside a capture is an error naming it, whether the cache is empty or
+/// holds blocks (it would wait and free); nothing is freed; it works again after the capture.
+#[test]
+fn empty_cache_inside_a_capture_is_refused_even_with_nothing_cached() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let x = input(&s, &mut Rng::new(41));
+    s.synchronize().unwrap();
+    ctx.empty_cache().unwrap();
+    let empty = ctx.memory_stats().reserved;
+    for cached in [false, true] {
+        if cached {
+            drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
+        } else {
+            s.synchronize().unwrap();
+            ctx.empty_cache().unwrap();
+        }
+        let reserved = ctx.memory_stats().reserved;
+        assert_eq!(reserved > empty, cached, "blocks cached: {cached}");
+        let graph = s
+            .capture(CaptureMode::Relaxed, |_| {
+                refused(ctx.empty_cache(), 107041, "Context::empty_cache");
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(ctx.memory_stats().reserved, reserved, "nothing freed");
+        drop(graph);
+        s.synchronize().unwrap();
+        ctx.empty_cache().unwrap();
+    }
+    drop((x, s, ctx));
     let after = ascend::mock::stats();
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }

@@ -654,6 +654,7 @@ aclError aclrtRecordEvent(aclrtEvent eh, aclrtStream sh) {
     event *e = NULL;
     stream *s = NULL;
     ACL_STEP(event_and_stream(api, eh, sh, "recorded on", &e, &s));
+    ACL_STEP(capture_event_outside(api, e->handle, s));
     if (!r && e->kind != EVENT_EX_WITH_FLAG && e->recorded_seq) {
         /* Re-recording overwrites the captured tasks only for aclrtCreateEventExWithFlag events (aclrtRecordEvent,
          * runtime docs/zh/api_ref/07_event_management.md); the others are reused through aclrtResetEvent. */
@@ -684,6 +685,7 @@ aclError aclrtResetEvent(aclrtEvent eh, aclrtStream sh) {
     event *e = NULL;
     stream *s = NULL;
     ACL_STEP(event_and_stream(api, eh, sh, "reset on", &e, &s));
+    ACL_STEP(capture_event_outside(api, e->handle, s));
     if (!r && e->kind == EVENT_EX_WITH_FLAG) {
         r = violate(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
                     "event %p comes from aclrtCreateEventExWithFlag, which aclrtResetEvent does not support (record "
@@ -717,18 +719,16 @@ aclError aclrtStreamWaitEvent(aclrtStream sh, aclrtEvent eh) {
     stream *s = NULL;
     event *e = NULL;
     ACL_STEP(event_and_stream(api, eh, sh, "waited for by", &e, &s));
-    if (!r && s->capturing) {
-        r = violate(ACL_ERROR_RT_CAPTURE_DEPENDENCY, api,
-                    "%s is being captured: the mock does not model capture across streams joined by events (a "
-                    "captured stream waiting for event %p)",
-                    s->name, eh);
-    }
-    ACL_STEP(capture_forbid_event(api, e->handle));
     if (!r && e->kind == EVENT_EX_WITH_FLAG && !(e->flags & ACL_EVENT_SYNC)) {
         r = violate(ACL_ERROR_RT_PARAM_INVALID, api,
                     "event %p comes from aclrtCreateEventExWithFlag without ACL_EVENT_SYNC (flag 0x%x): it cannot be "
                     "waited for by a stream",
                     eh, e->flags);
+    }
+    if (!r && (s->capturing || capture_in_state(e->handle))) {
+        /* A fork into a capture, a join back, or the capture's error (capture.c). */
+        r = capture_wait(api, s, e);
+        ACL_LEAVE();
     }
     if (!r && !e->recorded_seq) {
         /* ACL_ERROR_RT_INVALID_VALUE of the runtime's event design (docs/zh/design/modules/event/event.md 4.2),

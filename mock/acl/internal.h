@@ -41,11 +41,13 @@ enum {
     ACL_ERROR_RT_STREAM_CONTEXT = 107003,
     ACL_ERROR_RT_INVALID_HANDLE = 107017,
     ACL_ERROR_RT_CAPTURE_DEPENDENCY = 107024,
+    ACL_ERROR_RT_STREAM_UNJOINED = 107025,
     ACL_ERROR_RT_STREAM_CAPTURED = 107027,
     ACL_ERROR_RT_EVENT_CAPTURED = 107028,
     ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029,
     ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030,
     ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT = 107031,
+    ACL_ERROR_RT_STREAM_CAPTURE_CONFLICT = 107032,
     ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED = 107036,
     ACL_ERROR_RT_MODEL_RUNNING = 107037,
     ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038,
@@ -254,8 +256,17 @@ int capture_forbid_sync(const char *api, const stream *s);
 int capture_forbid_blocking(const char *api);
 /* Whether a live model's captured tasks use device allocation `id` (its name in *what). */
 int capture_uses_alloc(uint64_t id, const char **what);
-/* Whether a live model's captured tasks record event `handle`. */
+/* Whether a live model's captured tasks record or wait for event `handle`. */
 int capture_uses_event(uint64_t handle);
+/* Whether event `handle` is recorded in a capture going on (it is in capture state). */
+int capture_in_state(uint64_t handle);
+/* 0, or ACL_ERROR_RT_EVENT_CAPTURED when `api` (a record or reset of event `handle` on stream s)
+ * would touch an event in the state of a capture that s is not part of. */
+int capture_event_outside(const char *api, uint64_t handle, const stream *s);
+/* aclrtStreamWaitEvent(s, e) where s is captured or e is in capture state: pulls s into the
+ * capture of e (fork), or joins it back, recording the wait into the model; or the capture error
+ * (see capture.c). */
+int capture_wait(const char *api, stream *s, const event *e);
 /* 0, or ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC when `api` would wait for or query event `handle`,
  * recorded in a capture still going on. */
 int capture_forbid_event(const char *api, uint64_t handle);

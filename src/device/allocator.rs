@@ -360,8 +360,10 @@ impl Allocator {
 
     /// `Context::empty_cache`: returns every cached block to the device, waiting for the work
     /// that used them (a host wait the caller asked for). A block whose wait or `aclrtFree`
-    /// fails stays cached, and the first such error is returned.
+    /// fails stays cached, and the first such error is returned. Refused on a thread that is
+    /// capturing a stream, whether or not anything is cached (it waits and frees).
     pub(crate) fn empty_cache(&self, cann: &Cann, pool: &EventPool) -> Result<()> {
+        crate::acl::capture::refuse("Context::empty_cache", false)?;
         match Self::reap(cann, pool, &mut self.lock(), true).1 {
             Some(e) => Err(e),
             None => Ok(()),

@@ -416,6 +416,11 @@ impl StreamInner {
         if self.capturing() {
             return Err(Self::capture_refusal("aclrtStreamWaitEvent"));
         }
+        if earlier.capturing() {
+            // The event would be recorded into the capture, and this stream, waiting for it,
+            // pulled into it (CANN's capture across streams, which this crate never makes).
+            return Err(Self::capture_refusal("aclrtRecordEvent"));
+        }
         match earlier.if_live(|raw| EventInner::pooled_on(&self.device, raw)) {
             None => Ok(()),
             Some(event) => self.wait(event?),

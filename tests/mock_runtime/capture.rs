@@ -2,12 +2,16 @@
 //! stream is recorded into the model run instance, not run; `aclmdlRIExecuteAsync` replays it in
 //! order on any stream of the device; what CANN forbids during a capture is its error (107041 and
 //! the other capture statuses of `rt_error_codes.h:45-62`), with a counted violation; freeing what
-//! a live model uses is a violation.
+//! a live model uses is a violation. Capture across streams (runtime
+//! `docs/zh/dev_guide/04-02_cross_stream_capture.md`): streams forked from the origin by events
+//! are recorded into the same model and must join back before the capture ends.
 
 use std::ptr;
 
 use ascend::mock;
-use ascend_sys::{aclDataType, aclmdlRI, aclmdlRICaptureMode, aclmdlRICaptureStatus, aclrtStream, AclCapture, Cann};
+use ascend_sys::{
+    aclDataType, aclmdlRI, aclmdlRICaptureMode, aclmdlRICaptureStatus, aclrtEvent, aclrtStream, AclCapture, Cann,
+};
 
 use super::common::raw_mock::*;
 use super::Pinned;
@@ -15,10 +19,14 @@ use super::Pinned;
 const GLOBAL: aclmdlRICaptureMode = aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_GLOBAL;
 const RELAXED: aclmdlRICaptureMode = aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_RELAXED;
 const DEPENDENCY: i32 = 107024;
+const UNJOINED: i32 = 107025;
 const STREAM_CAPTURED: i32 = 107027;
 const EVENT_CAPTURED: i32 = 107028;
 const NOT_CAPTURED: i32 = 107029;
 const IMPLICIT: i32 = 107031;
+const CONFLICT: i32 = 107032;
+const UNMATCHED: i32 = 107036;
+const PARAM_INVALID: i32 = 107000;
 const MODEL_RUNNING: i32 = 107037;
 const BLOCK_ASYNC: i32 = 107041;
 
@@ -64,6 +72,24 @@ fn captures() -> (u64, u64, u64) {
     (s.captures, s.replays, s.live_models)
 }
 
+/// For each `(round, stream)`: fills the pinned block with `round`, replays `model` (whose copies
+/// take the block to `out`) on the stream and checks `out` holds `round` after it.
+fn replays_copy_host(
+    m: &Mock,
+    model: aclmdlRI,
+    host: &Pinned,
+    out: *mut std::ffi::c_void,
+    rounds: &[(u8, aclrtStream)],
+) {
+    for &(round, on) in rounds {
+        // SAFETY: no queued copy reads the pinned block (the previous replay was synchronised).
+        unsafe { ptr::write_bytes(host.ptr().cast::<u8>(), round, 64) };
+        assert_eq!(replay(m.c, model, on), 0, "{}", m.err());
+        assert_eq!(m.sync(on), 0);
+        assert_eq!(m.d2h(out, 64), vec![round; 64], "replay {round}");
+    }
+}
+
 /// Copies queued on a captured stream are recorded, not run; each replay (on another stream of the
 /// device too) runs them again in order, reading the pinned source as it is then.
 #[test]
@@ -89,13 +115,7 @@ fn captured_copies_run_only_when_replayed() {
     assert_eq!(status(c, s).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE);
     assert_eq!(m.sync(s), 0);
     assert_eq!(m.d2h(b, 64), vec![0u8; 64], "captured copies do not run at the capture");
-    for (round, stream) in [(1u8, s), (2, t), (3, t)] {
-        // SAFETY: no copy reads the pinned block now (the previous replay was synchronised).
-        unsafe { ptr::write_bytes(host.ptr().cast::<u8>(), round, 64) };
-        assert_eq!(replay(c, model, stream), 0, "{}", m.err());
-        assert_eq!(m.sync(stream), 0);
-        assert_eq!(m.d2h(b, 64), vec![round; 64], "replay {round}");
-    }
+    replays_copy_host(&m, model, &host, b, &[(1, s), (2, t), (3, t)]);
     assert_eq!(captures(), (c0 + 1, r0 + 3, l0 + 1));
     assert_eq!(destroy(c, model), 0);
     assert_eq!(captures().2, l0);
@@ -229,4 +249,180 @@ fn a_live_model_keeps_its_memory_and_replays_in_order() {
     m.expect_violations(3, "captured in a live model run instance uses this memory");
     assert_eq!(destroy(c, model), 0);
     m.finish(&[b], &[s, t], 3);
+}
+
+/// Streams joined into captures so far (process-wide).
+fn joins() -> u64 {
+    mock::capture_stats().joined_streams
+}
+
+/// An event of `aclrtCreateEventExWithFlag(ACL_EVENT_SYNC)`, as captures across streams need.
+fn sync_event(c: &Cann) -> aclrtEvent {
+    let mut e = ptr::null_mut();
+    // SAFETY: a valid out-pointer; 1 is ACL_EVENT_SYNC.
+    assert_eq!(unsafe { c.acl.aclrtCreateEventExWithFlag(&mut e, 1) }, 0);
+    e
+}
+
+/// `aclrtRecordEvent(e, on)` then `aclrtStreamWaitEvent(waiter, e)`: the wait's status.
+fn link(m: &Mock, e: aclrtEvent, on: aclrtStream, waiter: aclrtStream) -> i32 {
+    // SAFETY: the mock checks both handles.
+    unsafe {
+        assert_eq!(m.c.acl.aclrtRecordEvent(e, on), 0, "{}", m.err());
+        m.c.acl.aclrtStreamWaitEvent(waiter, e)
+    }
+}
+
+/// A device-to-device copy of 64 bytes on `s`.
+fn copy(m: &Mock, dst: *mut std::ffi::c_void, src: *mut std::ffi::c_void, s: aclrtStream) -> i32 {
+    // SAFETY: both are live 64-byte device buffers.
+    unsafe { m.c.acl.aclrtMemcpyAsync(dst, 64, src, 64, D2D, s) }
+}
+
+fn destroy_events(c: &Cann, events: &[aclrtEvent]) {
+    for &e in events {
+        // SAFETY: a live event no queued work or live model uses.
+        assert_eq!(unsafe { c.acl.aclrtDestroyEvent(e) }, 0);
+    }
+}
+
+/// Fork and join: an event recorded on the captured stream and waited for by another stream pulls
+/// that stream into the capture (and a stream waiting for it, transitively); their tasks are
+/// recorded into the same model, run by no one at the capture, and each replay runs them all in
+/// the captured order; once the side streams joined back, the capture ends and they leave it.
+#[test]
+fn streams_forked_by_events_are_captured_into_the_same_model() {
+    let m = Mock::new();
+    let c = m.c;
+    let (s, t, u, other) = (m.stream(), m.stream(), m.stream(), m.stream());
+    let (a, b, d, out) = (m.malloc(64), m.malloc(64), m.malloc(64), m.malloc(64));
+    for p in [b, d, out] {
+        assert_eq!(m.memset(p, 0, 64), 0);
+    }
+    let host = Pinned::new(c, &[0u8; 64]);
+    let ev: Vec<aclrtEvent> = (0..4).map(|_| sync_event(c)).collect();
+    let (j0, (c0, _, l0)) = (joins(), captures());
+    assert_eq!(begin(c, s, GLOBAL), 0);
+    let (_, model) = status(c, s);
+    // SAFETY: the pinned block and the buffers outlive the model.
+    assert_eq!(unsafe { c.acl.aclrtMemcpyAsync(a, 64, host.ptr(), 64, H2D, s) }, 0);
+    assert_eq!(status(c, t).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+    // fork: s -> t, then t -> u (u depends on the origin only through t)
+    assert_eq!(link(&m, ev[0], s, t), 0, "{}", m.err());
+    assert_eq!(status(c, t), (aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE, model));
+    assert_eq!(copy(&m, b, a, t), 0);
+    assert_eq!(link(&m, ev[1], t, u), 0, "{}", m.err());
+    assert_eq!(status(c, u), (aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE, model));
+    assert_eq!(copy(&m, d, b, u), 0);
+    assert_eq!(joins(), j0 + 2);
+    // a side stream is captured like the origin
+    assert_eq!(m.sync(t), BLOCK_ASYNC);
+    m.expect_violations(1, "is being captured");
+    assert_eq!(m.destroy_stream(u), STREAM_CAPTURED);
+    m.expect_violations(2, "end the capture first");
+    assert_eq!(end(c, t).0, UNMATCHED, "the capture ends on its origin");
+    m.expect_violations(3, "end the capture on");
+    assert_eq!(status(c, t).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE, "still captured");
+    // a stream outside the capture may not record or reset an event of it
+    // SAFETY: live handles.
+    assert_eq!(unsafe { c.acl.aclrtRecordEvent(ev[1], other) }, EVENT_CAPTURED);
+    m.expect_violations(4, "which stream");
+    // join: u -> t -> s (indirectly), then the origin's own last task
+    assert_eq!(link(&m, ev[2], u, t), 0, "{}", m.err());
+    assert_eq!(link(&m, ev[3], t, s), 0, "{}", m.err());
+    assert_eq!(copy(&m, out, d, s), 0);
+    let (rc, ended) = end(c, s);
+    assert_eq!((rc, ended), (0, model), "{}", m.err());
+    for x in [s, t, u] {
+        assert_eq!(status(c, x).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+    }
+    for x in [s, t, u] {
+        assert_eq!(m.sync(x), 0);
+    }
+    assert_eq!(m.d2h(out, 64), vec![0u8; 64], "nothing ran at the capture");
+    // origin, side streams, origin: in the captured order
+    replays_copy_host(&m, model, &host, out, &[(5, s), (6, other), (7, other)]);
+    assert_eq!(captures(), (c0 + 1, mock::capture_stats().replays, l0 + 1));
+    // SAFETY: the events are live.
+    assert_eq!(unsafe { c.acl.aclrtDestroyEvent(ev[0]) }, EVENT_CAPTURED, "the model waits for it");
+    m.expect_violations(5, "recorded by a live model");
+    assert_eq!(destroy(c, model), 0);
+    destroy_events(c, &ev);
+    drop(host);
+    m.finish(&[a, b, d, out], &[s, t, u, other], 5);
+}
+
+/// A side stream that does not join back, or queues work after it joined back, fails the end
+/// with ACL_ERROR_RT_STREAM_UNJOINED: the capture is terminated (no model, every stream out of
+/// it, nothing recorded runs).
+#[test]
+fn an_unjoined_side_stream_fails_the_end_of_the_capture() {
+    let m = Mock::new();
+    let c = m.c;
+    let (s, t) = (m.stream(), m.stream());
+    let (a, b) = (m.malloc(64), m.malloc(64));
+    assert_eq!(m.memset(a, 1, 64), 0);
+    assert_eq!(m.memset(b, 0, 64), 0);
+    let ev: Vec<aclrtEvent> = (0..2).map(|_| sync_event(c)).collect();
+    let l0 = captures().2;
+    let mut n = 0;
+    for after_join in [false, true] {
+        assert_eq!(begin(c, s, GLOBAL), 0);
+        assert_eq!(link(&m, ev[0], s, t), 0, "{}", m.err());
+        assert_eq!(copy(&m, b, a, t), 0);
+        if after_join {
+            assert_eq!(link(&m, ev[1], t, s), 0, "{}", m.err());
+            assert_eq!(copy(&m, b, a, t), 0, "a task after the join");
+        }
+        let (rc, model) = end(c, s);
+        assert_eq!((rc, model), (UNJOINED, ptr::null_mut()));
+        n += 1;
+        m.expect_violations(n, if after_join { "after it last joined back" } else { "never joined back" });
+        m.expect_err(&["107025"]);
+        for x in [s, t] {
+            assert_eq!(status(c, x).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+            assert_eq!(m.sync(x), 0);
+        }
+        assert_eq!(captures().2, l0, "the terminated capture's model is gone");
+        assert_eq!(m.d2h(b, 64), vec![0u8; 64], "its tasks never run");
+    }
+    destroy_events(c, &ev);
+    m.finish(&[a, b], &[s, t], n);
+}
+
+/// What else a capture across streams refuses: a captured stream waiting for an event recorded
+/// outside its capture (107024), a stream of one capture waiting for an event of another
+/// (107032), an event of `aclrtCreateEvent` joining a stream (the stricter choice: captures need
+/// `aclrtCreateEventExWithFlag(ACL_EVENT_SYNC)` events). Each refused wait joins nothing.
+#[test]
+fn waits_across_captures_are_refused() {
+    let m = Mock::new();
+    let c = m.c;
+    let (s1, s2, t) = (m.stream(), m.stream(), m.stream());
+    let (e1, e2) = (sync_event(c), sync_event(c));
+    let mut plain = ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { c.acl.aclrtCreateEvent(&mut plain) }, 0);
+    let j0 = joins();
+    // SAFETY: live handles throughout.
+    unsafe {
+        assert_eq!(c.acl.aclrtRecordEvent(e2, t), 0);
+        assert_eq!(begin(c, s1, GLOBAL), 0);
+        assert_eq!(begin(c, s2, GLOBAL), 0);
+        assert_eq!(c.acl.aclrtStreamWaitEvent(s1, e2), DEPENDENCY);
+        m.expect_violations(1, "whose record is not in the capture");
+        assert_eq!(link(&m, e1, s1, s2), CONFLICT);
+        m.expect_violations(2, "takes part in another capture");
+        assert_eq!(link(&m, plain, s1, t), PARAM_INVALID);
+        m.expect_violations(3, "ACL_EVENT_SYNC");
+        assert_eq!(status(c, t).0, aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+    }
+    assert_eq!(joins(), j0);
+    let (r1, m1) = end(c, s1);
+    let (r2, m2) = end(c, s2);
+    assert_eq!((r1, r2), (0, 0), "{}", m.err());
+    assert_eq!((destroy(c, m1), destroy(c, m2)), (0, 0));
+    assert_eq!(m.sync(t), 0);
+    destroy_events(c, &[e1, e2, plain]);
+    m.finish(&[], &[s1, s2, t], 3);
 }
