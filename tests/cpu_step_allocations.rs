@@ -97,16 +97,14 @@ fn strides(shape: &[usize], cl: bool) -> Vec<usize> {
     }
 }
 
-/// One case's inputs, parameters and both paths' state.
+/// One case's inputs and the layer, whose parameters and running statistics the Sync path uses
+/// too.
 struct Case {
-    stream: Stream,
-    comm: Communicator,
+    bn: BatchNorm,
     x: Tensor,
     dy: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    running: [Tensor; 2],
-    bn: BatchNorm,
+    stream: Stream,
+    comm: Communicator,
 }
 
 impl Case {
@@ -132,16 +130,8 @@ impl Case {
         let mut bn = BatchNorm::new(&stream, c).unwrap();
         bn.weight = Some(per(|i| 1.0 + 0.01 * i as f32));
         bn.bias = Some(per(|i| 0.1 * i as f32));
-        Case {
-            x: Tensor::from_slice_strided(&stream, &x, shape, &st, 0).unwrap(),
-            dy: Tensor::from_slice_strided(&stream, &dy, shape, &st, 0).unwrap(),
-            weight: per(|i| 1.0 + 0.01 * i as f32),
-            bias: per(|i| 0.1 * i as f32),
-            running: [per(|_| 0.0), per(|_| 1.0)],
-            bn,
-            stream,
-            comm,
-        }
+        let [x, dy] = [x, dy].map(|v| Tensor::from_slice_strided(&stream, &v, shape, &st, 0).unwrap());
+        Case { bn, x, dy, stream, comm }
     }
 
     /// One layer step; its outputs (y, dx, dw, db).
@@ -153,22 +143,22 @@ impl Case {
 
     /// One SyncBatchNorm step over one rank; its outputs (y, dx, dw, db).
     fn sync(&mut self) -> [Tensor; 4] {
-        let [rm, rv] = &mut self.running;
+        let bn = &mut self.bn;
         let (y, saved) = sync_batch_norm::forward(
             &self.comm,
             &self.stream,
             &self.x,
-            Some(&self.weight),
-            Some(&self.bias),
-            Some(rm),
-            Some(rv),
+            bn.weight.as_ref(),
+            bn.bias.as_ref(),
+            bn.running_mean.as_mut(),
+            bn.running_var.as_mut(),
             0.1,
             1e-5,
         )
         .unwrap();
-        let (dx, dw, db) =
-            sync_batch_norm::backward(&self.comm, &self.stream, &self.dy, &saved, Some(&self.weight), OutputMask::ALL)
-                .unwrap();
+        let grads =
+            sync_batch_norm::backward(&self.comm, &self.stream, &self.dy, &saved, bn.weight.as_ref(), OutputMask::ALL);
+        let (dx, dw, db) = grads.unwrap();
         [y, dx.unwrap(), dw.unwrap(), db.unwrap()]
     }
 }
