@@ -4,8 +4,8 @@
 //! `cargo bench --bench cpu_step` (about ten minutes on a 2-core VM with the PyTorch peer).
 //!
 //! - `ours`, path `Layer`: `nn::BatchNorm::forward` then `nn::BatchNorm::backward` (the
-//!   single-device layer: aclnnBatchNorm / aclnnBatchNormBackward, fused channel blocks on the
-//!   CPU); path `Sync`: `sync_batch_norm::forward` then `sync_batch_norm::backward` (all three
+//!   single-device layer: aclnnBatchNorm / aclnnBatchNormBackward: the statistics pass, then the
+//!   element-wise pass); path `Sync`: `sync_batch_norm::forward` then `sync_batch_norm::backward` (all three
 //!   gradients) over a one-rank CPU communicator. Weight and bias `[C]` f32, running statistics
 //!   updated: the whole step a user runs, with every output a new tensor. Best of timed batches (at least 15, and
 //!   for up to 1 s, as the peer times torch).

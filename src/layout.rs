@@ -108,6 +108,86 @@ impl<'a, D: Storage> Strided<'a, D> {
     }
 }
 
+/// Dims a [`Dims`] holds in place.
+const INLINE_DIMS: usize = 8;
+
+/// A tensor's shape or strides: up to [`INLINE_DIMS`] values in place (every operator's rank),
+/// more on the heap; so making a tensor of an operator's rank allocates no metadata.
+#[derive(Clone, Default)]
+pub(crate) struct Dims {
+    len: usize,
+    inline: [usize; INLINE_DIMS],
+    heap: Vec<usize>,
+}
+
+impl Dims {
+    /// `n` zeros.
+    pub(crate) fn zeros(n: usize) -> Dims {
+        let mut d = Dims { len: n, inline: [0; INLINE_DIMS], heap: Vec::new() };
+        if n > INLINE_DIMS {
+            d.heap = vec![0; n];
+        }
+        d
+    }
+}
+
+impl From<&[usize]> for Dims {
+    fn from(v: &[usize]) -> Dims {
+        let mut d = Dims::zeros(v.len());
+        d.copy_from_slice(v);
+        d
+    }
+}
+
+impl From<&Vec<usize>> for Dims {
+    fn from(v: &Vec<usize>) -> Dims {
+        Dims::from(&v[..])
+    }
+}
+
+impl From<Vec<usize>> for Dims {
+    fn from(v: Vec<usize>) -> Dims {
+        if v.len() > INLINE_DIMS {
+            return Dims { len: v.len(), inline: [0; INLINE_DIMS], heap: v };
+        }
+        Dims::from(&v[..])
+    }
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        if self.len > INLINE_DIMS {
+            &self.heap
+        } else {
+            &self.inline[..self.len]
+        }
+    }
+}
+
+impl std::ops::DerefMut for Dims {
+    fn deref_mut(&mut self) -> &mut [usize] {
+        if self.len > INLINE_DIMS {
+            &mut self.heap
+        } else {
+            &mut self.inline[..self.len]
+        }
+    }
+}
+
+impl std::fmt::Debug for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// [`contiguous_strides`] as [`Dims`] (no allocation up to [`INLINE_DIMS`] dims).
+pub(crate) fn contiguous_dims(shape: &[usize]) -> Dims {
+    let mut strides = Dims::zeros(shape.len());
+    fill_contiguous_strides(shape, &mut strides);
+    strides
+}
+
 /// Row-major (C-order) strides, in elements, of a contiguous tensor of `shape`.
 pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];
@@ -197,7 +277,15 @@ pub(crate) fn for_each_index(shape: &[usize], strides: &[usize], offset: usize, 
         return;
     }
     let rank = shape.len();
-    let mut idx = vec![0usize; rank];
+    // On the stack up to rank 16 (every operator's rank), so a per-call walk allocates nothing.
+    let mut small = [0usize; 16];
+    let mut large = Vec::new();
+    let idx: &mut [usize] = if rank <= small.len() {
+        &mut small[..rank]
+    } else {
+        large.resize(rank, 0);
+        &mut large
+    };
     let mut pos = offset;
     let inner = rank - 1;
     loop {

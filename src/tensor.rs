@@ -118,8 +118,8 @@ impl std::fmt::Debug for DeviceStorage {
 #[derive(Debug)]
 pub struct Tensor {
     dtype: DType,
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: layout::Dims,
+    strides: layout::Dims,
     offset: usize,
     storage_len: usize,
     /// A hash of the five fields above (they never change): the launch cache's key is made of them.
@@ -138,12 +138,13 @@ impl Tensor {
     /// A tensor over `storage` with this layout (checked by the caller).
     pub(crate) fn with_layout(
         dtype: DType,
-        shape: Vec<usize>,
-        strides: Vec<usize>,
+        shape: impl Into<layout::Dims>,
+        strides: impl Into<layout::Dims>,
         offset: usize,
         storage_len: usize,
         storage: Storage,
     ) -> Tensor {
+        let (shape, strides) = (shape.into(), strides.into());
         let layout_hash =
             layout::hash(&crate::layout::Layout { dtype, shape: &shape, strides: &strides, offset, storage_len });
         static NEXT_LAYOUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -233,7 +234,7 @@ impl Tensor {
                 Storage::Device(DeviceStorage { buffer: Arc::new(DeviceBuffer::on_stream(inner, bytes)?) })
             }
         };
-        Ok(Tensor::with_layout(dtype, shape.to_vec(), layout::contiguous_strides(shape), 0, n, storage))
+        Ok(Tensor::with_layout(dtype, shape, layout::contiguous_dims(shape), 0, n, storage))
     }
 
     /// A strided view over a copy of `storage`: [`from_slice_strided`](Self::from_slice_strided),
@@ -250,14 +251,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         layout::check_view(shape, strides, offset, storage.len()).map_err(|m| Error::invalid("strides", m))?;
         let storage = Self::place(stream, storage, staged)?;
-        Ok(Tensor::with_layout(
-            T::DTYPE,
-            shape.to_vec(),
-            strides.to_vec(),
-            offset,
-            storage_len_of(&storage, T::DTYPE),
-            storage,
-        ))
+        Ok(Tensor::with_layout(T::DTYPE, shape, strides, offset, storage_len_of(&storage, T::DTYPE), storage))
     }
 
     /// The storage of `host` for `stream`'s backend; with `staged`, small data goes up through
@@ -372,14 +366,7 @@ impl Tensor {
         // SAFETY: the caller's guarantee: `storage_bytes` of live device memory of this device at
         // `ptr`, kept until this tensor and its work are gone.
         let buffer = Arc::new(unsafe { DeviceBuffer::foreign(device.clone(), ptr, storage_len * size) });
-        Ok(Tensor::with_layout(
-            dtype,
-            shape.to_vec(),
-            strides.to_vec(),
-            offset,
-            storage_len,
-            Storage::Device(DeviceStorage { buffer }),
-        ))
+        Ok(Tensor::with_layout(dtype, shape, strides, offset, storage_len, Storage::Device(DeviceStorage { buffer })))
     }
 
     /// The device address of the tensor's storage (element 0 of the storage, not of the view:
@@ -505,7 +492,7 @@ impl Tensor {
             Storage::Device(d) => Storage::Device(DeviceStorage { buffer: d.buffer.clone() }),
             Storage::Host(h) => Storage::Host(h.try_clone()?),
         };
-        Ok(Tensor::with_layout(self.dtype, shape.to_vec(), strides.to_vec(), offset, self.storage_len, storage))
+        Ok(Tensor::with_layout(self.dtype, shape, strides, offset, self.storage_len, storage))
     }
 
     /// Takes the elements `view` (made by [`view`](Self::view) of this tensor, then written)
@@ -618,12 +605,15 @@ impl Tensor {
 /// The strides of a dense view of `shape` (its elements fill `numel` consecutive positions in
 /// some order of its dims) with the memory order of `strides`, or `None` when the view has gaps,
 /// overlaps or broadcasts. Size-1 dims get stride 1.
-fn dense_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
-    let mut order: Vec<usize> = (0..shape.len()).collect();
+fn dense_strides(shape: &[usize], strides: &[usize]) -> Option<layout::Dims> {
+    let mut order = layout::Dims::zeros(shape.len());
+    for (i, o) in order.iter_mut().enumerate() {
+        *o = i;
+    }
     // Outermost first: larger strides first, size-1 dims where row-major puts them (ties in
     // logical order).
     order.sort_by_key(|&d| std::cmp::Reverse(if shape[d] == 1 { None } else { Some(strides[d]) }));
-    let mut out = vec![0; shape.len()];
+    let mut out = layout::Dims::zeros(shape.len());
     let mut expected = 1usize;
     for &d in order.iter().rev() {
         if shape[d] != 1 && strides[d] != expected {

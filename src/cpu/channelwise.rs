@@ -17,6 +17,7 @@
 //! each written by one thread. Every element is computed by the same arithmetic whatever the
 //! chunking and the thread count, so results are bit-identical for any thread count.
 
+use crate::cpu::scratch::Scratch;
 use std::sync::Mutex;
 
 use super::isa::Isa;
@@ -73,9 +74,9 @@ impl Channels {
 /// Per-channel values `v` (one per channel) repeated to `v.len() + BLOCK` values, so that every
 /// block's values are one contiguous window (see [`Channels::window`]): `tiled[j] = v[j % C]`.
 /// [`Error::HostAlloc`](crate::Error::HostAlloc) when the host cannot hold them (C is the caller's).
-pub(crate) fn tile<T: Copy>(v: &[T]) -> crate::Result<Vec<T>> {
+pub(crate) fn tile<T: Copy>(v: &[T]) -> crate::Result<Scratch<T>> {
     let n = v.len().saturating_add(BLOCK);
-    super::host::try_collect(n, v.iter().cycle().take(n).copied())
+    super::host::scratch_collect(n, v.iter().cycle().take(n).copied())
 }
 
 /// The map function: `f(inputs, out, channels)` for one block (every slice of one length). A
@@ -124,7 +125,7 @@ pub(crate) fn map<const K: usize, F: BlockFn<K>>(
     if numel == 0 {
         return Ok(());
     }
-    let dims = walk_order(shape, &srcs, dst.layout.strides);
+    let dims = walk_order(shape, &srcs, dst.layout.strides)?;
     let dense = is_dense(&dims);
     let element_bytes =
         srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
@@ -139,7 +140,6 @@ pub(crate) fn map<const K: usize, F: BlockFn<K>>(
     // Dense output: chunk k writes storage [offset + k·CHUNK, offset + (k+1)·CHUNK), its own slice.
     // The chunk count follows the caller's element count: both tables are fallible.
     let parts = split(dst.data, dst_offset, numel)?;
-    let parts: Vec<Mutex<Part<'_>>> = super::host::try_collect(parts.len(), parts.into_iter().map(Mutex::new))?;
     pool::run(threads, parts.len(), &|k| {
         let lo = k * CHUNK;
         let hi = numel.min(lo + CHUNK);
@@ -153,20 +153,15 @@ pub(crate) fn map<const K: usize, F: BlockFn<K>>(
 /// The dims to walk, outermost first: size-1 dims dropped, ordered by the output's strides
 /// (largest first, ties in logical order), adjacent non-channel dims merged where every tensor's
 /// strides allow it ([`dims::sort_merge`], with the channel as a fence).
-fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize]) -> Vec<Dim<K>> {
-    // bounded: one entry per dim of the shape, and the operators validate rank <= MAX_RANK
-    // before they reach the map.
-    #[allow(clippy::disallowed_methods)]
-    let mut walk: Vec<Dim<K>> = (0..shape.len())
-        .filter(|&d| shape[d] != 1)
-        .map(|d| Dim {
-            size: shape[d],
-            channel: d == 1,
-            period: 0,
-            src: std::array::from_fn(|k| srcs[k].layout.strides[d]),
-            dst: dst[d],
-        })
-        .collect();
+fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize]) -> crate::Result<Scratch<Dim<K>>> {
+    let mut walk = super::host::scratch_with_capacity(shape.len().max(1))?;
+    walk.extend((0..shape.len()).filter(|&d| shape[d] != 1).map(|d| Dim {
+        size: shape[d],
+        channel: d == 1,
+        period: 0,
+        src: std::array::from_fn(|k| srcs[k].layout.strides[d]),
+        dst: dst[d],
+    }));
     // Whether `inner` continues `outer` in the output and every input.
     let nests = |outer: &Dim<K>, inner: &Dim<K>| {
         dims::nests(outer.dst, inner.dst, inner.size)
@@ -194,7 +189,7 @@ fn walk_order<const K: usize>(shape: &[usize], srcs: &[Src<'_>; K], dst: &[usize
     if merged.is_empty() {
         merged.push(Dim { size: 1, channel: false, period: 0, src: [0; K], dst: 0 });
     }
-    merged
+    Ok(merged)
 }
 
 /// Whether the output is row-major without gaps in walk order (so the walk's linear index is its
@@ -226,18 +221,18 @@ struct Part<'a> {
 
 /// Splits the dense output `[offset, offset + numel)` into chunks of [`CHUNK`] elements, or
 /// [`Error::HostAlloc`](crate::Error::HostAlloc) for a table the host cannot hold.
-fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> crate::Result<Vec<Part<'_>>> {
+fn split(data: SliceMut<'_>, offset: usize, numel: usize) -> crate::Result<Scratch<Mutex<Part<'_>>>> {
     fn chunks<'a, T>(
         s: &'a mut [T],
         offset: usize,
         numel: usize,
         wrap: fn(&'a mut [T]) -> SliceMut<'a>,
-    ) -> crate::Result<Vec<Part<'a>>> {
+    ) -> crate::Result<Scratch<Mutex<Part<'a>>>> {
         let parts = s[offset..offset + numel]
             .chunks_mut(CHUNK)
             .enumerate()
-            .map(|(k, c)| Part { data: wrap(c), base: offset + k * CHUNK });
-        super::host::try_collect(numel.div_ceil(CHUNK), parts)
+            .map(|(k, c)| Mutex::new(Part { data: wrap(c), base: offset + k * CHUNK }));
+        super::host::scratch_collect(numel.div_ceil(CHUNK), parts)
     }
     match data {
         SliceMut::F32(s) => chunks(s, offset, numel, SliceMut::F32),
@@ -290,7 +285,7 @@ fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>
     // The multi-index (walk order) of element `lo`.
     // bounded: `dims` has at most one entry per dim of the shape (rank <= MAX_RANK, validated).
     #[allow(clippy::disallowed_methods)]
-    let mut idx = vec![0usize; rank];
+    let mut idx = [0usize; crate::ops::MAX_RANK];
     let mut rest = lo;
     for (i, d) in dims.iter().enumerate().rev() {
         idx[i] = rest % d.size;
@@ -435,7 +430,7 @@ mod tests {
         let src = Src::new(SliceRef::F32(x), shape, xs, xo);
         let dst = Dst::new(SliceMut::F32(y), shape, ys, yo);
         let c = shape[1];
-        let channel: Vec<f32> = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
+        let channel = tile(&(0..c).map(|c| c as f32).collect::<Vec<_>>()).unwrap();
         map([src], dst, threads, &|[x]: &[&[f32]; 1], out: &mut [f32], ch: Channels| match ch.window() {
             Window::Fixed(c) => out.iter_mut().zip(*x).for_each(|(o, &v)| *o = 10.0 * v + channel[c]),
             Window::From(start) => {

@@ -1,5 +1,6 @@
 //! Host tensors as the CPU kernels read and write them.
 
+use crate::cpu::scratch::Scratch;
 use crate::cpu::{View, ViewMut};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -71,4 +72,48 @@ pub(crate) fn values(t: &Tensor) -> Result<Vec<f64>> {
     let mut out = try_with_capacity(t.numel())?;
     v.for_each_f64(|x| out.push(x));
     Ok(out)
+}
+
+/// [`try_with_capacity`] in a reused [`Scratch`] block: the kernels' per-call tables, so that a
+/// steady loop makes no heap allocation.
+pub(crate) fn scratch_with_capacity<T>(n: usize) -> Result<Scratch<T>> {
+    Scratch::with_capacity(n)
+}
+
+/// [`try_vec`] in a [`Scratch`] block.
+pub(crate) fn scratch_vec<T: Clone>(n: usize, value: T) -> Result<Scratch<T>> {
+    let mut v = Scratch::with_capacity(n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// [`try_collect`] into a [`Scratch`] block.
+pub(crate) fn scratch_collect<T>(n: usize, values: impl IntoIterator<Item = T>) -> Result<Scratch<T>> {
+    let mut v = Scratch::with_capacity(n)?;
+    v.extend(values.into_iter().take(n));
+    Ok(v)
+}
+
+/// [`values`] into a [`Scratch`] block.
+pub(crate) fn scratch_values(t: &Tensor) -> Result<Scratch<f64>> {
+    let Some(v) = t.as_host_view() else {
+        return Ok(Scratch::new());
+    };
+    let mut out = Scratch::with_capacity(t.numel())?;
+    v.for_each_f64(|x| out.push(x));
+    Ok(out)
+}
+
+/// A tensor's shape and strides copied onto the stack (so that its storage can be borrowed
+/// mutably while they are read): `(shape, strides)` arrays of which the first `rank` entries
+/// count. Ranks above [`MAX_RANK`](crate::ops::MAX_RANK) never reach a kernel (validated).
+pub(crate) fn layout_of(t: &Tensor) -> Result<([usize; crate::ops::MAX_RANK], [usize; crate::ops::MAX_RANK], usize)> {
+    let rank = t.shape().len();
+    if rank > crate::ops::MAX_RANK {
+        return Err(Error::internal(format!("a rank-{rank} tensor reached a CPU kernel")));
+    }
+    let (mut shape, mut strides) = ([0; crate::ops::MAX_RANK], [0; crate::ops::MAX_RANK]);
+    shape[..rank].copy_from_slice(t.shape());
+    strides[..rank].copy_from_slice(t.strides());
+    Ok((shape, strides, rank))
 }

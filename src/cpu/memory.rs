@@ -15,7 +15,6 @@
 //!   request retried once. `Context::empty_cache` returns every idle block to the system.
 
 use std::alloc::Layout;
-use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -42,8 +41,10 @@ pub(crate) struct Stats {
 
 #[derive(Default)]
 struct State {
-    /// Idle blocks by size (bytes), then address.
-    idle: BTreeMap<(usize, usize), Block>,
+    /// Idle blocks sorted by size (bytes), then address: a vector, whose room stays once grown,
+    /// so that a steady loop (blocks taken and given back) makes no heap allocation (a B-tree
+    /// frees and makes nodes as it empties and fills).
+    idle: Vec<((usize, usize), Block)>,
     idle_bytes: usize,
     stats: Stats,
 }
@@ -123,8 +124,9 @@ impl HostMemory {
         }
         let size = round_size(bytes);
         let mut st = self.lock();
-        let cached = st.idle.range((size, 0)..=(size.saturating_add(size / 4), usize::MAX)).next().map(|(k, _)| *k);
-        let (block, fresh) = match cached.and_then(|k| st.idle.remove(&k)) {
+        let first = st.idle.partition_point(|(k, _)| *k < (size, 0));
+        let fits = st.idle.get(first).is_some_and(|(k, _)| k.0 <= size.saturating_add(size / 4));
+        let (block, fresh) = match fits.then(|| st.idle.remove(first).1) {
             Some(b) => {
                 st.idle_bytes -= b.size;
                 (b, false)
@@ -163,7 +165,9 @@ impl HostMemory {
         st.stats.allocated -= bytes;
         if st.idle_bytes + block.size <= self.limit {
             st.idle_bytes += block.size;
-            st.idle.insert((block.size, block.ptr.as_ptr() as usize), block);
+            let key = (block.size, block.ptr.as_ptr() as usize);
+            let at = st.idle.partition_point(|(k, _)| *k < key);
+            st.idle.insert(at, (key, block));
             return;
         }
         st.stats.reserved -= block.size;

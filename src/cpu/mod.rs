@@ -13,16 +13,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) mod channelwise;
 pub(crate) mod dims;
-pub(crate) mod fused;
 pub(crate) mod host;
 pub(crate) mod isa;
 pub(crate) mod memory;
 pub(crate) mod pool;
+pub(crate) mod scratch;
 mod view;
 pub(crate) mod widen;
 
 pub use crate::ops::batch_norm_reduce_backward::cpu::{batch_norm_reduce_backward, Outputs};
-pub use fused::{fused_block_bytes, set_fused_block_bytes, DEFAULT_FUSED_BLOCK_BYTES};
 pub use view::{View, ViewMut};
 
 /// Most threads per call; 0 = one per core.

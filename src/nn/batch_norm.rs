@@ -55,6 +55,9 @@ pub struct BatchNormSaved<'a> {
     kind: Kind<'a>,
 }
 
+// A tensor holds its shape and strides in place (no heap allocation per tensor), so the saved
+// tensors make this variant large; it lives on the caller's stack for one step.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Kind<'a> {
     /// One device: `aclnnBatchNorm`'s saved statistics (none in eval with running statistics).

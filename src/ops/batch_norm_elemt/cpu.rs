@@ -6,14 +6,15 @@
 
 use crate::cpu::channelwise::{self, tile, BlockFn, Channels, Dst, Src, Window};
 use crate::cpu::host;
+use crate::cpu::scratch::Scratch;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// The per-channel constants, in f32, [`tile`]d: the normalisation as a [`BlockFn`].
 pub(in crate::ops) struct Params {
-    mean: Vec<f32>,
-    scale: Vec<f32>,
-    bias: Vec<f32>,
+    mean: Scratch<f32>,
+    scale: Scratch<f32>,
+    bias: Scratch<f32>,
 }
 
 /// Runs a validated, non-empty call over host tensors: `input` `(N, C, ...)`, the optional
@@ -36,11 +37,11 @@ pub(in crate::ops) fn run(
     // what f32 gives); the same f32 steps here give the same factor, bit for bit. The product of
     // two f32 values is exact in f64: one rounding.
     let factor = |s: f32| 1.0 / ((1.0 / (s * s) - eps) + eps).sqrt();
-    let scale: Vec<f32> = match &weight {
+    let scale: Scratch<f32> = match &weight {
         Some(w) => {
-            host::try_collect(c, invstd.iter().zip(w).map(|(&i, &w)| (f64::from(factor(i)) * f64::from(w)) as f32))?
+            host::scratch_collect(c, invstd.iter().zip(w).map(|(&i, &w)| (f64::from(factor(i)) * f64::from(w)) as f32))?
         }
-        None => host::try_collect(c, invstd.iter().map(|&i| factor(i)))?,
+        None => host::scratch_collect(c, invstd.iter().map(|&i| factor(i)))?,
     };
     normalize_into(input, &mean, &scale, &bias, output)
 }
@@ -55,11 +56,12 @@ pub(in crate::ops) fn normalize_into(
     output: &mut Tensor,
 ) -> Result<()> {
     let p = Params::new(mean, scale, bias)?;
-    let (shape, out_strides, out_offset) = (output.shape().to_vec(), output.strides().to_vec(), output.offset());
+    let (shape, out_strides, rank) = host::layout_of(output)?;
+    let out_offset = output.offset();
     let x = host::view(input, "input")?;
     let y = host::view_mut(output, "output")?;
     let src = Src::new(x.storage(), input.shape(), input.strides(), input.offset());
-    let dst = Dst::new(y.into_storage(), &shape, &out_strides, out_offset);
+    let dst = Dst::new(y.into_storage(), &shape[..rank], &out_strides[..rank], out_offset);
     channelwise::map([src], dst, 0, &p)
 }
 
@@ -100,17 +102,17 @@ fn normalize(p: &Params, x: &[f32], out: &mut [f32], channels: Channels) {
 }
 
 /// The `[C]` bias widened to f32, or `c` zeros without one (CANN's fill).
-pub(in crate::ops) fn bias_values(bias: Option<&Tensor>, c: usize) -> Result<Vec<f32>> {
+pub(in crate::ops) fn bias_values(bias: Option<&Tensor>, c: usize) -> Result<Scratch<f32>> {
     match bias {
         Some(b) => channel_values(b, "bias"),
-        None => host::try_vec(c, 0.0),
+        None => host::scratch_vec(c, 0.0),
     }
 }
 
 /// A validated `[C]` float vector, widened to f32 (exact for f32, f16 and bf16).
-pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Vec<f32>> {
+pub(crate) fn channel_values(t: &Tensor, name: &'static str) -> Result<Scratch<f32>> {
     let v = host::view(t, name)?;
-    let mut out = host::try_with_capacity(t.numel())?;
+    let mut out = host::scratch_with_capacity(t.numel())?;
     v.for_each_f32(|x| out.push(x));
     Ok(out)
 }

@@ -9,6 +9,7 @@
 use super::Args;
 use crate::cpu::channelwise::{self, tile, BlockFn, Channels, Dst, Src, Window};
 use crate::cpu::host;
+use crate::cpu::scratch::Scratch;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -23,13 +24,13 @@ pub(in crate::ops) enum Coefficients {
 
 /// `[mean, a, b, k]` per channel, [`tile`]d.
 pub(in crate::ops) struct Constants<T> {
-    mean: Vec<T>,
+    mean: Scratch<T>,
     /// sumDy/N.
-    a: Vec<T>,
+    a: Scratch<T>,
     /// invstd²·sumDyXmu/N.
-    b: Vec<T>,
+    b: Scratch<T>,
     /// invstd·weight.
-    k: Vec<T>,
+    k: Scratch<T>,
 }
 
 impl Coefficients {
@@ -37,8 +38,9 @@ impl Coefficients {
     pub(in crate::ops) fn new([mean, a, b, k]: [&[f64]; 4], dtype: crate::DType) -> Result<Coefficients> {
         Ok(match dtype {
             crate::DType::F16 | crate::DType::BF16 => {
-                let narrow =
-                    |v: &[f64]| -> Result<Vec<f32>> { tile(&host::try_collect(v.len(), v.iter().map(|&x| x as f32))?) };
+                let narrow = |v: &[f64]| -> Result<Scratch<f32>> {
+                    tile(&host::scratch_collect(v.len(), v.iter().map(|&x| x as f32))?)
+                };
                 Coefficients::Single(Constants { mean: narrow(mean)?, a: narrow(a)?, b: narrow(b)?, k: narrow(k)? })
             }
             _ => Coefficients::Double(Constants { mean: tile(mean)?, a: tile(a)?, b: tile(b)?, k: tile(k)? }),
@@ -49,9 +51,9 @@ impl Coefficients {
 /// Runs the validated, non-empty call.
 pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let c = args.input.shape()[1];
-    let wide = |t: &Tensor, name| -> Result<Vec<f64>> {
+    let wide = |t: &Tensor, name| -> Result<Scratch<f64>> {
         let v = host::view(t, name)?;
-        let mut out = host::try_with_capacity(t.numel())?;
+        let mut out = host::scratch_with_capacity(t.numel())?;
         v.for_each_f64(|x| out.push(x));
         Ok(out)
     };
@@ -61,12 +63,12 @@ pub(super) fn run(args: &Args<'_>, grad_input: &mut Tensor) -> Result<()> {
     let sum_dy = wide(args.sum_dy, "sumDy")?;
     let sum_dy_xmu = wide(args.sum_dy_xmu, "sumDyXmu")?;
     let weight = args.weight.map(|w| wide(w, "weight")).transpose()?;
-    let k: Vec<f64> = match weight {
-        Some(w) => host::try_collect(c, invstd.iter().zip(w).map(|(i, w)| i * w))?,
-        None => host::try_collect(c, invstd.iter().copied())?,
+    let k: Scratch<f64> = match weight {
+        Some(w) => host::scratch_collect(c, invstd.iter().zip(w.iter()).map(|(i, w)| i * w))?,
+        None => host::scratch_collect(c, invstd.iter().copied())?,
     };
-    let a: Vec<f64> = host::try_collect(c, sum_dy.iter().map(|s| s / n))?;
-    let b: Vec<f64> = host::try_collect(c, invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n))?;
+    let a: Scratch<f64> = host::scratch_collect(c, sum_dy.iter().map(|s| s / n))?;
+    let b: Scratch<f64> = host::scratch_collect(c, invstd.iter().zip(&sum_dy_xmu).map(|(i, s)| i * i * s / n))?;
     grad_input_into(args.grad_out, args.input, [&mean, &a, &b, &k], grad_input)
 }
 
@@ -80,15 +82,15 @@ pub(in crate::ops) fn grad_input_into(
     grad_input: &mut Tensor,
 ) -> Result<()> {
     let co = Coefficients::new([mean, a, b, k], grad_input.dtype())?;
-    let (shape, out_strides, out_offset) =
-        (grad_input.shape().to_vec(), grad_input.strides().to_vec(), grad_input.offset());
+    let (shape, out_strides, rank) = host::layout_of(grad_input)?;
+    let out_offset = grad_input.offset();
     let (dy, x) = (host::view(grad_out, "gradOut")?, host::view(input, "input")?);
     let out = host::view_mut(grad_input, "gradInput")?;
     let srcs = [
         Src::new(dy.storage(), grad_out.shape(), grad_out.strides(), grad_out.offset()),
         Src::new(x.storage(), input.shape(), input.strides(), input.offset()),
     ];
-    let dst = Dst::new(out.into_storage(), &shape, &out_strides, out_offset);
+    let dst = Dst::new(out.into_storage(), &shape[..rank], &out_strides[..rank], out_offset);
     channelwise::map(srcs, dst, 0, &co)
 }
 

@@ -73,8 +73,8 @@ pub(crate) fn run(
     }
     let sums = if plan.empty {
         kernel::ChannelSums {
-            sum_dy: host::try_vec(c, 0.0)?,
-            sum_dy_xmu: with_xmu.then(|| host::try_vec(c, 0.0)).transpose()?,
+            sum_dy: host::scratch_vec(c, 0.0)?,
+            sum_dy_xmu: with_xmu.then(|| host::scratch_vec(c, 0.0)).transpose()?,
         }
     } else {
         let mean = mean.to_f32s()?;

@@ -37,6 +37,7 @@
 //! primitives do the same operations in the same order per lane (no fused multiply-add), so they
 //! give the same bits too, and an f16 input gives exactly the bits of its f32 widening.
 
+use crate::cpu::scratch::{Inline, Scratch};
 use std::sync::OnceLock;
 
 use crate::cpu::isa::Isa;
@@ -68,12 +69,16 @@ const MAX_SUPER_ROW: usize = 1024;
 const ROW_TILE_ELEMS: usize = 1 << 18;
 /// Fewest input bytes each thread must get before another thread is used.
 pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Most contiguous pieces of one block of the channel-major path (runs of at least [`MIN_RUN`]).
+const BLOCK_SEGMENTS: usize = BLOCK / MIN_RUN + 2;
 /// Channels per item of the short-runs path.
 const TILE_CHANNELS: usize = 16;
 
 thread_local! {
     /// The short-runs path's per-channel buffers (kept by each thread, grown when needed).
     static TILE_BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The rows path's block buffer (made once per thread at its largest size).
+    static ROW_BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A validated input view: rank 2..=8, channel = dim 1, every element inside `data`.
@@ -143,11 +148,11 @@ impl Moments {
 
 /// Per-channel moments of `input`, on up to `threads` threads (0: every core, but one thread per
 /// [`MIN_BYTES_PER_THREAD`] bytes at most). Bit-identical for any `threads`.
-pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Result<Vec<Moments>> {
+pub(crate) fn channel_moments(input: Input<'_>, threads: usize) -> Result<Scratch<Moments>> {
     channel_moments_with(Isa::detect(), input, threads, MIN_BYTES_PER_THREAD)
 }
 
-fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Result<Vec<Moments>> {
+fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: usize) -> Result<Scratch<Moments>> {
     match input.data {
         SliceRef::F32(s) => Kernel::new(isa, input, s, Some, None).run(threads, min_bytes),
         SliceRef::F16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes),
@@ -246,9 +251,9 @@ impl<'a, T: Element> Kernel<'a, T> {
         Path::ChannelMajor
     }
 
-    fn run(&self, threads: usize, min_bytes: usize) -> Result<Vec<Moments>> {
+    fn run(&self, threads: usize, min_bytes: usize) -> Result<Scratch<Moments>> {
         if self.c == 0 || self.empty {
-            return host::try_vec(self.c, Moments::default());
+            return host::scratch_vec(self.c, Moments::default());
         }
         let threads = if threads == 0 { pool::cores() } else { threads };
         let bytes = self.r.saturating_mul(self.c).saturating_mul(std::mem::size_of::<T>());
@@ -262,7 +267,7 @@ impl<'a, T: Element> Kernel<'a, T> {
     /// Channel-major path. Positions of a channel are cut into blocks that never split a
     /// contiguous inner run shorter than a block (long runs are cut into equal segments); an
     /// item is up to [`ITEM_BLOCKS`] consecutive blocks of one channel.
-    fn channel_major(&self, threads: usize) -> Result<Vec<Moments>> {
+    fn channel_major(&self, threads: usize) -> Result<Scratch<Moments>> {
         let dims = self.dims();
         let (l, inner_contiguous) = match dims.last() {
             Some(d) => (d.n, d.s == [1]),
@@ -295,16 +300,18 @@ impl<'a, T: Element> Kernel<'a, T> {
         };
         let ipc = nb.div_ceil(ITEM_BLOCKS);
         let n_parts = self.c.saturating_mul(ipc);
-        let parts: Vec<OnceLock<Moments>> = host::try_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
+        let parts: Scratch<OnceLock<Moments>> = host::scratch_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
         let in_place = inner_contiguous && l >= MIN_RUN;
         let all_f32 = (self.direct)(self.data);
         pool::run(threads, parts.len(), &|item| {
             let (ch, k) = (item / ipc, item % ipc);
             let base = self.offset + ch * self.cs;
-            let mut buf: Vec<f32> = Vec::new();
-            let mut segs: Vec<(usize, usize)> = Vec::new();
-            let mut slices: Vec<&[f32]> = Vec::new();
-            let mut runs: Vec<&[T]> = Vec::new();
+            // A block is at most BLOCK + LANES positions in runs of at least MIN_RUN (or one
+            // piece of a longer run): bounded tables on the stack.
+            let mut buf = [0f32; BLOCK + LANES];
+            let mut segs: Inline<(usize, usize), BLOCK_SEGMENTS> = Inline::new();
+            let mut slices: Inline<&[f32], BLOCK_SEGMENTS> = Inline::new();
+            let mut runs: Inline<&[T], BLOCK_SEGMENTS> = Inline::new();
             let mut acc = Moments::default();
             for b in k * ITEM_BLOCKS..nb.min((k + 1) * ITEM_BLOCKS) {
                 let (start, len) = block(b);
@@ -337,29 +344,25 @@ impl<'a, T: Element> Kernel<'a, T> {
                             match fused {
                                 Some(m) => m,
                                 None => {
-                                    // bounded: a block's length, <= BLOCK (2048).
-                                    #[allow(clippy::disallowed_methods)]
-                                    buf.resize(len, 0.0);
+                                    let buf = &mut buf[..len];
                                     let mut done = 0;
                                     for &(s, n) in &segs {
                                         self.widen(&self.data[s..s + n], &mut buf[done..done + n]);
                                         done += n;
                                     }
-                                    runs_block(self.isa, &[&buf])
+                                    runs_block(self.isa, &[buf])
                                 }
                             }
                         }
                     }
                 } else {
-                    // bounded: a block's length, <= BLOCK (2048).
-                    #[allow(clippy::disallowed_methods)]
-                    buf.resize(len, 0.0);
+                    let buf = &mut buf[..len];
                     let mut o = Odometer::new(dims, start, [base]);
                     for v in buf.iter_mut() {
                         *v = self.data[o.pos[0]].to_f32();
                         o.advance();
                     }
-                    runs_block(self.isa, &[&buf])
+                    runs_block(self.isa, &[buf])
                 };
                 acc = acc.merge(m);
             }
@@ -371,30 +374,35 @@ impl<'a, T: Element> Kernel<'a, T> {
                 .iter()
                 .fold(Moments::default(), |a, p| a.merge(p.get().copied().unwrap_or_default()))
         });
-        host::try_collect(self.c, channels)
+        host::scratch_collect(self.c, channels)
     }
 
     /// Short contiguous runs with the channel dim between them and the outer dims (NCHW with a
     /// small H·W): items are (block of whole runs, chunk of [`TILE_CHANNELS`] channels); the
     /// runs are copied in memory order (run by run across the chunk's channels) into one buffer
     /// per channel, and each channel's buffer is summed as one block.
-    fn short_runs(&self, l: usize, outer: &[Dim], threads: usize) -> Result<Vec<Moments>> {
+    fn short_runs(&self, l: usize, outer: &[Dim], threads: usize) -> Result<Scratch<Moments>> {
         let nruns = self.r / l;
         let per = (BLOCK / l).max(1);
         let nb = nruns.div_ceil(per);
         let cb = TILE_CHANNELS.min(self.c);
         let nchunks = self.c.div_ceil(cb);
         let n_parts = nb.saturating_mul(nchunks);
-        let parts: Vec<OnceLock<Vec<Moments>>> = host::try_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
+        let parts: Scratch<OnceLock<[Moments; TILE_CHANNELS]>> =
+            host::scratch_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
         pool::run(threads, parts.len(), &|item| {
             let (b, k) = (item / nchunks, item % nchunks);
             let (c0, nc) = (k * cb, cb.min(self.c - k * cb));
             let (r0, r1) = (b * per, nruns.min((b + 1) * per));
             let len = (r1 - r0) * l;
             TILE_BUFFER.with_borrow_mut(|buf| {
-                // bounded: nc <= TILE_CHANNELS (16) channels of len <= BLOCK (2048) positions.
-                #[allow(clippy::disallowed_methods)]
-                buf.resize(buf.len().max(nc * len), 0.0);
+                // nc <= TILE_CHANNELS (16) channels of len <= BLOCK (2048) positions: the
+                // buffer is made once per thread at its largest size.
+                if buf.len() < TILE_CHANNELS * BLOCK {
+                    // bounded: TILE_CHANNELS * BLOCK (32 Ki) values, once per thread.
+                    #[allow(clippy::disallowed_methods)]
+                    buf.resize(TILE_CHANNELS * BLOCK, 0.0);
+                }
                 let mut o = Odometer::new(outer, r0, [self.offset + c0 * self.cs]);
                 for i in 0..r1 - r0 {
                     for ci in 0..nc {
@@ -403,9 +411,10 @@ impl<'a, T: Element> Kernel<'a, T> {
                     }
                     o.advance();
                 }
-                // bounded: nc <= TILE_CHANNELS (16) entries.
-                #[allow(clippy::disallowed_methods)]
-                let out = buf[..nc * len].chunks_exact(len).map(|ch| runs_block(self.isa, &[ch])).collect();
+                let mut out = [Moments::default(); TILE_CHANNELS];
+                for (o, ch) in out.iter_mut().zip(buf[..nc * len].chunks_exact(len)) {
+                    *o = runs_block(self.isa, &[ch]);
+                }
                 let _ = parts[item].set(out);
             });
         });
@@ -414,12 +423,12 @@ impl<'a, T: Element> Kernel<'a, T> {
                 a.merge(parts[b * nchunks + ch / cb].get().map_or(Moments::default(), |p| p[ch % cb]))
             })
         });
-        host::try_collect(self.c, channels)
+        host::scratch_collect(self.c, channels)
     }
 
     /// Channels-last path: rows of `w` lanes (see [`Path::Rows`]); items are (row tile, chunk
     /// of lanes), tile-major; each writes one partial per lane.
-    fn rows(&self, threads: usize, w: usize, flat: bool) -> Result<Vec<Moments>> {
+    fn rows(&self, threads: usize, w: usize, flat: bool) -> Result<Scratch<Moments>> {
         let c = self.c;
         let total = self.r * c;
         let nrows = if flat { total.div_ceil(w) } else { self.r };
@@ -429,62 +438,69 @@ impl<'a, T: Element> Kernel<'a, T> {
         let tile_rows = ROWS_PER_BLOCK * (ROW_TILE_ELEMS / (ROWS_PER_BLOCK * cw)).max(1);
         let ntiles = nrows.div_ceil(tile_rows);
         let n_parts = ntiles.saturating_mul(nchunks);
-        let parts: Vec<OnceLock<Vec<Moments>>> = host::try_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
+        let parts: Scratch<OnceLock<[Moments; MAX_ROW_LANES]>> =
+            host::scratch_collect(n_parts, (0..n_parts).map(|_| OnceLock::new()))?;
         let dims = self.dims();
         // The f32 data, read in place when the matrix is contiguous.
         let direct = if flat { (self.direct)(self.data) } else { None };
         pool::run(threads, parts.len(), &|item| {
             let (t, k) = (item / nchunks, item % nchunks);
             let (l0, lanes) = (k * cw, cw.min(w - k * cw));
-            // bounded: lanes <= cw <= MAX_ROW_LANES (256), per work item, not per element.
-            #[allow(clippy::disallowed_methods)]
-            let mut out = vec![Moments::default(); lanes];
-            let mut scratch = RowScratch::new(lanes);
-            let mut buf: Vec<f32> = Vec::new();
-            let r1 = nrows.min((t + 1) * tile_rows);
-            let mut r0 = t * tile_rows;
-            let mut odo = Odometer::new(dims, r0, [self.offset + l0]);
-            while r0 < r1 {
-                let rb = r1.min(r0 + ROWS_PER_BLOCK);
-                // Valid lanes of row r of this chunk (only the last super-row may be partial).
-                let valid = |r: usize| if flat { (total - r * w).min(w).saturating_sub(l0).min(lanes) } else { lanes };
-                let last = valid(rb - 1);
-                let full = if last < lanes { rb - 1 - r0 } else { rb - r0 };
-                let last = if last < lanes { last } else { 0 };
-                if full == 0 && last == 0 {
-                    // A chunk of lanes past the end of a short last super-row: nothing to read.
-                    r0 = rb;
-                    continue;
+            // lanes <= cw <= MAX_ROW_LANES (256): on the stack.
+            let mut out = [Moments::default(); MAX_ROW_LANES];
+            let out_lanes = &mut out[..lanes];
+            let mut scratch = RowScratch::new();
+            ROW_BUFFER.with_borrow_mut(|buf| {
+                if buf.len() < ROWS_PER_BLOCK * MAX_ROW_LANES {
+                    // bounded: ROWS_PER_BLOCK * MAX_ROW_LANES (64 Ki) values, once per thread.
+                    #[allow(clippy::disallowed_methods)]
+                    buf.resize(ROWS_PER_BLOCK * MAX_ROW_LANES, 0.0);
                 }
-                let block = match direct {
-                    Some(d) => RowBlock { m: &d[self.offset + r0 * w + l0..], stride: w, lanes, full, last },
-                    None => {
-                        // bounded: ROWS_PER_BLOCK (256) rows of lanes <= MAX_ROW_LANES (256).
-                        #[allow(clippy::disallowed_methods)]
-                        buf.resize((rb - r0) * lanes, 0.0);
-                        if flat && lanes == w {
-                            // Whole super-rows: one contiguous stretch, widened at once.
-                            let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
-                            self.widen(&self.data[start..start + n], &mut buf[..n]);
-                        } else {
-                            for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
-                                let r = r0 + i;
-                                let n = valid(r);
-                                let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
-                                if n > 0 {
-                                    self.widen(&self.data[start..start + n], &mut row[..n]);
-                                }
-                                if !flat {
-                                    odo.advance();
+                let r1 = nrows.min((t + 1) * tile_rows);
+                let mut r0 = t * tile_rows;
+                let mut odo = Odometer::new(dims, r0, [self.offset + l0]);
+                while r0 < r1 {
+                    let rb = r1.min(r0 + ROWS_PER_BLOCK);
+                    // Valid lanes of row r of this chunk (only the last super-row may be partial).
+                    let valid =
+                        |r: usize| if flat { (total - r * w).min(w).saturating_sub(l0).min(lanes) } else { lanes };
+                    let last = valid(rb - 1);
+                    let full = if last < lanes { rb - 1 - r0 } else { rb - r0 };
+                    let last = if last < lanes { last } else { 0 };
+                    if full == 0 && last == 0 {
+                        // A chunk of lanes past the end of a short last super-row: nothing to read.
+                        r0 = rb;
+                        continue;
+                    }
+                    let block = match direct {
+                        Some(d) => RowBlock { m: &d[self.offset + r0 * w + l0..], stride: w, lanes, full, last },
+                        None => {
+                            // ROWS_PER_BLOCK (256) rows of lanes <= MAX_ROW_LANES (256).
+                            let buf = &mut buf[..(rb - r0) * lanes];
+                            if flat && lanes == w {
+                                // Whole super-rows: one contiguous stretch, widened at once.
+                                let (start, n) = (self.offset + r0 * w, ((rb - r0) * w).min(total - r0 * w));
+                                self.widen(&self.data[start..start + n], &mut buf[..n]);
+                            } else {
+                                for (i, row) in buf.chunks_exact_mut(lanes).enumerate() {
+                                    let r = r0 + i;
+                                    let n = valid(r);
+                                    let start = if flat { self.offset + r * w + l0 } else { odo.pos[0] };
+                                    if n > 0 {
+                                        self.widen(&self.data[start..start + n], &mut row[..n]);
+                                    }
+                                    if !flat {
+                                        odo.advance();
+                                    }
                                 }
                             }
+                            RowBlock { m: buf, stride: lanes, lanes, full, last }
                         }
-                        RowBlock { m: &buf, stride: lanes, lanes, full, last }
-                    }
-                };
-                rows_block(self.isa, block, &mut scratch, &mut out);
-                r0 = rb;
-            }
+                    };
+                    rows_block(self.isa, block, &mut scratch, out_lanes);
+                    r0 = rb;
+                }
+            });
             let _ = parts[item].set(out);
         });
         // Channel ch: its lanes ch, ch + C, ... of each tile, in order.
@@ -499,7 +515,7 @@ impl<'a, T: Element> Kernel<'a, T> {
             }
             acc
         });
-        host::try_collect(c, channels)
+        host::scratch_collect(c, channels)
     }
 }
 
@@ -872,17 +888,21 @@ fn lane_chunks<T: Copy, S>(
 
 /// Per-lane accumulators of [`rows_block`].
 struct RowScratch {
-    acc: Vec<f32>,
-    shift: Vec<f32>,
-    sd: Vec<f32>,
-    sq: Vec<f32>,
+    acc: [f32; MAX_ROW_LANES],
+    shift: [f32; MAX_ROW_LANES],
+    sd: [f32; MAX_ROW_LANES],
+    sq: [f32; MAX_ROW_LANES],
 }
 
 impl RowScratch {
-    // bounded: its one caller passes lanes <= MAX_ROW_LANES (256).
-    #[allow(clippy::disallowed_methods)]
-    fn new(lanes: usize) -> Self {
-        RowScratch { acc: vec![0.0; lanes], shift: vec![0.0; lanes], sd: vec![0.0; lanes], sq: vec![0.0; lanes] }
+    /// On the stack: lanes <= MAX_ROW_LANES (256).
+    fn new() -> Self {
+        RowScratch {
+            acc: [0.0; MAX_ROW_LANES],
+            shift: [0.0; MAX_ROW_LANES],
+            sd: [0.0; MAX_ROW_LANES],
+            sq: [0.0; MAX_ROW_LANES],
+        }
     }
 }
 

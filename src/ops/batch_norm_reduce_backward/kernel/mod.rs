@@ -29,7 +29,6 @@
 //!   runs) or AVX2+FMA+F16C on x86-64 when the CPU has them (checked at run time), NEON on
 //!   aarch64, else portable Rust; all give the same bits ([`crate::cpu::isa`]).
 
-use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 
@@ -38,6 +37,7 @@ use crate::error::Result;
 use crate::layout::Strided;
 
 mod lanes;
+use crate::cpu::scratch::{Inline, Scratch};
 use crate::cpu::{dims, host, pool};
 #[cfg(test)]
 mod tests;
@@ -51,12 +51,12 @@ pub(crate) type StridedView<'a, T> = Strided<'a, &'a [T]>;
 
 /// Per-channel sums, each accumulated without cancellation and returned in f64 so that the
 /// caller rounds exactly once into the output dtype.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct ChannelSums {
     /// Σ dy per channel.
-    pub sum_dy: Vec<f64>,
+    pub sum_dy: Scratch<f64>,
     /// Σ dy·(x − mean[c]) per channel, when asked for.
-    pub sum_dy_xmu: Option<Vec<f64>>,
+    pub sum_dy_xmu: Option<Scratch<f64>>,
 }
 
 /// Most values an f32 lane sums before its block is folded to f64.
@@ -126,8 +126,8 @@ fn channel_sums_with<T: Element>(
     let c = dl.shape.get(1).copied().unwrap_or(0);
     let zeros = || -> Result<ChannelSums> {
         Ok(ChannelSums {
-            sum_dy: host::try_vec(c, 0.0)?,
-            sum_dy_xmu: with_xmu.then(|| host::try_vec(c, 0.0)).transpose()?,
+            sum_dy: host::scratch_vec(c, 0.0)?,
+            sum_dy_xmu: with_xmu.then(|| host::scratch_vec(c, 0.0)).transpose()?,
         })
     };
     let rank = dl.shape.len();
@@ -140,10 +140,12 @@ fn channel_sums_with<T: Element>(
     {
         return zeros();
     }
-    let mean: Cow<'_, [f32]> = if mean.len() >= c {
-        Cow::Borrowed(&mean[..c])
+    let padded;
+    let mean: &[f32] = if mean.len() >= c {
+        &mean[..c]
     } else {
-        Cow::Owned(host::try_collect(c, (0..c).map(|i| mean.get(i).copied().unwrap_or(f32::NAN)))?)
+        padded = host::scratch_collect(c, (0..c).map(|i| mean.get(i).copied().unwrap_or(f32::NAN)))?;
+        &padded
     };
     let geo = Geometry::new(&dy, &x);
     let threads = match threads {
@@ -155,7 +157,7 @@ fn channel_sums_with<T: Element>(
     let chunk_bytes = if bytes > CACHED_BYTES { MEMORY_CHUNK_BYTES } else { CHUNK_BYTES };
     let chunks = if threads > 1 { (bytes / chunk_bytes).max(2 * threads) } else { 1 };
     let (pf_runs, pf_rows) = prefetch_policy(bytes);
-    let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean: &mean, threads, chunks, pf_runs, pf_rows };
+    let k = Kernel { isa, geo: &geo, dy: dy.data, x: x.data, mean, threads, chunks, pf_runs, pf_rows };
     let tiny = c.saturating_mul(geo.r) <= tiny_elems;
     match (tiny, with_xmu) {
         (true, true) => k.tiny::<true>(),
@@ -261,8 +263,8 @@ impl<T: Element> Kernel<'_, T> {
     /// validation.
     fn tiny<const XMU: bool>(&self) -> Result<ChannelSums> {
         let g = self.geo;
-        let mut sum_dy = host::try_with_capacity(g.c)?;
-        let mut sum_m = host::try_with_capacity(if XMU { g.c } else { 0 })?;
+        let mut sum_dy = host::scratch_with_capacity(g.c)?;
+        let mut sum_m = host::scratch_with_capacity(if XMU { g.c } else { 0 })?;
         for (ch, &mean) in self.mean.iter().enumerate().take(g.c) {
             let mut o = Odometer::new(g.dims(), 0, [g.od + ch * g.csd, g.ox + ch * g.csx]);
             let (mut a, mut m) = (0f32, 0f32);
@@ -320,7 +322,7 @@ impl<T: Element> Kernel<'_, T> {
                 ((i / nseg) % g.c, i / (nseg * g.c) * nseg + i % nseg)
             }
         };
-        let mut parts = host::try_vec(if XMU { n_items.saturating_mul(2) } else { n_items }, 0.0)?;
+        let mut parts = host::scratch_vec(if XMU { n_items.saturating_mul(2) } else { n_items }, 0.0)?;
         let (pd, pm) = parts.split_at_mut(n_items);
         parallel(
             n_items,
@@ -359,7 +361,7 @@ impl<T: Element> Kernel<'_, T> {
         // Each channel's blocks in block order, whatever the item numbering.
         let (pd, pm) = parts.split_at(n_items);
         let fold =
-            |p: &[f64]| host::try_collect(g.c, (0..g.c).map(|ch| (0..nb).fold(0.0, |a, b| a + p[item_of(ch, b)])));
+            |p: &[f64]| host::scratch_collect(g.c, (0..g.c).map(|ch| (0..nb).fold(0.0, |a, b| a + p[item_of(ch, b)])));
         Ok(ChannelSums { sum_dy: fold(pd)?, sum_dy_xmu: XMU.then(|| fold(pm)).transpose()? })
     }
 
@@ -391,23 +393,21 @@ impl<T: Element> Kernel<'_, T> {
         let nchunks = w.div_ceil(cw);
         let n_items = ntiles * nchunks;
         // Lane j's mean: channel j mod C (super-rows) or channel j.
-        let super_means: Vec<f32> = match super_row {
-            Some(_) => host::try_collect(w, self.mean.iter().copied().cycle())?,
-            None => Vec::new(),
+        let super_means: Scratch<f32> = match super_row {
+            Some(_) => host::scratch_collect(w, self.mean.iter().copied().cycle())?,
+            None => Scratch::new(),
         };
         let mean_lanes: &[f32] = if super_row.is_some() { &super_means } else { self.mean };
         let off = |i: usize| (i / nchunks) * w + (i % nchunks) * cw;
         let n_parts = ntiles * w;
-        let mut parts = host::try_vec(if XMU { n_parts.saturating_mul(2) } else { n_parts }, 0.0)?;
+        let mut parts = host::scratch_vec(if XMU { n_parts.saturating_mul(2) } else { n_parts }, 0.0)?;
         let (pd, pm) = parts.split_at_mut(n_parts);
         parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
-            // At most 2·MAX_ROW_LANES lanes: a fixed size, not the caller's.
-            // bounded: cw <= MAX_ROW_LANES (1024), per work range, not per element.
-            #[allow(clippy::disallowed_methods)]
-            let mut acc = vec![0f32; if XMU { 2 * cw } else { cw }];
-            let (acc_d, acc_m) = acc.split_at_mut(cw);
-            let mut rows: Vec<(usize, usize)> = Vec::new();
+            // At most 2·MAX_ROW_LANES lanes and ROWS_PER_BLOCK rows: on the stack.
+            let mut acc = [0f32; 2 * MAX_ROW_LANES];
+            let (acc_d, acc_m) = acc[..if XMU { 2 * cw } else { cw }].split_at_mut(cw);
+            let mut rows: Inline<(usize, usize), ROWS_PER_BLOCK> = Inline::new();
             for item in items {
                 let (t, k) = (item / nchunks, item % nchunks);
                 let (l0, lanes) = (k * cw, cw.min(w - k * cw));
@@ -450,7 +450,7 @@ impl<T: Element> Kernel<'_, T> {
                                 rows.push((odo.pos[0], odo.pos[1]));
                                 odo.advance();
                             }
-                            let rows = Rows::List(&rows);
+                            let rows = Rows::List(&rows[..]);
                             lanes::acc_rows::<T, XMU>(self.isa, self.pf_rows, self.dy, self.x, rows, lanes, md, ad, am);
                         }
                     }
@@ -464,8 +464,8 @@ impl<T: Element> Kernel<'_, T> {
         })?;
         let (pd, pm) = parts.split_at(n_parts);
         // Channel ch: its lanes ch, ch + C, ... (w is a multiple of C) of each tile in order.
-        let fold = |p: &[f64]| -> Result<Vec<f64>> {
-            let mut out = host::try_vec(c, 0.0)?;
+        let fold = |p: &[f64]| -> Result<Scratch<f64>> {
+            let mut out = host::scratch_vec(c, 0.0)?;
             for seg in p.chunks_exact(c) {
                 for (o, v) in out.iter_mut().zip(seg) {
                     *o += v;
@@ -488,7 +488,7 @@ impl<T: Element> Kernel<'_, T> {
         let n_items = nblocks * nchunks;
         let off = |i: usize| (i / nchunks) * c + (i % nchunks) * cb;
         let n_parts = nblocks * c;
-        let mut parts = host::try_vec(if XMU { n_parts.saturating_mul(2) } else { n_parts }, 0.0)?;
+        let mut parts = host::scratch_vec(if XMU { n_parts.saturating_mul(2) } else { n_parts }, 0.0)?;
         let (pd, pm) = parts.split_at_mut(n_parts);
         // Per view: walk channels innermost when its channel stride is the smaller one, else
         // positions innermost (so each view is read along its shorter stride).
@@ -498,15 +498,12 @@ impl<T: Element> Kernel<'_, T> {
         let row = GATHER_POSITIONS + 16;
         parallel(n_items, self.threads, self.chunks, off, pd, pm, |items, pd, pm| {
             let base = off(items.start);
-            // Tiles of at most GATHER_CHANNELS × (GATHER_POSITIONS + 16): fixed sizes, not the
-            // caller's.
-            // bounded: cb <= GATHER_CHANNELS (16), row = GATHER_POSITIONS + 16 (528).
-            #[allow(clippy::disallowed_methods)]
-            let (mut bufd, mut bufx, mut offs) = (
-                vec![T::default(); cb * row],
-                vec![T::default(); if XMU { cb * row } else { 0 }],
-                vec![(0usize, 0usize); GATHER_POSITIONS],
-            );
+            // Tiles of at most GATHER_CHANNELS × (GATHER_POSITIONS + 16): fixed sizes, on the
+            // stack (cb <= GATHER_CHANNELS, row = GATHER_POSITIONS + 16).
+            let mut tiles = [T::default(); 2 * GATHER_CHANNELS * (GATHER_POSITIONS + 16)];
+            let (bufd, bufx) = tiles.split_at_mut(GATHER_CHANNELS * (GATHER_POSITIONS + 16));
+            let (bufd, bufx) = (&mut bufd[..cb * row], &mut bufx[..if XMU { cb * row } else { 0 }]);
+            let mut offs = [(0usize, 0usize); GATHER_POSITIONS];
             for item in items {
                 let (p, k) = (item / nchunks, item % nchunks);
                 let (c0, nc) = (k * cb, cb.min(c - k * cb));
@@ -518,15 +515,15 @@ impl<T: Element> Kernel<'_, T> {
                     odo.advance();
                 }
                 let offs = &offs[..lp];
-                gather_tile(self.dy, offs.iter().map(|o| o.0), g.csd, nc, &mut bufd, row, d_chan_inner);
+                gather_tile(self.dy, offs.iter().map(|o| o.0), g.csd, nc, bufd, row, d_chan_inner);
                 if XMU {
-                    gather_tile(self.x, offs.iter().map(|o| o.1), g.csx, nc, &mut bufx, row, x_chan_inner);
+                    gather_tile(self.x, offs.iter().map(|o| o.1), g.csx, nc, bufx, row, x_chan_inner);
                 }
                 let xs = if XMU { &bufx[..] } else { &bufd[..] };
                 let o = off(item) - base;
                 for ci in 0..nc {
                     let run = [(ci * row, ci * row, lp)];
-                    let (sd, sm) = lanes::sum_runs::<T, XMU>(self.isa, false, &bufd, xs, run, self.mean[c0 + ci]);
+                    let (sd, sm) = lanes::sum_runs::<T, XMU>(self.isa, false, bufd, xs, run, self.mean[c0 + ci]);
                     pd[o + ci] = sd;
                     if XMU {
                         pm[o + ci] = sm;
@@ -536,7 +533,7 @@ impl<T: Element> Kernel<'_, T> {
         })?;
         let (pd, pm) = parts.split_at(n_parts);
         let fold =
-            |p: &[f64]| host::try_collect(c, (0..c).map(|ch| p[ch..].iter().step_by(c).fold(0.0, |a, &v| a + v)));
+            |p: &[f64]| host::scratch_collect(c, (0..c).map(|ch| p[ch..].iter().step_by(c).fold(0.0, |a, &v| a + v)));
         Ok(ChannelSums { sum_dy: fold(pd)?, sum_dy_xmu: XMU.then(|| fold(pm)).transpose()? })
     }
 }
@@ -652,7 +649,7 @@ where
     }
     type Chunk<'a> = Mutex<Option<(Range<usize>, &'a mut [f64], &'a mut [f64])>>;
     let (mut rest_d, mut rest_m) = (pd, pm);
-    let jobs: Vec<Chunk<'_>> = host::try_collect(
+    let jobs: Scratch<Chunk<'_>> = host::scratch_collect(
         chunks,
         (0..chunks).map(|t| {
             let (i0, i1) = (n_items * t / chunks, n_items * (t + 1) / chunks);

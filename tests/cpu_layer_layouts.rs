@@ -1,9 +1,7 @@
-//! The fused, cache-resident channel-block path of the CPU BatchNorm kernels
-//! (`ops::batch_norm` / `ops::batch_norm_backward` through `nn::BatchNorm`) and its fallback, the
-//! separate passes, against an f64 reference on random data: channels just under and just over
-//! the block threshold ([`cpu::set_fused_block_bytes`]), NCHW, a padded batch stride (fused),
-//! channels-last and an element-strided view (the passes), f32/f16/bf16, and 1/2/3 threads
-//! bit-identical. Tolerances as `tests/nn_batch_norm.rs`: f32 1e-5 (forward) and 1e-4
+//! The CPU BatchNorm kernels' layouts (`ops::batch_norm` / `ops::batch_norm_backward` through
+//! `nn::BatchNorm`: the statistics pass, then the element-wise pass) against an f64 reference on
+//! random data: NCHW, a padded batch stride, channels-last and an element-strided view,
+//! f32/f16/bf16, and 1/2/3 threads bit-identical. Tolerances as `tests/nn_batch_norm.rs`: f32 1e-5 (forward) and 1e-4
 //! (backward) of the largest magnitude, f16 4e-3 / 8e-3, bf16 3e-2 / 6e-2.
 
 mod common;
@@ -14,7 +12,7 @@ use ascend::nn::BatchNorm;
 use ascend::{cpu, Context, DType, Tensor};
 use common::{assert_scaled, bits, read, Data, Rng};
 
-/// The threshold and the thread count are process-wide: one case at a time.
+/// The thread count is process-wide: one case at a time.
 static LOCK: Mutex<()> = Mutex::new(());
 
 const EPS: f64 = 1e-5;
@@ -47,7 +45,7 @@ fn reference(x: &[f64], dy: &[f64], shape: &[usize], w: &[f64], b: &[f64]) -> ([
 #[derive(Clone, Copy, Debug)]
 enum Layout {
     Nchw,
-    /// NCHW with two spare channels' worth of storage between batches (channel-major: fused).
+    /// NCHW with two spare channels' worth of storage between batches.
     PaddedBatch,
     /// Channels-last (the passes).
     ChannelsLast,
@@ -119,64 +117,47 @@ fn step(ctx: &Context, shape: &[usize], dtype: DType, layout: Layout, seed: u64)
     [&y, &g.input, gw, gb, rm, rv].iter().map(|t| bits(&s, t)).collect()
 }
 
-/// Every layout and threshold of `dtype` on 1, 2 and 3 threads: right, and the same bits for
-/// any thread count.
+/// Every layout of `dtype` on 1, 2 and 3 threads: right, and the same bits for any thread
+/// count.
 fn check(dtype: DType) {
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let ctx = Context::cpu();
     // 20 channels of 4·12·12 elements: several blocks of 3 channels and one of 2.
     let shape = [4usize, 20, 12, 12];
-    let channel_bytes = 4 * 144 * dtype.size_in_bytes();
-    let previous = cpu::fused_block_bytes();
-    // Everything fused; the forward fused and the backward (which reads dy and x) not; a channel
-    // one byte over the threshold (the passes); the passes only.
-    let thresholds = [usize::MAX, channel_bytes, channel_bytes - 1, 0];
     let layouts = [Layout::Nchw, Layout::PaddedBatch, Layout::ChannelsLast, Layout::Spread];
     for (k, layout) in layouts.into_iter().enumerate() {
-        for threshold in thresholds {
-            cpu::set_fused_block_bytes(threshold);
-            let mut first: Option<Bits> = None;
-            for threads in [1, 2, 3] {
-                cpu::set_max_threads(threads);
-                let got = step(&ctx, &shape, dtype, layout, 40 + k as u64);
-                match &first {
-                    None => first = Some(got),
-                    Some(want) => {
-                        assert!(*want == got, "{dtype:?} {layout:?} threshold {threshold}: {threads} threads differ")
-                    }
-                }
+        let mut first: Option<Bits> = None;
+        for threads in [1, 2, 3] {
+            cpu::set_max_threads(threads);
+            let got = step(&ctx, &shape, dtype, layout, 40 + k as u64);
+            match &first {
+                None => first = Some(got),
+                Some(want) => assert!(*want == got, "{dtype:?} {layout:?}: {threads} threads differ"),
             }
         }
     }
     cpu::set_max_threads(0);
-    cpu::set_fused_block_bytes(previous);
 }
 
 #[test]
-fn fused_and_passes_f32() {
+fn layouts_f32() {
     check(DType::F32);
 }
 
 #[test]
-fn fused_and_passes_f16() {
+fn layouts_f16() {
     check(DType::F16);
 }
 
 #[test]
-fn fused_and_passes_bf16() {
+fn layouts_bf16() {
     check(DType::BF16);
 }
 
-/// A larger channel-major case with odd sizes on a 640 KiB budget (the fused path with 1 KiB+
-/// segments), and the same one on the passes.
+/// A larger channel-major case with odd sizes (runs of 323 elements).
 #[test]
-fn fused_odd_sizes() {
+fn odd_sizes() {
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let ctx = Context::cpu();
-    let shape = [3usize, 37, 17, 19];
-    let previous = cpu::set_fused_block_bytes(640 << 10);
-    step(&ctx, &shape, DType::F32, Layout::Nchw, 7);
-    cpu::set_fused_block_bytes(0);
-    step(&ctx, &shape, DType::F32, Layout::Nchw, 7);
-    cpu::set_fused_block_bytes(previous);
+    step(&ctx, &[3usize, 37, 17, 19], DType::F32, Layout::Nchw, 7);
 }
