@@ -1,6 +1,6 @@
 //! The CPU engine: the ranks are threads of this process and meet in memory.
 //!
-//! Each collective is a rendezvous: rank r's n-th collective waits in slot n until every rank has
+//! Each collective is a rendezvous: rank r's n-th collective waits in a slot until every rank has
 //! brought its n-th collective, which must be the same kind with the same count, dtype and op
 //! (or root). The last rank to arrive computes the result, so every rank receives the same bits:
 //! float reductions in f64 in rank order, rounded once to the dtype; i32 reductions in wrapping
@@ -8,6 +8,10 @@
 //! or a rank that does not arrive within the timeout fails the collective on every rank and
 //! breaks the group: later collectives fail at once (as a real communicator would have to be
 //! rebuilt).
+//!
+//! The group keeps its buffers from one collective to the next (each rank's contribution buffer,
+//! two slots' tables and results; a buffer over 16 MiB is released after its collective), so a
+//! steady loop of collectives makes no heap allocation.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::{hccl_error, ReduceOp, HCCL_ROOT_BYTES};
 use crate::cpu::host::{try_collect, try_vec};
-use crate::dtype::{bf16, f16, DType, SliceMut, SliceRef};
+use crate::dtype::{bf16, bf16_from_f64, f16, f16_from_f64, DType, SliceMut, SliceRef};
 use crate::error::{Error, Result};
 use crate::tensor::{Storage, Tensor};
 
@@ -351,9 +355,9 @@ fn store(t: &mut Tensor, wide: bool, out: &[f64]) {
     match h.as_slice_mut() {
         SliceMut::F32(d) if wide => put(d, offset, out, |x| x as f32),
         SliceMut::F32(d) => put(d, offset, out, |x| f32::from_bits(x as u32)),
-        SliceMut::F16(d) if wide => put(d, offset, out, f16::from_f64),
+        SliceMut::F16(d) if wide => put(d, offset, out, f16_from_f64),
         SliceMut::F16(d) => put(d, offset, out, |x| f16::from_bits(x as u16)),
-        SliceMut::BF16(d) if wide => put(d, offset, out, bf16::from_f64),
+        SliceMut::BF16(d) if wide => put(d, offset, out, bf16_from_f64),
         SliceMut::BF16(d) => put(d, offset, out, |x| bf16::from_bits(x as u16)),
         SliceMut::I32(d) => put(d, offset, out, |x| x as i32),
     }
@@ -563,6 +567,39 @@ mod tests {
 
     fn tensor<T: Element>(s: &Stream, v: &[T]) -> Tensor {
         Tensor::from_slice(s, v, &[v.len()]).unwrap()
+    }
+
+    /// A float all-reduce is rounded once from its f64 result: 1 + 2^-11 + 2^-24 (three f16
+    /// ranks) lies just above the tie between 1 and 1 + 2^-10, so it rounds up; rounding after
+    /// dropping the low bits (half's `from_f64`) would see the tie and round to even (1). The same
+    /// for bf16 with 1 + 2^-8 + 2^-40.
+    #[test]
+    fn float_sums_are_rounded_once() {
+        fn sum<T: Element>(values: [f64; 3]) -> T {
+            let ranks = init_all(3, Duration::from_secs(600)).unwrap();
+            let got: Vec<T> = std::thread::scope(|scope| {
+                let threads: Vec<_> = ranks
+                    .into_iter()
+                    .zip(values)
+                    .map(|(rank, v)| {
+                        scope.spawn(move || {
+                            let s = Context::cpu().new_stream().unwrap();
+                            let mut t = tensor(&s, &[T::from_f64(v)]);
+                            rank.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+                            let out = t.to_vec::<T>(&s).unwrap()[0];
+                            drop(rank);
+                            out
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            assert!(got.iter().all(|g| *g == got[0]), "every rank gets the same bits");
+            got[0]
+        }
+        let tie = |bits: i32| 2f64.powi(-bits);
+        assert_eq!(sum::<f16>([1.0, tie(11), tie(24)]), f16::from_f64_const(1.0 + tie(10)));
+        assert_eq!(sum::<bf16>([1.0, tie(8), tie(40)]), bf16::from_f64_const(1.0 + tie(7)));
     }
 
     /// One group runs collectives of changing kinds, dtypes and sizes (growing and shrinking,
