@@ -265,19 +265,22 @@ fn hold<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
 #[test]
 fn sync_step_over_two_ranks_allocates_nothing() {
     let _serial = serial();
-    let ctx = Context::cpu();
     let mut failures = Vec::new();
     for &(dtype, cl, shape) in CASES {
         for threads in [1, 2] {
             cpu::set_max_threads(threads);
-            let comms = Communicator::init_all(&[ctx.clone(), ctx.clone()]).unwrap();
+            // A context per rank (a device per rank): each its own memory cache, as one shared
+            // by two ranks would need more blocks whenever their steps interleave differently.
+            let contexts = [Context::cpu(), Context::cpu()];
+            let comms = Communicator::init_all(&contexts).unwrap();
             // Warmed up | counter on | steps done | counter off.
             let [ready, on, done, off] = [(); 4].map(|()| Barrier::new(comms.len() + 1));
             let n = std::thread::scope(|s| {
                 let ranks: Vec<_> = comms
                     .into_iter()
-                    .map(|comm| {
-                        let (ctx, ready, on, done, off) = (&ctx, &ready, &on, &done, &off);
+                    .zip(&contexts)
+                    .map(|(comm, ctx)| {
+                        let (ready, on, done, off) = (&ready, &on, &done, &off);
                         s.spawn(move || {
                             let warm = hold(|| {
                                 let mut case = case_of(dtype, ctx, shape, cl, comm);
