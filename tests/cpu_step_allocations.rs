@@ -4,14 +4,16 @@
 //! class of `benches/cpu_step.rs` (NCHW long runs, NCHW short runs, `[N, C, 1, 1]`,
 //! channels-last, tiny), on 1 and 2 threads. The counted step's outputs must equal the first
 //! step's bit for bit (the reused scratch changes nothing), and making a tensor is counted (so
-//! the counter is live). Its own test binary: one test, so no other test allocates meanwhile.
-//!
-//! The SyncBatchNorm path over one CPU rank is `sync_step_allocates_nothing`, ignored: the CPU
-//! communicator's collectives (`src/hccl/cpu.rs`) and the gather operator's host tables still
-//! allocate (17 calls a step).
+//! the counter is live). The same for a SyncBatchNorm step (`sync_batch_norm` forward +
+//! backward: the CPU communicator's all-gather and all-reduce, which reuse their buffers, and the
+//! gather operator, whose tables are scratch) over one CPU rank, and over two ranks (threads)
+//! whose steps are counted together. Its own test binary, whose tests take turns (`serial`), so
+//! no other test allocates while one counts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex, MutexGuard};
 
 use ascend::hccl::Communicator;
 use ascend::nn::BatchNorm;
@@ -65,6 +67,12 @@ fn allocations<R>(f: impl FnOnce() -> R) -> (u64, R) {
     (ALLOCATIONS.load(Ordering::SeqCst), r)
 }
 
+/// Holds the other tests of this binary off (they count process-wide and set the thread count).
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The bench's cases, smaller batches (the same kernel paths).
 const CASES: &[(&str, bool, &[usize])] = &[
     ("f32", false, &[2, 64, 56, 56]),
@@ -108,11 +116,11 @@ struct Case {
 }
 
 impl Case {
-    fn new<T: Element>(ctx: &Context, shape: &[usize], cl: bool) -> Case {
+    /// A case on rank `comm` (its data depends on the rank).
+    fn on<T: Element>(ctx: &Context, shape: &[usize], cl: bool, comm: Communicator) -> Case {
         let stream = ctx.new_stream().unwrap();
-        let comm = Communicator::init_all(std::slice::from_ref(ctx)).unwrap().remove(0);
         let n: usize = shape.iter().product();
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (u64::from(comm.rank()) << 32);
         let mut next = || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -177,6 +185,27 @@ fn values(stream: &Stream, outs: &[Tensor; 4]) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// A case of `dtype` on `comm`.
+fn case_of(dtype: &str, ctx: &Context, shape: &[usize], cl: bool, comm: Communicator) -> Case {
+    match dtype {
+        "f32" => Case::on::<f32>(ctx, shape, cl, comm),
+        "f16" => Case::on::<f16>(ctx, shape, cl, comm),
+        _ => Case::on::<bf16>(ctx, shape, cl, comm),
+    }
+}
+
+/// Runs the first and the warm-up steps of `case`; the first step's outputs.
+fn warm_up(case: &mut Case, step: fn(&mut Case) -> [Tensor; 4]) -> Vec<Vec<f64>> {
+    let first = step(case);
+    let want = values(&case.stream, &first);
+    drop(first);
+    for _ in 0..WARM {
+        drop(step(case));
+    }
+    case.stream.synchronize().unwrap();
+    want
+}
+
 /// Every case on 1 and 2 threads: the steady step's allocation calls, and its outputs equal to
 /// the first step's. Returns `(case, allocations)` for each case with allocations.
 fn run(step: fn(&mut Case) -> [Tensor; 4]) -> Vec<String> {
@@ -185,18 +214,9 @@ fn run(step: fn(&mut Case) -> [Tensor; 4]) -> Vec<String> {
     for &(dtype, cl, shape) in CASES {
         for threads in [1, 2] {
             cpu::set_max_threads(threads);
-            let mut case = match dtype {
-                "f32" => Case::new::<f32>(&ctx, shape, cl),
-                "f16" => Case::new::<f16>(&ctx, shape, cl),
-                _ => Case::new::<bf16>(&ctx, shape, cl),
-            };
-            let first = step(&mut case);
-            let want = values(&case.stream, &first);
-            drop(first);
-            for _ in 0..WARM {
-                drop(step(&mut case));
-            }
-            case.stream.synchronize().unwrap();
+            let comm = Communicator::init_all(std::slice::from_ref(&ctx)).unwrap().remove(0);
+            let mut case = case_of(dtype, &ctx, shape, cl, comm);
+            let want = warm_up(&mut case, step);
             let (n, outs) = allocations(|| {
                 let outs = step(&mut case);
                 case.stream.synchronize().unwrap();
@@ -216,6 +236,7 @@ fn run(step: fn(&mut Case) -> [Tensor; 4]) -> Vec<String> {
 
 #[test]
 fn layer_step_allocates_nothing() {
+    let _serial = serial();
     // The counter is live: making a tensor allocates (its storage block, first time).
     let ctx = Context::cpu();
     let stream = ctx.new_stream().unwrap();
@@ -226,8 +247,80 @@ fn layer_step_allocates_nothing() {
 }
 
 #[test]
-#[ignore = "the CPU communicator's collectives and the gather operator still allocate (17 calls a step)"]
 fn sync_step_allocates_nothing() {
+    let _serial = serial();
     let failures = run(Case::sync);
     assert!(failures.is_empty(), "steady SyncBatchNorm steps allocated:\n{}", failures.join("\n"));
+}
+
+/// `f`'s result or its panic, which a rank raises again only after the barriers it shares with
+/// the others (else they would wait for it forever).
+fn hold<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    catch_unwind(AssertUnwindSafe(f))
+}
+
+/// Two ranks (threads of this test) step together; the counted window holds both ranks' steady
+/// step (the ranks start it after the counter is on and the counter stops after both finished),
+/// whose outputs must equal each rank's first step's.
+#[test]
+fn sync_step_over_two_ranks_allocates_nothing() {
+    let _serial = serial();
+    let mut failures = Vec::new();
+    for &(dtype, cl, shape) in CASES {
+        for threads in [1, 2] {
+            cpu::set_max_threads(threads);
+            // A context per rank (a device per rank): each its own memory cache, as one shared
+            // by two ranks would need more blocks whenever their steps interleave differently.
+            let contexts = [Context::cpu(), Context::cpu()];
+            let comms = Communicator::init_all(&contexts).unwrap();
+            // Warmed up | counter on | steps done | counter off.
+            let [ready, on, done, off] = [(); 4].map(|()| Barrier::new(comms.len() + 1));
+            let n = std::thread::scope(|s| {
+                let ranks: Vec<_> = comms
+                    .into_iter()
+                    .zip(&contexts)
+                    .map(|(comm, ctx)| {
+                        let (ready, on, done, off) = (&ready, &on, &done, &off);
+                        s.spawn(move || {
+                            let warm = hold(|| {
+                                let mut case = case_of(dtype, ctx, shape, cl, comm);
+                                let want = warm_up(&mut case, Case::sync);
+                                (case, want)
+                            });
+                            ready.wait();
+                            on.wait();
+                            let stepped = warm.map(|(mut case, want)| {
+                                let outs = hold(|| {
+                                    let outs = case.sync();
+                                    case.stream.synchronize().unwrap();
+                                    outs
+                                });
+                                (case, want, outs)
+                            });
+                            done.wait();
+                            off.wait();
+                            let (case, want, outs) = stepped.unwrap_or_else(|p| resume_unwind(p));
+                            let outs = outs.unwrap_or_else(|p| resume_unwind(p));
+                            values(&case.stream, &outs) == want
+                        })
+                    })
+                    .collect();
+                ready.wait();
+                let (n, ()) = allocations(|| {
+                    on.wait();
+                    done.wait();
+                });
+                off.wait();
+                for (rank, same) in ranks.into_iter().map(|r| r.join().unwrap()).enumerate() {
+                    assert!(same, "{dtype} cl={cl} {shape:?} {threads} threads: rank {rank}'s steady step changed");
+                }
+                n
+            });
+            if n > 0 {
+                failures.push(format!("{dtype} cl={cl} {shape:?} {threads} threads: {n} allocations"));
+            }
+        }
+    }
+    cpu::set_max_threads(0);
+    assert!(failures.is_empty(), "steady SyncBatchNorm steps over two ranks allocated:\n{}", failures.join("\n"));
 }

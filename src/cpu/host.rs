@@ -63,17 +63,6 @@ pub(crate) fn try_collect<T>(n: usize, values: impl IntoIterator<Item = T>) -> R
     Ok(v)
 }
 
-/// The elements of a validated host tensor in row-major order, widened exactly to f64 (empty for a
-/// device tensor), or [`Error::HostAlloc`] for more than the host can hold.
-pub(crate) fn values(t: &Tensor) -> Result<Vec<f64>> {
-    let Some(v) = t.as_host_view() else {
-        return Ok(Vec::new());
-    };
-    let mut out = try_with_capacity(t.numel())?;
-    v.for_each_f64(|x| out.push(x));
-    Ok(out)
-}
-
 /// [`try_with_capacity`] in a reused [`Scratch`] block: the kernels' per-call tables, so that a
 /// steady loop makes no heap allocation.
 pub(crate) fn scratch_with_capacity<T>(n: usize) -> Result<Scratch<T>> {
@@ -94,7 +83,8 @@ pub(crate) fn scratch_collect<T>(n: usize, values: impl IntoIterator<Item = T>) 
     Ok(v)
 }
 
-/// [`values`] into a [`Scratch`] block.
+/// The elements of a validated host tensor in row-major order, widened exactly to f64 (empty for a
+/// device tensor), in a [`Scratch`] block, or [`Error::HostAlloc`] for more than the host can hold.
 pub(crate) fn scratch_values(t: &Tensor) -> Result<Scratch<f64>> {
     let Some(v) = t.as_host_view() else {
         return Ok(Scratch::new());

@@ -3,6 +3,7 @@
 //! update ([`update_running`], which `batch_norm`'s kernel shares).
 
 use crate::cpu::host;
+use crate::cpu::scratch::Scratch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -18,7 +19,7 @@ struct Global {
 /// The operator's math in f64 over host values: `mean`, `invstd` row-major `[W, C]`, `counts`
 /// `[W]`. Two passes per channel: the weighted mean, then the spread around it.
 /// Sums start at +0 (`fold(0.0, ..)`), as CANN's do: Rust's float `Sum` starts at −0.
-fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> Result<Vec<Global>> {
+fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> Result<Scratch<Global>> {
     let n = counts.iter().fold(0.0, |a, &v| a + v);
     let channel = |ch: usize| {
         let rows = || counts.iter().enumerate().map(move |(j, &nj)| (nj, mean[j * c + ch], invstd[j * c + ch]));
@@ -29,7 +30,7 @@ fn combine(c: usize, mean: &[f64], invstd: &[f64], counts: &[f64], eps: f64) -> 
         });
         Global { mean: m, invstd: 1.0 / (var_n / n + eps).sqrt(), unbiased_var: var_n / (n - 1.0) }
     };
-    host::try_collect(c, (0..c).map(channel))
+    host::scratch_collect(c, (0..c).map(channel))
 }
 
 /// Whether every rank is one and the same row: W > 1 ranks over stride 0 in mean, invstd and
@@ -39,10 +40,10 @@ fn one_broadcast_row(ranks: usize, [mean, invstd, counts]: [&Tensor; 3]) -> bool
 }
 
 /// Row 0 of a validated host `[W, C]` tensor, widened exactly to f64.
-fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Vec<f64>> {
+fn first_row(t: &Tensor, name: &'static str, c: usize) -> Result<Scratch<f64>> {
     let data = host::view(t, name)?.storage();
     let (offset, stride) = (t.offset(), t.strides().get(1).copied().unwrap_or(0));
-    host::try_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
+    host::scratch_collect(c, (0..c).map(|ch| data.get_f64(offset + ch * stride)))
 }
 
 /// Runs a validated call over host tensors: `mean`, `invstd` `[ranks, c]`, `counts` `[ranks]`,
@@ -68,14 +69,17 @@ pub(super) fn run(
         let weighted = [ranks as f64 * n[0]];
         combine(c, &first_row(mean, "mean", c)?, &first_row(invstd, "invstd", c)?, &weighted, eps)?
     } else {
-        let (m, i, n) = (host::values(mean)?, host::values(invstd)?, host::values(counts)?);
+        let (m, i, n) = (host::scratch_values(mean)?, host::scratch_values(invstd)?, host::scratch_values(counts)?);
         if m.len() != ranks * c || i.len() != m.len() || n.len() != ranks {
             return Err(Error::internal("mean: a device tensor reached the CPU backend"));
         }
         combine(c, &m, &i, &n, eps)?
     };
     // Everything that may fail comes before the first write.
-    let old = running.as_ref().map(|(rm, rv)| Ok::<_, Error>((host::values(rm)?, host::values(rv)?))).transpose()?;
+    let old = running
+        .as_ref()
+        .map(|(rm, rv)| Ok::<_, Error>((host::scratch_values(rm)?, host::scratch_values(rv)?)))
+        .transpose()?;
     host::write_vector(mean_all, "meanAll", g.iter().map(|g| g.mean))?;
     host::write_vector(invstd_all, "invstdAll", g.iter().map(|g| g.invstd))?;
     if let (Some((rm, rv)), Some((old_m, old_v))) = (running, old) {
