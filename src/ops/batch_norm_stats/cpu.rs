@@ -67,8 +67,10 @@ const MIN_ROW_LANES: usize = 64;
 const MAX_SUPER_ROW: usize = 1024;
 /// About this many elements per work item of the channels-last path.
 const ROW_TILE_ELEMS: usize = 1 << 18;
-/// Fewest input bytes each thread must get before another thread is used.
-pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Fewest input bytes each thread must get before another thread is used. The persistent pool's
+/// helpers join a call within microseconds, so a half-precision [8,256,28,28] (3 MiB) or
+/// [16,64,56,56] (6 MiB) input is worth two threads (it took one below 4 MiB per thread).
+pub(crate) const MIN_BYTES_PER_THREAD: usize = 512 << 10;
 /// Most contiguous pieces of one block of the channel-major path (runs of at least [`MIN_RUN`]).
 const BLOCK_SEGMENTS: usize = BLOCK / MIN_RUN + 2;
 /// Channels per item of the short-runs path.
@@ -156,7 +158,7 @@ fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: u
     match input.data {
         SliceRef::F32(s) => Kernel::new(isa, input, s, Some, None).run(threads, min_bytes),
         SliceRef::F16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes),
-        SliceRef::BF16(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_bf16)).run(threads, min_bytes),
         SliceRef::I32(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
     }
 }
@@ -255,7 +257,12 @@ impl<'a, T: Element> Kernel<'a, T> {
         if self.c == 0 || self.empty {
             return host::scratch_vec(self.c, Moments::default());
         }
-        let threads = if threads == 0 { pool::cores() } else { threads };
+        // 0: the process's limit (`cpu::set_max_threads`), itself 0 for every core.
+        let threads = match (threads, crate::cpu::max_threads()) {
+            (0, 0) => pool::cores(),
+            (0, m) => m,
+            (t, _) => t,
+        };
         let bytes = self.r.saturating_mul(self.c).saturating_mul(std::mem::size_of::<T>());
         let threads = threads.min((bytes / min_bytes.max(1)).max(1));
         match self.path() {
@@ -667,6 +674,25 @@ isa_dispatch! {
     x86_64: runs_f16_f16c, avx2 = "avx2,f16c", avx512 = "avx512f,avx2,f16c";
 }
 
+isa_dispatch! {
+    /// One pass over bf16 runs, widening as it reads (a shift per value, vectorised for each
+    /// instruction set); `None` when not [`one_pass_ok`], as [`runs_one_pass_f16`].
+    fn runs_one_pass_bf16(slices: &[&[half::bf16]]) -> Option<Moments>;
+    portable: runs_bf16_any;
+    x86_64: runs_bf16_any, avx2 = "avx2", avx512 = "avx512f,avx512bw,avx2";
+}
+
+/// [`runs_one_pass_bf16`]: the bits of each value shifted up (exact).
+#[inline(always)]
+fn runs_bf16_any(slices: &[&[half::bf16]]) -> Option<Moments> {
+    let one = |v: half::bf16| f32::from_bits(u32::from(v.to_bits()) << 16);
+    runs_one_pass_with(slices, one, |c, t| {
+        for (t, &c) in t.iter_mut().zip(c) {
+            *t = one(c);
+        }
+    })
+}
+
 /// [`runs_one_pass_f16`] converting one value at a time.
 #[inline(always)]
 fn runs_f16_portable(slices: &[&[half::f16]]) -> Option<Moments> {
@@ -960,7 +986,7 @@ fn rows_core(RowBlock { m, stride, lanes, full, last }: RowBlock<'_>, s: &mut Ro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::f16;
+    use crate::dtype::{bf16, f16};
 
     /// Row-major strides.
     fn strides(shape: &[usize]) -> Vec<usize> {
@@ -1115,6 +1141,15 @@ mod tests {
         }
         // in place (f32), converted as read (f16): the lanes follow the data, so the same bits
         assert_eq!(a, b);
+        // bf16 likewise (its one pass widens as it reads too)
+        let h: Vec<bf16> = d.iter().map(|&v| bf16::from_f32(v)).collect();
+        let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let input = Input::new(SliceRef::BF16(&h), &shape, &st, 0);
+        let b = channel_moments(Input::new(SliceRef::F32(&w), &shape, &st, 0), 2).unwrap();
+        assert_eq!(channel_moments(input, 2).unwrap(), b);
+        for isa in Isa::supported() {
+            assert_eq!(channel_moments_with(isa, input, 3, 1).unwrap(), b, "{isa:?}");
+        }
     }
 
     /// A block gives the same bits however it is cut into slices (one pass and two passes).
