@@ -79,10 +79,6 @@ const TILE_CHANNELS: usize = 16;
 thread_local! {
     /// The short-runs path's per-channel buffers (kept by each thread, grown when needed).
     static TILE_BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// The channel-major path's block buffer, for blocks that are widened before they are summed
-    /// (made once per thread at its largest size; a zeroed array on the stack cost a third of
-    /// the f16 pass at [8,256,28,28], where no block needs it).
-    static BLOCK_BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The rows path's block buffer (made once per thread at its largest size).
     static ROW_BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -322,6 +318,10 @@ impl<'a, T: Element> Kernel<'a, T> {
             let mut segs: Inline<(usize, usize), BLOCK_SEGMENTS> = Inline::new();
             let mut slices: Inline<&[f32], BLOCK_SEGMENTS> = Inline::new();
             let mut runs: Inline<&[T], BLOCK_SEGMENTS> = Inline::new();
+            // The buffer of the blocks that are widened before they are summed, zeroed when the
+            // item first needs it (zeroing 8 KiB per item cost a third of the f16 pass at
+            // [8,256,28,28], where no block needs it).
+            let mut buffer: Option<[f32; BLOCK + LANES]> = None;
             let mut acc = Moments::default();
             for b in k * ITEM_BLOCKS..nb.min((k + 1) * ITEM_BLOCKS) {
                 let (start, len) = block(b);
@@ -353,26 +353,26 @@ impl<'a, T: Element> Kernel<'a, T> {
                             });
                             match fused {
                                 Some(m) => m,
-                                None => with_block_buffer(len, |buf| {
+                                None => {
+                                    let buf = &mut buffer.get_or_insert([0f32; BLOCK + LANES])[..len];
                                     let mut done = 0;
                                     for &(s, n) in &segs {
                                         self.widen(&self.data[s..s + n], &mut buf[done..done + n]);
                                         done += n;
                                     }
                                     runs_block(self.isa, &[buf])
-                                }),
+                                }
                             }
                         }
                     }
                 } else {
-                    with_block_buffer(len, |buf| {
-                        let mut o = Odometer::new(dims, start, [base]);
-                        for v in buf.iter_mut() {
-                            *v = self.data[o.pos[0]].to_f32();
-                            o.advance();
-                        }
-                        runs_block(self.isa, &[buf])
-                    })
+                    let buf = &mut buffer.get_or_insert([0f32; BLOCK + LANES])[..len];
+                    let mut o = Odometer::new(dims, start, [base]);
+                    for v in buf.iter_mut() {
+                        *v = self.data[o.pos[0]].to_f32();
+                        o.advance();
+                    }
+                    runs_block(self.isa, &[buf])
                 };
                 acc = acc.merge(m);
             }
@@ -527,18 +527,6 @@ impl<'a, T: Element> Kernel<'a, T> {
         });
         host::scratch_collect(c, channels)
     }
-}
-
-/// Runs `f` on the first `len` (at most `BLOCK + LANES`) values of this thread's block buffer.
-fn with_block_buffer<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    BLOCK_BUFFER.with_borrow_mut(|buf| {
-        if buf.len() < BLOCK + LANES {
-            // bounded: BLOCK + LANES (2080) values, once per thread.
-            #[allow(clippy::disallowed_methods)]
-            buf.resize(BLOCK + LANES, 0.0);
-        }
-        f(&mut buf[..len])
-    })
 }
 
 /// lcm(c, 8).
