@@ -85,6 +85,22 @@ fn bf16(isa: Isa, s: &[half::bf16], d: &mut [f32]) {
 /// with the slice conversions, 1.60 ms with these (bf16 1.75-1.80 → 1.61 ms).
 pub(crate) const LANES: usize = 256;
 
+/// `$avx2` or `$avx512` (x86-64 lane functions, `unsafe` for their CPU features) for those sets,
+/// else `$other`.
+macro_rules! by_isa {
+    ($isa:expr, $avx2:expr, $avx512:expr, $other:expr) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only produced after checking AVX2, FMA and F16C.
+            Isa::Avx2 => unsafe { $avx2 },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only produced after checking AVX-512 F/BW/VL on top of those.
+            Isa::Avx512 => unsafe { $avx512 },
+            _ => $other,
+        }
+    };
+}
+
 /// Widens the [`LANES`] values of `src` from `pos` into `out`, exactly (the bits of [`widen`]).
 /// Meant to be inlined into a kernel built for `isa`.
 #[inline(always)]
@@ -93,27 +109,12 @@ pub(crate) fn widen_lanes(isa: Isa, src: SliceRef<'_>, pos: usize, out: &mut [f3
         SliceRef::F32(s) => out.copy_from_slice(&s[pos..pos + LANES]),
         SliceRef::F16(s) => {
             let s = &s[pos..pos + LANES];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx2` is only produced after checking AVX2 and F16C.
-                Isa::Avx2 => unsafe { x86::f16_lanes_avx2(s, out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx512` is only produced after checking AVX-512 F/BW/VL (and F16C).
-                Isa::Avx512 => unsafe { x86::f16_lanes_avx512(s, out) },
-                _ => out.iter_mut().zip(s).for_each(|(o, v)| *o = v.to_f32()),
-            }
+            // Elsewhere `half`'s slice conversion (hardware conversions where it finds them).
+            by_isa!(isa, x86::f16_lanes_avx2(s, out), x86::f16_lanes_avx512(s, out), s.convert_to_f32_slice(out))
         }
         SliceRef::BF16(s) => {
             let s = &s[pos..pos + LANES];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx2` is only produced after checking AVX2.
-                Isa::Avx2 => unsafe { x86::bf16_lanes_avx2(s, out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx512` is only produced after checking AVX-512 F/BW/VL.
-                Isa::Avx512 => unsafe { x86::bf16_lanes_avx512(s, out) },
-                _ => bf16_any(s, out),
-            }
+            by_isa!(isa, x86::bf16_lanes_avx2(s, out), x86::bf16_lanes_avx512(s, out), bf16_any(s, out))
         }
         SliceRef::I32(s) => out.iter_mut().zip(&s[pos..pos + LANES]).for_each(|(o, &v)| *o = v as f32),
     }
@@ -128,27 +129,18 @@ pub(crate) fn narrow_lanes(isa: Isa, v: &[f32; LANES], out: &mut SliceMut<'_>, p
         SliceMut::F32(s) => s[pos..pos + LANES].copy_from_slice(v),
         SliceMut::F16(s) => {
             let d = &mut s[pos..pos + LANES];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx2` is only produced after checking AVX2 and F16C.
-                Isa::Avx2 => unsafe { x86::narrow_f16_lanes_avx2(v, d) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx512` is only produced after checking AVX-512 F/BW/VL (and F16C).
-                Isa::Avx512 => unsafe { x86::narrow_f16_lanes_avx512(v, d) },
-                _ => d.iter_mut().zip(v).for_each(|(o, &v)| *o = half::f16::from_f32(v)),
-            }
+            by_isa!(
+                isa,
+                x86::narrow_f16_lanes_avx2(v, d),
+                x86::narrow_f16_lanes_avx512(v, d),
+                d.convert_from_f32_slice(v)
+            )
         }
         SliceMut::BF16(s) => {
             let d = &mut s[pos..pos + LANES];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx2` is only produced after checking AVX2.
-                Isa::Avx2 => unsafe { x86::narrow_bf16_lanes_avx2(v, d) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx512` is only produced after checking AVX-512 F/BW/VL.
-                Isa::Avx512 => unsafe { x86::narrow_bf16_lanes_avx512(v, d) },
-                _ => d.iter_mut().zip(v).for_each(|(o, &v)| *o = half::bf16::from_bits(bf16_bits(v))),
-            }
+            let other =
+                |d: &mut [half::bf16]| d.iter_mut().zip(v).for_each(|(o, &v)| *o = half::bf16::from_bits(bf16_bits(v)));
+            by_isa!(isa, x86::narrow_bf16_lanes_avx2(v, d), x86::narrow_bf16_lanes_avx512(v, d), other(d))
         }
         SliceMut::I32(s) => s[pos..pos + LANES].iter_mut().zip(v).for_each(|(o, &v)| *o = v.round() as i32),
     }
@@ -190,108 +182,88 @@ mod x86 {
         _MM_FROUND_TO_NEAREST_INT,
     };
 
-    /// [`super::LANES`] f16 to f32, 8 per F16C conversion, each stored as one AVX2 vector.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C.
-    #[inline(always)]
-    pub(super) unsafe fn f16_lanes_avx2(s: &[half::f16], d: &mut [f32; LANES]) {
-        let s = &s[..LANES];
-        for k in (0..LANES).step_by(8) {
-            // SAFETY: k + 8 ≤ LANES: 8 f16 (16 bytes) readable from `s` and 8 f32 writable in
-            // `d` at k; unaligned accesses. The caller has F16C.
-            unsafe {
-                let h = _mm_loadu_si128(s.as_ptr().add(k).cast::<__m128i>());
-                _mm256_storeu_ps(d.as_mut_ptr().add(k), _mm256_cvtph_ps(h));
+    /// `$name(s, d)`: [`LANES`] values of `s` converted into `d`, `$w` at a time by `$step(p, q)`
+    /// (convert the `$w` values at `p`, store them at `q`), each with one vector store of the
+    /// kernel's width. `unsafe`: the CPU must support `$needs`.
+    macro_rules! lanes_fn {
+        ($(#[$doc:meta])* $name:ident($s:ty => $d:ty), $w:literal, $needs:literal, $step:expr) => {
+            $(#[$doc])*
+            ///
+            /// # Safety
+            #[doc = concat!("The CPU must support ", $needs, ".")]
+            #[inline(always)]
+            pub(super) unsafe fn $name(s: &[$s], d: &mut [$d]) {
+                let (s, d) = (&s[..LANES], &mut d[..LANES]);
+                for k in (0..LANES).step_by($w) {
+                    // SAFETY: k + $w ≤ LANES: $w values readable from `s` and writable in `d`
+                    // at k (unaligned accesses); the CPU features from the caller.
+                    unsafe { $step(s.as_ptr().add(k), d.as_mut_ptr().add(k)) }
+                }
             }
-        }
+        };
     }
 
-    /// [`super::LANES`] f16 to f32, 16 per conversion, each stored as one AVX-512 vector.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512 F.
-    #[inline(always)]
-    pub(super) unsafe fn f16_lanes_avx512(s: &[half::f16], d: &mut [f32; LANES]) {
-        let s = &s[..LANES];
-        for k in (0..LANES).step_by(16) {
-            // SAFETY: k + 16 ≤ LANES: 16 f16 (32 bytes) readable from `s` and 16 f32 writable in
-            // `d` at k; unaligned accesses. The caller has AVX-512 F.
-            unsafe {
-                let h = _mm256_loadu_si256(s.as_ptr().add(k).cast::<__m256i>());
-                _mm512_storeu_ps(d.as_mut_ptr().add(k), _mm512_cvtph_ps(h));
-            }
+    lanes_fn!(
+        /// f16 to f32, 8 per F16C conversion.
+        f16_lanes_avx2(half::f16 => f32), 8, "AVX2 and F16C",
+        |p: *const half::f16, q: *mut f32| _mm256_storeu_ps(q, _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())))
+    );
+    lanes_fn!(
+        /// f16 to f32, 16 per AVX-512 conversion.
+        f16_lanes_avx512(half::f16 => f32), 16, "AVX-512 F",
+        |p: *const half::f16, q: *mut f32| _mm512_storeu_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>())))
+    );
+    lanes_fn!(
+        /// bf16 to f32 (zero-extended, shifted up), 8 per AVX2 vector.
+        bf16_lanes_avx2(half::bf16 => f32), 8, "AVX2",
+        |p: *const half::bf16, q: *mut f32| {
+            let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>())));
+            _mm256_storeu_si256(q.cast::<__m256i>(), w)
         }
-    }
+    );
+    lanes_fn!(
+        /// bf16 to f32 (zero-extended, shifted up), 16 per AVX-512 vector.
+        bf16_lanes_avx512(half::bf16 => f32), 16, "AVX-512 F",
+        |p: *const half::bf16, q: *mut f32| {
+            let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast::<__m256i>())));
+            _mm512_storeu_si512(q.cast::<__m512i>(), w)
+        }
+    );
+    lanes_fn!(
+        /// f32 to f16 (round to nearest even), 8 per F16C conversion.
+        narrow_f16_lanes_avx2(f32 => half::f16), 8, "AVX2 and F16C",
+        |p: *const f32, q: *mut half::f16| {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(p));
+            _mm_storeu_si128(q.cast::<__m128i>(), h)
+        }
+    );
+    lanes_fn!(
+        /// f32 to f16 (round to nearest even), 16 per AVX-512 conversion.
+        narrow_f16_lanes_avx512(f32 => half::f16), 16, "AVX-512 F",
+        |p: *const f32, q: *mut half::f16| {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_loadu_ps(p));
+            _mm256_storeu_si256(q.cast::<__m256i>(), h)
+        }
+    );
 
-    /// [`super::LANES`] bf16 to f32 (zero-extended, shifted up), 8 per AVX2 vector.
+    /// f32 bits (8 lanes) to bf16 bits as [`super::bf16_bits`] rounds them, in the low 16 bits
+    /// of each lane. An `#[inline(always)]` fn, not a closure: a closure's body is compiled
+    /// without the caller's features, and its intrinsics became calls (25 times slower).
     ///
     /// # Safety
     /// The CPU must support AVX2.
     #[inline(always)]
-    pub(super) unsafe fn bf16_lanes_avx2(s: &[half::bf16], d: &mut [f32; LANES]) {
-        let s = &s[..LANES];
-        for k in (0..LANES).step_by(8) {
-            // SAFETY: k + 8 ≤ LANES: 8 bf16 (16 bytes) readable from `s` and 8 f32 (32 bytes)
-            // writable in `d` at k; unaligned accesses. The caller has AVX2.
-            unsafe {
-                let h = _mm_loadu_si128(s.as_ptr().add(k).cast::<__m128i>());
-                let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                _mm256_storeu_si256(d.as_mut_ptr().add(k).cast::<__m256i>(), w);
-            }
-        }
-    }
-
-    /// [`super::LANES`] bf16 to f32 (zero-extended, shifted up), 16 per AVX-512 vector.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512 F.
-    #[inline(always)]
-    pub(super) unsafe fn bf16_lanes_avx512(s: &[half::bf16], d: &mut [f32; LANES]) {
-        let s = &s[..LANES];
-        for k in (0..LANES).step_by(16) {
-            // SAFETY: k + 16 ≤ LANES: 16 bf16 (32 bytes) readable from `s` and 16 f32 (64
-            // bytes) writable in `d` at k; unaligned accesses. The caller has AVX-512 F.
-            unsafe {
-                let h = _mm256_loadu_si256(s.as_ptr().add(k).cast::<__m256i>());
-                let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
-                _mm512_storeu_si512(d.as_mut_ptr().add(k).cast::<__m512i>(), w);
-            }
-        }
-    }
-
-    /// [`super::LANES`] f32 to f16 (round to nearest even), 8 per F16C conversion.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C.
-    #[inline(always)]
-    pub(super) unsafe fn narrow_f16_lanes_avx2(s: &[f32; LANES], d: &mut [half::f16]) {
-        let d = &mut d[..LANES];
-        for k in (0..LANES).step_by(8) {
-            // SAFETY: k + 8 ≤ LANES: 8 f32 readable from `s` and 8 f16 (16 bytes) writable in
-            // `d` at k; unaligned accesses. The caller has F16C.
-            unsafe {
-                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr().add(k)));
-                _mm_storeu_si128(d.as_mut_ptr().add(k).cast::<__m128i>(), h);
-            }
-        }
-    }
-
-    /// [`super::LANES`] f32 to f16 (round to nearest even), 16 per AVX-512 conversion.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512 F.
-    #[inline(always)]
-    pub(super) unsafe fn narrow_f16_lanes_avx512(s: &[f32; LANES], d: &mut [half::f16]) {
-        let d = &mut d[..LANES];
-        for k in (0..LANES).step_by(16) {
-            // SAFETY: k + 16 ≤ LANES: 16 f32 readable from `s` and 16 f16 (32 bytes) writable in
-            // `d` at k; unaligned accesses. The caller has AVX-512 F.
-            unsafe {
-                let v = _mm512_loadu_ps(s.as_ptr().add(k));
-                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-                _mm256_storeu_si256(d.as_mut_ptr().add(k).cast::<__m256i>(), h);
-            }
+    unsafe fn bf16_bits_avx2(x: __m256i) -> __m256i {
+        // SAFETY: AVX2 register operations only; the caller has AVX2.
+        unsafe {
+            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+            let rounded =
+                _mm256_srli_epi32::<16>(_mm256_add_epi32(x, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))));
+            let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x40));
+            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+            let is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+            // Both below 2^16: the 16-bit pack keeps them whole.
+            _mm256_and_si256(_mm256_blendv_epi8(rounded, nan, is_nan), _mm256_set1_epi32(0xFFFF))
         }
     }
 
@@ -302,23 +274,12 @@ mod x86 {
     #[inline(always)]
     pub(super) unsafe fn narrow_bf16_lanes_avx2(s: &[f32; LANES], d: &mut [half::bf16]) {
         let d = &mut d[..LANES];
-        // SAFETY: AVX2 register operations only; the caller has AVX2.
-        let bits = |x: __m256i| unsafe {
-            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-            let rounded =
-                _mm256_srli_epi32::<16>(_mm256_add_epi32(x, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))));
-            let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x40));
-            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
-            let is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
-            // Both below 2^16: the 16-bit pack keeps them whole.
-            _mm256_and_si256(_mm256_blendv_epi8(rounded, nan, is_nan), _mm256_set1_epi32(0xFFFF))
-        };
         for k in (0..LANES).step_by(16) {
             // SAFETY: k + 16 ≤ LANES: 16 f32 readable from `s` and 16 bf16 (32 bytes) writable
             // in `d` at k; unaligned accesses. The caller has AVX2.
             unsafe {
-                let a = bits(_mm256_loadu_si256(s.as_ptr().add(k).cast::<__m256i>()));
-                let b = bits(_mm256_loadu_si256(s.as_ptr().add(k + 8).cast::<__m256i>()));
+                let a = bf16_bits_avx2(_mm256_loadu_si256(s.as_ptr().add(k).cast::<__m256i>()));
+                let b = bf16_bits_avx2(_mm256_loadu_si256(s.as_ptr().add(k + 8).cast::<__m256i>()));
                 // packus interleaves the 128-bit halves: a0 b0 a1 b1 → a0 a1 b0 b1.
                 let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b));
                 _mm256_storeu_si256(d.as_mut_ptr().add(k).cast::<__m256i>(), p);
@@ -440,19 +401,23 @@ mod tests {
         b.iter().map(|v| f32::from_bits(u32::from(v.to_bits()) << 16)).collect()
     }
 
+    /// `n` f32 of random bit patterns (xorshift32 from `seed`).
+    fn random_bits(mut x: u32, n: usize) -> impl Iterator<Item = f32> {
+        (0..n).map(move |_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            f32::from_bits(x)
+        })
+    }
+
     /// f32 → f16 gives `f16::from_f32`'s bits on every instruction set and length (ties, the
     /// overflow boundary, subnormals, NaN and random bit patterns).
     #[test]
     fn narrowing_to_f16_is_from_f32_on_every_isa() {
-        let mut x = 0x2545_F491u32;
         let values: Vec<f32> = [0.0f32, -0.0, 1.0, 65504.0, 65520.0, 1e-8, -6e-8, f32::INFINITY, f32::NAN]
             .into_iter()
-            .chain((0..5000).map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                f32::from_bits(x)
-            }))
+            .chain(random_bits(0x2545_F491, 5000))
             .collect();
         let want: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
         for isa in Isa::supported() {
@@ -473,17 +438,11 @@ mod tests {
         let all: Vec<u16> = (0..=u16::MAX).collect();
         let h: Vec<f16> = all.iter().map(|&b| f16::from_bits(b)).collect();
         let b: Vec<bf16> = all.iter().map(|&b| bf16::from_bits(b)).collect();
-        let mut x = 0x9E37_79B9u32;
         let values: Vec<f32> = [0.0f32, -0.0, 1.0, 65504.0, 65520.0, 1e-8, -6e-8, 1e-40, f32::INFINITY, f32::NAN]
             .into_iter()
             .chain((0..1 << 10).map(|k| f32::from_bits(0x3F80_8000 + (k << 16)))) // bf16 ties
             .chain((0..1 << 10).map(|k| f32::from_bits(0x3F80_1000 + (k << 13)))) // f16 ties
-            .chain((0..20_000).map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                f32::from_bits(x)
-            }))
+            .chain(random_bits(0x9E37_79B9, 20_000))
             .collect();
         for isa in Isa::supported() {
             for pos in (0..all.len() - LANES).step_by(LANES - 3) {
