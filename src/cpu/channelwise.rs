@@ -6,9 +6,11 @@
 //! tensor allows it (never across the channel dim), so the innermost loop is as long as possible:
 //! contiguous NCHW gives runs of `H·W` elements of one channel, channels-last gives rows of `C`
 //! consecutive channels. Each run is processed in blocks of [`BLOCK`] elements: every input is
-//! widened to f32 into a buffer ([`widen`](super::widen): F16C for f16 where present),
-//! `f` maps the buffers to an f32 output block, and the block is narrowed (round to nearest even)
-//! into the output. `f` sees whole blocks with the channel pattern of the block: one channel (it
+//! widened to f32 into a buffer ([`widen`](super::widen): F16C for f16 where present; a whole
+//! contiguous block with f16 or bf16 in or out by [`widen_lanes`](super::widen::widen_lanes) and
+//! [`narrow_lanes`](super::widen::narrow_lanes), vector code of the kernel's width), `f` maps the
+//! buffers to an f32 output block, and the block is narrowed (round to nearest even) into the
+//! output. `f` sees whole blocks with the channel pattern of the block: one channel (it
 //! hoists that channel's constants) or a window of a [`tile`]d per-channel array (consecutive
 //! channels, or short channels-last rows one after the other), so its loop vectorises.
 //!

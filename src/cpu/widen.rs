@@ -1,10 +1,13 @@
-//! The one slice widening of the CPU kernels: f32, f16, bf16 (and i32) values into f32, exactly.
+//! The one slice widening of the CPU kernels: f32, f16, bf16 (and i32) values into f32, exactly,
+//! and the block conversions of the channel-wise maps.
 //!
 //! Every kernel that cannot convert in registers as it reads (the stats kernel's buffers, the
-//! channel-wise maps' blocks, the reduce-backward kernel's portable path) widens through here.
-//! f16 takes F16C on x86-64 (8 values per instruction; also on AVX-512 CPUs, where the 512-bit
-//! conversion measured slower), bf16 is a 16-bit shift that the compiler vectorises for the
-//! chosen instruction set. The conversions are exact, so every [`Isa`] gives the same bits.
+//! channel-wise maps' short blocks, the reduce-backward kernel's portable path) widens through
+//! here. f16 takes F16C on x86-64 (8 values per instruction; also on AVX-512 CPUs, where the
+//! 512-bit conversion measured slower on AMD Zen 4), bf16 is a 16-bit shift that the compiler
+//! vectorises for the chosen instruction set. [`widen_lanes`] and [`narrow_lanes`] convert a
+//! whole block of a map with explicit vector code of the kernel's own width (see [`LANES`]). The
+//! conversions are exact (narrowing: round to nearest even), so every [`Isa`] gives the same bits.
 
 use half::slice::HalfFloatSliceExt;
 
@@ -81,7 +84,7 @@ fn bf16(isa: Isa, s: &[half::bf16], d: &mut [f32]) {
 /// kernel's vector loads of the array are forwarded from stores of their own size (a 512-bit
 /// load over two 256-bit stores stalls until they leave the store buffer), and bf16 is converted
 /// by explicit vector code rather than by a loop the compiler may leave scalar. Measured on an
-/// Intel Xeon (AVX-512, 2 vCPUs) one layer step of f16 [8,256,28,28], one thread: 1.85-1.97 ms
+/// Intel Xeon (AVX-512, 2 vCPUs) one layer step of f16 `[8,256,28,28]`, one thread: 1.85-1.97 ms
 /// with the slice conversions, 1.60 ms with these (bf16 1.75-1.80 → 1.61 ms).
 pub(crate) const LANES: usize = 256;
 

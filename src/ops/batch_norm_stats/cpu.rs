@@ -68,8 +68,8 @@ const MAX_SUPER_ROW: usize = 1024;
 /// About this many elements per work item of the channels-last path.
 const ROW_TILE_ELEMS: usize = 1 << 18;
 /// Fewest input bytes each thread must get before another thread is used. The persistent pool's
-/// helpers join a call within microseconds, so a half-precision [8,256,28,28] (3 MiB) or
-/// [16,64,56,56] (6 MiB) input is worth two threads (it took one below 4 MiB per thread).
+/// helpers join a call within microseconds, so a half-precision `[8,256,28,28]` (3 MiB) or
+/// `[16,64,56,56]` (6 MiB) input is worth two threads (it took one below 4 MiB per thread).
 pub(crate) const MIN_BYTES_PER_THREAD: usize = 512 << 10;
 /// Most contiguous pieces of one block of the channel-major path (runs of at least [`MIN_RUN`]).
 const BLOCK_SEGMENTS: usize = BLOCK / MIN_RUN + 2;
@@ -738,7 +738,7 @@ fn runs_f16_f16c(slices: &[&[half::f16]]) -> Option<Moments> {
 
 /// One f16 to f32 with F16C (exact): the values a run leaves over a whole number of [`LANES`]
 /// (`half`'s `to_f32` checks the CPU on every call, which made those few values a fifth of the
-/// pass for [8,256,28,28]).
+/// pass for `[8,256,28,28]`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn one_f16c(v: half::f16) -> f32 {
