@@ -6,9 +6,11 @@
 //! tensor allows it (never across the channel dim), so the innermost loop is as long as possible:
 //! contiguous NCHW gives runs of `H·W` elements of one channel, channels-last gives rows of `C`
 //! consecutive channels. Each run is processed in blocks of [`BLOCK`] elements: every input is
-//! widened to f32 into a buffer ([`widen`](super::widen): F16C for f16 where present),
-//! `f` maps the buffers to an f32 output block, and the block is narrowed (round to nearest even)
-//! into the output. `f` sees whole blocks with the channel pattern of the block: one channel (it
+//! widened to f32 into a buffer ([`widen`](super::widen): F16C for f16 where present; a whole
+//! contiguous block with f16 or bf16 in or out by [`widen_lanes`](super::widen::widen_lanes) and
+//! [`narrow_lanes`](super::widen::narrow_lanes), vector code of the kernel's width), `f` maps the
+//! buffers to an f32 output block, and the block is narrowed (round to nearest even) into the
+//! output. `f` sees whole blocks with the channel pattern of the block: one channel (it
 //! hoists that channel's constants) or a window of a [`tile`]d per-channel array (consecutive
 //! channels, or short channels-last rows one after the other), so its loop vectorises.
 //!
@@ -25,8 +27,8 @@ use super::{dims, pool, widen};
 use crate::dtype::{SliceMut, SliceRef};
 use crate::layout::Strided;
 
-/// Elements per block handed to the map function.
-pub(crate) const BLOCK: usize = 256;
+/// Elements per block handed to the map function: the chunk of the in-register conversions.
+pub(crate) const BLOCK: usize = widen::LANES;
 /// Elements per parallel chunk (fixed: the split never depends on the thread count).
 pub(crate) const CHUNK: usize = 1 << 15;
 /// Below this many bytes read and written, one thread runs the whole map.
@@ -131,7 +133,7 @@ pub(crate) fn map<const K: usize, F: BlockFn<K>>(
         srcs.iter().map(|s| s.data.dtype().size_in_bytes()).sum::<usize>() + dst.data.dtype().size_in_bytes();
     let bytes = numel.saturating_mul(element_bytes);
     let dst_offset = dst.layout.offset;
-    let m = Map { dims: &dims, srcs: &srcs, dst_offset, f };
+    let m = Map { dims: &dims, srcs: &srcs, dst_offset, f, isa: Isa::detect() };
     if !dense || bytes < PARALLEL_BYTES {
         let mut out = Part { data: dst.data, base: 0 };
         run_range(&m, &mut out, 0, numel);
@@ -211,6 +213,8 @@ struct Map<'m, 'a, const K: usize, F> {
     srcs: &'m [Src<'a>; K],
     dst_offset: usize,
     f: &'m F,
+    /// The instruction set the walk was built for.
+    isa: Isa,
 }
 
 /// Part of the output storage: `data` holds storage positions `base..base + len`.
@@ -278,7 +282,7 @@ walk_for!(run_range_avx2, "avx2,fma,f16c", "[`walk`] built for AVX2.");
 /// The body of [`run_range`], inlined into each instruction set's build.
 #[inline(always)]
 fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>, lo: usize, hi: usize) {
-    let &Map { dims, srcs, dst_offset, f } = m;
+    let &Map { dims, srcs, dst_offset, f, isa } = m;
     let rank = dims.len();
     let inner = dims[rank - 1];
     let channel_dim = dims.iter().position(|d| d.channel);
@@ -293,6 +297,14 @@ fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>
     }
     let mut bufs = [[0f32; BLOCK]; K];
     let mut result = [0f32; BLOCK];
+    // Half precision read or written along contiguous runs: whole blocks are converted by
+    // `widen::widen_lanes` / `narrow_lanes` (f32 alone is read and written in place below).
+    let is_half = |d: crate::DType| matches!(d, crate::DType::F16 | crate::DType::BF16);
+    let float = |d: crate::DType| d != crate::DType::I32;
+    let fused = inner.dst == 1
+        && float(out.data.dtype())
+        && (0..K).all(|k| inner.src[k] == 1 && float(srcs[k].data.dtype()))
+        && (is_half(out.data.dtype()) || (0..K).any(|k| is_half(srcs[k].data.dtype())));
     let mut e = lo;
     while e < hi {
         let mut src_pos: [usize; K] = std::array::from_fn(|k| srcs[k].layout.offset);
@@ -308,12 +320,6 @@ fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>
         let mut done = 0;
         while done < run {
             let n = BLOCK.min(run - done);
-            // Contiguous f32 inputs are read in place, the others widened into their buffer.
-            for k in 0..K {
-                if direct(srcs[k].data, inner.src[k]).is_none() {
-                    load(srcs[k].data, src_pos[k] + done * inner.src[k], inner.src[k], &mut bufs[k][..n]);
-                }
-            }
             let channels = match channel_dim {
                 Some(c) if c == rank - 1 && inner.period > 0 => {
                     Channels::Cyclic { first: (start + done) % inner.period, period: inner.period }
@@ -322,11 +328,28 @@ fn walk<const K: usize, F: BlockFn<K>>(m: &Map<'_, '_, K, F>, out: &mut Part<'_>
                 Some(c) => Channels::Fixed(idx[c]),
                 None => Channels::Fixed(0),
             };
+            let at = dst_pos + done * inner.dst;
+            if fused && n == BLOCK {
+                // A whole block with half precision in or out: widened and narrowed in vectors
+                // of the kernel's own width (see `widen::LANES`).
+                for k in 0..K {
+                    widen::widen_lanes(isa, srcs[k].data, src_pos[k] + done, &mut bufs[k]);
+                }
+                f.block(&std::array::from_fn(|k| &bufs[k][..]), &mut result, channels);
+                widen::narrow_lanes(isa, &result, &mut out.data, at - out.base);
+                done += n;
+                continue;
+            }
+            // Contiguous f32 inputs are read in place, the others widened into their buffer.
+            for k in 0..K {
+                if direct(srcs[k].data, inner.src[k]).is_none() {
+                    load(srcs[k].data, src_pos[k] + done * inner.src[k], inner.src[k], &mut bufs[k][..n]);
+                }
+            }
             let inputs: [&[f32]; K] = std::array::from_fn(|k| match direct(srcs[k].data, inner.src[k]) {
                 Some(s) => &s[src_pos[k] + done..src_pos[k] + done + n],
                 None => &bufs[k][..n],
             });
-            let at = dst_pos + done * inner.dst;
             match &mut out.data {
                 // A contiguous f32 output is written in place.
                 SliceMut::F32(s) if inner.dst == 1 => {
@@ -386,7 +409,7 @@ fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
         SliceMut::F16(s) if stride == 1 => widen::narrow_f16(Isa::detect(), values, &mut s[at..at + n]),
         SliceMut::BF16(s) if stride == 1 => {
             for (o, &v) in s[at..at + n].iter_mut().zip(values) {
-                *o = half::bf16::from_bits(bf16_bits(v));
+                *o = half::bf16::from_bits(widen::bf16_bits(v));
             }
         }
         SliceMut::F32(s) => values.iter().enumerate().for_each(|(i, &v)| s[at + i * stride] = v),
@@ -396,23 +419,10 @@ fn store(values: &[f32], out: &mut Part<'_>, pos: usize, stride: usize) {
     }
 }
 
-/// `v` rounded to nearest even into bf16 bits (NaN stays NaN, quietened), as `bf16::from_f32`
-/// does but without branches, so that loops over it vectorise.
-#[inline(always)]
-fn bf16_bits(v: f32) -> u16 {
-    let x = v.to_bits();
-    let rounded = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;
-    let nan = ((x >> 16) | 0x40) as u16;
-    if x & 0x7FFF_FFFF > 0x7F80_0000 {
-        nan
-    } else {
-        rounded
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::widen::bf16_bits;
     use crate::dtype::{bf16, f16};
 
     /// y = 10·x + channel over `shape` with the given layouts, on `threads` threads.

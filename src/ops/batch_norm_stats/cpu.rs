@@ -67,8 +67,10 @@ const MIN_ROW_LANES: usize = 64;
 const MAX_SUPER_ROW: usize = 1024;
 /// About this many elements per work item of the channels-last path.
 const ROW_TILE_ELEMS: usize = 1 << 18;
-/// Fewest input bytes each thread must get before another thread is used.
-pub(crate) const MIN_BYTES_PER_THREAD: usize = 4 << 20;
+/// Fewest input bytes each thread must get before another thread is used. The persistent pool's
+/// helpers join a call within microseconds, so a half-precision `[8,256,28,28]` (3 MiB) or
+/// `[16,64,56,56]` (6 MiB) input is worth two threads (it took one below 4 MiB per thread).
+pub(crate) const MIN_BYTES_PER_THREAD: usize = 512 << 10;
 /// Most contiguous pieces of one block of the channel-major path (runs of at least [`MIN_RUN`]).
 const BLOCK_SEGMENTS: usize = BLOCK / MIN_RUN + 2;
 /// Channels per item of the short-runs path.
@@ -156,7 +158,7 @@ fn channel_moments_with(isa: Isa, input: Input<'_>, threads: usize, min_bytes: u
     match input.data {
         SliceRef::F32(s) => Kernel::new(isa, input, s, Some, None).run(threads, min_bytes),
         SliceRef::F16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_f16)).run(threads, min_bytes),
-        SliceRef::BF16(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
+        SliceRef::BF16(s) => Kernel::new(isa, input, s, |_| None, Some(runs_one_pass_bf16)).run(threads, min_bytes),
         SliceRef::I32(s) => Kernel::new(isa, input, s, |_| None, None).run(threads, min_bytes),
     }
 }
@@ -255,7 +257,12 @@ impl<'a, T: Element> Kernel<'a, T> {
         if self.c == 0 || self.empty {
             return host::scratch_vec(self.c, Moments::default());
         }
-        let threads = if threads == 0 { pool::cores() } else { threads };
+        // 0: the process's limit (`cpu::set_max_threads`), itself 0 for every core.
+        let threads = match (threads, crate::cpu::max_threads()) {
+            (0, 0) => pool::cores(),
+            (0, m) => m,
+            (t, _) => t,
+        };
         let bytes = self.r.saturating_mul(self.c).saturating_mul(std::mem::size_of::<T>());
         let threads = threads.min((bytes / min_bytes.max(1)).max(1));
         match self.path() {
@@ -308,10 +315,13 @@ impl<'a, T: Element> Kernel<'a, T> {
             let base = self.offset + ch * self.cs;
             // A block is at most BLOCK + LANES positions in runs of at least MIN_RUN (or one
             // piece of a longer run): bounded tables on the stack.
-            let mut buf = [0f32; BLOCK + LANES];
             let mut segs: Inline<(usize, usize), BLOCK_SEGMENTS> = Inline::new();
             let mut slices: Inline<&[f32], BLOCK_SEGMENTS> = Inline::new();
             let mut runs: Inline<&[T], BLOCK_SEGMENTS> = Inline::new();
+            // The buffer of the blocks that are widened before they are summed, zeroed when the
+            // item first needs it (zeroing 8 KiB per item cost a third of the f16 pass at
+            // [8,256,28,28], where no block needs it).
+            let mut buffer: Option<[f32; BLOCK + LANES]> = None;
             let mut acc = Moments::default();
             for b in k * ITEM_BLOCKS..nb.min((k + 1) * ITEM_BLOCKS) {
                 let (start, len) = block(b);
@@ -344,7 +354,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                             match fused {
                                 Some(m) => m,
                                 None => {
-                                    let buf = &mut buf[..len];
+                                    let buf = &mut buffer.get_or_insert([0f32; BLOCK + LANES])[..len];
                                     let mut done = 0;
                                     for &(s, n) in &segs {
                                         self.widen(&self.data[s..s + n], &mut buf[done..done + n]);
@@ -356,7 +366,7 @@ impl<'a, T: Element> Kernel<'a, T> {
                         }
                     }
                 } else {
-                    let buf = &mut buf[..len];
+                    let buf = &mut buffer.get_or_insert([0f32; BLOCK + LANES])[..len];
                     let mut o = Odometer::new(dims, start, [base]);
                     for v in buf.iter_mut() {
                         *v = self.data[o.pos[0]].to_f32();
@@ -667,6 +677,48 @@ isa_dispatch! {
     x86_64: runs_f16_f16c, avx2 = "avx2,f16c", avx512 = "avx512f,avx2,f16c";
 }
 
+isa_dispatch! {
+    /// One pass over bf16 runs, widening as it reads (a shift per value, vectorised for each
+    /// instruction set); `None` when not [`one_pass_ok`], as [`runs_one_pass_f16`].
+    fn runs_one_pass_bf16(slices: &[&[half::bf16]]) -> Option<Moments>;
+    portable: runs_bf16_any;
+    x86_64: runs_bf16_any, avx2 = "avx2", avx512 = "avx512f,avx512bw,avx2";
+}
+
+/// [`runs_one_pass_bf16`]: the bits of each value shifted up (exact).
+#[inline(always)]
+fn runs_bf16_any(slices: &[&[half::bf16]]) -> Option<Moments> {
+    let one = |v: half::bf16| f32::from_bits(u32::from(v.to_bits()) << 16);
+    runs_one_pass_with(slices, one, |c, t| {
+        prefetch_ahead(c);
+        for (t, &c) in t.iter_mut().zip(c) {
+            *t = one(c);
+        }
+    })
+}
+
+/// Bytes ahead of a one-pass chunk that [`prefetch_ahead`] asks for.
+const PREFETCH_BYTES: usize = 2048;
+
+/// Asks for the cache line [`PREFETCH_BYTES`] past the chunk `c` (x86-64; past the end of a
+/// run that is the next channel's run, which the same thread reads next on NCHW data): the
+/// runs of a channel are short and far apart, which the hardware prefetcher follows badly.
+#[inline(always)]
+fn prefetch_ahead<T>(c: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = c.as_ptr().cast::<i8>().wrapping_add(PREFETCH_BYTES);
+        // The intrinsic is safe on newer compilers, unsafe on rust-version 1.89.
+        #[allow(unused_unsafe)]
+        // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = c;
+}
+
 /// [`runs_one_pass_f16`] converting one value at a time.
 #[inline(always)]
 fn runs_f16_portable(slices: &[&[half::f16]]) -> Option<Moments> {
@@ -681,7 +733,18 @@ fn runs_f16_portable(slices: &[&[half::f16]]) -> Option<Moments> {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn runs_f16_f16c(slices: &[&[half::f16]]) -> Option<Moments> {
-    runs_one_pass_with(slices, half::f16::to_f32, cvt32_f16c)
+    runs_one_pass_with(slices, one_f16c, cvt32_f16c)
+}
+
+/// One f16 to f32 with F16C (exact): the values a run leaves over a whole number of [`LANES`]
+/// (`half`'s `to_f32` checks the CPU on every call, which made those few values a fifth of the
+/// pass for `[8,256,28,28]`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn one_f16c(v: half::f16) -> f32 {
+    use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
+    // SAFETY: register operations only; only inlined into functions compiled with F16C.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(v.to_bits())))) }
 }
 
 /// 32 f16 to f32 with F16C (exact).
@@ -690,6 +753,7 @@ fn runs_f16_f16c(slices: &[&[half::f16]]) -> Option<Moments> {
 fn cvt32_f16c(c: &[half::f16], t: &mut [f32; LANES]) {
     use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
     let c = &c[..LANES];
+    prefetch_ahead(c);
     for k in 0..LANES / 8 {
         // SAFETY: `c` holds 32 f16, so 8 (16 bytes) are readable at 8·k; `t` holds 32 f32, so 8
         // are writable at 8·k; the accesses are unaligned ones. Only inlined into functions
@@ -960,7 +1024,7 @@ fn rows_core(RowBlock { m, stride, lanes, full, last }: RowBlock<'_>, s: &mut Ro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::f16;
+    use crate::dtype::{bf16, f16};
 
     /// Row-major strides.
     fn strides(shape: &[usize]) -> Vec<usize> {
@@ -1115,6 +1179,15 @@ mod tests {
         }
         // in place (f32), converted as read (f16): the lanes follow the data, so the same bits
         assert_eq!(a, b);
+        // bf16 likewise (its one pass widens as it reads too)
+        let h: Vec<bf16> = d.iter().map(|&v| bf16::from_f32(v)).collect();
+        let w: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let input = Input::new(SliceRef::BF16(&h), &shape, &st, 0);
+        let b = channel_moments(Input::new(SliceRef::F32(&w), &shape, &st, 0), 2).unwrap();
+        assert_eq!(channel_moments(input, 2).unwrap(), b);
+        for isa in Isa::supported() {
+            assert_eq!(channel_moments_with(isa, input, 3, 1).unwrap(), b, "{isa:?}");
+        }
     }
 
     /// A block gives the same bits however it is cut into slices (one pass and two passes).
