@@ -697,16 +697,15 @@ fn runs_bf16_any(slices: &[&[half::bf16]]) -> Option<Moments> {
     })
 }
 
-/// Bytes ahead of a one-pass chunk that [`prefetch_ahead`] asks for.
-const PREFETCH_BYTES: usize = 2048;
-
-/// Asks for the cache line [`PREFETCH_BYTES`] past the chunk `c` (x86-64; past the end of a
+/// Asks for the cache line `PREFETCH_BYTES` (2 KiB) past the chunk `c` (x86-64; past the end of a
 /// run that is the next channel's run, which the same thread reads next on NCHW data): the
 /// runs of a channel are short and far apart, which the hardware prefetcher follows badly.
 #[inline(always)]
 fn prefetch_ahead<T>(c: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
+        /// Bytes ahead of a one-pass chunk that the prefetch asks for.
+        const PREFETCH_BYTES: usize = 2048;
         let p = c.as_ptr().cast::<i8>().wrapping_add(PREFETCH_BYTES);
         // The intrinsic is safe on newer compilers, unsafe on rust-version 1.89.
         #[allow(unused_unsafe)]
