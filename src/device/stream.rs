@@ -421,6 +421,11 @@ impl StreamInner {
             // pulled into it (CANN's capture across streams, which this crate never makes).
             return Err(Self::capture_refusal("aclrtRecordEvent"));
         }
+        // Known gap: another thread may begin a capture on `earlier` between this check and the
+        // record below; the record then lands in the capture, this stream is forked into it, and
+        // the capture's end fails (a stream never joined back) with this stream's work since then
+        // captured, not run. Closing it needs the check and the record under `earlier`'s enqueue
+        // lock, with `begin_capture` setting `capturing` under that lock too.
         match earlier.if_live(|raw| EventInner::pooled_on(&self.device, raw)) {
             None => Ok(()),
             Some(event) => self.wait(event?),
