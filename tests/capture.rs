@@ -2,7 +2,8 @@
 //! step (forward and backward, two ranks) replayed N times equals N eager steps bit for bit,
 //! inputs refreshed by copying into the captured tensors and the running statistics updated in
 //! place by every replay; the graph keeps what it uses whatever is dropped first; every call
-//! CANN forbids inside a capture is an error naming it.
+//! CANN forbids inside a capture is an error naming it; a stream ordered after another that a
+//! second thread keeps capturing never joins a capture.
 #![cfg(feature = "mock")]
 
 mod common;
@@ -424,6 +425,120 @@ fn empty_cache_inside_a_capture_is_refused_even_with_nothing_cached() {
         ctx.empty_cache().unwrap();
     }
     drop((x, s, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}
+
+/// Runs `f` until it is not refused for joining a stream being captured (the refusal changes
+/// nothing: `f` is called again, once the other thread's capture has ended).
+fn unless_capturing<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.status() == Some(107024) && e.to_string().contains("aclrtRecordEvent") => {
+                std::thread::yield_now();
+            }
+            r => return r,
+        }
+    }
+}
+
+/// One thread captures on stream `a` again and again (eager work on `a` in between) while another
+/// orders stream `b` after `a`: it copies on `b` from a pinned buffer `a` has just filled, and
+/// uses on `b` the statistics `a` has just computed. The event recorded on `a` for `b` to wait
+/// for never lands in a capture begun meanwhile (which would join `b` to it: the capture's end
+/// refused, and `b`'s later work captured, not run): every capture ends and replays right, every
+/// copy on `b` holds the statistics, and every result computed on `b` is `(z - mean) * invstd`
+/// against an f64 reference. (Ordering is refused while `a` is being captured; the reader then
+/// tries again.)
+#[test]
+fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_capture() {
+    const ROUNDS: usize = 10_000;
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let joined = ascend::mock::capture_stats().joined_streams;
+    let ctx = ascend::mock::context(0).unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(61);
+    let x = input(&a, &mut rng);
+    // Warm-up: cached blocks for the captured work, while the eager work holds some.
+    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
+    drop(warm);
+    a.synchronize().unwrap();
+    let c = SHAPE[1];
+    type Sent = (Tensor, Tensor, ascend::HostBuffer<f32>);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Sent>(4);
+    let (captures, checked) = std::thread::scope(|scope| {
+        let reader = scope.spawn(move || {
+            let mut rng = Rng::new(62);
+            let mut checked = 0;
+            for (mean, invstd, host) in rx {
+                let fail = |what: &str, e: ascend::Error| format!("round {checked}: {what}: {e}");
+                // Ordered after `a` (the host buffer's last user): no lock held by the caller.
+                let mut copied = Tensor::zeros(&b, DType::F32, &[c]).map_err(|e| fail("zeros", e))?;
+                unless_capturing(|| copied.copy_from_host_async(&b, &host)).map_err(|e| fail("copy on b", e))?;
+                // Ordered after `a` (the statistics' last writer): under `a`'s enqueue lock.
+                let z = input(&b, &mut rng);
+                let y = unless_capturing(|| ascend::ops::batch_norm_elemt(&b, &z, None, None, &mean, &invstd, EPS))
+                    .map_err(|e| fail("batch_norm_elemt on b", e))?;
+                let read = |t: &Tensor| t.to_vec::<f32>(&b).map_err(|e| fail("a read on b", e));
+                let (m, v, z, y, copied) = (read(&mean)?, read(&invstd)?, read(&z)?, read(&y)?, read(&copied)?);
+                if copied != m || host.as_slice() != m {
+                    return Err(format!(
+                        "round {checked}: copied {copied:?} and host {:?}, want {m:?}",
+                        host.as_slice()
+                    ));
+                }
+                let inner = SHAPE[2];
+                for (i, (&zi, &yi)) in z.iter().zip(&y).enumerate() {
+                    let ch = (i / inner) % c;
+                    let want = (f64::from(zi) - f64::from(m[ch])) * f64::from(v[ch]);
+                    if (f64::from(yi) - want).abs() > 1e-5 * (1.0 + want.abs()) {
+                        return Err(format!("round {checked}: y[{i}] = {yi}, want {want}"));
+                    }
+                }
+                checked += 1;
+            }
+            Ok::<usize, String>(checked)
+        });
+        let mut rng = Rng::new(63);
+        let mut captures = 0;
+        for round in 0..ROUNDS {
+            let xi = input(&a, &mut rng);
+            let (mean, invstd) = ascend::ops::batch_norm_stats(&a, &xi, EPS).unwrap();
+            drop(xi);
+            let mut host = ascend::HostBuffer::<f32>::new(&ctx, c).unwrap();
+            mean.copy_to_host_async(&a, &mut host).unwrap();
+            if tx.send((mean, invstd, host)).is_err() {
+                break; // the reader failed: its error is reported below
+            }
+            let mut out = None;
+            let graph = a.capture(CaptureMode::ThreadLocal, |a| {
+                out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
+                Ok(())
+            });
+            match graph {
+                Ok(graph) if round % 50 == 0 => {
+                    graph.replay(&a).unwrap();
+                    let (mean, _) = out.unwrap();
+                    let want = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap().0;
+                    assert_eq!(bits(&a, &mean), bits(&a, &want), "round {round}");
+                    captures += 1;
+                }
+                Ok(_) => captures += 1,
+                Err(e) => {
+                    drop(tx);
+                    let reader = reader.join().unwrap();
+                    panic!("round {round}: the capture failed: {e} (reader: {reader:?})");
+                }
+            }
+        }
+        drop(tx);
+        (captures, reader.join().unwrap())
+    });
+    assert_eq!(checked, Ok(ROUNDS));
+    assert_eq!(captures, ROUNDS);
+    assert_eq!(ascend::mock::capture_stats().joined_streams, joined, "no stream joined a capture");
+    drop((x, a, ctx));
     let after = ascend::mock::stats();
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }

@@ -106,13 +106,11 @@ impl Keep {
         let mut st = self.lock();
         if let Some(last) = st.last.clone() {
             if !Arc::ptr_eq(&last, stream) {
-                let _enqueue = last.lock_enqueue();
                 stream.order_after(&last)?;
             }
         }
         for s in std::mem::take(&mut st.touched) {
             if !Arc::ptr_eq(&s, stream) {
-                let _enqueue = s.lock_enqueue();
                 stream.order_after(&s)?;
             }
         }
@@ -133,7 +131,6 @@ impl Keep {
         }
         if let Some(last) = st.last.clone() {
             if !Arc::ptr_eq(&last, stream) {
-                let _enqueue = last.lock_enqueue();
                 stream.order_after(&last)?;
             }
         }

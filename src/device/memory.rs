@@ -502,8 +502,10 @@ fn lock_and_enqueue<const K: usize, T>(
 /// Orders `stream` after every other stream in the locked lists `guards` (of the buffers
 /// `sorted`), each stream once however many buffers it used, and forgets them (`stream` waits
 /// for them from now on). Each earlier stream's event is recorded, and the stream forgotten, under
-/// that stream's enqueue lock (see [`enqueue_using`]). On failure the unordered ones stay listed,
-/// so a buffer's drop still waits for them. Allocates only here, when another stream is involved.
+/// that stream's enqueue lock (see [`enqueue_using`]; a capture begun on it comes after the
+/// record, or refuses it), and waited for by `stream` once that lock is let go. On failure the
+/// unordered ones stay listed (listed again if the wait failed), so a buffer's drop still waits
+/// for them. Allocates only here, when another stream is involved.
 fn order_after_users(
     stream: &Arc<StreamInner>,
     sorted: &[&DeviceBuffer],
@@ -515,13 +517,22 @@ fn order_after_users(
         while let Some(i) = users.iter().position(|s| !Arc::ptr_eq(s, stream)) {
             let earlier = users[i].clone();
             let enqueue = earlier.lock_enqueue();
-            if !ordered.iter().any(|o| Arc::ptr_eq(o, &earlier)) {
-                stream.order_after(&earlier)?;
-                ordered.push(earlier.clone());
-            }
+            let marker = if ordered.iter().any(|o| Arc::ptr_eq(o, &earlier)) {
+                None
+            } else {
+                Some(stream.order_marker(&earlier, &enqueue)?)
+            };
             users.swap_remove(i);
             b.note(users);
             drop(enqueue);
+            let Some(marker) = marker else { continue };
+            // Waited for once `earlier`'s lock is let go (never two streams' enqueue locks).
+            if let Err(e) = marker.map_or(Ok(()), |event| stream.wait(event)) {
+                users.push(earlier);
+                b.note(users);
+                return Err(e);
+            }
+            ordered.push(earlier);
         }
     }
     Ok(())

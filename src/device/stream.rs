@@ -185,17 +185,24 @@ impl StreamInner {
     /// area are set aside, so the capture's executors, workspace and staged uploads are its own
     /// (kept by the graph, never reused by later eager work); returns them for
     /// [`end_capture`](Self::end_capture). The caller then calls `aclmdlRICaptureBegin`.
+    ///
+    /// `capturing` is set under the enqueue lock, as every enqueue and every event recorded for
+    /// another stream to wait for ([`order_marker`](Self::order_marker)) holds it: each either
+    /// comes first (then it is queued before the capture begins) or sees the stream capturing.
+    /// Lock order: the enqueue lock, then `capture`, then the staging area (as an enqueue that
+    /// finds the capture's keep, or stages an upload).
     pub(crate) fn begin_capture(&self, keep: Arc<Keep>) -> Result<Suspended> {
         if *self.released.read().unwrap_or_else(|p| p.into_inner()) {
             return Err(Self::released_error());
         }
+        let mut enqueue = self.lock_enqueue();
         let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
         if capture.is_some() {
             return Err(crate::Error::invalid("stream", "the stream is already being captured"));
         }
         // The capture launches with the stream's workspace (after the work queued before it);
         // the graph keeps it, and eager work after the capture gets a new one.
-        let launches = std::mem::take(&mut self.lock_enqueue().launches);
+        let launches = std::mem::take(&mut enqueue.launches);
         let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()));
         *capture = Some(keep);
         self.capturing.store(true, Ordering::Release);
@@ -204,19 +211,18 @@ impl StreamInner {
 
     /// Ends the capture (after `aclmdlRICaptureEnd`): what the capture used (its launch cache,
     /// workspace and staging area) goes to its keep, and what [`begin_capture`](Self::begin_capture)
-    /// set aside comes back.
+    /// set aside comes back. `capturing` is cleared under the enqueue lock (see `begin_capture`).
     pub(crate) fn end_capture(&self, suspended: Suspended) {
+        let mut enqueue = self.lock_enqueue();
         let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
         let keep = capture.take();
-        let cache = {
-            let mut enqueue = self.lock_enqueue();
-            let launches = std::mem::replace(&mut enqueue.launches, suspended.launches);
-            Enqueue { launches, workspace: enqueue.workspace.take() }
-        };
+        let launches = std::mem::replace(&mut enqueue.launches, suspended.launches);
+        let cache = Enqueue { launches, workspace: enqueue.workspace.take() };
         let staging =
             std::mem::replace(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()), suspended.staging);
         self.capturing.store(false, Ordering::Release);
         drop(capture);
+        drop(enqueue);
         let chunks = CapturedStaging { device: self.device.clone(), chunks: staging.chunks };
         match keep {
             Some(keep) => {
@@ -410,26 +416,35 @@ impl StreamInner {
     }
 
     /// Orders later work on this stream after all work queued so far on `earlier`: an event
-    /// from the pool recorded on `earlier`, waited for by this stream. The host never waits.
-    /// Nothing to do when `earlier` was released (its work has run).
+    /// from the pool recorded on `earlier` under its enqueue lock ([`order_marker`](Self::order_marker)),
+    /// waited for by this stream once that lock is let go (so no thread holds two streams'
+    /// enqueue locks). The host never waits. Nothing to do when `earlier` was released (its work
+    /// has run). The caller holds no stream's enqueue lock.
     pub(crate) fn order_after(&self, earlier: &StreamInner) -> Result<()> {
+        let marker = self.order_marker(earlier, &earlier.lock_enqueue())?;
+        marker.map_or(Ok(()), |event| self.wait(event))
+    }
+
+    /// The first half of [`order_after`](Self::order_after), for a caller that holds `earlier`'s
+    /// enqueue lock (`_held`, what it guards) and passes the event to [`wait`](Self::wait) once it
+    /// has let that lock go: an event from the pool recorded now on `earlier`, or `None` when
+    /// `earlier` was released (its work has run). Refused when either stream is being captured:
+    /// the record would land in `earlier`'s capture and pull this stream, waiting for it, into it
+    /// (CANN's capture across streams, which this crate never makes), or this stream's capture
+    /// would take a wait for an event recorded outside it. The lock makes the check and the record one step for
+    /// [`begin_capture`](Self::begin_capture), which sets `capturing` under it before the caller
+    /// begins the capture.
+    ///
+    /// Under the lock, the event request polls the pool but never drops a parked foreign owner
+    /// (their deleters may come back into this crate: see `EventPool::take`).
+    pub(crate) fn order_marker(&self, earlier: &StreamInner, _held: &Enqueue) -> Result<Option<Arc<EventInner>>> {
         if self.capturing() {
             return Err(Self::capture_refusal("aclrtStreamWaitEvent"));
         }
         if earlier.capturing() {
-            // The event would be recorded into the capture, and this stream, waiting for it,
-            // pulled into it (CANN's capture across streams, which this crate never makes).
             return Err(Self::capture_refusal("aclrtRecordEvent"));
         }
-        // Known gap: another thread may begin a capture on `earlier` between this check and the
-        // record below; the record then lands in the capture, this stream is forked into it, and
-        // the capture's end fails (a stream never joined back) with this stream's work since then
-        // captured, not run. Closing it needs the check and the record under `earlier`'s enqueue
-        // lock, with `begin_capture` setting `capturing` under that lock too.
-        match earlier.if_live(|raw| EventInner::pooled_on(&self.device, raw)) {
-            None => Ok(()),
-            Some(event) => self.wait(event?),
-        }
+        earlier.if_live(|raw| EventInner::pooled_on(&self.device, raw)).transpose()
     }
 
     /// Runs `f` with a workspace of at least `bytes` (null for 0), reusing the stream's cached
