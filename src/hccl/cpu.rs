@@ -105,10 +105,15 @@ type Buffer = Vec<f64>;
 /// instead of being kept for the next one (a one-off huge message does not pin its memory).
 const KEEP_BYTES: usize = 16 << 20;
 
-/// Empties `b` for reuse, releasing its memory when it is over [`KEEP_BYTES`].
+/// Whether `b`'s memory is over [`KEEP_BYTES`] (released after its collective, not kept).
+fn oversized(b: &Buffer) -> bool {
+    b.capacity().saturating_mul(std::mem::size_of::<f64>()) > KEEP_BYTES
+}
+
+/// Empties `b` for reuse, releasing its memory when it is [`oversized`].
 fn recycle(b: &mut Buffer) {
     b.clear();
-    if b.capacity().saturating_mul(std::mem::size_of::<f64>()) > KEEP_BYTES {
+    if oversized(b) {
         *b = Vec::new();
     }
 }
@@ -167,7 +172,7 @@ impl Slot {
     /// [`KEEP_BYTES`]).
     fn finish(&mut self) {
         self.seq = None;
-        if self.output.capacity().saturating_mul(std::mem::size_of::<f64>()) > KEEP_BYTES {
+        if oversized(&self.output) {
             // Ranks may still be copying out of it: the last of them frees it.
             self.output = Arc::default();
         }
@@ -229,6 +234,13 @@ impl Group {
             state.broken = Some((result, why));
         }
         self.arrived.notify_all();
+    }
+
+    /// [`break_group`](Self::break_group), and the error of `call` (failing with `result`,
+    /// because of `why`) for the rank that found the fault.
+    fn fail(&self, state: &mut State, call: &'static str, result: u32, why: String) -> Error {
+        self.break_group(state, result, why.clone());
+        hccl_error(call, result, why)
     }
 }
 
@@ -479,8 +491,7 @@ impl Rank {
             Some(s) => {
                 // Impossible (see `SLOTS`): fail rather than mix two collectives.
                 let why = format!("collective #{seq} ({}) found collective #{s} under way in its slot", sig.call());
-                g.break_group(&mut state, HCCL_E_INTERNAL, why.clone());
-                return Err(hccl_error(sig.call(), HCCL_E_INTERNAL, why));
+                return Err(g.fail(&mut state, sig.call(), HCCL_E_INTERNAL, why));
             }
         }
         state.next[me] += 1;
@@ -491,8 +502,7 @@ impl Rank {
                  the same collectives in the same order",
                 sig, slot.signature
             );
-            g.break_group(&mut state, HCCL_E_PARA, why.clone());
-            return Err(hccl_error(sig.call(), HCCL_E_PARA, why));
+            return Err(g.fail(&mut state, sig.call(), HCCL_E_PARA, why));
         }
         std::mem::swap(&mut slot.inputs[me], mine);
         slot.brought[me] = true;
@@ -508,8 +518,7 @@ impl Rank {
             };
             if let Err(e) = computed {
                 let why = format!("collective #{seq} ({}): {e}", sig.call());
-                g.break_group(&mut state, HCCL_E_INTERNAL, why.clone());
-                return Err(hccl_error(sig.call(), HCCL_E_INTERNAL, why));
+                return Err(g.fail(&mut state, sig.call(), HCCL_E_INTERNAL, why));
             }
             slot.ready = true;
             g.arrived.notify_all();
@@ -539,8 +548,7 @@ impl Rank {
                     sig.call(),
                     g.timeout
                 );
-                g.break_group(&mut state, HCCL_E_TIMEOUT, why.clone());
-                return Err(hccl_error(sig.call(), HCCL_E_TIMEOUT, why));
+                return Err(g.fail(&mut state, sig.call(), HCCL_E_TIMEOUT, why));
             }
             state = g.arrived.wait_timeout(state, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
