@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ascend_sys::aclrtMemcpyKind;
 
 use crate::context::{Context, ContextKind};
+use crate::device::event::After;
 use crate::device::{enqueue_using, report, Device, StreamInner};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -154,9 +155,20 @@ impl<T: Element> Drop for HostBuffer<T> {
         };
         // No event on a stream: it is waited for instead (the block leaked if even that fails).
         let what = "aclrtSynchronizeStream (before aclrtFreeHost)";
-        let Some(events) = crate::device::event::record_after(&device, users.iter().map(|s| &**s), what) else {
-            report(format_args!("leaking pinned host memory that a queued copy may still use"));
-            return;
+        let events = match crate::device::event::record_after(&device, users.iter().map(|s| &**s), None, what) {
+            After::Events(events) => events,
+            After::Capturing(keep) => {
+                // A capture begun on a stream since its copy (seen under its enqueue lock: nothing
+                // recorded into it): the graph keeps the buffer, dropped again once it goes.
+                let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
+                let users = Mutex::new(users);
+                let _ = keep.hold(HostBuffer { ptr, len: self.len, pinned: Some(device), _host: Vec::new(), users });
+                return;
+            }
+            After::Unknown => {
+                report(format_args!("leaking pinned host memory that a queued copy may still use"));
+                return;
+            }
         };
         let events = events.into_iter().map(|(_, e)| e).collect();
         device.deferred_host_frees.lock().unwrap_or_else(|p| p.into_inner()).push((self.ptr as usize, events));

@@ -542,3 +542,105 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
     let after = ascend::mock::stats();
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }
+
+/// One thread captures on stream `a` again and again (eager work on `a` in between) while another
+/// drops what that eager work used: tensors (device blocks back to the caching allocator) and a
+/// pinned buffer `a` copied into (its block freed later). Each drop records an event on `a` after
+/// the work, which the allocator (or the deferred free) queries before the block is used again
+/// on another stream; that event never lands in a capture begun meanwhile (it would mark the
+/// capture, not the eager work, and look complete while that work is still queued). The mock's
+/// device runs nothing unless a stream is drained, so `a`'s eager work stays queued; stream `b`
+/// allocates blocks of the same size class every round: a block handed to `b` while `a`'s work
+/// on it is queued is a hazard the mock counts. Every capture ends and replays right, no
+/// violation, nothing leaked, every block back to the allocator at the end.
+#[test]
+fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_records_nothing_into_the_capture() {
+    const ROUNDS: usize = 5_000;
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let leaks = ascend::mock::leaks();
+    let ctx = ascend::mock::context(0).unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(71);
+    let (x, xb) = (input(&a, &mut rng), input(&b, &mut rng));
+    // Warm-up: cached blocks for the captured work, while the eager work holds some.
+    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
+    drop(warm);
+    drop(ascend::ops::batch_norm_stats(&b, &xb, EPS).unwrap());
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    let allocated = ctx.memory_stats().allocated;
+    // Queued work runs only when its stream is drained: `a`'s eager work stays in flight.
+    let progress = ascend::mock::set_query_progress(false);
+    let c = SHAPE[1];
+    type Sent = (Vec<Tensor>, ascend::HostBuffer<f32>);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Sent>(4);
+    let captures = std::thread::scope(|scope| {
+        let dropper = scope.spawn(move || {
+            for (tensors, host) in rx {
+                // Dropped here, on this thread, in both orders.
+                if tensors.len() % 2 == 0 {
+                    drop(host);
+                    drop(tensors);
+                } else {
+                    drop(tensors);
+                    drop(host);
+                }
+            }
+        });
+        let mut rng = Rng::new(72);
+        let mut captures = 0;
+        for round in 0..ROUNDS {
+            let xi = input(&a, &mut rng);
+            let (mean, invstd) = ascend::ops::batch_norm_stats(&a, &xi, EPS).unwrap();
+            let y = ascend::ops::batch_norm_elemt(&a, &xi, None, None, &mean, &invstd, EPS).unwrap();
+            let mut host = ascend::HostBuffer::<f32>::new(&ctx, c).unwrap();
+            mean.copy_to_host_async(&a, &mut host).unwrap();
+            let tensors = if round % 2 == 0 { vec![xi, mean, invstd, y] } else { vec![y, xi, mean] };
+            if tx.send((tensors, host)).is_err() {
+                break; // the dropper panicked: reported below
+            }
+            // Blocks of the same size class for `b`: only those whose work on `a` is known done.
+            let on_b = ascend::ops::batch_norm_stats(&b, &xb, EPS).unwrap();
+            let mut out = None;
+            let graph = a.capture(CaptureMode::ThreadLocal, |a| {
+                out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
+                Ok(())
+            });
+            match graph {
+                Ok(graph) if round % 50 == 0 => {
+                    graph.replay(&a).unwrap();
+                    let (mean, _) = out.unwrap();
+                    let want = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap().0;
+                    assert_eq!(bits(&a, &mean), bits(&a, &want), "round {round}");
+                    drop(on_b);
+                    b.synchronize().unwrap();
+                    captures += 1;
+                }
+                Ok(_) => captures += 1,
+                Err(e) => {
+                    drop(tx);
+                    let _ = dropper.join();
+                    ascend::mock::set_query_progress(progress);
+                    panic!("round {round}: the capture failed: {e}");
+                }
+            }
+        }
+        drop(tx);
+        dropper.join().unwrap();
+        captures
+    });
+    ascend::mock::set_query_progress(progress);
+    assert_eq!(captures, ROUNDS);
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_eq!(ascend::mock::leaks(), leaks, "nothing leaked");
+    // (Eager work again: the stream's workspace, which each capture took with it, is back.)
+    drop(ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap());
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(ctx.memory_stats().allocated, allocated, "every dropped block back to the allocator");
+    drop((x, xb, a, b, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}

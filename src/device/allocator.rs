@@ -22,10 +22,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ascend_sys::Cann;
 
+use super::capture::Keep;
 use super::event::{EventPool, PooledEvent};
 use super::{leaked, report, Leak, StreamInner};
 use crate::acl;
@@ -54,6 +55,16 @@ struct Cached {
     /// `(stream id, event)`: an event recorded after the block's last use on each stream that
     /// used it, not yet seen complete.
     events: Vec<(u64, PooledEvent)>,
+}
+
+/// What [`Allocator::record`] made of a stream.
+pub(crate) enum Recorded {
+    /// An event recorded after the work queued on the stream so far.
+    Event(PooledEvent),
+    /// The stream was released: its work has run.
+    Released,
+    /// The stream is being captured into the graph this keeps: nothing was recorded.
+    Capturing(Arc<Keep>),
 }
 
 /// Who will use a block handed out: decides which cached blocks qualify.
@@ -284,15 +295,31 @@ impl Allocator {
         st.reserved -= size;
     }
 
-    /// An event of the device's pool recorded now on `s`, or `None` when `s` was released (its
-    /// work has run: nothing to wait for). When the pool is at its bound, the cached blocks'
-    /// completed events are given back first and the request retried.
-    pub(crate) fn record(&self, cann: &Cann, pool: &EventPool, s: &StreamInner) -> Result<Option<PooledEvent>> {
-        if s.capturing() {
-            // (An event of the pool must never be recorded into a graph.)
-            return Err(StreamInner::capture_refusal("aclrtRecordEvent"));
+    /// An event of the device's pool recorded now on `s` (`Recorded::Event`), or `Released` when
+    /// `s` was released (its work has run: nothing to wait for), or the keep of the graph `s` is
+    /// being captured into (`Capturing`: an event of the pool must never be recorded into a graph;
+    /// the caller hands what it frees to that graph instead). When the pool is at its bound, the
+    /// cached blocks' completed events are given back first and the request retried.
+    ///
+    /// The check and the record are one step under `s`'s enqueue lock (taken here unless `held`
+    /// is `s`: the caller holds it), under which `begin_capture` marks a capture begun: a capture
+    /// another thread begins meanwhile comes after the record, or is seen. Under the lock the
+    /// event request only polls the pool (no parked owner is dropped, so no DLPack deleter runs).
+    pub(crate) fn record(
+        &self,
+        cann: &Cann,
+        pool: &EventPool,
+        s: &StreamInner,
+        held: Option<&StreamInner>,
+    ) -> Result<Recorded> {
+        let _enqueue = match held {
+            Some(h) if std::ptr::eq(h, s) => None,
+            _ => Some(s.lock_enqueue()),
+        };
+        if let Some(keep) = s.capture_keep() {
+            return Ok(Recorded::Capturing(keep));
         }
-        match s.if_live(|raw| pool.record(cann, raw)) {
+        let recorded = match s.if_live(|raw| pool.record(cann, raw)) {
             Some(Err(_)) => {
                 let mut st = self.lock();
                 for c in st.blocks.values_mut() {
@@ -302,7 +329,8 @@ impl Allocator {
                 s.if_live(|raw| pool.record(cann, raw)).transpose()
             }
             other => other.transpose(),
-        }
+        };
+        Ok(recorded?.map_or(Recorded::Released, Recorded::Event))
     }
 
     /// With caching off: frees the blocks whose events have all completed (never waits). With

@@ -41,6 +41,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ascend_sys::event_flag::{ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE};
 use ascend_sys::{aclrtEvent, aclrtStream, Cann};
 
+use super::allocator::Recorded;
+use super::capture::Keep;
 use super::{report_drop_error, Device};
 use crate::acl;
 use crate::error::{Error, Result};
@@ -399,31 +401,54 @@ impl EventPool {
 
 /// An event of `device`'s pool recorded now on each of `users` after the work they queued (none
 /// for a released stream, whose work has run), each with its stream's id, for a holder that frees
-/// memory once they have completed (a device block, pinned host memory, a foreign owner). A stream
-/// on which no event can be recorded is synchronised instead; if even that fails (reported as
-/// `what`), `None`: queued work may still use the memory, which the caller leaks, and the events
-/// recorded so far are retired to the pool (reused once seen complete: no wait refers to them).
+/// memory once they have completed (a device block, pinned host memory, a foreign owner):
+/// [`After::Events`]. `held` is the user whose enqueue lock the caller holds, if any (see
+/// [`Allocator::record`](super::allocator::Allocator::record): each record is made under its
+/// stream's enqueue lock). A user being captured gets no event (it would be recorded into the
+/// graph, and mark neither the eager work nor its end): [`After::Capturing`] with the graph's
+/// keep, which the caller hands what it frees (its drop, once the graph goes, comes back here).
+/// A stream on which no event can be recorded is synchronised instead; if even that fails
+/// (reported as `what`), [`After::Unknown`]: queued work may still use the memory, which the
+/// caller leaks. Unless `Events`, the events recorded so far are retired to the pool (reused once
+/// seen complete: no wait refers to them).
 pub(crate) fn record_after<'a>(
     device: &Device,
     users: impl IntoIterator<Item = &'a super::StreamInner>,
+    held: Option<&super::StreamInner>,
     what: &str,
-) -> Option<Vec<(u64, PooledEvent)>> {
+) -> After {
     let mut events = Vec::new();
+    let retire =
+        |events: Vec<(u64, PooledEvent)>| events.into_iter().for_each(|(_, e)| device.events.retire(e, Vec::new()));
     for s in users {
-        match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s)) {
-            Ok(Some(e)) => events.push((s.id, e)),
+        match device.bind().and_then(|()| device.memory.record(device.cann, &device.events, s, held)) {
+            Ok(Recorded::Event(e)) => events.push((s.id, e)),
             // A released stream: its work has run.
-            Ok(None) => {}
+            Ok(Recorded::Released) => {}
+            Ok(Recorded::Capturing(keep)) => {
+                retire(events);
+                return After::Capturing(keep);
+            }
             Err(_) => {
                 if let Err(e) = s.synchronize() {
                     report_drop_error(what, &e);
-                    events.into_iter().for_each(|(_, e)| device.events.retire(e, Vec::new()));
-                    return None;
+                    retire(events);
+                    return After::Unknown;
                 }
             }
         }
     }
-    Some(events)
+    After::Events(events)
+}
+
+/// What [`record_after`] made of a block's users.
+pub(crate) enum After {
+    /// An event after each user's work (none for a released one, or one synchronised).
+    Events(Vec<(u64, PooledEvent)>),
+    /// A user is being captured into the graph this keeps.
+    Capturing(Arc<Keep>),
+    /// A user could be neither recorded on nor synchronised: its work may still use the memory.
+    Unknown,
 }
 
 /// A live event held with an `Arc`: a pooled one checked out by a stream (an ordering marker, a

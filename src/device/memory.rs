@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::allocator::Order;
 use super::capture::Keep;
+use super::event::After;
 use super::stream::Enqueue;
 use super::{leaked, report_drop_error, Device, Leak, StreamInner};
 use crate::error::Result;
@@ -96,38 +97,61 @@ impl DeviceAlloc {
     }
 
     /// Returns the memory to the allocator after the work `users` queued on it (an event recorded
-    /// on each, see [`super::event::record_after`]): never waits, except when an event cannot be
-    /// recorded (then it synchronises that stream, and if even that fails, leaks the block: queued
-    /// work may still use it). The caller's memory is left alone.
-    pub(crate) fn release(mut self, users: &[&StreamInner]) {
-        self.give_back(users);
+    /// on each, see [`super::event::record_after`]; `held` is the user whose enqueue lock the
+    /// caller holds, if any): never waits, except when an event cannot be recorded (then it
+    /// synchronises that stream, and if even that fails, leaks the block: queued work may still
+    /// use it). The caller's memory is left alone. A user being captured (seen under its enqueue
+    /// lock) gives the block back with the graph's keep, nothing done: the caller hands the block,
+    /// with what it needs to release it again, to that graph.
+    pub(crate) fn release(
+        mut self,
+        users: &[&StreamInner],
+        held: Option<&StreamInner>,
+    ) -> std::result::Result<(), (Self, Arc<Keep>)> {
+        match self.give_back(users, held) {
+            Some(keep) => Err((self, keep)),
+            None => Ok(()),
+        }
     }
 
-    fn give_back(&mut self, users: &[&StreamInner]) {
+    /// [`release`](Self::release) in place: `Some(keep)` (the memory still held) when a user is
+    /// being captured.
+    fn give_back(&mut self, users: &[&StreamInner], held: Option<&StreamInner>) -> Option<Arc<Keep>> {
         if !self.owned() {
-            return;
+            return None;
         }
-        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
         if let Err(e) = self.device.bind() {
+            self.ptr = std::ptr::null_mut();
             report_drop_error("aclrtSetDevice (freeing device memory)", &e);
             leaked(Leak::Allocation);
-            return;
+            return None;
         }
         let what = "aclrtSynchronizeStream (freeing device memory)";
-        let Some(events) = super::event::record_after(&self.device, users.iter().copied(), what) else {
-            super::report(format_args!("leaking {} bytes of device memory that queued work may still use", self.block));
-            self.device.memory.forget(self.block, self.bytes);
-            leaked(Leak::Allocation);
-            return;
+        let events = match super::event::record_after(&self.device, users.iter().copied(), held, what) {
+            After::Events(events) => events,
+            After::Capturing(keep) => return Some(keep),
+            After::Unknown => {
+                self.ptr = std::ptr::null_mut();
+                super::report(format_args!(
+                    "leaking {} bytes of device memory that queued work may still use",
+                    self.block
+                ));
+                self.device.memory.forget(self.block, self.bytes);
+                leaked(Leak::Allocation);
+                return None;
+            }
         };
+        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
         self.device.memory.free(self.device.cann, &self.device.events, ptr, self.block, self.bytes, events);
+        None
     }
 }
 
 impl Drop for DeviceAlloc {
     /// Returns the memory to the allocator as idle: the owner guarantees no pending work uses it.
     fn drop(&mut self) {
-        self.give_back(&[]);
+        // (No user: never `Some`.)
+        let _ = self.give_back(&[], None);
     }
 }
 
@@ -550,7 +574,8 @@ impl Drop for DeviceBuffer {
         let pins = std::mem::take(self.pins.get_mut().unwrap_or_else(|p| p.into_inner()));
         let mut live: Vec<Arc<Keep>> = pins.into_iter().filter(|k| k.live()).collect();
         // A stream being captured may have recorded it (its release would record an event into
-        // the capture): that graph keeps it too.
+        // the capture): that graph keeps it too. (Advisory: a capture ended since only keeps it
+        // longer; one begun since is seen by the release below, under the stream's enqueue lock.)
         for s in self.users.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
             if let Some(keep) = s.capture_keep() {
                 if !live.iter().any(|k| Arc::ptr_eq(k, &keep)) {
@@ -559,7 +584,8 @@ impl Drop for DeviceBuffer {
             }
         }
         // Dropped during a capture, used by the captured stream alone: back to the graph's
-        // private pool, for the capture's later allocations.
+        // private pool, for the capture's later allocations. (Advisory: nothing uses the buffer
+        // meanwhile, so a capture that ends after this check finds it as if dropped just before.)
         if let [only] = &self.users.get_mut().unwrap_or_else(|p| p.into_inner())[..] {
             if let (Some(keep), true) = (only.capture_keep(), self.owner.is_none()) {
                 if live.iter().all(|k| Arc::ptr_eq(k, &keep)) && self.alloc.as_ref().is_some_and(DeviceAlloc::owned) {
@@ -574,58 +600,84 @@ impl Drop for DeviceBuffer {
             }
         }
         if !live.is_empty() {
-            // A live graph's replays may still use the memory: the graph keeps it (the same
-            // buffer, unpinned) and drops it after its model run instance is destroyed.
-            let moved = Arc::new(DeviceBuffer {
-                alloc: self.alloc.take(),
-                users: Mutex::new(std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()))),
-                sole: AtomicUsize::new(0),
-                id: self.id,
-                owner: self.owner.take(),
-                pins: Mutex::new(Vec::new()),
-                pinned: AtomicBool::new(false),
-            });
-            // (A graph that went meanwhile gives it back: the last clone then drops it as usual.)
-            for keep in live {
-                let _ = keep.hold(moved.clone());
-            }
+            self.hand_to_graphs(live);
             return;
         }
-        let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
         let Some(alloc) = self.alloc.take() else { return };
-        let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
-        if alloc.owned() {
-            alloc.release(&users);
-        } else if let Some(owner) = self.owner.take() {
-            release_owner(alloc.device(), owner, &users);
-        } else {
-            for s in users {
-                if let Err(e) = s.synchronize() {
-                    report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
+        let users = std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()));
+        // A capture begun on a user since the check above is seen by the release, under that
+        // user's enqueue lock (nothing recorded into it): that graph keeps the buffer after all.
+        let kept = {
+            let users: Vec<&StreamInner> = users.iter().map(|s| &**s).collect();
+            if alloc.owned() {
+                alloc.release(&users, None).err().map(|(alloc, keep)| (alloc, None, keep))
+            } else if let Some(owner) = self.owner.take() {
+                release_owner(alloc.device(), owner, &users).err().map(|(owner, keep)| (alloc, Some(owner), keep))
+            } else {
+                for s in users {
+                    if let Err(e) = s.synchronize() {
+                        report_drop_error("aclrtSynchronizeStream (dropping a view of the caller's memory)", &e);
+                    }
                 }
+                None
             }
+        };
+        if let Some((alloc, owner, keep)) = kept {
+            self.alloc = Some(alloc);
+            self.owner = owner;
+            *self.users.get_mut().unwrap_or_else(|p| p.into_inner()) = users;
+            self.hand_to_graphs(vec![keep]);
         }
     }
 }
 
-/// Lets go of `owner` (what keeps foreign memory allocated) once the work `users` queued on the
+impl DeviceBuffer {
+    /// The graphs `keeps` (live, or being captured) may use the memory: they keep it (the same
+    /// buffer, unpinned, with its streams) and drop it after their model run instances are
+    /// destroyed, when it is released as usual. (A graph that went meanwhile gives it back: the
+    /// last clone then drops it as usual.)
+    fn hand_to_graphs(&mut self, keeps: Vec<Arc<Keep>>) {
+        let moved = Arc::new(DeviceBuffer {
+            alloc: self.alloc.take(),
+            users: Mutex::new(std::mem::take(self.users.get_mut().unwrap_or_else(|p| p.into_inner()))),
+            sole: AtomicUsize::new(0),
+            id: self.id,
+            owner: self.owner.take(),
+            pins: Mutex::new(Vec::new()),
+            pinned: AtomicBool::new(false),
+        });
+        for keep in keeps {
+            let _ = keep.hold(moved.clone());
+        }
+    }
+}
+
+/// Lets go of `owner` (what keeps foreign memory allocated)/// Lets go of `owner` (what keeps foreign memory allocated) once the work `users` queued on the
 /// memory has run, without a host wait: an event is recorded on each stream and the owner parked
 /// with them in the device's event pool, which drops it once they are seen complete (see
 /// [`super::event::EventPool::park`]); with no queued work it is dropped at once. A stream on
 /// which no event can be recorded (the pool at its bound, a failed record) is synchronised
 /// instead; if even that fails, the owner is leaked (queued work may still use the memory) and
-/// the leak counted.
-fn release_owner(device: &Arc<Device>, owner: Box<dyn Send + Sync>, users: &[&StreamInner]) {
+/// the leak counted. A user being captured gives the owner back with the graph's keep (see
+/// [`DeviceAlloc::release`]).
+type Owner = Box<dyn Send + Sync>;
+fn release_owner(
+    device: &Arc<Device>,
+    owner: Owner,
+    users: &[&StreamInner],
+) -> std::result::Result<(), (Owner, Arc<Keep>)> {
     let what = "aclrtSynchronizeStream (dropping a view of foreign memory)";
-    match super::event::record_after(device, users.iter().copied(), what) {
-        Some(events) if events.is_empty() => drop(owner),
-        Some(events) => device.events.park(device.cann, events.into_iter().map(|(_, e)| e).collect(), owner),
-        None => {
+    match super::event::record_after(device, users.iter().copied(), None, what) {
+        After::Events(events) if events.is_empty() => drop(owner),
+        After::Events(events) => device.events.park(device.cann, events.into_iter().map(|(_, e)| e).collect(), owner),
+        After::Capturing(keep) => return Err((owner, keep)),
+        After::Unknown => {
             // Queued work may still use the memory: its owner must not free it.
             std::mem::forget(owner);
             leaked(Leak::Allocation);
         }
     }
+    Ok(())
 }
 
 impl std::fmt::Debug for DeviceBuffer {

@@ -470,9 +470,10 @@ impl StreamInner {
             let new = DeviceAlloc::new(self.device.clone(), bytes_usize, order)?;
             if let Some(old) = ws.take() {
                 // Work already enqueued here may still use it: reusable after that work only (in
-                // a capture, after the graph: it keeps it).
-                if let Err(old) = self.keep_if_capturing(old) {
-                    old.release(&[self]);
+                // a capture, after the graph: it keeps it; its keep is open while it is captured).
+                // The caller holds this stream's enqueue lock.
+                if let Err((old, keep)) = old.release(&[self], Some(self)) {
+                    let _ = keep.hold(old);
                 }
             }
             *ws = Some(new);
