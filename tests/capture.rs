@@ -644,3 +644,81 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
     let after = ascend::mock::stats();
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }
+
+/// One thread captures on stream `a` again and again (eager work on `a` in between) while another
+/// reads, on its own stream, tensors that work on `a` has just written: each read synchronises
+/// `a` first (the tensor's last user). The synchronise is made before a capture begins or refused
+/// (107041, by this crate, before CANN is reached: the reader then tries again), never issued
+/// while `a` is being captured, which CANN forbids: every capture ends, every value read is the
+/// per-channel mean of its input against an f64 reference, and the mock counts no violation.
+#[test]
+fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never_synchronises_the_capture() {
+    const ROUNDS: usize = 5_000;
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let ctx = ascend::mock::context(0).unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut rng = Rng::new(81);
+    let x = input(&a, &mut rng);
+    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
+    drop(warm);
+    a.synchronize().unwrap();
+    let (c, inner) = (SHAPE[1], SHAPE[2]);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<f32>, Tensor)>(4);
+    let (captures, checked) = std::thread::scope(|scope| {
+        let reader = scope.spawn(move || {
+            let mut checked = 0;
+            for (xi, mean) in rx {
+                let got = loop {
+                    match mean.to_vec::<f32>(&b) {
+                        Err(e)
+                            if e.status() == Some(107041)
+                                && e.to_string().contains("refused by this crate: the stream is being captured") =>
+                        {
+                            std::thread::yield_now();
+                        }
+                        r => break r.map_err(|e| format!("round {checked}: reading the mean: {e}"))?,
+                    }
+                };
+                for (ch, &g) in got.iter().enumerate() {
+                    let values = xi.chunks(inner).skip(ch).step_by(c).flatten();
+                    let want = values.map(|&v| f64::from(v)).sum::<f64>() / (xi.len() / c) as f64;
+                    if (f64::from(g) - want).abs() > 1e-5 * (1.0 + want.abs()) {
+                        return Err(format!("round {checked}: mean[{ch}] = {g}, want {want}"));
+                    }
+                }
+                checked += 1;
+            }
+            Ok::<usize, String>(checked)
+        });
+        let mut rng = Rng::new(82);
+        let mut captures = 0;
+        for round in 0..ROUNDS {
+            let data = Data::uniform(&mut rng, DType::F32, &SHAPE, -2.0, 2.0);
+            let xi = data.tensor(&a).unwrap();
+            let (mean, _) = ascend::ops::batch_norm_stats(&a, &xi, EPS).unwrap();
+            if tx.send((xi.to_vec::<f32>(&a).unwrap(), mean)).is_err() {
+                break; // the reader failed: its error is reported below
+            }
+            let graph = a.capture(CaptureMode::ThreadLocal, |a| {
+                drop(ascend::ops::batch_norm_stats(a, &x, EPS)?);
+                Ok(())
+            });
+            match graph {
+                Ok(_) => captures += 1,
+                Err(e) => {
+                    drop(tx);
+                    let reader = reader.join().unwrap();
+                    panic!("round {round}: the capture failed: {e} (reader: {reader:?})");
+                }
+            }
+        }
+        drop(tx);
+        (captures, reader.join().unwrap())
+    });
+    assert_eq!(checked, Ok(ROUNDS));
+    assert_eq!(captures, ROUNDS);
+    drop((x, a, ctx));
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}

@@ -636,9 +636,10 @@ impl LaunchCache {
     /// Destroys the retired entries whose events have completed (never waits); their events go
     /// back to the stream's pool. Does nothing if the cache is locked (a launch is using it).
     pub(crate) fn reap(&self, stream: &StreamInner) {
-        let Some(mut retired) = stream.try_lock_enqueue().map(|mut e| std::mem::take(&mut e.launches.retired)) else {
-            return;
-        };
+        // Only tried, and never taken again once let go: a synchronise holds the stream's
+        // `released` lock, which an enqueue may take under the enqueue lock (`if_live`).
+        let Some(mut enqueue) = stream.try_lock_enqueue() else { return };
+        let retired = &mut enqueue.launches.retired;
         if retired.is_empty() {
             return;
         }
@@ -653,8 +654,8 @@ impl LaunchCache {
                 pending.push(r);
             }
         }
-        retired = pending;
-        stream.lock_enqueue().launches.retired.append(&mut retired);
+        *retired = pending;
+        drop(enqueue);
         drop(done); // destroyed outside the lock
     }
 

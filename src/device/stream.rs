@@ -25,7 +25,8 @@ pub(crate) struct StreamInner {
     borrowed: bool,
     /// A borrowed stream whose `Stream` was dropped ([`StreamInner::release`]): synchronised
     /// then, and never touched again (its owner may destroy it). Every holder then treats it as
-    /// drained. Read-locked by each use of the handle that does not come through a `&Stream`.
+    /// drained. Read-locked by each use of the handle that does not come through a `&Stream`,
+    /// and by a synchronise; write-locked by `begin_capture` (see `synchronize_live`).
     released: RwLock<bool>,
     /// Events that waits queued on this stream refer to since its last guard: handed to the
     /// device's pool with an event recorded after them every [`WAIT_BATCH`] waits (they have run
@@ -189,13 +190,17 @@ impl StreamInner {
     /// `capturing` is set under the enqueue lock, as every enqueue and every event recorded for
     /// another stream to wait for ([`order_marker`](Self::order_marker)) holds it: each either
     /// comes first (then it is queued before the capture begins) or sees the stream capturing.
-    /// Lock order: the enqueue lock, then `capture`, then the staging area (as an enqueue that
-    /// finds the capture's keep, or stages an upload).
+    /// Lock order: the enqueue lock, then `released` (write), then `capture`, then the staging
+    /// area (as an enqueue that finds the capture's keep, or stages an upload).
     pub(crate) fn begin_capture(&self, keep: Arc<Keep>) -> Result<Suspended> {
-        if *self.released.read().unwrap_or_else(|p| p.into_inner()) {
+        let mut enqueue = self.lock_enqueue();
+        // Write-locked: a synchronise (which holds it, read, across its check of `capturing` and
+        // its wait, and never takes the enqueue lock) of another thread has ended, or sees the
+        // capture.
+        let released = self.released.write().unwrap_or_else(|p| p.into_inner());
+        if *released {
             return Err(Self::released_error());
         }
-        let mut enqueue = self.lock_enqueue();
         let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
         if capture.is_some() {
             return Err(crate::Error::invalid("stream", "the stream is already being captured"));
@@ -278,6 +283,8 @@ impl StreamInner {
 
     /// [`synchronize`](Self::synchronize) of a stream that is not released (the caller holds
     /// `released`, read or write). Owners it makes ready stay parked (see `drop_ready_owners`).
+    /// The check of `capturing` and the wait are one step for [`begin_capture`](Self::begin_capture),
+    /// which write-locks `released` (it may not take the enqueue lock: some callers hold it).
     fn synchronize_live(&self) -> Result<()> {
         if self.capturing() {
             return Err(crate::Error::Cann {
@@ -358,7 +365,9 @@ impl StreamInner {
     }
 
     /// An event from the device's pool recorded now on this stream: complete once everything
-    /// queued here so far has run; back to the pool when the last `Arc` drops.
+    /// queued here so far has run; back to the pool when the last `Arc` drops. The caller holds
+    /// this stream's enqueue lock (a launch cache retiring entries: its state is behind it), so
+    /// the check and the record are one step for [`begin_capture`](Self::begin_capture).
     pub(crate) fn marker(&self) -> Result<Arc<EventInner>> {
         if self.capturing() {
             return Err(Self::capture_refusal("aclrtRecordEvent"));
@@ -372,7 +381,9 @@ impl StreamInner {
         EventInner::recycle(event);
     }
 
-    /// Records `event` on this stream (`aclrtRecordEvent`).
+    /// Records `event` on this stream (`aclrtRecordEvent`). Only for the thread that owns the
+    /// stream's `Stream` (`Stream::record_event`), the one thread that begins or ends its
+    /// captures (`Stream` is not `Sync`): the check below cannot race with them, no lock needed.
     pub(crate) fn record(&self, event: &EventInner) -> Result<()> {
         if self.capturing() {
             return Err(Self::capture_refusal("aclrtRecordEvent"));
@@ -388,7 +399,9 @@ impl StreamInner {
 
     /// Makes later work on this stream wait, on the device, for `event`
     /// (`aclrtStreamWaitEvent`); the event is kept alive (and out of the pool) until the wait
-    /// has run: see `waited`.
+    /// has run: see `waited`. Only on the stream of the caller's work (the stream it orders, or
+    /// `Stream::wait_event`), whose captures only the calling thread begins or ends: the check
+    /// below cannot race with them (see [`record`](Self::record)).
     pub(crate) fn wait(&self, event: Arc<EventInner>) -> Result<()> {
         if self.capturing() {
             return Err(Self::capture_refusal("aclrtStreamWaitEvent"));
@@ -438,6 +451,7 @@ impl StreamInner {
     /// Under the lock, the event request polls the pool but never drops a parked foreign owner
     /// (their deleters may come back into this crate: see `EventPool::take`).
     pub(crate) fn order_marker(&self, earlier: &StreamInner, _held: &Enqueue) -> Result<Option<Arc<EventInner>>> {
+        // (This stream is the caller's: only its thread begins or ends a capture of it.)
         if self.capturing() {
             return Err(Self::capture_refusal("aclrtStreamWaitEvent"));
         }
