@@ -86,6 +86,7 @@ impl Graph {
             Some((s, d)) if d.same(&self.device) => s,
             _ => return Err(stream.mismatch("stream", &format!("the graph is on Ascend device {}", self.device.id))),
         };
+        // (No lock: the caller's stream, whose captures only this thread begins or ends.)
         if inner.capturing() {
             return Err(Error::invalid("stream", "the stream is being captured: replay the graph after the capture"));
         }

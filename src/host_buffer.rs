@@ -243,6 +243,7 @@ impl Tensor {
     /// the pinned `h`, in the direction `kind`, recorded on `stream` for both.
     fn enqueue_host_copy<T: Element>(&self, stream: &Stream, h: &HostBuffer<T>, kind: aclrtMemcpyKind) -> Result<()> {
         let inner = pinned_stream(stream, h)?;
+        // (No lock: the caller's stream, whose captures only this thread begins or ends.)
         if inner.capturing() {
             // (A replay would read or write the pinned memory after the HostBuffer may be gone.)
             return Err(StreamInner::capture_refusal("aclrtMemcpyAsync (a HostBuffer copy)"));

@@ -206,6 +206,7 @@ impl DeviceBuffer {
     /// `stream` (freed in stream order): then `stream` is its first user, so work of another
     /// stream, a host access and the drop are ordered after that work.
     pub(crate) fn on_stream(stream: &Arc<StreamInner>, bytes: usize) -> Result<Self> {
+        // (No lock: the caller's stream, whose captures only this thread begins or ends.)
         let pooled = stream.capture_keep().and_then(|keep| keep.take_pooled(bytes));
         let (alloc, pending) = match pooled {
             // (Captured work queued earlier on the stream may use it: the stream is its first user.)
@@ -361,6 +362,7 @@ impl DeviceBuffer {
 /// Before `stream` queues work on `buffers` (their lists locked): with a capture going on, each is
 /// pinned to its graph; every other live graph using one orders the work after its last replay.
 fn order_with_graphs(stream: &Arc<StreamInner>, buffers: &[&DeviceBuffer]) -> Result<()> {
+    // (No lock: the caller's stream, whose captures only this thread begins or ends.)
     let capture = stream.capture_keep();
     for b in buffers {
         if let Some(keep) = &capture {

@@ -242,6 +242,7 @@ impl Comm {
         let Some((inner, _)) = stream.ascend() else {
             return Err(stream.mismatch("stream", "collectives on Ascend need an Ascend stream"));
         };
+        // (No lock, here or below: the caller's stream, whose captures only this thread begins or ends.)
         if inner.capturing() && self.handle.borrowed {
             // Its owner may destroy it once the Communicator is gone, while a graph would replay it.
             return Err(Error::invalid(
