@@ -3,7 +3,8 @@
 //! inputs refreshed by copying into the captured tensors and the running statistics updated in
 //! place by every replay; the graph keeps what it uses whatever is dropped first; every call
 //! CANN forbids inside a capture is an error naming it; a stream ordered after another that a
-//! second thread keeps capturing never joins a capture.
+//! second thread keeps capturing never joins a capture, and that thread's drops and reads of what
+//! the stream used record or synchronise nothing into it.
 #![cfg(feature = "mock")]
 
 mod common;
