@@ -430,6 +430,42 @@ fn empty_cache_inside_a_capture_is_refused_even_with_nothing_cached() {
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }
 
+/// A context on mock device 0, two streams and an input `x` on the first, whose statistics that
+/// stream has computed 16 times and drained (the caching allocator then holds blocks for a capture
+/// of them while eager work holds others).
+fn warmed_streams(seed: u64) -> (Context, Stream, Stream, Tensor) {
+    let ctx = ascend::mock::context(0).unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let x = input(&a, &mut Rng::new(seed));
+    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
+    drop(warm);
+    a.synchronize().unwrap();
+    (ctx, a, b, x)
+}
+
+/// Captures the statistics of `x` on `a` into a graph; every 50th round replays it and checks its
+/// output against the eager statistics bit for bit. The capture's error, if it failed.
+fn capture_round(a: &Stream, x: &Tensor, round: usize) -> Result<()> {
+    let mut out = None;
+    let graph = a.capture(CaptureMode::ThreadLocal, |a| {
+        out = Some(ascend::ops::batch_norm_stats(a, x, EPS)?);
+        Ok(())
+    })?;
+    if round.is_multiple_of(50) {
+        graph.replay(a).unwrap();
+        let (mean, _) = out.unwrap();
+        let want = ascend::ops::batch_norm_stats(a, x, EPS).unwrap().0;
+        assert_eq!(bits(a, &mean), bits(a, &want), "round {round}");
+    }
+    Ok(())
+}
+
+/// Fails with the mock's violations since `before` (its counters), if any.
+fn assert_no_violation_since(before: ascend::mock::MockStats) {
+    let after = ascend::mock::stats();
+    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+}
+
 /// Runs `f` until it is not refused for joining a stream being captured (the refusal changes
 /// nothing: `f` is called again, once the other thread's capture has ended).
 fn unless_capturing<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
@@ -457,14 +493,7 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
     let _mock = setup();
     let before = ascend::mock::stats();
     let joined = ascend::mock::capture_stats().joined_streams;
-    let ctx = ascend::mock::context(0).unwrap();
-    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let mut rng = Rng::new(61);
-    let x = input(&a, &mut rng);
-    // Warm-up: cached blocks for the captured work, while the eager work holds some.
-    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
-    drop(warm);
-    a.synchronize().unwrap();
+    let (ctx, a, b, x) = warmed_streams(61);
     let c = SHAPE[1];
     type Sent = (Tensor, Tensor, ascend::HostBuffer<f32>);
     let (tx, rx) = std::sync::mpsc::sync_channel::<Sent>(4);
@@ -512,26 +541,12 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
             if tx.send((mean, invstd, host)).is_err() {
                 break; // the reader failed: its error is reported below
             }
-            let mut out = None;
-            let graph = a.capture(CaptureMode::ThreadLocal, |a| {
-                out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
-                Ok(())
-            });
-            match graph {
-                Ok(graph) if round % 50 == 0 => {
-                    graph.replay(&a).unwrap();
-                    let (mean, _) = out.unwrap();
-                    let want = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap().0;
-                    assert_eq!(bits(&a, &mean), bits(&a, &want), "round {round}");
-                    captures += 1;
-                }
-                Ok(_) => captures += 1,
-                Err(e) => {
-                    drop(tx);
-                    let reader = reader.join().unwrap();
-                    panic!("round {round}: the capture failed: {e} (reader: {reader:?})");
-                }
+            if let Err(e) = capture_round(&a, &x, round) {
+                drop(tx);
+                let reader = reader.join().unwrap();
+                panic!("round {round}: the capture failed: {e} (reader: {reader:?})");
             }
+            captures += 1;
         }
         drop(tx);
         (captures, reader.join().unwrap())
@@ -540,35 +555,28 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
     assert_eq!(captures, ROUNDS);
     assert_eq!(ascend::mock::capture_stats().joined_streams, joined, "no stream joined a capture");
     drop((x, a, ctx));
-    let after = ascend::mock::stats();
-    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_no_violation_since(before);
 }
 
-/// One thread captures on stream `a` again and again (eager work on `a` in between) while another
-/// drops what that eager work used: tensors (device blocks back to the caching allocator) and a
-/// pinned buffer `a` copied into (its block freed later). Each drop records an event on `a` after
-/// the work, which the allocator (or the deferred free) queries before the block is used again
-/// on another stream; that event never lands in a capture begun meanwhile (it would mark the
-/// capture, not the eager work, and look complete while that work is still queued). The mock's
-/// device runs nothing unless a stream is drained, so `a`'s eager work stays queued; stream `b`
-/// allocates blocks of the same size class every round: a block handed to `b` while `a`'s work
-/// on it is queued is a hazard the mock counts. Every capture ends and replays right, no
-/// violation, nothing leaked, every block back to the allocator at the end.
+/// Drops, on a second thread, what eager work on stream `a` used while the first thread captures on
+/// `a` again and again between that work: tensors (device blocks back to the caching allocator) and
+/// a pinned buffer `a` copied into (its block freed later). Each drop records an event on `a` after
+/// the work, which the allocator (or the deferred free) queries before the block is used again on
+/// another stream; that event never lands in a capture begun meanwhile (it would mark the capture,
+/// not the eager work, and look complete while that work is still queued). The mock's device runs
+/// nothing unless a stream is drained, so `a`'s eager work stays queued; stream `b` allocates
+/// blocks of the same size class every round: a block handed to `b` while `a`'s work on it is
+/// queued is a hazard the mock counts. Every capture ends and replays right, no violation, nothing
+/// leaked, every block back to the allocator at the end.
 #[test]
 fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_records_nothing_into_the_capture() {
     const ROUNDS: usize = 5_000;
     let _mock = setup();
     let before = ascend::mock::stats();
     let leaks = ascend::mock::leaks();
-    let ctx = ascend::mock::context(0).unwrap();
-    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let mut rng = Rng::new(71);
-    let (x, xb) = (input(&a, &mut rng), input(&b, &mut rng));
-    // Warm-up: cached blocks for the captured work, while the eager work holds some.
-    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
-    drop(warm);
+    let (ctx, a, b, x) = warmed_streams(71);
+    let xb = input(&b, &mut Rng::new(73));
     drop(ascend::ops::batch_norm_stats(&b, &xb, EPS).unwrap());
-    a.synchronize().unwrap();
     b.synchronize().unwrap();
     let allocated = ctx.memory_stats().allocated;
     // Queued work runs only when its stream is drained: `a`'s eager work stays in flight.
@@ -602,30 +610,17 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
                 break; // the dropper panicked: reported below
             }
             // Blocks of the same size class for `b`: only those whose work on `a` is known done.
-            let on_b = ascend::ops::batch_norm_stats(&b, &xb, EPS).unwrap();
-            let mut out = None;
-            let graph = a.capture(CaptureMode::ThreadLocal, |a| {
-                out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
-                Ok(())
-            });
-            match graph {
-                Ok(graph) if round % 50 == 0 => {
-                    graph.replay(&a).unwrap();
-                    let (mean, _) = out.unwrap();
-                    let want = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap().0;
-                    assert_eq!(bits(&a, &mean), bits(&a, &want), "round {round}");
-                    drop(on_b);
-                    b.synchronize().unwrap();
-                    captures += 1;
-                }
-                Ok(_) => captures += 1,
-                Err(e) => {
-                    drop(tx);
-                    let _ = dropper.join();
-                    ascend::mock::set_query_progress(progress);
-                    panic!("round {round}: the capture failed: {e}");
-                }
+            drop(ascend::ops::batch_norm_stats(&b, &xb, EPS).unwrap());
+            if let Err(e) = capture_round(&a, &x, round) {
+                drop(tx);
+                let _ = dropper.join();
+                ascend::mock::set_query_progress(progress);
+                panic!("round {round}: the capture failed: {e}");
             }
+            if round.is_multiple_of(50) {
+                b.synchronize().unwrap();
+            }
+            captures += 1;
         }
         drop(tx);
         dropper.join().unwrap();
@@ -633,8 +628,7 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
     });
     ascend::mock::set_query_progress(progress);
     assert_eq!(captures, ROUNDS);
-    let after = ascend::mock::stats();
-    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_no_violation_since(before);
     assert_eq!(ascend::mock::leaks(), leaks, "nothing leaked");
     // (Eager work again: the stream's workspace, which each capture took with it, is back.)
     drop(ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap());
@@ -642,28 +636,21 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
     b.synchronize().unwrap();
     assert_eq!(ctx.memory_stats().allocated, allocated, "every dropped block back to the allocator");
     drop((x, xb, a, b, ctx));
-    let after = ascend::mock::stats();
-    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_no_violation_since(before);
 }
 
-/// One thread captures on stream `a` again and again (eager work on `a` in between) while another
-/// reads, on its own stream, tensors that work on `a` has just written: each read synchronises
-/// `a` first (the tensor's last user). The synchronise is made before a capture begins or refused
-/// (107041, by this crate, before CANN is reached: the reader then tries again), never issued
-/// while `a` is being captured, which CANN forbids: every capture ends, every value read is the
-/// per-channel mean of its input against an f64 reference, and the mock counts no violation.
+/// Reads, on a second thread and its own stream, tensors that eager work on stream `a` has just
+/// written while the first thread captures on `a` again and again between that work: each read
+/// synchronises `a` first (the tensor's last user). The synchronise is made before a capture begins
+/// or refused (107041, by this crate, before CANN is reached: the reader then tries again), never
+/// issued while `a` is being captured, which CANN forbids: every capture ends, every value read is
+/// the per-channel mean of its input against an f64 reference, and the mock counts no violation.
 #[test]
 fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never_synchronises_the_capture() {
     const ROUNDS: usize = 5_000;
     let _mock = setup();
     let before = ascend::mock::stats();
-    let ctx = ascend::mock::context(0).unwrap();
-    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let mut rng = Rng::new(81);
-    let x = input(&a, &mut rng);
-    let warm: Vec<_> = (0..16).map(|_| ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap()).collect();
-    drop(warm);
-    a.synchronize().unwrap();
+    let (ctx, a, b, x) = warmed_streams(81);
     let (c, inner) = (SHAPE[1], SHAPE[2]);
     let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<f32>, Tensor)>(4);
     let (captures, checked) = std::thread::scope(|scope| {
@@ -701,18 +688,12 @@ fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never
             if tx.send((xi.to_vec::<f32>(&a).unwrap(), mean)).is_err() {
                 break; // the reader failed: its error is reported below
             }
-            let graph = a.capture(CaptureMode::ThreadLocal, |a| {
-                drop(ascend::ops::batch_norm_stats(a, &x, EPS)?);
-                Ok(())
-            });
-            match graph {
-                Ok(_) => captures += 1,
-                Err(e) => {
-                    drop(tx);
-                    let reader = reader.join().unwrap();
-                    panic!("round {round}: the capture failed: {e} (reader: {reader:?})");
-                }
+            if let Err(e) = capture_round(&a, &x, round) {
+                drop(tx);
+                let reader = reader.join().unwrap();
+                panic!("round {round}: the capture failed: {e} (reader: {reader:?})");
             }
+            captures += 1;
         }
         drop(tx);
         (captures, reader.join().unwrap())
@@ -720,6 +701,5 @@ fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never
     assert_eq!(checked, Ok(ROUNDS));
     assert_eq!(captures, ROUNDS);
     drop((x, a, ctx));
-    let after = ascend::mock::stats();
-    assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
+    assert_no_violation_since(before);
 }
