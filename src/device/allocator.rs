@@ -152,17 +152,20 @@ impl Allocator {
 
     /// A block of at least `bytes` (> 0) for use as `order` says: returns its address, its size
     /// and whether work queued earlier on the ordering stream may still use it (then that stream
-    /// must be the block's first user).
+    /// must be the block's first user). `locked`: the caller holds a stream's enqueue lock, so no
+    /// parked foreign owner is dropped here (its deleter may drop a tensor, whose release takes
+    /// that lock).
     pub(crate) fn alloc(
         &self,
         cann: &Cann,
         pool: &EventPool,
         bytes: usize,
         order: Order,
+        locked: bool,
     ) -> Result<(*mut c_void, usize, bool)> {
         // Events handed back whose work has run become spare (PyTorch polls its events on every
         // allocation likewise).
-        pool.reclaim(cann);
+        pool.reclaim(cann, !locked);
         let mut st = self.lock();
         let size = if self.caching { round_size(bytes) } else { bytes };
         if self.caching {

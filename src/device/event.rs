@@ -26,10 +26,10 @@
 //! every stream synchronise gives back the parked owners' completed events; the owners themselves
 //! are dropped only by the polls made where the thread holds no stream lock of this crate (park,
 //! `Stream::synchronize` and drop, each after its stream's locks are let go:
-//! [`EventPool::drop_ready_owners`]; and allocations, but for one: a launch's workspace that
-//! grows is allocated under its stream's enqueue lock), so a deleter that comes back into this
-//! crate (drops a tensor, reads one, synchronises a stream) finds none of them held by its
-//! thread. A synchronise the crate makes for itself (under a buffer's list of streams, a
+//! [`EventPool::drop_ready_owners`]; and allocations, but for a launch's workspace that grows,
+//! allocated under its stream's enqueue lock, which leaves them parked), so a deleter that comes
+//! back into this crate (drops a tensor, reads one, synchronises a stream) finds none of them
+//! held by its thread. A synchronise the crate makes for itself (under a buffer's list of streams, a
 //! stream's enqueue lock or a borrowed stream's `released` lock) leaves the owners it made ready
 //! parked for the next such poll. Every parked owner holds at least one of the pool's events until a poll that drops the
 //! ready ones, so at most [`LIVE_MAX`] are parked: past that a drop cannot record its event and
@@ -227,9 +227,10 @@ impl EventPool {
     }
 
     /// Moves pending events seen complete to the spare list (never waits): at most
-    /// [`RECLAIM_SCAN`] still-pending ones are queried.
-    pub(crate) fn reclaim(&self, cann: &Cann) {
-        self.poll_parked(cann, true);
+    /// [`RECLAIM_SCAN`] still-pending ones are queried. With `drop_owners` (only for a caller that
+    /// holds no lock of this crate), parked owners found ready are dropped too.
+    pub(crate) fn reclaim(&self, cann: &Cann, drop_owners: bool) {
+        self.poll_parked(cann, drop_owners);
         let released = Self::reclaim_locked(cann, &mut self.lock(), RECLAIM_SCAN);
         drop(released);
     }

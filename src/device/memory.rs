@@ -32,17 +32,23 @@ impl DeviceAlloc {
     /// `bytes` of device memory (0 allocates nothing and yields a null pointer) for use as
     /// `order` says (see [`Order`]).
     pub(crate) fn new(device: Arc<Device>, bytes: usize, order: Order) -> Result<Self> {
-        Self::with_state(device, bytes, order).map(|(a, _)| a)
+        Self::with_state(device, bytes, order, false).map(|(a, _)| a)
     }
 
-    /// [`new`](Self::new), also telling whether work queued earlier on the ordering stream may
-    /// still use the memory.
-    fn with_state(device: Arc<Device>, bytes: usize, order: Order) -> Result<(Self, bool)> {
+    /// [`new`](Self::new) for a caller that holds a stream's enqueue lock (a launch's workspace
+    /// that grows): no parked foreign owner is dropped meanwhile (see `Allocator::alloc`).
+    pub(crate) fn new_locked(device: Arc<Device>, bytes: usize, order: Order) -> Result<Self> {
+        Self::with_state(device, bytes, order, true).map(|(a, _)| a)
+    }
+
+    /// [`new`](Self::new) (`locked`: [`new_locked`](Self::new_locked)), also telling whether work
+    /// queued earlier on the ordering stream may still use the memory.
+    fn with_state(device: Arc<Device>, bytes: usize, order: Order, locked: bool) -> Result<(Self, bool)> {
         if bytes == 0 {
             return Ok((DeviceAlloc { device, ptr: std::ptr::null_mut(), bytes, block: 0 }, false));
         }
         device.bind()?;
-        let (ptr, block, pending) = device.memory.alloc(device.cann, &device.events, bytes, order)?;
+        let (ptr, block, pending) = device.memory.alloc(device.cann, &device.events, bytes, order, locked)?;
         Ok((DeviceAlloc { device, ptr, bytes, block }, pending))
     }
 
@@ -213,7 +219,7 @@ impl DeviceBuffer {
             Some(block) => (block, true),
             None => {
                 let order = if stream.capturing() { Order::Capture(stream.id) } else { Order::Stream(stream.id) };
-                DeviceAlloc::with_state(stream.device.clone(), bytes, order)?
+                DeviceAlloc::with_state(stream.device.clone(), bytes, order, false)?
             }
         };
         let users = if pending { vec![stream.clone()] } else { Vec::new() };

@@ -481,7 +481,8 @@ impl StreamInner {
         })?;
         if ws.as_ref().is_none_or(|a| a.bytes() < bytes_usize) {
             let order = if self.capturing() { Order::Capture(self.id) } else { Order::Stream(self.id) };
-            let new = DeviceAlloc::new(self.device.clone(), bytes_usize, order)?;
+            // (Under the enqueue lock: parked foreign owners stay parked, see `Allocator::alloc`.)
+            let new = DeviceAlloc::new_locked(self.device.clone(), bytes_usize, order)?;
             if let Some(old) = ws.take() {
                 // Work already enqueued here may still use it: reusable after that work only (in
                 // a capture, after the graph: it keeps it; its keep is open while it is captured).
