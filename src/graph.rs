@@ -6,7 +6,10 @@
 //! work never reuses memory a replay writes: the graph's private pool), the capture's workspace
 //! and repeatable executors, its staged uploads, the communicators of captured collectives. The
 //! graph is dropped in this order: its last replay is waited for, the model run instance
-//! destroyed (`aclmdlRIDestroy`), then what it kept is released.
+//! destroyed (`aclmdlRIDestroy`), then what it kept is released: the blocks of its private pool
+//! (and its workspace) after the work queued so far on the captured stream (an event recorded
+//! there, no host wait), as eager work queued before the capture may still use them
+//! (`aclmdlRICaptureBegin` does not wait for it).
 //!
 //! Inputs are refreshed by writing into the captured tensors (e.g. [`Tensor::copy_from_slice`]
 //! or a copy on a stream) between replays: a replay reads the addresses captured, never new
@@ -80,7 +83,8 @@ impl Graph {
     /// Queues a replay of the captured work on `stream` (`aclmdlRIExecuteAsync`: one runtime
     /// call), which may be any stream of the graph's device. It runs after the previous replay
     /// (an event when that was on another stream) and after work queued on the captured tensors
-    /// since; work queued on them later, and host reads, come after it. The host does not wait.
+    /// since (the first replay also after the work queued on the captured stream before the
+    /// capture); work queued on them later, and host reads, come after it. The host does not wait.
     pub fn replay(&self, stream: &Stream) -> Result<()> {
         let inner = match stream.ascend() {
             Some((s, d)) if d.same(&self.device) => s,
@@ -200,7 +204,7 @@ impl Stream {
         }
         // The toolkit must have the API before anything changes.
         device.cann.capture()?;
-        let keep = Arc::new(Keep::default());
+        let keep = Arc::new(Keep::new(inner));
         // The graph's pool opens before the capture begins (torch_npu's order).
         let suspended = inner.begin_capture(keep.clone())?;
         let mut capturing = Capturing { inner, device, keep, suspended: Some(suspended), thread: None };

@@ -14,7 +14,6 @@ use crate::error::Result;
 /// its memory is never reused while a replay could write it (the graph's private pool). Also
 /// orders replays with eager work on pinned buffers: see [`Keep::order_replay`] and
 /// [`Keep::order_eager`].
-#[derive(Default)]
 pub(crate) struct Keep {
     state: Mutex<KeepState>,
     /// Held for a whole replay, so two replays never interleave; the state is locked only
@@ -30,11 +29,18 @@ struct KeepState {
     /// The stream of the last replay: work ordered after it (an event recorded on it when needed,
     /// or a host synchronise of it) is after the replay; nothing is recorded per replay.
     last: Option<Arc<StreamInner>>,
-    /// Streams that queued work on pinned buffers since the last replay (each once).
+    /// Streams that queued work on pinned buffers since the last replay (each once). Starts with
+    /// the captured stream: work queued on it before the capture (which the captured work's
+    /// workspace and buffers took part in) comes before the first replay on another stream.
     touched: Vec<Arc<StreamInner>>,
-    /// The graph's private pool while it is captured: blocks of buffers that only the captured
-    /// stream used, dropped during the capture; later allocations of the capture reuse them (in
-    /// the capture's stream order, which every replay keeps). What is left is kept with `items`.
+    /// The captured stream, in whose order the pool's blocks go back to the allocator (see
+    /// [`PoolBlock`]). `None` once closed.
+    stream: Option<Arc<StreamInner>>,
+    /// The graph's private pool: blocks that only the captured stream used, dropped during the
+    /// capture (buffers, an outgrown workspace), and the capture's workspace; later allocations of
+    /// the capture reuse them (in the capture's stream order, which every replay keeps). Work
+    /// queued on the stream before the capture may still use them: they go back to the allocator
+    /// in the stream's order when the graph goes (see [`PoolBlock`]), never as idle.
     pool: Vec<DeviceAlloc>,
     /// Run before each replay with its stream: orders it like the work it replays (a captured
     /// collective's communicator orders it as one of its collectives).
@@ -44,7 +50,26 @@ struct KeepState {
 /// See `KeepState::hooks`.
 pub(crate) type Hook = Box<dyn FnMut(&Arc<StreamInner>) -> Result<()> + Send>;
 
+impl KeepState {
+    fn new(stream: &Arc<StreamInner>) -> Self {
+        KeepState {
+            closed: false,
+            items: Vec::new(),
+            last: None,
+            touched: vec![stream.clone()],
+            stream: Some(stream.clone()),
+            pool: Vec::new(),
+            hooks: Vec::new(),
+        }
+    }
+}
+
 impl Keep {
+    /// What a graph captured on `stream` will keep (nothing yet).
+    pub(crate) fn new(stream: &Arc<StreamInner>) -> Self {
+        Keep { state: Mutex::new(KeepState::new(stream)), replaying: Mutex::new(()) }
+    }
+
     fn lock(&self) -> MutexGuard<'_, KeepState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -64,8 +89,9 @@ impl Keep {
         Ok(())
     }
 
-    /// Puts a block dropped during the capture in the graph's private pool (see `pool`); gives it
-    /// back when the graph is already gone.
+    /// Puts a block that only the captured stream used in the graph's private pool (see `pool`):
+    /// dropped during the capture, or the capture's workspace; gives it back when the graph is
+    /// already gone.
     pub(crate) fn recycle(&self, block: DeviceAlloc) -> std::result::Result<(), DeviceAlloc> {
         let mut st = self.lock();
         if st.closed {
@@ -156,16 +182,53 @@ impl Keep {
     }
 
     /// The model run instance is destroyed: closes the keep and hands back what it held (dropped
-    /// by the caller, outside the lock; `leak` instead when the graph could not be drained).
+    /// by the caller, outside the lock; `leak` instead when the graph could not be drained). The
+    /// pool's blocks come back as [`PoolBlock`]s, released in the captured stream's order.
     pub(crate) fn close(&self) -> Vec<Box<dyn Any + Send>> {
         let mut st = self.lock();
         st.closed = true;
         st.last = None;
         st.touched.clear();
         st.hooks.clear();
+        let stream = st.stream.take();
         let pool = std::mem::take(&mut st.pool);
         let mut items = std::mem::take(&mut st.items);
-        items.extend(pool.into_iter().map(|b| Box::new(b) as Box<dyn Any + Send>));
+        if let Some(stream) = stream {
+            items.extend(pool.into_iter().map(|alloc| {
+                Box::new(PoolBlock { alloc: Some(alloc), stream: stream.clone() }) as Box<dyn Any + Send>
+            }));
+        }
         items
+    }
+}
+
+/// A block of a closed graph's private pool: dropping it returns the block to the allocator after
+/// the work queued so far on the captured stream (an event recorded there: no host wait). Eager
+/// work queued on that stream before the capture (which used the stream's workspace and the
+/// buffers dropped into the pool) may not have run yet; replays are done (the graph's last one
+/// was waited for before its model was destroyed, and each replay is ordered after the one
+/// before).
+struct PoolBlock {
+    /// `None` only inside `drop`.
+    alloc: Option<DeviceAlloc>,
+    stream: Arc<StreamInner>,
+}
+
+impl Drop for PoolBlock {
+    fn drop(&mut self) {
+        let mut alloc = self.alloc.take();
+        // A capture begun on the stream since takes the block into its own pool (released in the
+        // same stream's order when that graph goes); one that ended meanwhile lets us try again.
+        for _ in 0..4 {
+            let Some(block) = alloc.take() else { return };
+            match block.release(&[&self.stream], None) {
+                Ok(()) => return,
+                Err((block, keep)) => alloc = keep.recycle(block).err(),
+            }
+        }
+        // Still unordered: queued work may use it.
+        if let Some(block) = alloc {
+            block.leak();
+        }
     }
 }

@@ -206,7 +206,8 @@ impl StreamInner {
             return Err(crate::Error::invalid("stream", "the stream is already being captured"));
         }
         // The capture launches with the stream's workspace (after the work queued before it);
-        // the graph keeps it, and eager work after the capture gets a new one.
+        // the graph's pool keeps it (released in this stream's order: that work may not have run
+        // yet), and eager work after the capture gets a new one.
         let launches = std::mem::take(&mut enqueue.launches);
         let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()));
         *capture = Some(keep);
@@ -222,7 +223,8 @@ impl StreamInner {
         let mut capture = self.capture.lock().unwrap_or_else(|p| p.into_inner());
         let keep = capture.take();
         let launches = std::mem::replace(&mut enqueue.launches, suspended.launches);
-        let cache = Enqueue { launches, workspace: enqueue.workspace.take() };
+        let workspace = enqueue.workspace.take();
+        let cache = Enqueue { launches, workspace: None };
         let staging =
             std::mem::replace(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()), suspended.staging);
         self.capturing.store(false, Ordering::Release);
@@ -231,11 +233,16 @@ impl StreamInner {
         let chunks = CapturedStaging { device: self.device.clone(), chunks: staging.chunks };
         match keep {
             Some(keep) => {
-                // (The keep is open: its graph is being made.)
+                // (The keep is open: its graph is being made.) The workspace goes to the graph's
+                // pool: work queued here before the capture may still use it, so it is released in
+                // this stream's order when the graph goes.
                 let _ = keep.hold(cache);
                 let _ = keep.hold(chunks);
+                if let Some(ws) = workspace {
+                    let _ = keep.recycle(ws);
+                }
             }
-            None => drop((cache, chunks)),
+            None => drop((cache, chunks, workspace)),
         }
     }
 
@@ -485,10 +492,11 @@ impl StreamInner {
             let new = DeviceAlloc::new_locked(self.device.clone(), bytes_usize, order)?;
             if let Some(old) = ws.take() {
                 // Work already enqueued here may still use it: reusable after that work only (in
-                // a capture, after the graph: it keeps it; its keep is open while it is captured).
-                // The caller holds this stream's enqueue lock.
+                // a capture, the graph's pool takes it, released in this stream's order when the
+                // graph goes; its keep is open while it is captured). The caller holds this
+                // stream's enqueue lock.
                 if let Err((old, keep)) = old.release(&[self], Some(self)) {
-                    let _ = keep.hold(old);
+                    let _ = keep.recycle(old);
                 }
             }
             *ws = Some(new);
