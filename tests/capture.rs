@@ -4,7 +4,9 @@
 //! place by every replay; the graph keeps what it uses whatever is dropped first; every call
 //! CANN forbids inside a capture is an error naming it; a stream ordered after another that a
 //! second thread keeps capturing never joins a capture, and that thread's drops and reads of what
-//! the stream used record or synchronise nothing into it.
+//! the stream used record or synchronise nothing into it; work queued before a capture (which the
+//! mock, like CANN, does not wait for at `aclmdlRICaptureBegin`) comes before the graph's first
+//! replay on another stream and before the graph's blocks are reused.
 #![cfg(feature = "mock")]
 
 mod common;
@@ -701,5 +703,116 @@ fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never
     assert_eq!(checked, Ok(ROUNDS));
     assert_eq!(captures, ROUNDS);
     drop((x, a, ctx));
+    assert_no_violation_since(before);
+}
+
+/// The per-channel mean and 1/sqrt(var + eps) of `x` (shape [`SHAPE`]) in f64.
+fn stats_reference(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let (c, inner) = (SHAPE[1], SHAPE[2]);
+    let n = (x.len() / c) as f64;
+    let channel = |ch: usize| x.chunks(inner).skip(ch).step_by(c).flatten().map(|&v| f64::from(v));
+    let mean: Vec<f64> = (0..c).map(|ch| channel(ch).sum::<f64>() / n).collect();
+    let invstd = (0..c)
+        .map(|ch| {
+            let var = channel(ch).map(|v| (v - mean[ch]) * (v - mean[ch])).sum::<f64>() / n;
+            1.0 / (var + EPS).sqrt()
+        })
+        .collect();
+    (mean, invstd)
+}
+
+/// Fails unless `(mean, invstd)` read on `s` are the statistics of `x` against an f64 reference.
+#[track_caller]
+fn assert_stats(s: &Stream, x: &[f32], (mean, invstd): &(Tensor, Tensor), what: &str) {
+    let (want_mean, want_invstd) = stats_reference(x);
+    for (name, t, want) in [("mean", mean, want_mean), ("invstd", invstd, want_invstd)] {
+        for (ch, (g, w)) in t.to_vec::<f32>(s).unwrap().into_iter().zip(want).enumerate() {
+            assert!((f64::from(g) - w).abs() <= 1e-5 * (1.0 + w.abs()), "{what}: {name}[{ch}] = {g}, want {w}");
+        }
+    }
+}
+
+/// A graph dropped (never replayed) while eager work queued on its stream before the capture has
+/// not run yet frees nothing that work still uses: the stream's workspace (which the capture took
+/// with it) and a block of the graph's private pool (a tensor that work wrote, dropped inside the
+/// capture) go back to the allocator in the stream's order. The mock's device runs nothing unless
+/// a stream is drained, so that work stays queued while stream `b` then takes every free block of
+/// the same size class and writes it: a block handed to `b` while `a`'s work on it is queued is a
+/// hazard the mock counts. No violation, every value right against an f64 reference, nothing
+/// leaked, every block back to the allocator.
+#[test]
+fn dropping_a_graph_frees_its_blocks_after_the_work_queued_before_its_capture() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let leaks = ascend::mock::leaks();
+    let (ctx, a, b, x) = warmed_streams(91);
+    let xs = x.to_vec::<f32>(&a).unwrap();
+    let mut rng = Rng::new(92);
+    let xbs: Vec<f32> = (0..x.numel()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+    let xb = Tensor::from_slice(&b, &xbs, &SHAPE).unwrap();
+    b.synchronize().unwrap();
+    let allocated = ctx.memory_stats().allocated;
+    let progress = ascend::mock::set_query_progress(false);
+    // Queued on `a`, not run: the statistics (in `a`'s workspace) and `y`, written from them.
+    let eager = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap();
+    let y = ascend::ops::batch_norm_elemt(&a, &x, None, None, &eager.0, &eager.1, EPS).unwrap();
+    let mut out = None;
+    let graph = a
+        .capture(CaptureMode::ThreadLocal, |a| {
+            out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
+            drop(y); // used by `a` alone: to the graph's private pool
+            Ok(())
+        })
+        .unwrap();
+    drop(graph);
+    // Every free block of the size class (and new ones) to `b`, each written there.
+    let on_b: Vec<_> = (0..48).map(|_| ascend::ops::batch_norm_stats(&b, &xb, EPS).unwrap()).collect();
+    ascend::mock::set_query_progress(progress);
+    assert_no_violation_since(before);
+    assert_stats(&a, &xs, &eager, "eager on a");
+    for (i, stats) in on_b.iter().enumerate() {
+        assert_stats(&b, &xbs, stats, &format!("eager on b, {i}"));
+    }
+    assert_no_violation_since(before);
+    drop((on_b, eager, out));
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(ctx.memory_stats().allocated, allocated, "every block back to the allocator");
+    assert_eq!(ascend::mock::leaks(), leaks, "nothing leaked");
+    drop((x, xb, a, b, ctx));
+    assert_no_violation_since(before);
+}
+
+/// A graph's first replay, on another stream than the one captured, is ordered after the eager
+/// work queued on the captured stream before the capture (which used the workspace the captured
+/// work launches with, and may write the captured tensors): the mock, whose device runs nothing
+/// unless a stream is drained, counts no hazard between the replay and that queued work, and the
+/// replay's statistics equal the eager ones and an f64 reference.
+#[test]
+fn a_first_replay_on_another_stream_is_ordered_after_the_work_queued_before_the_capture() {
+    let _mock = setup();
+    let before = ascend::mock::stats();
+    let (ctx, a, b, mut x) = warmed_streams(93);
+    let progress = ascend::mock::set_query_progress(false);
+    // Queued on `a`, not run: new values into `x`, and their statistics in `a`'s workspace.
+    let mut rng = Rng::new(94);
+    let xs: Vec<f32> = (0..x.numel()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+    x.copy_from_slice(&a, &xs).unwrap();
+    let eager = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap();
+    let mut out = None;
+    let graph = a
+        .capture(CaptureMode::ThreadLocal, |a| {
+            out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
+            Ok(())
+        })
+        .unwrap();
+    graph.replay(&b).unwrap();
+    ascend::mock::set_query_progress(progress);
+    assert_no_violation_since(before);
+    let out = out.unwrap();
+    assert_stats(&b, &xs, &out, "replayed on b");
+    assert_stats(&a, &xs, &eager, "eager on a");
+    assert_eq!(bits(&b, &out.0), bits(&a, &eager.0));
+    drop((graph, out, eager, x, a, b, ctx));
     assert_no_violation_since(before);
 }

@@ -4,10 +4,14 @@
  * docs/cann/CAPTURE.md).
  *
  * Between aclmdlRICaptureBegin and aclmdlRICaptureEnd the tasks queued on the stream are recorded
- * into the model instead of run (enqueue hands them to capture_record). aclmdlRIExecuteAsync
- * queues a replay of every recorded task, in order, on the stream it is given: a copy, an event
- * record, an operator launch with the same kernel, arguments and repeatable executor, a collective
- * issued again on its communicator. aclmdlRIDestroy releases the recorded tasks.
+ * into the model instead of run (enqueue hands them to capture_record). aclmdlRICaptureBegin does
+ * not wait for the work queued on the stream before it (nothing in CANN's documentation says it
+ * does; torch_npu synchronises before it begins): that work stays queued and runs as any queued
+ * work does (before a replay queued later on the same stream), so memory it uses, handed to
+ * another stream meanwhile, is a hazard counted as usual. aclmdlRIExecuteAsync queues a replay of
+ * every recorded task, in order, on the stream it is given: a copy, an event record, an operator
+ * launch with the same kernel, arguments and repeatable executor, a collective issued again on its
+ * communicator. aclmdlRIDestroy releases the recorded tasks.
  *
  * What CANN forbids during a capture is an error here (ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC,
  * 107041, with a violation): synchronising or querying a captured stream or an event recorded in
@@ -54,8 +58,8 @@
  *   - an unjoined aclmdlRICaptureEnd terminates the capture (as cudaStreamEndCapture does with
  *     cudaErrorStreamCaptureUnjoined): every stream of it leaves the capture, the recorded tasks
  *     are discarded and *modelRI is NULL;
- *   - a stream pulled into a capture first runs the work queued on it before (as
- *     aclmdlRICaptureBegin does here), so none of it is in the model;
+ *   - a stream pulled into a capture first runs the work queued on it before, so none of it is in
+ *     the model;
  *   - at most CAPTURE_STREAMS streams take part in one capture (ACL_ERROR_RT_PARAM_INVALID past
  *     that; CANN documents no bound).
  */
@@ -405,10 +409,6 @@ aclError aclmdlRICaptureBegin(aclrtStream sh, aclmdlRICaptureMode mode) {
     }
     if (!r && s->capturing) {
         r = violate(ACL_ERROR_RT_STREAM_CAPTURED, api, "%s is already being captured", s->name);
-    }
-    if (!r && s->head) {
-        /* The mock device is in order: work queued before the capture runs first (a valid schedule). */
-        drain(s, NULL, 0);
     }
     if (!r) {
         model *m = xcalloc(1, sizeof *m);
