@@ -308,14 +308,7 @@ fn replays_on_other_streams_are_ordered_with_eager_work() {
     let mut rng = Rng::new(21);
     let mut x = input(&s, &mut rng);
     drop(ascend::ops::batch_norm_stats(&s, &x, EPS).unwrap());
-    let mut out = None;
-    let graph = s
-        .capture(CaptureMode::ThreadLocal, |s| {
-            out = Some(ascend::ops::batch_norm_stats(s, &x, EPS)?);
-            Ok(())
-        })
-        .unwrap();
-    let (mean, invstd) = out.unwrap();
+    let (graph, (mean, invstd)) = capture_stats(&s, &x).unwrap();
     for step in 0..4 {
         let data: Vec<f32> = (0..x.numel()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
         x.copy_from_slice(&s, &data).unwrap();
@@ -445,17 +438,22 @@ fn warmed_streams(seed: u64) -> (Context, Stream, Stream, Tensor) {
     (ctx, a, b, x)
 }
 
+/// A graph of the statistics of `x` captured on `s` (thread-local), and its outputs.
+fn capture_stats(s: &Stream, x: &Tensor) -> Result<(Graph, (Tensor, Tensor))> {
+    let mut out = None;
+    let graph = s.capture(CaptureMode::ThreadLocal, |s| {
+        out = Some(ascend::ops::batch_norm_stats(s, x, EPS)?);
+        Ok(())
+    })?;
+    Ok((graph, out.expect("a capture that succeeded ran its closure")))
+}
+
 /// Captures the statistics of `x` on `a` into a graph; every 50th round replays it and checks its
 /// output against the eager statistics bit for bit. The capture's error, if it failed.
 fn capture_round(a: &Stream, x: &Tensor, round: usize) -> Result<()> {
-    let mut out = None;
-    let graph = a.capture(CaptureMode::ThreadLocal, |a| {
-        out = Some(ascend::ops::batch_norm_stats(a, x, EPS)?);
-        Ok(())
-    })?;
+    let (graph, (mean, _)) = capture_stats(a, x)?;
     if round.is_multiple_of(50) {
         graph.replay(a).unwrap();
-        let (mean, _) = out.unwrap();
         let want = ascend::ops::batch_norm_stats(a, x, EPS).unwrap().0;
         assert_eq!(bits(a, &mean), bits(a, &want), "round {round}");
     }
@@ -799,17 +797,10 @@ fn a_first_replay_on_another_stream_is_ordered_after_the_work_queued_before_the_
     let xs: Vec<f32> = (0..x.numel()).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
     x.copy_from_slice(&a, &xs).unwrap();
     let eager = ascend::ops::batch_norm_stats(&a, &x, EPS).unwrap();
-    let mut out = None;
-    let graph = a
-        .capture(CaptureMode::ThreadLocal, |a| {
-            out = Some(ascend::ops::batch_norm_stats(a, &x, EPS)?);
-            Ok(())
-        })
-        .unwrap();
+    let (graph, out) = capture_stats(&a, &x).unwrap();
     graph.replay(&b).unwrap();
     ascend::mock::set_query_progress(progress);
     assert_no_violation_since(before);
-    let out = out.unwrap();
     assert_stats(&b, &xs, &out, "replayed on b");
     assert_stats(&a, &xs, &eager, "eager on a");
     assert_eq!(bits(&b, &out.0), bits(&a, &eager.0));
