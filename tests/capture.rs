@@ -425,6 +425,12 @@ fn empty_cache_inside_a_capture_is_refused_even_with_nothing_cached() {
     assert_eq!(after.violations, before.violations, "{:?}", ascend::mock::violations_since(before.violations));
 }
 
+/// Rounds of a capture race test: `default`, or `CAPTURE_RACE_ROUNDS` (`.ci/run` lowers it under
+/// valgrind, where every round is ~50x slower and threads take turns anyway).
+fn race_rounds(default: usize) -> usize {
+    common::env_or("CAPTURE_RACE_ROUNDS", default).max(1)
+}
+
 /// A context on mock device 0, two streams and an input `x` on the first, whose statistics that
 /// stream has computed 16 times and drained (the caching allocator then holds blocks for a capture
 /// of them while eager work holds others).
@@ -489,7 +495,7 @@ fn unless_capturing<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
 /// tries again.)
 #[test]
 fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_capture() {
-    const ROUNDS: usize = 10_000;
+    let rounds = race_rounds(10_000);
     let _mock = setup();
     let before = ascend::mock::stats();
     let joined = ascend::mock::capture_stats().joined_streams;
@@ -532,7 +538,7 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
         });
         let mut rng = Rng::new(63);
         let mut captures = 0;
-        for round in 0..ROUNDS {
+        for round in 0..rounds {
             let xi = input(&a, &mut rng);
             let (mean, invstd) = ascend::ops::batch_norm_stats(&a, &xi, EPS).unwrap();
             drop(xi);
@@ -551,8 +557,8 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
         drop(tx);
         (captures, reader.join().unwrap())
     });
-    assert_eq!(checked, Ok(ROUNDS));
-    assert_eq!(captures, ROUNDS);
+    assert_eq!(checked, Ok(rounds));
+    assert_eq!(captures, rounds);
     assert_eq!(ascend::mock::capture_stats().joined_streams, joined, "no stream joined a capture");
     drop((x, a, ctx));
     assert_no_violation_since(before);
@@ -570,7 +576,7 @@ fn ordering_after_a_stream_that_another_thread_begins_capturing_never_joins_the_
 /// leaked, every block back to the allocator at the end.
 #[test]
 fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_records_nothing_into_the_capture() {
-    const ROUNDS: usize = 5_000;
+    let rounds = race_rounds(5_000);
     let _mock = setup();
     let before = ascend::mock::stats();
     let leaks = ascend::mock::leaks();
@@ -599,7 +605,7 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
         });
         let mut rng = Rng::new(72);
         let mut captures = 0;
-        for round in 0..ROUNDS {
+        for round in 0..rounds {
             let xi = input(&a, &mut rng);
             let (mean, invstd) = ascend::ops::batch_norm_stats(&a, &xi, EPS).unwrap();
             let y = ascend::ops::batch_norm_elemt(&a, &xi, None, None, &mean, &invstd, EPS).unwrap();
@@ -627,7 +633,7 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
         captures
     });
     ascend::mock::set_query_progress(progress);
-    assert_eq!(captures, ROUNDS);
+    assert_eq!(captures, rounds);
     assert_no_violation_since(before);
     assert_eq!(ascend::mock::leaks(), leaks, "nothing leaked");
     // (Eager work again: the stream's workspace, which each capture took with it, is back.)
@@ -647,7 +653,7 @@ fn dropping_what_a_stream_used_on_another_thread_while_it_begins_capturing_recor
 /// the per-channel mean of its input against an f64 reference, and the mock counts no violation.
 #[test]
 fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never_synchronises_the_capture() {
-    const ROUNDS: usize = 5_000;
+    let rounds = race_rounds(5_000);
     let _mock = setup();
     let before = ascend::mock::stats();
     let (ctx, a, b, x) = warmed_streams(81);
@@ -681,7 +687,7 @@ fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never
         });
         let mut rng = Rng::new(82);
         let mut captures = 0;
-        for round in 0..ROUNDS {
+        for round in 0..rounds {
             let data = Data::uniform(&mut rng, DType::F32, &SHAPE, -2.0, 2.0);
             let xi = data.tensor(&a).unwrap();
             let (mean, _) = ascend::ops::batch_norm_stats(&a, &xi, EPS).unwrap();
@@ -698,8 +704,8 @@ fn reading_on_another_thread_what_a_stream_wrote_while_it_begins_capturing_never
         drop(tx);
         (captures, reader.join().unwrap())
     });
-    assert_eq!(checked, Ok(ROUNDS));
-    assert_eq!(captures, ROUNDS);
+    assert_eq!(checked, Ok(rounds));
+    assert_eq!(captures, rounds);
     drop((x, a, ctx));
     assert_no_violation_since(before);
 }
