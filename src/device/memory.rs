@@ -178,7 +178,7 @@ pub(crate) struct DeviceBuffer {
     /// What keeps the caller's memory allocated (e.g. a DLPack producer's capsule): dropped once
     /// every stream that used the memory has passed its last use (events, no host wait: see
     /// [`release_owner`]), or leaked if that cannot be known.
-    owner: Option<Box<dyn Send + Sync>>,
+    owner: Option<Owner>,
     /// The captured graphs whose work uses this buffer (see [`Keep`]): while one lives, dropping
     /// the buffer hands it to the graph, work on it is ordered with the graph's replays, and a
     /// host access waits for them. `pinned` says whether the list is not empty (read without it).
@@ -660,7 +660,11 @@ impl DeviceBuffer {
     }
 }
 
-/// Lets go of `owner` (what keeps foreign memory allocated)/// Lets go of `owner` (what keeps foreign memory allocated) once the work `users` queued on the
+/// What keeps foreign memory allocated while the crate uses it (an imported DLPack tensor: its
+/// deleter frees the memory).
+type Owner = Box<dyn Send + Sync>;
+
+/// Lets go of `owner` (what keeps foreign memory allocated) once the work `users` queued on the
 /// memory has run, without a host wait: an event is recorded on each stream and the owner parked
 /// with them in the device's event pool, which drops it once they are seen complete (see
 /// [`super::event::EventPool::park`]); with no queued work it is dropped at once. A stream on
@@ -668,7 +672,6 @@ impl DeviceBuffer {
 /// instead; if even that fails, the owner is leaked (queued work may still use the memory) and
 /// the leak counted. A user being captured gives the owner back with the graph's keep (see
 /// [`DeviceAlloc::release`]).
-type Owner = Box<dyn Send + Sync>;
 fn release_owner(
     device: &Arc<Device>,
     owner: Owner,
